@@ -1,0 +1,100 @@
+"""Every tunable number and every fixed value the spec gives, in one place.
+
+The emulator, the client and the manifest checker all read these; none of them keeps its own copy.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Route(StrEnum):
+    """The six routes of the service."""
+
+    NATIVE = "native"
+    CHAT = "chat"
+    IMAGES_GENERATIONS = "images_generations"
+    IMAGES_EDITS = "images_edits"
+    MESSAGES = "messages"
+    RESPONSES = "responses"
+
+    @property
+    def path(self) -> str:
+        return ROUTE_PATHS[self]
+
+    @property
+    def generates_images(self) -> bool:
+        return self in IMAGE_ROUTES
+
+
+ROUTE_PATHS: dict[Route, str] = {
+    Route.NATIVE: "/v1beta/models/{model}:generateContent",
+    Route.CHAT: "/v1/chat/completions",
+    Route.IMAGES_GENERATIONS: "/v1/images/generations",
+    Route.IMAGES_EDITS: "/v1/images/edits",
+    Route.MESSAGES: "/v1/messages",
+    Route.RESPONSES: "/v1/responses",
+}
+IMAGE_ROUTES = frozenset({Route.NATIVE, Route.CHAT, Route.IMAGES_GENERATIONS, Route.IMAGES_EDITS})
+TEXT_ROUTES = frozenset({Route.MESSAGES, Route.RESPONSES})
+
+# --- models and what each one can do -------------------------------------------------------------
+NATIVE_MODELS: tuple[str, ...] = ("native-image-pro", "native-image-2", "native-image-2.1")
+DEFAULT_NATIVE_MODEL = "native-image-2.1"
+COMPAT_IMAGE_MODEL = "compat-image-2"
+IMAGE_MODELS: tuple[str, ...] = (*NATIVE_MODELS, COMPAT_IMAGE_MODEL)
+
+BASE_ASPECT_RATIOS: tuple[str, ...] = (
+    "1:1", "2:3", "3:2", "3:4", "4:3", "4:5", "5:4", "9:16", "16:9", "21:9",
+)  # fmt: skip
+EXTENDED_ASPECT_RATIOS: tuple[str, ...] = (*BASE_ASPECT_RATIOS, "1:4", "4:1", "1:8", "8:1")
+ASPECT_RATIOS: dict[str, tuple[str, ...]] = {
+    "native-image-pro": BASE_ASPECT_RATIOS,
+    "native-image-2": EXTENDED_ASPECT_RATIOS,
+    "native-image-2.1": EXTENDED_ASPECT_RATIOS,
+}
+DEFAULT_ASPECT_RATIO = "1:1"
+IMAGE_SIZES: tuple[str, ...] = ("1K", "2K", "4K")  # case-sensitive
+DEFAULT_IMAGE_SIZE = "1K"
+
+# Images API sizes and their nominal ratio (None: the server chooses).
+IMAGES_API_SIZES: dict[str, str | None] = {
+    "auto": None,
+    "1024x1024": "1:1",
+    "2048x2048": "1:1",
+    "1536x1024": "3:2",
+    "1024x1536": "2:3",
+    "1536x1152": "4:3",
+    "1152x1536": "3:4",
+    "2048x1152": "16:9",
+    "3840x2160": "16:9",
+    "2160x3840": "9:16",
+}
+DEFAULT_IMAGES_API_SIZE = "1024x1024"
+
+INPUT_MIME_TYPES: tuple[str, ...] = ("image/png", "image/jpeg")
+
+# --- limits ---------------------------------------------------------------------------------------
+MAX_IMAGES_HEADER = "X-Service-Max-Images"
+MAX_IMAGES_MIN, MAX_IMAGES_MAX = 1, 4
+# "each under 50 MB": we read MB as 10**6 bytes, the stricter reading, so a file the client accepts is
+# never one the service refuses.
+MAX_UPLOAD_BYTES = 50 * 1000 * 1000
+DEFAULT_MAX_TOKENS = 1024
+
+# --- auth -----------------------------------------------------------------------------------------
+NATIVE_KEY_HEADER = "x-native-api-key"
+MESSAGES_KEY_HEADER = "x-api-key"
+COMPAT_VERSION_HEADER = "compat-version"
+DEFAULT_COMPAT_VERSION = "imagebatch/2.0.76 (external, cli)"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+REQUEST_ID_HEADER = "x-request-id"
+
+# --- timeouts (seconds) ---------------------------------------------------------------------------
+IMAGE_TIMEOUT = 650.0
+TEXT_TIMEOUT = 3000.0
+CONNECT_TIMEOUT = 30.0
+
+# --- retries --------------------------------------------------------------------------------------
+RETRY_DELAYS: tuple[float, ...] = (3.0, 8.0, 15.0)
+RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})  # plus every 5xx

@@ -1,0 +1,168 @@
+"""The exception tree of the gateway client, and the reading of the service's error body.
+
+    GatewayError                    anything the client raises
+    ├── ConfigurationError          a base URL or option the client cannot use (raised before sending)
+    ├── ResponseFormatError         a success status whose body is not what the spec describes
+    ├── OutcomeUnknownError         no answer: timeout or dropped connection (the request may be billed)
+    └── APIStatusError              the service answered with an error status
+        ├── BadRequestError             400
+        │   └── UnsupportedEndpointError    400, code `unsupported_endpoint`
+        ├── AuthenticationError         401
+        ├── InsufficientFundsError      402
+        ├── NotFoundError               404
+        ├── RateLimitError              429
+        └── ServerError                 5xx
+
+Messages are read as the spec says: `error.message`, then top-level `message`, then the status text.
+No message ever carries the API key: `redact` removes it from anything the service sends back.
+"""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import Any
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway client raises."""
+
+    def __init__(self, message: str, *, attempts: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.attempts = attempts
+
+
+class ConfigurationError(GatewayError):
+    """The client was given a base URL or option it cannot use."""
+
+
+class ResponseFormatError(GatewayError):
+    """A success status whose body is not what the spec describes."""
+
+    def __init__(self, message: str, *, request_id: str | None = None, attempts: int = 0) -> None:
+        super().__init__(message, attempts=attempts)
+        self.request_id = request_id
+
+
+class OutcomeUnknownError(GatewayError):
+    """The request got no answer (timeout, dropped connection). It may have been generated and billed."""
+
+
+class APIStatusError(GatewayError):
+    """The service answered with an error status."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        code: str | None = None,
+        error_type: str | None = None,
+        request_id: str | None = None,
+        attempts: int = 0,
+    ) -> None:
+        super().__init__(message, attempts=attempts)
+        self.status_code = status_code
+        self.code = code
+        self.error_type = error_type
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        code = f" {self.code}" if self.code else ""
+        return f"HTTP {self.status_code}{code}: {self.message}"
+
+
+class BadRequestError(APIStatusError):
+    """400: invalid parameters or an unsupported feature."""
+
+
+class UnsupportedEndpointError(BadRequestError):
+    """400 `unsupported_endpoint`: a native model sent to an images route."""
+
+
+class AuthenticationError(APIStatusError):
+    """401: the API key is missing or invalid."""
+
+
+class InsufficientFundsError(APIStatusError):
+    """402: the account has insufficient funds."""
+
+
+class NotFoundError(APIStatusError):
+    """404: wrong base address, wrong version prefix, or a model outside the public set."""
+
+
+class RateLimitError(APIStatusError):
+    """429: rate limit or service overload."""
+
+
+class ServerError(APIStatusError):
+    """5xx: a generation error; the outcome should be checked before resending."""
+
+
+_BY_STATUS: dict[int, type[APIStatusError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    402: InsufficientFundsError,
+    404: NotFoundError,
+    429: RateLimitError,
+}
+
+
+def redact(text: str, secret: str | None) -> str:
+    """Remove `secret` from `text` (a service that echoes a key must not put it in our logs)."""
+    if secret and secret in text:
+        return text.replace(secret, "[redacted]")
+    return text
+
+
+def parse_error_body(status_code: int, content: bytes) -> tuple[str, str | None, str | None]:
+    """Return (message, code, type) from an error response, by the spec's order of precedence."""
+    body: Any = None
+    try:
+        body = json.loads(content) if content else None
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    message = code = error_type = None
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict):
+            message = err.get("message") if isinstance(err.get("message"), str) else None
+            code = err.get("code") if isinstance(err.get("code"), str) else None
+            error_type = err.get("type") if isinstance(err.get("type"), str) else None
+        if not message and isinstance(body.get("message"), str):
+            message = body["message"]
+    if not message:
+        try:
+            message = HTTPStatus(status_code).phrase
+        except ValueError:
+            message = f"HTTP {status_code}"
+    return message, code, error_type
+
+
+def error_for_status(
+    status_code: int,
+    content: bytes,
+    *,
+    request_id: str | None = None,
+    attempts: int = 0,
+    secret: str | None = None,
+) -> APIStatusError:
+    """Map an error response to the one exception class that names its meaning."""
+    message, code, error_type = parse_error_body(status_code, content)
+    message = redact(message, secret)
+    if status_code == 400 and code == "unsupported_endpoint":
+        cls: type[APIStatusError] = UnsupportedEndpointError
+    elif status_code >= 500:
+        cls = ServerError
+    else:
+        cls = _BY_STATUS.get(status_code, APIStatusError)
+    return cls(
+        message,
+        status_code=status_code,
+        code=code,
+        error_type=error_type,
+        request_id=request_id,
+        attempts=attempts,
+    )

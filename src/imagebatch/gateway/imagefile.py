@@ -1,0 +1,56 @@
+"""What an image file really is, read from its bytes: type, pixel size, alpha. Shared by every checker."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from PIL import Image
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+JPEG_MAGIC = b"\xff\xd8\xff"
+EXTENSIONS = {"image/png": ".png", "image/jpeg": ".jpg"}
+
+
+def sniff_mime(data: bytes) -> str | None:
+    """Return `image/png` or `image/jpeg` from the leading bytes, or None for anything else."""
+    if data.startswith(PNG_MAGIC):
+        return "image/png"
+    if data.startswith(JPEG_MAGIC):
+        return "image/jpeg"
+    return None
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """The facts about one image file that the spec's rules need."""
+
+    mime_type: str
+    width: int
+    height: int
+    has_alpha: bool
+
+    @property
+    def extension(self) -> str:
+        return EXTENSIONS[self.mime_type]
+
+
+class NotAnImageError(ValueError):
+    """The bytes are not a PNG or JPEG image that can be decoded."""
+
+
+def inspect_image(data: bytes) -> ImageInfo:
+    """Decode the header of a PNG or JPEG and return its facts; raise NotAnImageError otherwise."""
+    mime = sniff_mime(data)
+    if mime is None:
+        raise NotAnImageError("not a PNG or JPEG file (by its bytes)")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.verify() if mime == "image/png" else img.load()
+        with Image.open(io.BytesIO(data)) as img:
+            has_alpha = img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info)
+            return ImageInfo(mime, img.width, img.height, has_alpha)
+    except NotAnImageError:
+        raise
+    except Exception as exc:  # Pillow raises a variety of errors for damaged files
+        raise NotAnImageError(f"damaged {mime} file: {exc}") from None

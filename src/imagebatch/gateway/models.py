@@ -1,0 +1,433 @@
+"""Pydantic models of every request and response body in the spec, with the spec's rules as validators.
+
+These models are the one table of the spec's rules: the client builds requests with them, the emulator
+validates what it receives with them, and the manifest checker asks them whether a row would be accepted.
+A native request's aspect ratio depends on the model in the URL path, so validate a `NativeRequest` with
+``context={"model": model}`` (see `validate_native_request`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from .constants import (
+    ASPECT_RATIOS,
+    COMPAT_IMAGE_MODEL,
+    DEFAULT_MAX_TOKENS,
+    IMAGE_SIZES,
+    IMAGES_API_SIZES,
+    NATIVE_MODELS,
+)
+from .imagefile import sniff_mime
+
+# Features the native route refuses by name (spec, Endpoints rule 2); listed so the error says why.
+UNSUPPORTED_PART_KEYS = (
+    "fileData", "functionCall", "functionResponse", "executableCode", "codeExecutionResult",
+)  # fmt: skip
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# --- shared rule helpers ---------------------------------------------------------------------------
+
+
+def image_size_error(value: str) -> str:
+    """The message for an `imageSize` outside `1K`/`2K`/`4K`, with a hint for a lowercase size."""
+    hint = f" (did you mean {value.upper()!r}?)" if value.upper() in IMAGE_SIZES else ""
+    return f"image size must be one of {', '.join(IMAGE_SIZES)} (case-sensitive), not {value!r}{hint}"
+
+
+def check_image_size(value: str | None) -> str | None:
+    if value is not None and value not in IMAGE_SIZES:
+        raise PydanticCustomError("invalid_request", image_size_error(value))
+    return value
+
+
+def check_aspect_ratio(model: str | None, ratio: str | None) -> None:
+    """Raise if `ratio` is not supported by native `model` (unknown model: checked elsewhere)."""
+    if ratio is None or model not in ASPECT_RATIOS:
+        return
+    if ratio not in ASPECT_RATIOS[model]:
+        raise PydanticCustomError(
+            "invalid_request",
+            "aspect ratio {ratio} is not supported by {model}; supported: {supported}",
+            {"ratio": ratio, "model": model, "supported": ", ".join(ASPECT_RATIOS[model])},
+        )
+
+
+def decode_base64(value: str) -> bytes:
+    """Strict base64 decode of inline image data (no data-URL prefix, no stray characters)."""
+    if value.startswith("data:"):
+        raise PydanticCustomError(
+            "invalid_request", "inlineData.data must be plain base64 without a data-URL prefix"
+        )
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise PydanticCustomError("invalid_request", "inlineData.data is not valid base64") from None
+
+
+# --- native request --------------------------------------------------------------------------------
+
+
+class InlineData(_Strict):
+    """An image carried inside a request or response part."""
+
+    mimeType: Literal["image/png", "image/jpeg"]
+    """The file type; must agree with the decoded bytes."""
+    data: str
+    """Base64 of the original file bytes, without a data-URL prefix."""
+
+    @model_validator(mode="after")
+    def _bytes_match_type(self) -> InlineData:
+        raw = decode_base64(self.data)
+        actual = sniff_mime(raw)
+        if actual != self.mimeType:
+            raise PydanticCustomError(
+                "invalid_request",
+                "inlineData.data is {actual}, but mimeType says {declared}",
+                {"actual": actual or "not a PNG or JPEG image", "declared": self.mimeType},
+            )
+        return self
+
+    def decoded(self) -> bytes:
+        return base64.b64decode(self.data)
+
+
+class Part(_Open):
+    """One item of a content's parts: text or an image, never both. Extra properties are allowed."""
+
+    text: str | None = None
+    """A description or edit instruction (or, in a model turn, the model's text)."""
+    inlineData: InlineData | None = None
+    """An image."""
+    thought: bool | None = None
+    """Marks an intermediate part in a model turn; never a result."""
+    thoughtSignature: str | None = None
+    """Opaque signature the service puts on model parts; must be sent back unaltered."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in UNSUPPORTED_PART_KEYS:
+                if key in data:
+                    raise PydanticCustomError(
+                        "invalid_request", "part field {key} is not supported by this service", {"key": key}
+                    )
+        return data
+
+    @model_validator(mode="after")
+    def _text_or_image(self) -> Part:
+        if (self.text is None) == (self.inlineData is None):
+            raise PydanticCustomError(
+                "invalid_request", "each part must carry exactly one of text or inlineData"
+            )
+        return self
+
+
+class Content(_Strict):
+    """One turn of the conversation."""
+
+    role: Literal["user", "model"] = "user"
+    """`user` for a new request, `model` for an earlier model reply in an edit history."""
+    parts: list[Part] = Field(min_length=1)
+    """Text and images as separate items; at least one."""
+
+
+class ImageConfig(_Strict):
+    imageSize: str | None = None
+    """`1K`, `2K` or `4K` (case-sensitive); default `1K`."""
+    aspectRatio: str | None = None
+    """One of the model's ratios; default `1:1`."""
+
+    _check_size = field_validator("imageSize")(classmethod(lambda cls, v: check_image_size(v)))
+
+    @model_validator(mode="after")
+    def _ratio_for_model(self, info: ValidationInfo) -> ImageConfig:
+        model = (info.context or {}).get("model")
+        check_aspect_ratio(model, self.aspectRatio)
+        return self
+
+
+class GenerationConfig(_Strict):
+    responseModalities: list[Literal["IMAGE"]] | None = Field(default=None, min_length=1, max_length=1)
+    """Only `["IMAGE"]`."""
+    candidateCount: StrictInt | None = None
+    """Only the integer 1."""
+    imageConfig: ImageConfig | None = None
+
+    @field_validator("candidateCount")
+    @classmethod
+    def _one_candidate(cls, v: int | None) -> int | None:
+        if v is not None and v != 1:
+            raise PydanticCustomError("invalid_request", "candidateCount must be 1")
+        return v
+
+
+class NativeRequest(_Strict):
+    """Body of `POST /v1beta/models/{model}:generateContent`."""
+
+    contents: list[Content] = Field(min_length=1)
+    generationConfig: GenerationConfig | None = None
+
+
+def validate_native_request(body: Any, model: str) -> NativeRequest:
+    """Validate a native body for `model` (the ratio rule depends on it)."""
+    return NativeRequest.model_validate(body, context={"model": model})
+
+
+# --- native response -------------------------------------------------------------------------------
+
+
+class ResponseInlineData(_Open):
+    mimeType: str
+    data: str
+
+
+class ResponsePart(_Open):
+    text: str | None = None
+    thought: bool | None = None
+    thoughtSignature: str | None = None
+    inlineData: ResponseInlineData | None = None
+
+
+class ResponseContent(_Open):
+    role: str = "model"
+    parts: list[ResponsePart] = Field(default_factory=list)
+
+
+class Candidate(_Open):
+    content: ResponseContent | None = None
+    finishReason: str | None = None
+
+
+class NativeResponse(_Open):
+    """A 200 answer of the native route."""
+
+    candidates: list[Candidate] = Field(default_factory=list)
+    promptFeedback: dict[str, Any] | None = None
+    usageMetadata: dict[str, Any] | None = None
+
+
+# --- chat route --------------------------------------------------------------------------------------
+
+
+class ChatImageConfig(_Strict):
+    image_size: str | None = None
+    aspect_ratio: str | None = None
+
+    _check_size = field_validator("image_size")(classmethod(lambda cls, v: check_image_size(v)))
+
+
+class ChatNativeOptions(_Strict):
+    image_config: ChatImageConfig | None = None
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatRequest(_Open):
+    """Body of `POST /v1/chat/completions`.
+
+    Fields beyond those the spec lists are not shown by the spec; we accept and ignore them (clients of
+    this API commonly send some), except `generationConfig`, which the spec says is not used here.
+    """
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    n: Literal[1] | None = None
+    stream: Literal[False] | None = None
+    native: ChatNativeOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_generation_config(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "generationConfig" in data:
+            raise PydanticCustomError(
+                "invalid_request", "generationConfig is not used on the chat route; use native.image_config"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _model_and_ratio(self) -> ChatRequest:
+        if self.model not in NATIVE_MODELS:
+            raise PydanticCustomError(
+                "model_not_found", "model {model} is not served on the chat route", {"model": self.model}
+            )
+        if self.native and self.native.image_config:
+            check_aspect_ratio(self.model, self.native.image_config.aspect_ratio)
+        return self
+
+
+class ChatResponseMessage(_Open):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(_Open):
+    message: ChatResponseMessage
+    finish_reason: str | None = None
+
+
+class ChatResponse(_Open):
+    choices: list[ChatChoice] = Field(min_length=1)
+    usage: dict[str, Any] | None = None
+
+
+# --- images routes -----------------------------------------------------------------------------------
+
+ImagesSize = Literal[tuple(IMAGES_API_SIZES)]  # type: ignore[valid-type]
+
+
+class ImagesRequest(_Strict):
+    """Fields of `POST /v1/images/generations` (JSON) and of `POST /v1/images/edits` (multipart)."""
+
+    model: str = COMPAT_IMAGE_MODEL
+    """Only `compat-image-2`; a native model gets `unsupported_endpoint`."""
+    prompt: str = Field(min_length=1)
+    """Description (generations) or edit instruction (edits)."""
+    n: Literal[1] = 1
+    size: ImagesSize = "1024x1024"  # type: ignore[valid-type]
+    response_format: Literal["b64_json"] = "b64_json"
+    output_format: Literal["png"] = "png"
+
+    @field_validator("model")
+    @classmethod
+    def _compat_model(cls, v: str) -> str:
+        if v in NATIVE_MODELS:
+            raise PydanticCustomError(
+                "unsupported_endpoint",
+                "model {model} is not supported on the images routes; use generateContent",
+                {"model": v},
+            )
+        if v != COMPAT_IMAGE_MODEL:
+            raise PydanticCustomError("model_not_found", "model {model} does not exist", {"model": v})
+        return v
+
+
+class ImagesDatum(_Open):
+    b64_json: str
+
+
+class ImagesResponse(_Open):
+    created: int
+    data: list[ImagesDatum] = Field(min_length=1)
+
+
+# --- text relay routes -------------------------------------------------------------------------------
+
+
+def check_text_model(v: str) -> str:
+    """Image models are not text models: refuse them on the relay routes."""
+    if v in NATIVE_MODELS or v == COMPAT_IMAGE_MODEL:
+        raise PydanticCustomError(
+            "model_not_found", "model {model} is an image model, not a text model", {"model": v}
+        )
+    return v
+
+
+class MessagesMessage(_Open):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class MessagesRequest(_Open):
+    """Body of `POST /v1/messages`. Fields beyond these three are not shown by the spec and pass through."""
+
+    model: str = Field(min_length=1)
+    max_tokens: StrictInt = Field(default=DEFAULT_MAX_TOKENS, ge=1)
+    messages: list[MessagesMessage] = Field(min_length=1)
+
+    _text_model = field_validator("model")(classmethod(lambda cls, v: check_text_model(v)))
+
+
+class ResponsesRequest(_Open):
+    """Body of `POST /v1/responses`. Fields beyond `model` and `input` pass through."""
+
+    model: str = Field(min_length=1)
+    input: str = Field(min_length=1)
+
+    _text_model = field_validator("model")(classmethod(lambda cls, v: check_text_model(v)))
+
+
+# --- errors ----------------------------------------------------------------------------------------
+
+
+class ErrorDetail(_Open):
+    message: str | None = None
+    type: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(_Open):
+    """The error body: `error` with `message`, `type`, `code`, and an optional top-level `message`."""
+
+    error: ErrorDetail | None = None
+    message: str | None = None
+
+
+def describe_validation_error(exc: ValidationError) -> tuple[str, str]:
+    """Turn a pydantic error into (code, message) naming the first offending field by its JSON path."""
+    first = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
+    code = (
+        first["type"] if first["type"] in ("unsupported_endpoint", "model_not_found") else "invalid_request"
+    )
+    if first["type"] == "extra_forbidden":
+        msg = f"unknown field {loc!r}"
+    elif first["type"] == "missing":
+        msg = f"missing required field {loc!r}"
+    else:
+        msg = f"{loc}: {first['msg']}" if loc else first["msg"]
+    return code, msg
+
+
+__all__ = [
+    "UNSUPPORTED_PART_KEYS",
+    "Candidate",
+    "ChatImageConfig",
+    "ChatMessage",
+    "ChatNativeOptions",
+    "ChatRequest",
+    "ChatResponse",
+    "Content",
+    "ErrorBody",
+    "GenerationConfig",
+    "ImageConfig",
+    "ImagesRequest",
+    "ImagesResponse",
+    "InlineData",
+    "MessagesRequest",
+    "NativeRequest",
+    "NativeResponse",
+    "Part",
+    "ResponsesRequest",
+    "check_aspect_ratio",
+    "check_image_size",
+    "check_text_model",
+    "describe_validation_error",
+    "validate_native_request",
+]
