@@ -2,6 +2,8 @@
 
     GatewayError                    anything the client raises
     ├── ConfigurationError          a base URL or option the client cannot use (raised before sending)
+    ├── RequestValidationError      a request body that breaks the spec's rules (raised before sending)
+    ├── ServiceUnreachableError     the connection could not be made: nothing was sent
     ├── ResponseFormatError         a success status whose body is not what the spec describes
     ├── OutcomeUnknownError         no answer: timeout or dropped connection (the request may be billed)
     └── APIStatusError              the service answered with an error status
@@ -35,6 +37,18 @@ class GatewayError(Exception):
 
 class ConfigurationError(GatewayError):
     """The client was given a base URL or option it cannot use."""
+
+
+class RequestValidationError(GatewayError):
+    """The request breaks the spec's rules; it was not sent."""
+
+    def __init__(self, message: str, *, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ServiceUnreachableError(GatewayError):
+    """The connection could not be made (refused, DNS, connect timeout): nothing reached the service."""
 
 
 class ResponseFormatError(GatewayError):
