@@ -274,13 +274,18 @@ def read_text(route: Route, body: Any) -> str:
         blocks = body.get("content")
         if isinstance(blocks, list):
             return "".join(
-                b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text"
+                b["text"]
+                for b in blocks
+                if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
             )
         return blocks if isinstance(blocks, str) else ""
     if isinstance(body.get("output_text"), str):
         return body["output_text"]
+    output = body.get("output")
+    if output is not None and not isinstance(output, list):
+        raise ResponseFormatError(f"{route} response: output is not a list")
     texts: list[str] = []
-    for item in body.get("output") or []:
+    for item in output or []:
         for block in (item.get("content") or []) if isinstance(item, dict) else []:
             if isinstance(block, dict) and isinstance(block.get("text"), str):
                 texts.append(block["text"])
@@ -687,7 +692,10 @@ class GatewayClient:
 def normalise_base_url(base_url: str) -> str:
     """Check and tidy a service root: scheme required, no `/v1` or `/v1beta` suffix, no trailing slash."""
     url = base_url.strip().rstrip("/")
-    parsed = httpx.URL(url) if url else None
+    try:
+        parsed = httpx.URL(url) if url else None
+    except httpx.InvalidURL:
+        parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
         raise ConfigurationError(f"base URL must be an http(s) address of the service root, not {base_url!r}")
     last = parsed.path.rstrip("/").rsplit("/", 1)[-1]

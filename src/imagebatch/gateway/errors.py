@@ -165,7 +165,10 @@ def error_for_status(
 ) -> APIStatusError:
     """Map an error response to the one exception class that names its meaning."""
     message, code, error_type = parse_error_body(status_code, content)
+    # `code` and `type` reach str(exc) and the logs too, so a key echoed there is removed as well.
     message = redact(message, secret)
+    code = redact(code, secret) if code is not None else None
+    error_type = redact(error_type, secret) if error_type is not None else None
     if status_code == 400 and code == "unsupported_endpoint":
         cls: type[APIStatusError] = UnsupportedEndpointError
     elif status_code >= 500:

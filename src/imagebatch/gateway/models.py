@@ -87,6 +87,13 @@ def decode_base64(value: str) -> bytes:
         raise PydanticCustomError("invalid_request", "inlineData.data is not valid base64") from None
 
 
+def reject_non_integer_one(value: Any) -> Any:
+    """`n` is the JSON integer 1: refuse `true` and `1.0`, which `Literal[1]` alone accepts (1 == True)."""
+    if isinstance(value, bool | float):
+        raise PydanticCustomError("invalid_request", "n must be the integer 1")
+    return value
+
+
 # --- native request --------------------------------------------------------------------------------
 
 
@@ -262,6 +269,16 @@ class ChatRequest(_Open):
     stream: Literal[False] | None = None
     native: ChatNativeOptions | None = None
 
+    _strict_n = field_validator("n", mode="before")(classmethod(lambda cls, v: reject_non_integer_one(v)))
+
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _stream_is_bool(cls, v: Any) -> Any:
+        # `Literal[False]` alone accepts 0 (0 == False); the spec's field is the boolean false.
+        if v is not None and not isinstance(v, bool):
+            raise PydanticCustomError("invalid_request", "stream must be the boolean false")
+        return v
+
     @model_validator(mode="before")
     @classmethod
     def _no_generation_config(cls, data: Any) -> Any:
@@ -313,6 +330,8 @@ class ImagesRequest(_Strict):
     size: ImagesSize = "1024x1024"  # type: ignore[valid-type]
     response_format: Literal["b64_json"] = "b64_json"
     output_format: Literal["png"] = "png"
+
+    _strict_n = field_validator("n", mode="before")(classmethod(lambda cls, v: reject_non_integer_one(v)))
 
     @field_validator("model")
     @classmethod

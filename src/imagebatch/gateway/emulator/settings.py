@@ -1,0 +1,134 @@
+"""Configuration of one emulator instance: the key it accepts, its seed, latency, image mix and faults.
+
+Everything that makes the emulator behave one way or another enters through `EmulatorSettings`, which is
+passed to `create_app`; there is no module-level settings object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..constants import Route
+
+# A status fault answers with that HTTP status and generates nothing (nothing is billed).
+StatusFault = Literal["401", "402", "408", "409", "425", "429", "500", "502", "503"]
+# `slow`: generate (billed), then wait `slow_seconds` before answering 200.
+# `drop`: generate (billed), then close the connection without any HTTP response.
+# `no_image`: answer 200 without a final image (native: finishReason SAFETY; chat: text only).
+FaultOutcome = Literal[StatusFault, "slow", "drop", "no_image"]
+# `ok` is only meaningful in a script: "this attempt is answered normally".
+ScriptOutcome = Literal[FaultOutcome, "ok"]
+
+STATUS_FAULTS: tuple[str, ...] = get_args(StatusFault)
+FAULT_OUTCOMES: tuple[str, ...] = (*STATUS_FAULTS, "slow", "drop", "no_image")
+
+SleepFunc = Callable[[float], Awaitable[None]]
+
+
+def _outcome_str(value: Any) -> Any:
+    """Accept `503` as well as `"503"`, so JSON and Python callers can write statuses as numbers."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScriptedFault(_Strict):
+    """The first `len(outcomes)` attempts of each matching Idempotency-Key get these outcomes, in order."""
+
+    outcomes: list[ScriptOutcome] = Field(min_length=1)
+    """Outcome of attempt 1, 2, ...; `ok` answers that attempt normally. Later attempts fall through."""
+    match: str | None = None
+    """Only requests whose Idempotency-Key or prompt contains this substring; None: every request."""
+    routes: list[Route] | None = None
+    """Only these routes; None: every route."""
+
+    @field_validator("outcomes", mode="before")
+    @classmethod
+    def _numbers_ok(cls, v: Any) -> Any:
+        return [_outcome_str(x) for x in v] if isinstance(v, list | tuple) else v
+
+    def applies(self, route: Route, key: str, prompt: str) -> bool:
+        if self.routes is not None and route not in self.routes:
+            return False
+        return self.match is None or self.match in key or self.match in prompt
+
+
+class FaultConfig(_Strict):
+    """Faults: scripted sequences first, then probabilistic rates. Deterministic given the seed."""
+
+    rates: dict[FaultOutcome, float] = Field(default_factory=dict)
+    """Probability of each outcome per attempt (sum at most 1), decided from (seed, key, attempt)."""
+    scripts: list[ScriptedFault] = Field(default_factory=list)
+    """Scripted sequences; the first script that applies to a request and still has an outcome for this
+    attempt number decides it."""
+
+    @field_validator("rates", mode="before")
+    @classmethod
+    def _numbers_ok(cls, v: Any) -> Any:
+        return {_outcome_str(k): r for k, r in v.items()} if isinstance(v, dict) else v
+
+    @model_validator(mode="after")
+    def _rates_are_probabilities(self) -> FaultConfig:
+        for outcome, rate in self.rates.items():
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"fault rate of {outcome} must be between 0 and 1, not {rate}")
+        if sum(self.rates.values()) > 1.0 + 1e-9:
+            raise ValueError("fault rates add up to more than 1")
+        return self
+
+
+class EmulatorSettings(BaseModel):
+    """Settings of one emulator app. Immutable: change them with `model_copy(update=...)`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    api_key: str = Field(min_length=1)
+    """The only key the service routes accept."""
+    seed: int = 0
+    """Seeds images, response structure, probabilistic faults and (unless `signing_secret`) signatures."""
+    latency: float = Field(default=0.0, ge=0.0)
+    """Seconds each generation takes, slept before answering."""
+    slow_seconds: float = Field(default=660.0, ge=0.0)
+    """How long a `slow` fault waits before answering; the default is past the spec's 650 s timeout."""
+    jpeg_rate: float = Field(default=0.25, ge=0.0, le=1.0)
+    """Fraction of native and chat images returned as JPEG instead of PNG."""
+    thought_image_rate: float = Field(default=0.3, ge=0.0, le=1.0)
+    """Fraction of native answers that carry an intermediate `thought: true` image."""
+    max_images_policy: Literal["random", "cap"] = "random"
+    """`random`: deliver 1..X-Service-Max-Images images (deterministic per key); `cap`: exactly the cap."""
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+    signing_secret: str | None = None
+    """Key material of `thoughtSignature`; None derives it from `seed`, so restarts keep signatures valid."""
+    render_cache_size: int = Field(default=16, ge=0)
+    """Rendered images kept (LRU) so that repeated 4K renders cost nothing."""
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    """Awaited for latency and `slow`; tests can pass a recorder."""
+
+    def public_dict(self) -> dict[str, Any]:
+        """The settings as JSON, without the key, the secret or the sleep function."""
+        return self.model_dump(mode="json", exclude={"api_key", "signing_secret", "sleep"})
+
+
+def parse_rate(text: str) -> tuple[str, float]:
+    """Parse a `--fault` value such as `503:0.1` into (outcome, rate)."""
+    outcome, sep, rate = text.partition(":")
+    if not sep:
+        raise ValueError(f"expected OUTCOME:RATE such as 503:0.1, not {text!r}")
+    if outcome not in FAULT_OUTCOMES:
+        raise ValueError(f"unknown fault outcome {outcome!r}; choose from {', '.join(FAULT_OUTCOMES)}")
+    return outcome, float(rate)
+
+
+def parse_script(text: str) -> ScriptedFault:
+    """Parse a `--script` value such as `503,503` or `503,ok,drop@cat` (only keys/prompts with `cat`)."""
+    outcomes, sep, match = text.partition("@")
+    return ScriptedFault(
+        outcomes=[o.strip() for o in outcomes.split(",") if o.strip()],  # type: ignore[misc]
+        match=match if sep else None,
+    )

@@ -1,0 +1,58 @@
+"""Shared fixtures: one emulator server over real HTTP for the whole test session.
+
+def test_something(emulator):            # a fresh-state handle on the session's server
+    emulator.set_faults(scripts=[[503, 503]])   # first two attempts of every Idempotency-Key: 503
+    httpx.post(emulator.url + "/v1/images/generations",
+               headers={"Authorization": f"Bearer {emulator.api_key}"}, json={"prompt": "a cat"})
+    assert len(emulator.ledger()) == 0 ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+
+EMULATOR_API_KEY = "test-emulator-key"
+EMULATOR_SLOW_SECONDS = 0.5
+"""How long a `slow` fault waits on the session server; use a client timeout well below it (e.g. 0.2 s)."""
+
+
+@pytest.fixture(scope="session")
+def emulator_server() -> Iterator[EmulatorServer]:
+    """The session's emulator: an `EmulatorServer` on 127.0.0.1 with a free port, in a thread.
+
+    Settings: `api_key=EMULATOR_API_KEY` ("test-emulator-key"), `seed=0`, no latency,
+    `slow_seconds=EMULATOR_SLOW_SECONDS` (0.5), default image mix (`jpeg_rate=0.25`,
+    `max_images_policy="random"`), no faults. Prefer the function-scoped `emulator` fixture, which resets
+    this server's state before each test.
+    """
+    settings = EmulatorSettings(api_key=EMULATOR_API_KEY, seed=0, slow_seconds=EMULATOR_SLOW_SECONDS)
+    with EmulatorServer(settings) as server:
+        yield server
+
+
+@pytest.fixture
+def emulator(emulator_server: EmulatorServer) -> Iterator[EmulatorServer]:
+    """The session's `EmulatorServer`, reset: empty ledger and request log, no attempts counted, the
+    session settings above and no faults. Changes a test makes are undone by the next test's reset.
+
+    Handle API (see `imagebatch.gateway.emulator.server.EmulatorServer`):
+      - `url` / `base_url`: the service root, e.g. `http://127.0.0.1:54321`; `api_key`.
+      - `ledger(idempotency_key=None)`: billed generations, dicts with `seq, time, route, model, images,
+        usage, idempotency_key, request_id, status (int or "drop"), fault, attempt, prompt`.
+      - `requests()`: every request received on a service path, dicts with `seq, time, method, path,
+        request_id, idempotency_key, route, model, attempt, fault, status`.
+      - `set_faults(rates={503: 0.1}, scripts=[[503, "ok"], {"outcomes": ["drop"], "match": "cat"}])`:
+        replace the faults; outcomes are 401 402 408 409 425 429 500 502 503, "slow", "drop",
+        "no_image" (and "ok" in scripts).
+      - `configure(latency=..., jpeg_rate=..., max_images_policy="cap", thought_image_rate=...,
+        slow_seconds=...)`: change settings for this test.
+      - `reset()`, `attempts()`, `state` (the app's `EmulatorState`).
+    The same operations exist over HTTP under `{url}/emulator/` (see the emulator README).
+    """
+    emulator_server.reset()
+    yield emulator_server
+    emulator_server.reset()
