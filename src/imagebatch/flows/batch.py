@@ -1,0 +1,302 @@
+"""The batch flow: manifest -> plan -> skip what is done -> dispatch one task per request -> records.
+
+`generate_from_manifest` only orchestrates: the requests are sent by `imagebatch.tasks.generate`, the files
+are kept by `imagebatch.tasks.store`. Dispatch is windowed: at most `concurrency` tasks are in flight, and
+new ones are submitted as old ones finish, so a 100,000-row manifest never holds 100,000 futures and a 401
+or 402 stops the run before the rest is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import prefect
+from prefect import flow, tags, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
+from prefect.task_runners import ThreadPoolTaskRunner
+
+import imagebatch
+from imagebatch.gateway.client import GatewayClient
+from imagebatch.tasks.generate import RunContext, Unit, not_attempted, run_unit
+from imagebatch.tasks.manifest import Manifest, load_manifest, plan
+from imagebatch.tasks.store import STATUSES, OutputStore, RequestRecord
+
+MAX_CONCURRENCY = 32
+DEFAULT_CONCURRENCY = 4
+ENV_BASE_URL = "IMAGEBATCH_BASE_URL"
+ENV_API_KEY = "IMAGEBATCH_API_KEY"
+
+
+class UsageError(Exception):
+    """The run cannot start as asked (configuration, options); nothing was sent."""
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """Where a run stands, for a progress display."""
+
+    counts: dict[str, int]
+    done: int
+    planned: int
+    in_flight: int
+    images: int
+
+
+@dataclass
+class RunHooks:
+    """Injected dependencies of a run: tests pass a recording sleep, the CLI a progress callback."""
+
+    sleep: Callable[[float], None] = time.sleep
+    transport: httpx.BaseTransport | None = None
+    on_progress: Callable[[ProgressSnapshot], None] | None = None
+    """Called from the flow's thread after each dispatch step and each finished unit."""
+    emulator_settings: dict[str, Any] = field(default_factory=dict)
+    """Extra settings for the embedded emulator (tests: faults, latency)."""
+
+
+_hooks: ContextVar[RunHooks | None] = ContextVar("imagebatch_run_hooks", default=None)
+
+
+@contextlib.contextmanager
+def run_hooks(hooks: RunHooks) -> Iterator[RunHooks]:
+    """Use `hooks` for the flows run inside this block (in this thread)."""
+    token = _hooks.set(hooks)
+    try:
+        yield hooks
+    finally:
+        _hooks.reset(token)
+
+
+@task(
+    name="generate",
+    task_run_name="{unit.name}",
+    cache_policy=NO_CACHE,
+    retries=0,  # the spec's schedule is applied per route by the client, not by re-running the task
+)
+def generate_request(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
+    """Send one planned request (or one chain's turns) and return small records, never image bytes."""
+    return run_unit(ctx, unit)
+
+
+def group_units(manifest: Manifest) -> list[Unit]:
+    """One unit per (job, request index): a plain request, or a chain's turns in order."""
+    jobs = {job.id: job for job in manifest.jobs}
+    units: dict[tuple[str, int], Unit] = {}
+    for req in plan(manifest):
+        key = (req.job_id, req.request_index)
+        if key not in units:
+            units[key] = Unit(jobs[req.job_id], [])
+        units[key].requests.append(req)
+    for unit in units.values():
+        unit.requests.sort(key=lambda r: r.turn_index)
+    return list(units.values())
+
+
+def resolve_api_key(secret_block: str | None) -> str | None:
+    """The key from the environment, else from a Prefect Secret block; never from a flow parameter."""
+    key = os.environ.get(ENV_API_KEY)
+    if key:
+        return key
+    if secret_block:
+        from prefect.blocks.system import Secret
+
+        return str(Secret.load(secret_block).get())
+    return None
+
+
+@contextlib.contextmanager
+def service(
+    base_url: str | None, secret_block: str | None, hooks: RunHooks
+) -> Iterator[tuple[str, str, bool]]:
+    """Yield (base_url, api_key, embedded): the configured service, or the embedded emulator."""
+    base_url = base_url or os.environ.get(ENV_BASE_URL) or None
+    if base_url:
+        key = resolve_api_key(secret_block)
+        if not key:
+            raise UsageError(f"no API key: set {ENV_API_KEY} (or name a Prefect Secret block) for {base_url}")
+        yield base_url, key, False
+        return
+    from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+
+    key = "emulator-" + secrets.token_hex(16)
+    with EmulatorServer(EmulatorSettings(api_key=key, **hooks.emulator_settings)) as server:
+        yield server.url, key, True
+
+
+def _summary_markdown(counts: Counter[str], info: dict[str, Any]) -> str:
+    lines = [
+        f"# imagebatch run: {info['manifest']}",
+        "",
+        f"Service: {info['service']}  ",
+        f"Output: `{info['out']}`",
+        "",
+        "| status | requests |",
+        "|-|-|",
+    ]
+    lines += [f"| {s} | {counts.get(s, 0)} |" for s in STATUSES]
+    lines += [f"| **total** | {sum(counts.values())} |"]
+    return "\n".join(lines)
+
+
+@flow(
+    name="generate_from_manifest",
+    task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENCY),
+    log_prints=False,
+    validate_parameters=True,
+)
+def generate_from_manifest(
+    manifest: str,
+    out: str,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    base_url: str | None = None,
+    force: bool = False,
+    retry_unknown: bool = False,
+    api_key_secret_block: str | None = None,
+) -> dict[str, Any]:
+    """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
+
+    The API key is read from `IMAGEBATCH_API_KEY` or the Prefect Secret block named by
+    `api_key_secret_block`; with no `base_url` (and no `IMAGEBATCH_BASE_URL`) the embedded emulator is used.
+    Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
+    """
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise UsageError(f"concurrency must be from 1 to {MAX_CONCURRENCY}, not {concurrency}")
+    hooks = _hooks.get() or RunHooks()
+    logger = get_run_logger()
+    started = datetime.now(UTC)
+    manifest_path = Path(manifest)
+    loaded = load_manifest(manifest_path)
+    units = group_units(loaded)
+    planned = sum(len(u.requests) for u in units)
+    store = OutputStore(Path(out))
+    store.prepare()
+    states = store.load_state()
+
+    with service(base_url, api_key_secret_block, hooks) as (url, key, embedded):
+        if embedded:
+            logger.info(
+                "No service address configured: using the embedded emulator at %s; "
+                "its images are placeholders, not real generations.",
+                url,
+            )
+        client = GatewayClient(url, key, sleep=hooks.sleep, transport=hooks.transport)
+        ctx = RunContext(client, store, states, force=force, retry_unknown=retry_unknown)
+        try:
+            records = _dispatch(ctx, units, concurrency, planned, hooks)
+        finally:
+            client.close()
+
+    counts = Counter(r.status for r in records)
+    metadata_columns = list(loaded.metadata_columns)
+    by_job = {job.id: job for job in loaded.jobs}
+    store.write_results(
+        ({**by_job[r.job_id].metadata, **r.to_row()} for r in records),
+        metadata_columns,
+    )
+    info: dict[str, Any] = {
+        "manifest": str(manifest_path.resolve()),
+        "manifest_sha256": loaded.sha256,
+        "out": str(Path(out).resolve()),
+        "service": "embedded emulator" if embedded else url,
+        "options": {
+            "concurrency": concurrency,
+            "force": force,
+            "retry_unknown": retry_unknown,
+            "base_url": None if embedded else url,
+        },
+        "versions": {"imagebatch": imagebatch.__version__, "prefect": prefect.__version__},
+        "started_at": started.isoformat(),
+        "ended_at": datetime.now(UTC).isoformat(),
+        "requests": planned,
+        "counts": {s: counts.get(s, 0) for s in STATUSES},
+        "stopped": ctx.halt_reason,
+    }
+    store.write_run(info)
+    create_markdown_artifact(
+        key="imagebatch-run-summary", markdown=_summary_markdown(counts, info), description="imagebatch run"
+    )
+    return info
+
+
+def _dispatch(
+    ctx: RunContext, units: list[Unit], concurrency: int, planned: int, hooks: RunHooks
+) -> list[RequestRecord]:
+    """Submit units as tasks, at most `concurrency` in flight, in manifest order; stop on an account error."""
+    records: list[RequestRecord] = []
+    done_q: queue.Queue[Any] = queue.Queue()
+    counts: Counter[str] = Counter()
+    in_flight = 0
+    results: dict[int, list[RequestRecord]] = {}
+    order: dict[Any, int] = {}
+
+    images = 0
+
+    def report() -> None:
+        if hooks.on_progress:
+            hooks.on_progress(
+                ProgressSnapshot(dict(counts), sum(counts.values()), planned, in_flight, images)
+            )
+
+    def finished_unit(recs: list[RequestRecord]) -> None:
+        nonlocal images
+        counts.update(r.status for r in recs)
+        images += sum(r.images for r in recs if r.status == "succeeded")
+        report()
+
+    for index, unit in enumerate(units):
+        # Requests this run will not send at all never become tasks: no Prefect overhead, no request.
+        if all(ctx.decision(r.idempotency_key) != "send" for r in unit.requests) and not unit.is_chain:
+            results[index] = run_unit(ctx, unit)
+            finished_unit(results[index])
+    todo = [(i, u) for i, u in enumerate(units) if i not in results]
+    pending = iter(todo)
+    exhausted = False
+    while True:
+        while not exhausted and in_flight < concurrency and not ctx.halt.is_set():
+            try:
+                index, unit = next(pending)
+            except StopIteration:
+                exhausted = True
+                break
+            with tags(f"route:{unit.requests[0].route}", f"model:{unit.job.model}"):
+                future = generate_request.submit(ctx, unit)
+            order[future] = index
+            future.add_done_callback(done_q.put)
+            in_flight += 1
+        report()
+        if in_flight == 0:
+            break
+        future = done_q.get()
+        in_flight -= 1
+        index = order.pop(future)
+        try:
+            results[index] = future.result()
+        except Exception as exc:  # a bug in a task must not lose the records of every other request
+            get_run_logger().exception("task %s crashed", units[index].name)
+            unit = units[index]
+            results[index] = [
+                not_attempted(unit.job, r, f"internal error: {type(exc).__name__}: {exc}")
+                for r in unit.requests
+            ]
+        finished_unit(results[index])
+    if ctx.halt.is_set():
+        for index, unit in pending:
+            results[index] = [not_attempted(unit.job, r, ctx.halt_reason or "stopped") for r in unit.requests]
+            finished_unit(results[index])
+    for index in sorted(results):
+        records.extend(results[index])
+    return records

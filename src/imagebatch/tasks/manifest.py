@@ -1,0 +1,120 @@
+"""Manifests: read a batch description (CSV, JSON or JSON Lines), check it against the spec and the files
+on disk before anything is sent, and plan it into requests with stable idempotency keys.
+
+Formats
+    CSV (UTF-8, a byte-order mark is fine; header row; every cell read as text, an empty cell is absent),
+    JSON (a list of jobs, or ``{"defaults": {...}, "jobs": [...]}``) and JSON Lines (one job per line).
+    CSV headers and JSON keys are the same field names. Problems name CSV rows by their physical line (the
+    header is line 1), JSON Lines rows by line, and JSON jobs by their index in ``jobs`` (``job #0``).
+
+Fields
+    ``id`` (required, unique, ``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``; ids equal but for case are refused,
+    as their files would collide on case-insensitive file systems), ``prompt`` (required; may hold
+    ``{column}`` placeholders naming other columns of its row, ``{{``/``}}`` for literal braces),
+    ``model``, ``route`` (``native``, ``chat``, ``images``, ``messages``, ``responses``), ``aspect_ratio``,
+    ``image_size`` (native, chat), ``size`` (images), ``reference_images`` (native, images; paths relative
+    to the manifest's folder, ``;``-separated in CSV, a list in JSON), ``mask`` (images), ``count``
+    (separate requests wanted, 1 to 100: `MAX_COUNT`, a guard against typos, not a service rule),
+    ``max_images`` (native, chat; 1 to 4), ``max_tokens`` (messages), ``turns`` (JSON only, native only:
+    follow-up edit instructions, each a string or ``{"prompt": ..., "reference_images": [...]}``). Every
+    other column is metadata: kept as text and carried into the results. A column that is a near miss of
+    a field name (``Aspect Ratio``, ``imageSize``) is reported rather than silently kept as metadata.
+
+    Without a route, a native model means ``native`` and ``compat-image-2`` means ``images``; any other
+    model needs a route. Without a model, ``images`` means ``compat-image-2``, ``native``/``chat`` (or no
+    route) mean ``native-image-2.1``, and the text routes require one. JSON ``defaults`` fill in what a
+    job leaves out, but a route-specific default (say ``image_size``) only reaches jobs whose route takes
+    it, so one defaults object can serve a mixed manifest.
+
+Idempotency keys (recipe ``ib1``)
+    The key of one request is ``ib1-`` followed by the first 32 hex digits of the sha256 of the canonical
+    JSON (keys sorted, no whitespace, ASCII with ``\\u`` escapes) of::
+
+        {"recipe": "ib1",
+         "route": wire route: native | chat | images_generations | images_edits | messages | responses,
+         "model": model id,
+         "parameters": the route's parameters, defaults filled in:
+             native, chat: {"aspect_ratio", "image_size", "max_images"}; images: {"size"};
+             messages: {"max_tokens"}; responses: {},
+         "prompt": the rendered prompt (placeholders filled, line endings "\\n", outer whitespace stripped),
+         "reference_sha256": [sha256 of each reference image's bytes, in order],
+         "mask_sha256": sha256 of the mask's bytes, or null,
+         "job_id": id, "request_index": 0..count-1, "turn_index": 0 (the prompt) or 1..T (a turn),
+         "turns": [{"prompt", "reference_sha256"} of turns 1..turn_index]}
+
+    So the key depends on what is sent, never on where: file paths, the manifest's folder, row order,
+    line numbers, file times and metadata columns do not enter it (metadata reaches a key only through a
+    prompt placeholder, i.e. through the prompt). An empty ``aspect_ratio`` and an explicit ``1:1`` give
+    the same key. Changing a row changes only that row's keys; changing an image's bytes changes the keys
+    of the jobs using it; raising ``count`` adds keys without changing the existing ones; appending a turn
+    to a chain adds a key without changing the keys of the earlier turns (a chain's turn 0 has the key
+    the same job would have without turns). A turn's key covers what the manifest asks for, not the
+    service's earlier replies: those are history that a run keeps in its output folder.
+
+`load_manifest` checks everything and raises `ManifestError` listing every problem; `plan` expands a
+manifest into `PlannedRequest` objects; `summarise` counts them; `add_validate_arguments` and
+`validate_main` are the `imagebatch validate` command. This module is the public face; the work is done
+in `manifest_read` (formats), `manifest_rules` (checks), `manifest_load`, `manifest_plan` (keys) and
+`manifest_cli`.
+"""
+
+from __future__ import annotations
+
+from .manifest_cli import add_validate_arguments, validate_main
+from .manifest_load import load_manifest
+from .manifest_models import (
+    ID_PATTERN,
+    MANIFEST_ROUTES,
+    MAX_COUNT,
+    Job,
+    Manifest,
+    ManifestError,
+    ManifestFormat,
+    Problem,
+    Turn,
+)
+from .manifest_plan import (
+    RECIPE_VERSION,
+    PlanCounts,
+    PlannedRequest,
+    PlanSummary,
+    canonical_json,
+    idempotency_key,
+    key_material,
+    plan,
+    plan_job,
+    request_parameters,
+    summarise,
+)
+from .manifest_read import detect_format
+from .manifest_rules import KNOWN_FIELDS, TemplateError, render_prompt
+
+__all__ = [
+    "ID_PATTERN",
+    "KNOWN_FIELDS",
+    "MANIFEST_ROUTES",
+    "MAX_COUNT",
+    "RECIPE_VERSION",
+    "Job",
+    "Manifest",
+    "ManifestError",
+    "ManifestFormat",
+    "PlanCounts",
+    "PlanSummary",
+    "PlannedRequest",
+    "Problem",
+    "TemplateError",
+    "Turn",
+    "add_validate_arguments",
+    "canonical_json",
+    "detect_format",
+    "idempotency_key",
+    "key_material",
+    "load_manifest",
+    "plan",
+    "plan_job",
+    "render_prompt",
+    "request_parameters",
+    "summarise",
+    "validate_main",
+]

@@ -1,0 +1,195 @@
+"""The data of a checked manifest: the problems found in it, its jobs and turns, and the manifest itself.
+
+These are the shapes the rest of imagebatch consumes; `imagebatch.tasks.manifest` re-exports them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from imagebatch.gateway.constants import (
+    IMAGE_ROUTES,
+    TEXT_ROUTES,
+    Route,
+)
+
+ManifestFormat = Literal["csv", "json", "jsonl"]
+"""The three manifest formats; chosen by file extension unless given."""
+
+MANIFEST_ROUTES: tuple[str, ...] = ("native", "chat", "images", "messages", "responses")
+"""The values of a job's `route` field. `images` covers both images routes: generations without a
+reference image, edits with one."""
+
+MAX_COUNT = 100
+"""Most requests one job may ask for with `count`. Not a rule of the service: a guard against a typo
+(`1000` for `10`) turning into a thousand billed generations. Split bigger needs over several rows."""
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A job id is used in output file names, so it must be a safe, portable file name (match in full)."""
+
+Location = Literal["line", "job"]
+
+_SAME_NAME_ROUTES = {
+    route.value: route for route in (Route.NATIVE, Route.CHAT, Route.MESSAGES, Route.RESPONSES)
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a manifest, named by its row and field, with a hint where one helps."""
+
+    line: int | None
+    """CSV: the physical line where the row starts (the header is line 1); JSON Lines: the line;
+    JSON: the index of the job in `jobs` (see `unit`). None for a problem of the whole file."""
+    job_id: str | None
+    """The row's id, when it has one."""
+    field: str | None
+    """The field (column or key) at fault; None for a problem of the whole row or file."""
+    message: str
+    hint: str | None = None
+    """A suggestion, e.g. `did you mean '1K'?`."""
+    unit: Location = "line"
+    """`line` (CSV, JSON Lines) or `job` (a JSON manifest's job index, shown as `job #i`)."""
+
+    @property
+    def location(self) -> str:
+        """`line 7`, `job #3`, or an empty string for a problem of the whole file."""
+        if self.line is None:
+            return ""
+        return f"line {self.line}" if self.unit == "line" else f"job #{self.line}"
+
+    def sort_key(self) -> tuple[int, int]:
+        return (0 if self.line is None else 1, self.line or 0)
+
+    def __str__(self) -> str:
+        head = self.location
+        if self.job_id:
+            head = f"{head} (id={self.job_id})" if head else f"id={self.job_id}"
+        if self.field:
+            head = f"{head}, field {self.field}" if head else f"field {self.field}"
+        text = f"{head}: {self.message}" if head else self.message
+        # Some messages reused from the gateway already carry their hint; never say it twice.
+        if self.hint and self.hint not in self.message:
+            text += f" ({self.hint})"
+        return text
+
+
+class ManifestError(Exception):
+    """A manifest that cannot be run; `problems` holds every problem found, not only the first."""
+
+    def __init__(self, problems: list[Problem], path: Path | str | None = None) -> None:
+        self.problems = sorted(problems, key=Problem.sort_key)
+        self.path = Path(path) if path is not None else None
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        n = len(self.problems)
+        where = f"{self.path}: " if self.path else ""
+        head = f"{where}{n} problem{'s' if n != 1 else ''} in the manifest"
+        return "\n".join([head, *(f"  {p}" for p in self.problems)])
+
+
+class Turn(BaseModel):
+    """A follow-up instruction in an edit chain (native route): one more billed generation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str
+    """The rendered instruction, as sent."""
+    reference_images: list[Path] = []
+    """Extra images for this turn, as absolute paths, in order."""
+    reference_sha256: list[str] = []
+    """sha256 (hex) of each file in `reference_images`, read at validation time."""
+
+
+class Job(BaseModel):
+    """One checked row of a manifest, with defaults filled in for the fields its route uses.
+
+    Fields that do not belong to the job's route are None (or empty), so the request a job describes is
+    exactly what its fields say.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    """Unique within the manifest; safe as a file name."""
+    line: int
+    """Where the row is: see `Problem.line`."""
+    location: str
+    """`line 7` or `job #3`, for messages."""
+    prompt: str
+    """The rendered prompt (placeholders filled in): what is sent and hashed."""
+    model: str
+    route: str
+    """The manifest route: `native`, `chat`, `images`, `messages` or `responses` (see `wire_route`)."""
+    aspect_ratio: str | None = None
+    """Native and chat: the ratio (default `1:1`)."""
+    image_size: str | None = None
+    """Native and chat: `1K`, `2K` or `4K` (default `1K`)."""
+    size: str | None = None
+    """Images route: one of the Images API sizes (default `1024x1024`)."""
+    reference_images: list[Path] = []
+    """Native and images routes: absolute paths, in order."""
+    reference_sha256: list[str] = []
+    """sha256 (hex) of each reference image's bytes, read at validation time."""
+    mask: Path | None = None
+    """Images route: a PNG/JPEG with alpha, same format and size as the first reference image."""
+    mask_sha256: str | None = None
+    count: int = 1
+    """How many separate requests (each its own idempotency key)."""
+    max_images: int | None = None
+    """Native and chat: `X-Service-Max-Images`, 1 to 4 (default 1)."""
+    max_tokens: int | None = None
+    """Messages route: default 1024."""
+    turns: list[Turn] = []
+    """Native route: follow-up edit instructions, run in order after the prompt."""
+    metadata: dict[str, str] = {}
+    """Every other column of the row, carried into the results; never part of the idempotency key."""
+
+    @property
+    def wire_route(self) -> Route:
+        """The HTTP route each request of this job uses."""
+        if self.route == "images":
+            return Route.IMAGES_EDITS if self.reference_images else Route.IMAGES_GENERATIONS
+        return _SAME_NAME_ROUTES[self.route]  # a dict lookup: Route(...) is slow for 100k-job plans
+
+    @property
+    def images_per_request(self) -> int:
+        """The most images one request of this job can deliver (and be billed for)."""
+        route = self.wire_route
+        if route in TEXT_ROUTES:
+            return 0
+        if route in (Route.NATIVE, Route.CHAT):
+            return self.max_images or 1
+        assert route in IMAGE_ROUTES
+        return 1
+
+    @property
+    def requests_per_copy(self) -> int:
+        """HTTP requests for one of the `count` copies: the prompt plus each turn."""
+        return 1 + len(self.turns)
+
+
+class Manifest(BaseModel):
+    """A loaded and fully checked manifest."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    """The manifest file, absolute."""
+    sha256: str
+    """sha256 (hex) of the manifest file's bytes."""
+    format: ManifestFormat
+    jobs: list[Job]
+    metadata_columns: list[str] = []
+    """Names of the metadata columns, in order of first appearance (for results tables)."""
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder that relative file paths in the manifest are resolved against."""
+        return self.path.parent

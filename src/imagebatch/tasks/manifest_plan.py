@@ -1,0 +1,221 @@
+"""Planning checked jobs into HTTP requests, each with its content-addressed idempotency key.
+
+The key recipe is documented in `imagebatch.tasks.manifest` (the module users read); this module is its
+one implementation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imagebatch.gateway.constants import Route
+
+from .manifest_models import Job, Manifest
+
+RECIPE_VERSION = "ib1"
+"""Bump when the recipe changes: every key changes with it, so old output folders are not mistaken
+for done work under a different recipe."""
+KEY_PREFIX = f"{RECIPE_VERSION}-"
+KEY_HEX_CHARS = 32
+"""128 bits of the sha256: collisions are out of reach for any number of requests one user can send."""
+
+
+def request_parameters(job: Job, route: Route | None = None) -> dict[str, Any]:
+    """The job's request parameters for its wire route, with defaults filled in (as the key sees them)."""
+    route = job.wire_route if route is None else route
+    if route in (Route.NATIVE, Route.CHAT):
+        return {"aspect_ratio": job.aspect_ratio, "image_size": job.image_size, "max_images": job.max_images}
+    if route in (Route.IMAGES_GENERATIONS, Route.IMAGES_EDITS):
+        return {"size": job.size}
+    if route == Route.MESSAGES:
+        return {"max_tokens": job.max_tokens}
+    return {}
+
+
+def key_material(job: Job, request_index: int, turn_index: int = 0) -> dict[str, Any]:
+    """Everything the idempotency key of one request is a hash of (see the recipe)."""
+    if not 0 <= request_index < job.count:
+        raise ValueError(f"request_index {request_index} out of range for job {job.id!r} (count {job.count})")
+    if not 0 <= turn_index <= len(job.turns):
+        raise ValueError(f"turn_index {turn_index} out of range for job {job.id!r} ({len(job.turns)} turns)")
+    route = job.wire_route
+    return {
+        "recipe": RECIPE_VERSION,
+        "route": route.value,
+        "model": job.model,
+        "parameters": request_parameters(job, route),
+        "prompt": job.prompt,
+        "reference_sha256": list(job.reference_sha256),
+        "mask_sha256": job.mask_sha256,
+        "job_id": job.id,
+        "request_index": request_index,
+        "turn_index": turn_index,
+        "turns": [
+            {"prompt": turn.prompt, "reference_sha256": list(turn.reference_sha256)}
+            for turn in job.turns[:turn_index]
+        ],
+    }
+
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, no whitespace, ASCII only: one byte string per value on every machine."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode("ascii")
+
+
+def key_from_material(material: dict[str, Any]) -> str:
+    return KEY_PREFIX + hashlib.sha256(canonical_json(material)).hexdigest()[:KEY_HEX_CHARS]
+
+
+def idempotency_key(job: Job, request_index: int = 0, turn_index: int = 0) -> str:
+    """The idempotency key of request `request_index` (0..count-1), turn `turn_index` (0 = the prompt)."""
+    return key_from_material(key_material(job, request_index, turn_index))
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    """One HTTP request to send: a copy (`request_index`) of a job, or one turn of a copy's edit chain."""
+
+    job_id: str
+    request_index: int
+    """0..count-1."""
+    turn_index: int
+    """0 for the prompt; 1..T for the job's turns (each a separate, billed request)."""
+    route: Route
+    """The wire route: images jobs are `images_edits` with reference images, else `images_generations`."""
+    model: str
+    idempotency_key: str
+    images_at_most: int
+    """`max_images` on native and chat, 1 on the images routes, 0 on the text routes."""
+    job: Job = field(repr=False, compare=False)
+
+    @property
+    def prompt(self) -> str:
+        """What this request sends as its instruction: the prompt, or the turn's prompt."""
+        return self.job.prompt if self.turn_index == 0 else self.job.turns[self.turn_index - 1].prompt
+
+    @property
+    def reference_images(self) -> list[Path]:
+        """The images this request adds (a turn's own images for a turn; earlier ones are history)."""
+        if self.turn_index == 0:
+            return self.job.reference_images
+        return self.job.turns[self.turn_index - 1].reference_images
+
+    @property
+    def reference_sha256(self) -> list[str]:
+        if self.turn_index == 0:
+            return self.job.reference_sha256
+        return self.job.turns[self.turn_index - 1].reference_sha256
+
+    @property
+    def mask(self) -> Path | None:
+        return self.job.mask if self.turn_index == 0 else None
+
+
+def plan_job(job: Job) -> list[PlannedRequest]:
+    """The requests of one job, in the order they must be sent (a chain's turns in order)."""
+    route = job.wire_route
+    images = job.images_per_request
+    material = key_material(job, 0, 0)
+    out: list[PlannedRequest] = []
+    for request_index in range(job.count):
+        for turn_index in range(len(job.turns) + 1):
+            # Only the indices and the chain so far vary between a job's requests.
+            material["request_index"] = request_index
+            material["turn_index"] = turn_index
+            if job.turns:
+                material["turns"] = [
+                    {"prompt": turn.prompt, "reference_sha256": list(turn.reference_sha256)}
+                    for turn in job.turns[:turn_index]
+                ]
+            key = key_from_material(material)
+            out.append(PlannedRequest(job.id, request_index, turn_index, route, job.model, key, images, job))
+    return out
+
+
+def plan(manifest: Manifest | Iterable[Job]) -> list[PlannedRequest]:
+    """Every request of the manifest: jobs in manifest order, then copies, then turns."""
+    jobs = manifest.jobs if isinstance(manifest, Manifest) else manifest
+    return [request for job in jobs for request in plan_job(job)]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanCounts:
+    jobs: int = 0
+    requests: int = 0
+    """HTTP requests, each turn counted."""
+    images_at_most: int = 0
+    """The most images these requests can deliver (and be billed for)."""
+
+    def __add__(self, other: PlanCounts) -> PlanCounts:
+        return PlanCounts(
+            self.jobs + other.jobs, self.requests + other.requests, self.images_at_most + other.images_at_most
+        )
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """What a plan will send, in total and by (wire route, model)."""
+
+    jobs: int
+    requests: int
+    images_at_most: int
+    by_route_model: dict[tuple[Route, str], PlanCounts]
+
+    @property
+    def by_route(self) -> dict[Route, PlanCounts]:
+        out: dict[Route, PlanCounts] = {}
+        for (route, _), counts in self.by_route_model.items():
+            out[route] = out.get(route, PlanCounts()) + counts
+        return out
+
+    @property
+    def by_model(self) -> dict[str, PlanCounts]:
+        out: dict[str, PlanCounts] = {}
+        for (_, model), counts in self.by_route_model.items():
+            out[model] = out.get(model, PlanCounts()) + counts
+        return out
+
+    def table(self) -> str:
+        """A small fixed-width table: one row per route and model, then the total."""
+        rows = [("route", "model", "jobs", "requests", "images at most")]
+        for (route, model), c in self.by_route_model.items():
+            rows.append((route.value, model, str(c.jobs), str(c.requests), str(c.images_at_most)))
+        rows.append(("total", "", str(self.jobs), str(self.requests), str(self.images_at_most)))
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        lines = []
+        for row in rows:
+            left = [row[i].ljust(widths[i]) for i in range(2)]
+            right = [row[i].rjust(widths[i]) for i in range(2, 5)]
+            lines.append("  ".join(left + right).rstrip())
+        return "\n".join(lines)
+
+
+def summarise(requests: Iterable[PlannedRequest]) -> PlanSummary:
+    """Count jobs, requests and images at most, in total and by wire route and model."""
+    groups: dict[tuple[Route, str], list[int]] = {}
+    job_group: dict[str, tuple[Route, str]] = {}
+    for request in requests:
+        group = (request.route, request.model)
+        counts = groups.setdefault(group, [0, 0, 0])
+        if request.job_id not in job_group:
+            job_group[request.job_id] = group
+            counts[0] += 1
+        counts[1] += 1
+        counts[2] += request.images_at_most
+    order = list(Route)
+    by = {
+        group: PlanCounts(*groups[group]) for group in sorted(groups, key=lambda g: (order.index(g[0]), g[1]))
+    }
+    return PlanSummary(
+        jobs=len(job_group),
+        requests=sum(c.requests for c in by.values()),
+        images_at_most=sum(c.images_at_most for c in by.values()),
+        by_route_model=by,
+    )

@@ -1,0 +1,249 @@
+"""End-to-end runs of `generate_from_manifest` over real HTTP against the emulator, in a Prefect harness."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flow_helpers import read_jsonl, read_results, write_jsonl
+from PIL import Image
+
+from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+from imagebatch.gateway.constants import RETRY_DELAYS
+
+
+def run(manifest: Path, out: Path, **kw: Any) -> tuple[dict[str, Any], list[float]]:
+    """Run the flow with a recording sleep; return its summary and the waits it asked for."""
+    delays: list[float] = []
+    with run_hooks(RunHooks(sleep=delays.append)):
+        info = generate_from_manifest(manifest=str(manifest), out=str(out), **kw)
+    return info, delays
+
+
+def billed_keys(emulator: Any) -> Counter[str]:
+    return Counter(entry["idempotency_key"] for entry in emulator.ledger())
+
+
+def test_every_route_of_a_mixed_manifest(
+    service_env: Any, examples: Path, tmp_path: Path, caplog: Any
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    out = tmp_path / "out"
+    info, delays = run(examples / "mixed.json", out)
+
+    rows = read_results(out)
+    assert {r["status"] for r in rows} == {"succeeded"}, rows
+    assert info["counts"]["succeeded"] == len(rows) == 9
+    assert {r["route"] for r in rows} == {
+        "native", "chat", "images_generations", "images_edits", "messages", "responses",
+    }  # fmt: skip
+    assert delays == []
+    for row in rows:
+        paths = row["paths"].split(";")
+        assert all((out / p).is_file() for p in paths)
+        if row["route"] in ("messages", "responses"):
+            assert row["images"] == "0" and (out / paths[0]).read_text()
+            continue
+        with Image.open(out / paths[0]) as img:
+            assert (img.width, img.height) == (int(row["width"]), int(row["height"]))
+            assert {"PNG": "image/png", "JPEG": "image/jpeg"}[img.format] == row["mime_type"]
+        assert row["campaign"] == "spring-launch"  # metadata from the manifest's defaults
+    # One usage line per HTTP attempt, each naming its key; one billed generation per request.
+    usage = read_jsonl(out / "usage.jsonl")
+    assert sorted(u["idempotency_key"] for u in usage) == sorted(r["idempotency_key"] for r in rows)
+    assert all(u["http_status"] == 200 and u["usage"] for u in usage)
+    assert billed_keys(service_env) == Counter(r["idempotency_key"] for r in rows)
+    # The chain's later turns were sent with the earlier model turns (the emulator verified their signatures).
+    chain = [r for r in rows if r["job_id"] == "mug-desk-chain"]
+    assert [r["turn_index"] for r in chain] == ["0", "1", "2"]
+    history = json.loads((out / "chains" / "mug-desk-chain_0.json").read_text())
+    assert [t["contents"][1]["role"] for t in history["turns"]] == ["model"] * 3
+
+    run_info = json.loads((out / "run.json").read_text())
+    assert run_info["manifest_sha256"] and run_info["counts"]["succeeded"] == 9
+    assert run_info["versions"]["prefect"]
+
+    # The key is in the environment only: no file in the output folder and no log record holds it.
+    key = service_env.api_key
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
+    assert key not in caplog.text
+    assert "api_key" not in json.dumps(run_info)
+
+
+def test_rerun_sends_nothing_and_edited_row_only_regenerates(
+    service_env: Any, examples: Path, tmp_path: Path
+) -> None:
+    manifest = examples / "catalog.csv"
+    out = tmp_path / "out"
+    run(manifest, out)
+    first = read_results(out)
+    sent_before = len(service_env.requests())
+    assert sent_before == len(first)
+
+    info, _ = run(manifest, out)
+    assert len(service_env.requests()) == sent_before  # zero requests for a finished manifest
+    assert info["counts"]["skipped"] == len(first)
+    assert [r["paths"] for r in read_results(out)] == [r["paths"] for r in first]
+
+    # Edit one row: only that row is generated again.
+    with manifest.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    rows[2]["colour"] = "charcoal"
+    with manifest.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    run(manifest, out)
+    new_requests = service_env.requests()[sent_before:]
+    assert len(new_requests) == 1
+    after = read_results(out)
+    assert [r["status"] for r in after].count("succeeded") == 1
+    assert after[2]["status"] == "succeeded" and after[2]["job_id"] == rows[2]["id"]
+    assert after[2]["idempotency_key"] != first[2]["idempotency_key"]
+    assert max(billed_keys(service_env).values()) == 1
+
+
+def test_images_route_retries_on_the_spec_schedule(service_env: Any, tmp_path: Path) -> None:
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl", [{"id": "poster", "model": "compat-image-2", "prompt": "a retry poster"}]
+    )
+    service_env.set_faults(scripts=[{"outcomes": [503, 429, 500], "match": "retry poster"}])
+    out = tmp_path / "out"
+    _, delays = run(manifest, out)
+    assert delays == list(RETRY_DELAYS) == [3, 8, 15]
+    (row,) = read_results(out)
+    assert row["status"] == "succeeded" and row["attempts"] == "4"
+    usage = read_jsonl(out / "usage.jsonl")
+    assert [u["http_status"] for u in usage] == [503, 429, 500, 200]
+    assert [u["retry_in"] for u in usage] == [3, 8, 15, None]
+    assert len({u["idempotency_key"] for u in usage}) == 1
+
+
+def test_images_route_gives_up_after_four_attempts_and_rerun_resends(
+    service_env: Any, tmp_path: Path
+) -> None:
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "p", "model": "compat-image-2", "prompt": "busy"}])
+    service_env.set_faults(scripts=[{"outcomes": [503, 503, 503, 503], "match": "busy"}])
+    out = tmp_path / "out"
+    _, delays = run(manifest, out)
+    assert delays == [3, 8, 15]
+    (row,) = read_results(out)
+    assert row["status"] == "failed" and "503" in row["error"]
+    # A failed request is sent again by the next run (the script is spent: attempt 5 succeeds).
+    run(manifest, out)
+    assert read_results(out)[0]["status"] == "succeeded"
+
+
+def test_native_makes_a_single_attempt(service_env: Any, tmp_path: Path) -> None:
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "n", "prompt": "a single attempt"}])
+    service_env.set_faults(scripts=[{"outcomes": [503], "match": "single attempt"}])
+    out = tmp_path / "out"
+    _, delays = run(manifest, out)
+    assert delays == []
+    (row,) = read_results(out)
+    assert row["status"] == "failed" and row["attempts"] == "1"
+    assert len(service_env.requests()) == 1
+
+
+def test_dropped_native_answer_is_unknown_and_not_resent_unless_asked(
+    service_env: Any, tmp_path: Path
+) -> None:
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "d", "prompt": "a dropped answer"}])
+    service_env.set_faults(scripts=[{"outcomes": ["drop"], "match": "dropped answer"}])
+    out = tmp_path / "out"
+    run(manifest, out)
+    (row,) = read_results(out)
+    assert row["status"] == "unknown" and "--retry-unknown" in row["error"]
+    assert len(service_env.ledger()) == 1  # the service generated (and billed) it
+
+    run(manifest, out)
+    assert len(service_env.requests()) == 1  # not resent
+    assert read_results(out)[0]["status"] == "unknown"
+
+    run(manifest, out, retry_unknown=True)
+    assert len(service_env.requests()) == 2
+    assert read_results(out)[0]["status"] == "succeeded"
+
+
+def test_no_image_answer_is_recorded_with_its_reason(service_env: Any, tmp_path: Path) -> None:
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "s", "prompt": "a refused prompt"}])
+    service_env.set_faults(scripts=[{"outcomes": ["no_image"], "match": "refused prompt"}])
+    out = tmp_path / "out"
+    run(manifest, out)
+    (row,) = read_results(out)
+    assert row["status"] == "no_image" and row["finish_reason"] == "SAFETY" and row["images"] == "0"
+    detail = json.loads((out / row["paths"]).read_text())
+    assert detail["finish_reason"] == "SAFETY" and detail["text"]
+    assert not list((out / "images").glob("s_0.png"))
+
+
+def test_402_stops_dispatch_and_a_rerun_picks_up(service_env: Any, tmp_path: Path) -> None:
+    jobs = [{"id": f"j{i}", "prompt": f"catalog item {i}"} for i in range(6)]
+    manifest = write_jsonl(tmp_path / "m.jsonl", jobs)
+    service_env.set_faults(scripts=[{"outcomes": [402], "match": "catalog item 1"}])
+    out = tmp_path / "out"
+    info, _ = run(manifest, out, concurrency=1)
+    statuses = [r["status"] for r in read_results(out)]
+    assert statuses == ["succeeded", "failed", *["not_attempted"] * 4]
+    assert "402" in info["stopped"] and "funds" in info["stopped"]
+    assert len(service_env.requests()) == 2
+
+    service_env.set_faults(scripts=[])
+    run(manifest, out, concurrency=1)
+    assert [r["status"] for r in read_results(out)] == ["skipped", *["succeeded"] * 5]
+    assert max(billed_keys(service_env).values()) == 1
+
+
+def test_chain_resumes_from_saved_history(service_env: Any, examples: Path, tmp_path: Path) -> None:
+    manifest = write_jsonl(
+        examples / "chain.jsonl",
+        [
+            {
+                "id": "chain",
+                "prompt": "Put this mug on a desk",
+                "reference_images": ["images/product.png"],
+                "turns": ["Make the light warmer", "Add a plant in the background"],
+            }
+        ],
+    )
+    service_env.set_faults(scripts=[{"outcomes": [500], "match": "plant in the background"}])
+    out = tmp_path / "out"
+    run(manifest, out)
+    assert [r["status"] for r in read_results(out)] == ["succeeded", "succeeded", "failed"]
+    assert len(service_env.ledger()) == 2
+
+    service_env.set_faults(scripts=[])
+    run(manifest, out)
+    assert [r["status"] for r in read_results(out)] == ["skipped", "skipped", "succeeded"]
+    # Only the last turn was generated again; the emulator accepted the saved model turns' signatures.
+    assert len(service_env.ledger()) == 3
+    assert max(billed_keys(service_env).values()) == 1
+
+
+def test_embedded_emulator_is_the_default(
+    examples: Path, tmp_path: Path, monkeypatch: Any, caplog: Any
+) -> None:
+    monkeypatch.delenv("IMAGEBATCH_BASE_URL", raising=False)
+    monkeypatch.delenv("IMAGEBATCH_API_KEY", raising=False)
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "out"
+    info, _ = run(examples / "catalog.csv", out)
+    assert info["service"] == "embedded emulator"
+    assert info["counts"]["succeeded"] == len(read_results(out))
+    assert "embedded emulator" in caplog.text and "placeholders" in caplog.text
+
+
+@pytest.mark.parametrize("concurrency", [0, 33])
+def test_concurrency_is_bounded(service_env: Any, examples: Path, tmp_path: Path, concurrency: int) -> None:
+    from imagebatch.flows.batch import UsageError
+
+    with pytest.raises(UsageError):
+        run(examples / "catalog.csv", tmp_path / "out", concurrency=concurrency)
+    assert service_env.requests() == []

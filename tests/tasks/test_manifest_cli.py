@@ -1,0 +1,102 @@
+"""`imagebatch validate`: exit codes and output, called through `validate_main`; the examples validate."""
+
+from __future__ import annotations
+
+import argparse
+import io
+from pathlib import Path
+
+import pytest
+
+from imagebatch.tasks.manifest import load_manifest, plan, summarise
+from imagebatch.tasks.manifest_cli import add_validate_arguments, main, validate_main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+
+
+def run(*argv: str) -> tuple[int, str]:
+    parser = add_validate_arguments(argparse.ArgumentParser(prog="imagebatch validate"))
+    out = io.StringIO()
+    code = validate_main(parser.parse_args(list(argv)), out=out)
+    return code, out.getvalue()
+
+
+def test_valid_manifest_prints_the_plan(tmp_path: Path) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text("id,prompt,count,route,model\na,x,2,,\nb,y,,messages,claude-compat-small\n")
+    code, out = run(str(path))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{path}: valid (csv, sha256 ")
+    assert lines[1:] == [
+        "route     model                jobs  requests  images at most",
+        "native    native-image-2.1        1         2               2",
+        "messages  claude-compat-small     1         1               0",
+        "total                             2         3               2",
+    ]
+
+
+def test_invalid_manifest_prints_every_problem_and_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text("id,prompt,image_size\na,x,1k\nb,,\na,z,\n")
+    code, out = run(str(path))
+    assert code == 2
+    assert out.splitlines() == [
+        "line 2 (id=a), field image_size: image size must be one of 1K, 2K, 4K (case-sensitive), not '1k' "
+        "(did you mean '1K'?)",
+        "line 3 (id=b), field prompt: prompt is required",
+        "line 4 (id=a), field id: duplicate id 'a': also used on line 2",
+        f"{path}: 3 problems; nothing was sent",
+    ]
+
+
+def test_missing_manifest_exits_2(tmp_path: Path) -> None:
+    code, out = run(str(tmp_path / "nope.csv"))
+    assert code == 2
+    assert out.startswith("manifest not found")
+
+
+def test_format_override_and_keys(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.txt"
+    path.write_text('{"id": "a", "prompt": "x", "count": 2}\n')
+    code, out = run(str(path), "--format", "jsonl", "--keys")
+    assert code == 0
+    manifest = load_manifest(path, format="jsonl")
+    keys = [r.idempotency_key for r in plan(manifest)]
+    assert out.splitlines()[-3:] == [
+        "job_id\trequest_index\tturn_index\troute\tmodel\tidempotency_key",
+        f"a\t0\t0\tnative\tnative-image-2.1\t{keys[0]}",
+        f"a\t1\t0\tnative\tnative-image-2.1\t{keys[1]}",
+    ]
+
+
+def test_standalone_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "m.json"
+    path.write_text("[]")
+    assert main([str(path)]) == 2
+    assert "the manifest has no jobs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p in EXAMPLES.iterdir() if p.suffix in (".csv", ".json", ".jsonl"))
+)
+def test_examples_validate(path: Path) -> None:
+    code, out = run(str(path))
+    assert code == 0, out
+
+
+def test_examples_cover_what_they_promise() -> None:
+    catalog = load_manifest(EXAMPLES / "catalog.csv")
+    assert len(catalog.jobs) <= 8
+    assert {j.image_size for j in catalog.jobs} == {"1K"}
+    assert len({j.aspect_ratio for j in catalog.jobs}) >= 3
+    assert "sku" in catalog.metadata_columns
+    assert all("{" not in j.prompt for j in catalog.jobs)
+
+    mixed = load_manifest(EXAMPLES / "mixed.json")
+    routes = {r.route.value for r in plan(mixed)}
+    assert routes == {"native", "chat", "images_generations", "images_edits", "messages", "responses"}
+    assert any(j.turns and len(j.turns) == 2 for j in mixed.jobs)
+    assert any(j.mask is not None for j in mixed.jobs)
+    assert any(j.route == "native" and j.reference_images and not j.turns for j in mixed.jobs)
+    assert summarise(plan(mixed)).jobs == len(mixed.jobs)
