@@ -27,6 +27,7 @@ from prefect import flow, tags, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
+from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 import imagebatch
@@ -196,7 +197,7 @@ def generate_from_manifest(
         client = GatewayClient(url, key, sleep=hooks.sleep, transport=hooks.transport)
         ctx = RunContext(client, store, states, force=force, retry_unknown=retry_unknown)
         try:
-            records = _dispatch(ctx, units, concurrency, planned, hooks)
+            records, tasks = _dispatch(ctx, units, concurrency, planned, hooks)
         finally:
             client.close()
 
@@ -224,6 +225,7 @@ def generate_from_manifest(
         "requests": planned,
         "counts": {s: counts.get(s, 0) for s in STATUSES},
         "stopped": ctx.halt_reason,
+        "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
     }
     store.write_run(info)
     create_markdown_artifact(
@@ -234,8 +236,11 @@ def generate_from_manifest(
 
 def _dispatch(
     ctx: RunContext, units: list[Unit], concurrency: int, planned: int, hooks: RunHooks
-) -> list[RequestRecord]:
-    """Submit units as tasks, at most `concurrency` in flight, in manifest order; stop on an account error."""
+) -> tuple[list[RequestRecord], int]:
+    """Submit units as tasks, at most `concurrency` in flight, in manifest order; stop on an account error.
+
+    Returns the records in manifest order and the number of Prefect tasks submitted.
+    """
     records: list[RequestRecord] = []
     done_q: queue.Queue[Any] = queue.Queue()
     counts: Counter[str] = Counter()
@@ -265,6 +270,7 @@ def _dispatch(
     todo = [(i, u) for i, u in enumerate(units) if i not in results]
     pending = iter(todo)
     exhausted = False
+    submitted = 0
     while True:
         while not exhausted and in_flight < concurrency and not ctx.halt.is_set():
             try:
@@ -277,6 +283,7 @@ def _dispatch(
             order[future] = index
             future.add_done_callback(done_q.put)
             in_flight += 1
+            submitted += 1
         report()
         if in_flight == 0:
             break
@@ -299,4 +306,44 @@ def _dispatch(
             finished_unit(results[index])
     for index in sorted(results):
         records.extend(results[index])
-    return records
+    return records, submitted
+
+
+TERMINAL_STATES = ["COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
+
+
+def settle_prefect_records(
+    info: dict[str, Any],
+    *,
+    timeout: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
+    """Wait until Prefect's server has recorded the final state of every task run of a finished flow run.
+
+    Task-run states reach Prefect's server as events, which it writes to its database in batches, a
+    moment after the flow has returned. A process that exits at once stops the ephemeral server in the
+    middle of such a write, and the server prints `CancelledError` tracebacks ("Error flushing events")
+    on the user's terminal after a successful run, and the UI loses those states. Call this before
+    exiting: it returns True once the server's count of finished task runs matches `info`, or False on
+    timeout (nothing is lost on our side either way: the output folder is the record).
+    """
+    from prefect.client.orchestration import get_client
+
+    meta = info.get("prefect") or {}
+    run_id, expected = meta.get("flow_run_id"), meta.get("task_runs", 0)
+    if not run_id or not expected:
+        return True
+    body = {
+        "flow_runs": {"id": {"any_": [run_id]}},
+        "task_runs": {"state": {"type": {"any_": TERMINAL_STATES}}},
+    }
+    deadline = clock() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            response = client.request("POST", "/task_runs/count", json=body)
+            if response.status_code == 200 and int(response.json()) >= expected:
+                return True
+            if clock() >= deadline:
+                return False
+            sleep(0.2)

@@ -115,6 +115,7 @@ def run_main(args: argparse.Namespace) -> int:
         UsageError,
         generate_from_manifest,
         run_hooks,
+        settle_prefect_records,
     )
 
     if not base_url:
@@ -162,6 +163,7 @@ def run_main(args: argparse.Namespace) -> int:
     except UsageError as exc:
         err.print(str(exc), markup=False)
         return EXIT_USAGE
+    settle_prefect_records(info)
     _print_summary(out, info)
     if info.get("stopped"):
         err.print(f"Stopped early: {info['stopped']}. A rerun picks up where this one stopped.", markup=False)

@@ -1,0 +1,113 @@
+"""A run killed with SIGKILL in the middle loses no finished image, and its rerun generates nothing twice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from flow_helpers import read_results, write_jsonl
+from PIL import Image
+
+from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+from imagebatch.tasks.store import OutputStore, read_jsonl
+
+JOBS = 24
+PASS_FIRST = 6  # generations let through before the gate closes and the process is killed
+
+
+class Gate:
+    """The emulator's latency sleep: lets the first N generations through, then holds every later one
+    (so requests are in flight when the client dies) until released."""
+
+    def __init__(self, open_for: int) -> None:
+        self.open_for = open_for
+        self.calls = 0
+        self.closed_on_someone = threading.Event()
+        self.release = threading.Event()
+
+    async def __call__(self, _seconds: float) -> None:
+        self.calls += 1
+        if self.calls <= self.open_for:
+            return
+        self.closed_on_someone.set()
+        await asyncio.to_thread(self.release.wait)
+
+
+def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_path: Path) -> None:
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl", [{"id": f"job{i:02d}", "prompt": f"crash {i}"} for i in range(JOBS)]
+    )
+    out = tmp_path / "out"
+    gate = Gate(PASS_FIRST)
+    service_env.configure(latency=0.001, sleep=gate)
+    env = {
+        **os.environ,
+        "IMAGEBATCH_BASE_URL": service_env.url,
+        "IMAGEBATCH_API_KEY": service_env.api_key,
+        "PREFECT_API_URL": prefect_harness,  # the session's Prefect server: no second one to start
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "imagebatch.flows.cli",
+        "run",
+        str(manifest),
+        "--out",
+        str(out),
+        "--concurrency",
+        "3",
+    ]
+    child = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert gate.closed_on_someone.wait(timeout=180), child.stderr.read().decode() if child.poll() else ""
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        gate.release.set()
+        if child.poll() is None:
+            child.kill()
+        if child.stderr:
+            child.stderr.close()
+    assert child.returncode == -signal.SIGKILL
+
+    # What the killed run left is readable, and every outcome it recorded as succeeded has its image.
+    states = OutputStore(out).load_state()
+    assert list(read_jsonl(out / "usage.jsonl"))  # readable (a torn last line is skipped)
+    finished = {k: s.outcome for k, s in states.items() if s.outcome and s.outcome.status == "succeeded"}
+    assert finished, "the gate let some generations through before the kill"
+    for record in finished.values():
+        for rel in record.paths:
+            with Image.open(out / rel) as img:
+                img.verify()
+    in_doubt = {k for k, s in states.items() if s.status == "unknown"}
+    assert in_doubt, "requests were in flight when the process died"
+
+    service_env.configure(sleep=asyncio.sleep, latency=0.0)
+    with run_hooks(RunHooks(sleep=lambda s: None)):
+        info = generate_from_manifest(manifest=str(manifest), out=str(out), concurrency=3)
+
+    rows = read_results(out)
+    assert len(rows) == JOBS
+    statuses = Counter(r["status"] for r in rows)
+    # The in-doubt requests are left alone; everything else is done, and nothing was generated twice.
+    assert statuses["unknown"] == len(in_doubt)
+    assert statuses["succeeded"] + statuses["skipped"] + statuses["unknown"] == JOBS
+    # Every request the service received, across the killed run and the rerun: none sent twice.
+    received = Counter(r["idempotency_key"] for r in service_env.requests())
+    assert max(received.values()) == 1, received
+    done_keys = {r["idempotency_key"] for r in rows if r["status"] in ("succeeded", "skipped")}
+    assert done_keys <= {e["idempotency_key"] for e in service_env.ledger()}
+    assert in_doubt <= set(received)  # the unknown ones really were sent once, and never again
+    assert info["counts"]["unknown"] == len(in_doubt)
+    for row in rows:
+        for rel in filter(None, row["paths"].split(";")):
+            assert (out / rel).is_file()
+    json.loads((out / "run.json").read_text())
