@@ -99,6 +99,12 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def _last_byte(path: Path) -> bytes:
+    with path.open("rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1)
+
+
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     """Yield the JSON objects of a JSON Lines file, skipping a final line cut short by a crash."""
     if not path.exists():
@@ -148,6 +154,7 @@ class OutputStore:
         self.results_path = self.root / "results.csv"
         self.run_path = self.root / "run.json"
         self._lock = threading.Lock()
+        self._tail_checked: set[Path] = set()
 
     def prepare(self) -> None:
         self.images_dir.mkdir(parents=True, exist_ok=True)
@@ -158,6 +165,12 @@ class OutputStore:
     def _append(self, path: Path, record: dict[str, Any], *, sync: bool) -> None:
         line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
         with self._lock, path.open("ab") as fh:
+            if path not in self._tail_checked:
+                # A line torn by a crash has no newline: end it, or this record would be glued onto it
+                # and lost with it when the file is read.
+                self._tail_checked.add(path)
+                if fh.tell() and _last_byte(path) != b"\n":
+                    line = b"\n" + line
             fh.write(line)
             fh.flush()
             if sync:

@@ -1,0 +1,379 @@
+"""The output folder's store: atomic writes, the journal's replay into key states, results.csv."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imagebatch.tasks.store import RESULT_COLUMNS, OutputStore, RequestRecord, read_jsonl, write_atomic
+
+KEY = "ib1-0123456789abcdef0123456789abcdef"
+OTHER = "ib1-fedcba9876543210fedcba9876543210"
+
+
+def record(status: str = "succeeded", key: str = KEY, **fields: Any) -> RequestRecord:
+    return RequestRecord(
+        job_id="mug",
+        request_index=0,
+        turn_index=0,
+        status=status,  # type: ignore[arg-type]
+        model="native-image-2.1",
+        route="native",
+        idempotency_key=key,
+        **fields,
+    )
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+# --- write_atomic ----------------------------------------------------------------------------------------
+
+
+def test_write_atomic_replaces_the_whole_file_and_leaves_no_temp(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "a.bin"
+    write_atomic(path, b"a much longer first version of the file")
+    write_atomic(path, b"short")
+    assert path.read_bytes() == b"short"
+    assert leftovers(path.parent) == []
+    assert [p.name for p in path.parent.iterdir()] == ["a.bin"]
+
+
+def test_write_atomic_failure_keeps_the_old_file_and_removes_the_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"old")
+
+    def broken_replace(src: Any, dst: Any) -> None:
+        assert Path(src).exists()  # the temporary file was written, next to the target
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk on fire"):
+        write_atomic(path, b"new")
+    assert path.read_bytes() == b"old"
+    assert leftovers(tmp_path) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["a.bin"]
+
+
+def test_write_atomic_interrupted_mid_write_removes_the_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "a.bin"
+
+    def interrupted(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(path, b"new")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- read_jsonl ------------------------------------------------------------------------------------------
+
+
+def test_read_jsonl_skips_garbage_and_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(
+        b'{"a": 1}\n'
+        b"not json\n"
+        b"[1, 2]\n"  # JSON, but not an object
+        b"\xff\xfe\n"  # not UTF-8
+        b"\n"
+        b'{"a": 2}\n'
+        b'{"a": 3, "cut sh'  # a write cut short by a crash: no newline
+    )
+    assert list(read_jsonl(path)) == [{"a": 1}, {"a": 2}]
+
+
+def test_read_jsonl_of_a_missing_file_is_empty(tmp_path: Path) -> None:
+    assert list(read_jsonl(tmp_path / "nope.jsonl")) == []
+
+
+def test_read_jsonl_drops_a_complete_object_without_its_newline(tmp_path: Path) -> None:
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2}')  # the newline itself was not written
+    assert list(read_jsonl(path)) == [{"a": 1}]
+
+
+# --- load_state ------------------------------------------------------------------------------------------
+
+
+def started(store: OutputStore, key: str = KEY, attempt: int = 1) -> None:
+    store.journal("attempt_started", idempotency_key=key, attempt=attempt)
+
+
+def finished(store: OutputStore, status: int | None, outcome: str, key: str = KEY, attempt: int = 1) -> None:
+    store.journal("attempt_finished", idempotency_key=key, attempt=attempt, status=status, outcome=outcome)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> OutputStore:
+    s = OutputStore(tmp_path / "out")
+    s.prepare()
+    return s
+
+
+def test_no_journal_means_no_state(store: OutputStore) -> None:
+    assert store.load_state() == {}
+
+
+def test_started_only_is_unknown(store: OutputStore) -> None:
+    started(store)
+    st = store.load_state()[KEY]
+    assert st.status == "unknown" and st.in_flight and st.attempts == 1
+
+
+def test_no_answer_is_unknown(store: OutputStore) -> None:
+    started(store)
+    finished(store, None, "no_answer")
+    assert store.load_state()[KEY].status == "unknown"
+
+
+def test_not_sent_is_failed(store: OutputStore) -> None:
+    started(store)
+    finished(store, None, "not_sent")  # the connection was never made: nothing can have been billed
+    assert store.load_state()[KEY].status == "failed"
+
+
+def test_error_status_without_outcome_is_failed(store: OutputStore) -> None:
+    started(store)
+    finished(store, 503, "error")
+    st = store.load_state()[KEY]
+    assert st.status == "failed" and not st.in_flight and st.outcome is None
+
+
+def test_ok_answer_without_outcome_is_unknown(store: OutputStore) -> None:
+    # Billed, but the process died before the files and the outcome were saved.
+    started(store)
+    finished(store, 200, "ok")
+    st = store.load_state()[KEY]
+    assert st.status == "unknown" and st.billed_without_record
+
+
+def test_retries_then_outcome(store: OutputStore) -> None:
+    for attempt, status in enumerate([503, 429], start=1):
+        started(store, attempt=attempt)
+        finished(store, status, "error", attempt=attempt)
+    started(store, attempt=3)
+    finished(store, 200, "ok", attempt=3)
+    store.record_outcome(record(paths=["images/mug_0.png"], images=1, attempts=3))
+    st = store.load_state()[KEY]
+    assert st.status == "succeeded" and st.attempts == 3
+    assert st.outcome is not None and st.outcome.paths == ["images/mug_0.png"]
+    assert st.outcome.attempts == 3 and st.outcome.images == 1
+
+
+@pytest.mark.parametrize("status", ["succeeded", "no_image", "failed", "unknown"])
+def test_outcome_status_is_the_state(store: OutputStore, status: str) -> None:
+    started(store)
+    finished(store, 200, "ok")
+    store.record_outcome(record(status))
+    assert store.load_state()[KEY].status == status
+
+
+def test_a_later_attempt_after_an_outcome(store: OutputStore) -> None:
+    started(store)
+    finished(store, 503, "error")
+    store.record_outcome(record("failed", error="503"))
+    assert store.load_state()[KEY].status == "failed"
+
+    # The next run resends it: started and no answer yet -> unknown again.
+    started(store)
+    st = store.load_state()[KEY]
+    assert st.status == "unknown" and st.attempts == 2
+    assert st.outcome is not None and st.outcome.status == "failed"  # the old outcome is kept
+
+    # Answered and saved: succeeded.
+    finished(store, 200, "ok")
+    assert store.load_state()[KEY].status == "unknown"
+    store.record_outcome(record("succeeded"))
+    assert store.load_state()[KEY].status == "succeeded"
+
+
+def test_a_forced_attempt_after_success_that_dies_is_unknown(store: OutputStore) -> None:
+    started(store)
+    finished(store, 200, "ok")
+    store.record_outcome(record("succeeded"))
+    started(store)  # --force, then killed while waiting
+    assert store.load_state()[KEY].status == "unknown"
+
+
+def test_keys_are_independent(store: OutputStore) -> None:
+    started(store, KEY)
+    started(store, OTHER)
+    finished(store, 200, "ok", OTHER)
+    store.record_outcome(record("succeeded", OTHER))
+    finished(store, None, "no_answer", KEY)
+    states = store.load_state()
+    assert set(states) == {KEY, OTHER}
+    assert states[KEY].status == "unknown"
+    assert states[OTHER].status == "succeeded"
+    assert states[OTHER].attempts == states[KEY].attempts == 1
+
+
+def test_events_without_a_key_are_ignored(store: OutputStore) -> None:
+    store.journal("run_started", manifest="m.csv")
+    store.journal("attempt_started", idempotency_key=None)
+    assert store.load_state() == {}
+
+
+def test_a_torn_journal_line_is_ignored(store: OutputStore) -> None:
+    started(store)
+    finished(store, 200, "ok")
+    with store.journal_path.open("ab") as fh:
+        fh.write(json.dumps({"event": "outcome", **record().__dict__}).encode()[:40])  # kill -9 mid-write
+    assert store.load_state()[KEY].status == "unknown"
+
+
+def test_the_next_run_appends_after_a_torn_line_without_losing_its_events(tmp_path: Path) -> None:
+    """A crash leaves a line with no newline; the next run's first event must not be glued onto it."""
+    first = OutputStore(tmp_path / "out")
+    first.prepare()
+    started(first, OTHER)
+    with first.journal_path.open("ab") as fh:
+        fh.write(b'{"event":"attempt_started","idempotency_key":"ib1-')  # kill -9 mid-write
+
+    second = OutputStore(tmp_path / "out")  # the next run
+    started(second)
+    finished(second, 200, "ok")
+    second.record_outcome(record("succeeded"))
+    states = second.load_state()
+    assert states[KEY].status == "succeeded" and states[KEY].attempts == 1
+    assert states[OTHER].status == "unknown"
+    # usage.jsonl is healed the same way.
+    with second.usage_path.open("ab") as fh:
+        fh.write(b'{"attempt": 1, "http_st')
+    third = OutputStore(tmp_path / "out")
+    third.append_usage({"attempt": 2})
+    assert list(read_jsonl(third.usage_path)) == [{"attempt": 2}]
+
+
+def test_outcome_round_trips_every_field(store: OutputStore) -> None:
+    rec = record(
+        "no_image",
+        paths=["images/mug_0.no_image.json"],
+        attempts=1,
+        finish_reason="SAFETY",
+        error="no image (finishReason SAFETY): ünïcode",
+        request_id="req-1",
+        text="sorry",
+    )
+    store.record_outcome(rec)
+    assert store.load_state()[KEY].outcome == rec
+
+
+# --- journal: thread safety ------------------------------------------------------------------------------
+
+
+def test_journal_appends_from_many_threads_stay_whole_lines(store: OutputStore) -> None:
+    threads, per_thread = 16, 50
+    barrier = threading.Barrier(threads)
+    padding = "x" * 3000  # longer than one small write, so interleaving would show
+
+    def worker(t: int) -> None:
+        barrier.wait()
+        for i in range(per_thread):
+            store.journal("attempt_started", idempotency_key=f"k{t}", attempt=i + 1, pad=padding)
+            store.append_usage({"idempotency_key": f"k{t}", "attempt": i + 1, "pad": padding})
+
+    pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+
+    for path in (store.journal_path, store.usage_path):
+        lines = path.read_bytes().split(b"\n")
+        assert lines[-1] == b""
+        events = [json.loads(line) for line in lines[:-1]]  # every line is whole JSON
+        assert len(events) == threads * per_thread
+        for t in range(threads):
+            mine = [e["attempt"] for e in events if e["idempotency_key"] == f"k{t}"]
+            assert mine == list(range(1, per_thread + 1))  # each thread's lines in its order
+    states = store.load_state()
+    assert len(states) == threads
+    assert all(st.attempts == per_thread and st.status == "unknown" for st in states.values())
+
+
+# --- results.csv -----------------------------------------------------------------------------------------
+
+
+def test_write_results_columns_paths_and_empty_values(store: OutputStore) -> None:
+    done = record(
+        paths=["images/mug_0.png", "images/mug_0_1.png"],
+        images=2,
+        width=1024,
+        height=1024,
+        mime_type="image/png",
+        attempts=1,
+        finish_reason="STOP",
+        request_id="req-1",
+    )
+    unknown = record("unknown", OTHER, error='no answer, "quoted"\nsecond line')
+    rows = [
+        {"sku": "SKU-1", "colour": "cobalt", "status": "IGNORED", **done.to_row()},
+        {"sku": "SKU-2", **unknown.to_row()},  # no colour: empty cell
+    ]
+    store.write_results(rows, ["sku", "colour", "status"])  # a metadata column named like a result column
+
+    with store.results_path.open(newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader)
+    assert header == [*RESULT_COLUMNS, "sku", "colour"]
+    assert header[: len(RESULT_COLUMNS)] == [
+        "job_id", "request_index", "turn_index", "status", "paths", "images", "width", "height",
+        "mime_type", "model", "route", "idempotency_key", "attempts", "finish_reason", "error",
+        "request_id",
+    ]  # fmt: skip
+
+    with store.results_path.open(newline="") as fh:
+        first, second = csv.DictReader(fh)
+    assert first["paths"] == "images/mug_0.png;images/mug_0_1.png"
+    assert first["status"] == "succeeded"
+    assert (first["width"], first["mime_type"], first["sku"], first["colour"]) == (
+        "1024",
+        "image/png",
+        "SKU-1",
+        "cobalt",
+    )
+    assert first["error"] == ""  # None is an empty cell, not "None"
+    assert second["paths"] == "" and second["width"] == "" and second["mime_type"] == ""
+    assert second["colour"] == "" and second["sku"] == "SKU-2"
+    assert second["error"] == 'no answer, "quoted"\nsecond line'
+    assert "None" not in store.results_path.read_text()
+    assert leftovers(store.root) == []
+
+
+def test_write_results_rewrites_the_whole_table(store: OutputStore) -> None:
+    store.write_results([record().to_row(), record(key=OTHER).to_row()], [])
+    store.write_results([record("skipped").to_row()], [])
+    with store.results_path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["status"] for r in rows] == ["skipped"]
+
+
+def test_to_row_has_exactly_the_result_columns() -> None:
+    row = record(text="not a column").to_row()
+    assert list(row) == list(RESULT_COLUMNS)
+    assert row["paths"] == "" and row["width"] == ""
+
+
+def test_files_and_chains(store: OutputStore) -> None:
+    assert store.write_file("mug_0.png", b"\x89PNG") == "images/mug_0.png"
+    assert (store.root / "images" / "mug_0.png").read_bytes() == b"\x89PNG"
+    assert store.load_chain("mug", 0) is None
+    store.save_chain("mug", 0, {"turns": [{"key": KEY}]})
+    assert store.load_chain("mug", 0) == {"turns": [{"key": KEY}]}
+    store.write_run({"counts": {"succeeded": 1}})
+    assert json.loads(store.run_path.read_text()) == {"counts": {"succeeded": 1}}
+    assert leftovers(store.images_dir) == [] and leftovers(store.chains_dir) == []
