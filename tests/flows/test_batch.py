@@ -61,7 +61,7 @@ def test_every_route_of_a_mixed_manifest(
     # The chain's later turns were sent with the earlier model turns (the emulator verified their signatures).
     chain = [r for r in rows if r["job_id"] == "mug-desk-chain"]
     assert [r["turn_index"] for r in chain] == ["0", "1", "2"]
-    history = json.loads((out / "chains" / "mug-desk-chain_0.json").read_text())
+    history = json.loads((out / "chains" / "mug-desk-chain" / "0.json").read_text())
     assert [t["contents"][1]["role"] for t in history["turns"]] == ["model"] * 3
 
     run_info = json.loads((out / "run.json").read_text())
@@ -74,7 +74,7 @@ def test_every_route_of_a_mixed_manifest(
         if path.is_file():
             assert key.encode() not in path.read_bytes(), path
     assert key not in caplog.text
-    assert "api_key" not in json.dumps(run_info)
+    assert not [k for k in run_info["options"] if k in ("api_key", "key")]
 
 
 def test_rerun_sends_nothing_and_edited_row_only_regenerates(
@@ -213,7 +213,7 @@ def test_chain_resumes_from_saved_history(service_env: Any, examples: Path, tmp_
             }
         ],
     )
-    service_env.set_faults(scripts=[{"outcomes": [500], "match": "plant in the background"}])
+    service_env.set_faults(scripts=[{"outcomes": [503], "match": "plant in the background"}])
     out = tmp_path / "out"
     run(manifest, out)
     assert [r["status"] for r in read_results(out)] == ["succeeded", "succeeded", "failed"]
@@ -247,3 +247,77 @@ def test_concurrency_is_bounded(service_env: Any, examples: Path, tmp_path: Path
     with pytest.raises(UsageError):
         run(examples / "catalog.csv", tmp_path / "out", concurrency=concurrency)
     assert service_env.requests() == []
+
+
+def test_native_500_is_unknown_not_resent(service_env: Any, tmp_path: Path) -> None:
+    # The spec: a 500 is a generation error; "check the outcome before resending".
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "g", "prompt": "a generation error"}])
+    service_env.set_faults(scripts=[{"outcomes": [500], "match": "generation error"}])
+    out = tmp_path / "out"
+    run(manifest, out)
+    assert read_results(out)[0]["status"] == "unknown"
+    run(manifest, out)
+    assert len(service_env.requests()) == 1
+
+
+def test_images_no_answer_then_errors_is_unknown(service_env: Any, tmp_path: Path) -> None:
+    # The first attempt may have been generated; the later 503s do not make the request "failed".
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl", [{"id": "p", "model": "compat-image-2", "prompt": "lost answer"}]
+    )
+    service_env.set_faults(scripts=[{"outcomes": ["drop", 503, 503, 503], "match": "lost answer"}])
+    out = tmp_path / "out"
+    _, delays = run(manifest, out)
+    assert delays == [3, 8, 15]
+    assert read_results(out)[0]["status"] == "unknown"
+    run(manifest, out)
+    assert len(service_env.requests()) == 4  # not resent
+
+
+def test_no_image_stays_no_image_on_rerun(service_env: Any, tmp_path: Path) -> None:
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "s", "prompt": "blocked again"}])
+    service_env.set_faults(scripts=[{"outcomes": ["no_image"], "match": "blocked again"}])
+    out = tmp_path / "out"
+    first, _ = run(manifest, out)
+    second, _ = run(manifest, out)
+    assert first["counts"]["no_image"] == second["counts"]["no_image"] == 1
+    assert len(service_env.requests()) == 1
+
+
+def test_halt_keeps_the_status_of_what_was_done(service_env: Any, examples: Path, tmp_path: Path) -> None:
+    jobs = [
+        {"id": "chain", "prompt": "Put this mug on a desk", "reference_images": ["images/product.png"],
+         "turns": ["Make the light warmer"]},
+        {"id": "a", "prompt": "first item"},
+        {"id": "b", "prompt": "second item"},
+    ]  # fmt: skip
+    manifest = write_jsonl(examples / "halt.jsonl", jobs)
+    out = tmp_path / "out"
+    service_env.set_faults(scripts=[{"outcomes": [402], "match": "first item"}])
+    run(manifest, out, concurrency=1)
+    assert [r["status"] for r in read_results(out)] == ["succeeded", "succeeded", "failed", "not_attempted"]
+    # Still out of funds on the rerun: the finished chain is reported as done, not as "not attempted".
+    service_env.set_faults(scripts=[{"outcomes": [402, 402], "match": "first item"}])
+    run(manifest, out, concurrency=1)
+    assert [r["status"] for r in read_results(out)] == ["skipped", "skipped", "failed", "not_attempted"]
+
+
+def test_an_output_folder_in_use_is_refused(service_env: Any, examples: Path, tmp_path: Path) -> None:
+    from imagebatch.flows.batch import UsageError
+    from imagebatch.tasks.store import OutputStore
+
+    out = tmp_path / "out"
+    with OutputStore(out).exclusive(), pytest.raises(UsageError, match="another imagebatch run"):
+        run(examples / "catalog.csv", out)
+    assert service_env.requests() == []
+
+
+def test_a_deleted_image_is_made_again(service_env: Any, examples: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run(examples / "catalog.csv", out)
+    first = read_results(out)
+    (out / first[0]["paths"]).unlink()
+    run(examples / "catalog.csv", out)
+    after = read_results(out)
+    assert [r["status"] for r in after] == ["succeeded"] + ["skipped"] * (len(first) - 1)
+    assert (out / after[0]["paths"]).is_file()

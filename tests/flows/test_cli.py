@@ -124,12 +124,6 @@ def test_run_without_out_is_an_argparse_error(examples: Path, capsys: Any) -> No
     assert "--out" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="batch.resolve_api_key lets Prefect's ValueError for a missing Secret block escape: a traceback, "
-    "not exit 2 (fix belongs in src/imagebatch/flows/batch.py)",
-)
 def test_run_with_a_missing_secret_block_exits_2_and_sends_nothing(
     emulator: Any, examples: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
@@ -183,14 +177,14 @@ def test_run_prints_a_summary_keeps_the_key_out_and_a_rerun_skips_everything(
 def test_run_with_a_failed_request_exits_1(
     service_env: Any, examples: Path, tmp_path: Path, capsys: Any
 ) -> None:
-    # A 500 on the native route: a single attempt, then failed.
-    service_env.set_faults(scripts=[{"outcomes": [500], "match": "canvas tote bag"}])
+    # A 503 on the native route: a single attempt, then failed (503: nothing was generated).
+    service_env.set_faults(scripts=[{"outcomes": [503], "match": "canvas tote bag"}])
     out_dir = tmp_path / "out"
     code, out, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(out_dir))
     assert code == EXIT_INCOMPLETE == 1
     rows = read_results(out_dir)
     assert [r["status"] for r in rows] == ["succeeded"] * 2 + ["failed"] + ["succeeded"] * 3
-    assert rows[2]["attempts"] == "1" and "500" in rows[2]["error"]
+    assert rows[2]["attempts"] == "1" and "503" in rows[2]["error"]
     assert len(service_env.requests()) == 6
     assert summary_counts(out) == {"succeeded": 5, "failed": 1}, out
     assert "Stopped early" not in err
@@ -263,3 +257,43 @@ def test_no_command_is_an_argparse_error(capsys: Any) -> None:
         main([])
     assert exc.value.code == 2
     assert "run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("base_url", "key", "says"),
+    [
+        ("http://127.0.0.1:9/v1", "valid-key-123", "without /v1"),
+        ("http://127.0.0.1:9/v1beta/", "valid-key-123", "without /v1beta"),
+        ("ftp://127.0.0.1:9", "valid-key-123", "http(s)"),
+        ("http://127.0.0.1:9", "secret key with spaces", "spaces"),
+        ("http://127.0.0.1:9", "secret-key\n", "line breaks"),
+        ("http://127.0.0.1:9", "clé-secrète", "non-ASCII"),
+    ],
+)
+def test_bad_configuration_exits_2_before_prefect_starts(
+    examples: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+    base_url: str,
+    key: str,
+    says: str,
+) -> None:
+    monkeypatch.setenv("IMAGEBATCH_BASE_URL", base_url)
+    monkeypatch.setenv("IMAGEBATCH_API_KEY", key)
+    started: list[Any] = []
+    import imagebatch.flows.batch as batch
+
+    monkeypatch.setattr(batch, "generate_from_manifest", lambda **kw: started.append(kw))
+    code, out, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(tmp_path / "out"))
+    assert code == EXIT_USAGE
+    assert says in err and "nothing was sent" in err
+    assert started == [] and not (tmp_path / "out").exists()
+    assert key.strip() not in out + err  # a key is never echoed, even a malformed one
+
+
+def test_out_that_is_a_file_exits_2(examples: Path, tmp_path: Path, capsys: Any) -> None:
+    target = tmp_path / "out"
+    target.write_text("not a folder")
+    code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(target))
+    assert code == EXIT_USAGE and "not a folder" in err

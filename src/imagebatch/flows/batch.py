@@ -3,13 +3,13 @@
 `generate_from_manifest` only orchestrates: the requests are sent by `imagebatch.tasks.generate`, the files
 are kept by `imagebatch.tasks.store`. Dispatch is windowed: at most `concurrency` tasks are in flight, and
 new ones are submitted as old ones finish, so a 100,000-row manifest never holds 100,000 futures and a 401
-or 402 stops the run before the rest is sent.
+or 402 stops the run before the rest is sent. Tasks return nothing (their records go to the run context),
+so Prefect keeps no per-task results in memory.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import secrets
 import time
@@ -31,19 +31,18 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 import imagebatch
+from imagebatch.flows.config import (
+    DEFAULT_CONCURRENCY,
+    ENV_API_KEY,
+    MAX_CONCURRENCY,
+    UsageError,
+    resolve_api_key,
+    resolve_base_url,
+)
 from imagebatch.gateway.client import GatewayClient
-from imagebatch.tasks.generate import RunContext, Unit, not_attempted, run_unit
+from imagebatch.tasks.generate import RunContext, Unit, run_unit, run_unit_safely
 from imagebatch.tasks.manifest import Manifest, load_manifest, plan
-from imagebatch.tasks.store import STATUSES, OutputStore, RequestRecord
-
-MAX_CONCURRENCY = 32
-DEFAULT_CONCURRENCY = 4
-ENV_BASE_URL = "IMAGEBATCH_BASE_URL"
-ENV_API_KEY = "IMAGEBATCH_API_KEY"
-
-
-class UsageError(Exception):
-    """The run cannot start as asked (configuration, options); nothing was sent."""
+from imagebatch.tasks.store import STATUSES, OutputLockedError, OutputStore
 
 
 @dataclass(frozen=True)
@@ -88,35 +87,20 @@ def run_hooks(hooks: RunHooks) -> Iterator[RunHooks]:
     cache_policy=NO_CACHE,
     retries=0,  # the spec's schedule is applied per route by the client, not by re-running the task
 )
-def generate_request(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
-    """Send one planned request (or one chain's turns) and return small records, never image bytes."""
-    return run_unit(ctx, unit)
+def generate_request(ctx: RunContext, unit: Unit) -> None:
+    """Send one planned request (or one chain's turns); the records go to `ctx.results`, never bytes."""
+    ctx.results[unit.index] = run_unit_safely(ctx, unit)
 
 
 def group_units(manifest: Manifest) -> list[Unit]:
     """One unit per (job, request index): a plain request, or a chain's turns in order."""
-    jobs = {job.id: job for job in manifest.jobs}
     units: dict[tuple[str, int], Unit] = {}
     for req in plan(manifest):
         key = (req.job_id, req.request_index)
         if key not in units:
-            units[key] = Unit(jobs[req.job_id], [])
+            units[key] = Unit(len(units), req.job, [])
         units[key].requests.append(req)
-    for unit in units.values():
-        unit.requests.sort(key=lambda r: r.turn_index)
     return list(units.values())
-
-
-def resolve_api_key(secret_block: str | None) -> str | None:
-    """The key from the environment, else from a Prefect Secret block; never from a flow parameter."""
-    key = os.environ.get(ENV_API_KEY)
-    if key:
-        return key
-    if secret_block:
-        from prefect.blocks.system import Secret
-
-        return str(Secret.load(secret_block).get())
-    return None
 
 
 @contextlib.contextmanager
@@ -124,18 +108,29 @@ def service(
     base_url: str | None, secret_block: str | None, hooks: RunHooks
 ) -> Iterator[tuple[str, str, bool]]:
     """Yield (base_url, api_key, embedded): the configured service, or the embedded emulator."""
-    base_url = base_url or os.environ.get(ENV_BASE_URL) or None
-    if base_url:
+    url = resolve_base_url(base_url)
+    if url:
         key = resolve_api_key(secret_block)
         if not key:
-            raise UsageError(f"no API key: set {ENV_API_KEY} (or name a Prefect Secret block) for {base_url}")
-        yield base_url, key, False
+            raise UsageError(f"no API key: set {ENV_API_KEY} (or name a Prefect Secret block) for {url}")
+        yield url, key, False
         return
     from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 
     key = "emulator-" + secrets.token_hex(16)
     with EmulatorServer(EmulatorSettings(api_key=key, **hooks.emulator_settings)) as server:
         yield server.url, key, True
+
+
+@contextlib.contextmanager
+def _held(store: OutputStore) -> Iterator[None]:
+    try:
+        with store.exclusive():
+            yield
+    except OutputLockedError as exc:
+        raise UsageError(
+            f"{exc}: wait for it to finish (two runs into one folder would send twice)"
+        ) from None
 
 
 def _summary_markdown(counts: Counter[str], info: dict[str, Any]) -> str:
@@ -170,8 +165,8 @@ def generate_from_manifest(
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
-    The API key is read from `IMAGEBATCH_API_KEY` or the Prefect Secret block named by
-    `api_key_secret_block`; with no `base_url` (and no `IMAGEBATCH_BASE_URL`) the embedded emulator is used.
+    The API key is read from the Prefect Secret block named by `api_key_secret_block`, else from
+    `IMAGEBATCH_API_KEY`; with no `base_url` (and no `IMAGEBATCH_BASE_URL`) the embedded emulator is used.
     Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
     """
     if not 1 <= concurrency <= MAX_CONCURRENCY:
@@ -179,13 +174,12 @@ def generate_from_manifest(
     hooks = _hooks.get() or RunHooks()
     logger = get_run_logger()
     started = datetime.now(UTC)
-    manifest_path = Path(manifest)
-    loaded = load_manifest(manifest_path)
+    loaded = load_manifest(Path(manifest))
     units = group_units(loaded)
     planned = sum(len(u.requests) for u in units)
     store = OutputStore(Path(out))
-    store.prepare()
-    states = store.load_state()
+    if store.root.exists() and not store.root.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
 
     with service(base_url, api_key_secret_block, hooks) as (url, key, embedded):
         if embedded:
@@ -194,119 +188,103 @@ def generate_from_manifest(
                 "its images are placeholders, not real generations.",
                 url,
             )
-        client = GatewayClient(url, key, sleep=hooks.sleep, transport=hooks.transport)
-        ctx = RunContext(client, store, states, force=force, retry_unknown=retry_unknown)
-        try:
-            records, tasks = _dispatch(ctx, units, concurrency, planned, hooks)
-        finally:
-            client.close()
-
-    counts = Counter(r.status for r in records)
-    metadata_columns = list(loaded.metadata_columns)
-    by_job = {job.id: job for job in loaded.jobs}
-    store.write_results(
-        ({**by_job[r.job_id].metadata, **r.to_row()} for r in records),
-        metadata_columns,
-    )
-    info: dict[str, Any] = {
-        "manifest": str(manifest_path.resolve()),
-        "manifest_sha256": loaded.sha256,
-        "out": str(Path(out).resolve()),
-        "service": "embedded emulator" if embedded else url,
-        "options": {
-            "concurrency": concurrency,
-            "force": force,
-            "retry_unknown": retry_unknown,
-            "base_url": None if embedded else url,
-        },
-        "versions": {"imagebatch": imagebatch.__version__, "prefect": prefect.__version__},
-        "started_at": started.isoformat(),
-        "ended_at": datetime.now(UTC).isoformat(),
-        "requests": planned,
-        "counts": {s: counts.get(s, 0) for s in STATUSES},
-        "stopped": ctx.halt_reason,
-        "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
-    }
-    store.write_run(info)
+        info: dict[str, Any] = {
+            "manifest": str(loaded.path),
+            "manifest_sha256": loaded.sha256,
+            "out": str(store.root.resolve()),
+            "service": "embedded emulator" if embedded else url,
+            "options": {
+                "concurrency": concurrency,
+                "force": force,
+                "retry_unknown": retry_unknown,
+                "base_url": None if embedded else url,
+                "api_key_secret_block": api_key_secret_block,
+            },
+            "versions": {"imagebatch": imagebatch.__version__, "prefect": prefect.__version__},
+            "started_at": started.isoformat(),
+            "ended_at": None,
+            "state": "running",
+            "requests": planned,
+        }
+        with _held(store):
+            store.prepare()
+            store.write_run(info)  # a crash leaves a run.json that says the run never ended
+            client = GatewayClient(url, key, sleep=hooks.sleep, transport=hooks.transport)
+            ctx = RunContext(client, store, store.load_state(), force=force, retry_unknown=retry_unknown)
+            try:
+                tasks = _dispatch(ctx, units, concurrency, planned, hooks)
+            finally:
+                client.close()
+            records = [r for unit in units for r in ctx.results[unit.index]]
+            counts = Counter(r.status for r in records)
+            by_job = {job.id: job for job in loaded.jobs}
+            rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
+            store.write_results(rows, list(loaded.metadata_columns))
+            info |= {
+                "ended_at": datetime.now(UTC).isoformat(),
+                "state": "stopped" if ctx.halt_reason else "finished",
+                "counts": {s: counts.get(s, 0) for s in STATUSES},
+                "stopped": ctx.halt_reason,
+                "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
+            }
+            store.write_run(info)
     create_markdown_artifact(
         key="imagebatch-run-summary", markdown=_summary_markdown(counts, info), description="imagebatch run"
     )
     return info
 
 
-def _dispatch(
-    ctx: RunContext, units: list[Unit], concurrency: int, planned: int, hooks: RunHooks
-) -> tuple[list[RequestRecord], int]:
-    """Submit units as tasks, at most `concurrency` in flight, in manifest order; stop on an account error.
-
-    Returns the records in manifest order and the number of Prefect tasks submitted.
+def _dispatch(ctx: RunContext, units: list[Unit], concurrency: int, planned: int, hooks: RunHooks) -> int:
+    """Run every unit: at most `concurrency` tasks in flight, submitted in manifest order; after an account
+    error, the units not yet submitted are recorded without sending. Returns the number of tasks submitted.
     """
-    records: list[RequestRecord] = []
     done_q: queue.Queue[Any] = queue.Queue()
     counts: Counter[str] = Counter()
-    in_flight = 0
-    results: dict[int, list[RequestRecord]] = {}
-    order: dict[Any, int] = {}
-
-    images = 0
+    in_flight = submitted = images = 0
 
     def report() -> None:
         if hooks.on_progress:
-            hooks.on_progress(
-                ProgressSnapshot(dict(counts), sum(counts.values()), planned, in_flight, images)
-            )
+            snap = ProgressSnapshot(dict(counts), sum(counts.values()), planned, in_flight, images)
+            hooks.on_progress(snap)
 
-    def finished_unit(recs: list[RequestRecord]) -> None:
+    def finished(unit: Unit) -> None:
         nonlocal images
-        counts.update(r.status for r in recs)
-        images += sum(r.images for r in recs if r.status == "succeeded")
+        records = ctx.results[unit.index]
+        counts.update(r.status for r in records)
+        images += sum(r.images for r in records if r.status == "succeeded")
         report()
 
-    for index, unit in enumerate(units):
-        # Requests this run will not send at all never become tasks: no Prefect overhead, no request.
-        if all(ctx.decision(r.idempotency_key) != "send" for r in unit.requests) and not unit.is_chain:
-            results[index] = run_unit(ctx, unit)
-            finished_unit(results[index])
-    todo = [(i, u) for i, u in enumerate(units) if i not in results]
+    # Units this run sends nothing for never become tasks: no Prefect overhead, no request.
+    todo: list[Unit] = []
+    for unit in units:
+        if any(ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
+            todo.append(unit)
+        else:
+            ctx.results[unit.index] = run_unit(ctx, unit)
+            finished(unit)
     pending = iter(todo)
-    exhausted = False
-    submitted = 0
     while True:
-        while not exhausted and in_flight < concurrency and not ctx.halt.is_set():
-            try:
-                index, unit = next(pending)
-            except StopIteration:
-                exhausted = True
+        while in_flight < concurrency and not ctx.halt.is_set():
+            unit = next(pending, None)
+            if unit is None:
                 break
             with tags(f"route:{unit.requests[0].route}", f"model:{unit.job.model}"):
                 future = generate_request.submit(ctx, unit)
-            order[future] = index
-            future.add_done_callback(done_q.put)
+            future.add_done_callback(lambda _f, u=unit: done_q.put(u))
             in_flight += 1
             submitted += 1
         report()
         if in_flight == 0:
             break
-        future = done_q.get()
+        unit = done_q.get()
         in_flight -= 1
-        index = order.pop(future)
-        try:
-            results[index] = future.result()
-        except Exception as exc:  # a bug in a task must not lose the records of every other request
-            get_run_logger().exception("task %s crashed", units[index].name)
-            unit = units[index]
-            results[index] = [
-                not_attempted(unit.job, r, f"internal error: {type(exc).__name__}: {exc}")
-                for r in unit.requests
-            ]
-        finished_unit(results[index])
-    if ctx.halt.is_set():
-        for index, unit in pending:
-            results[index] = [not_attempted(unit.job, r, ctx.halt_reason or "stopped") for r in unit.requests]
-            finished_unit(results[index])
-    for index in sorted(results):
-        records.extend(results[index])
-    return records, submitted
+        if unit.index not in ctx.results:  # the task itself failed in Prefect, outside our code
+            ctx.results[unit.index] = run_unit_safely(ctx, unit)
+        finished(unit)
+    for unit in pending:  # only left after a halt: records without sending (run_unit sends nothing now)
+        ctx.results[unit.index] = run_unit(ctx, unit)
+        finished(unit)
+    return submitted
 
 
 TERMINAL_STATES = ["COMPLETED", "FAILED", "CRASHED", "CANCELLED"]

@@ -7,11 +7,13 @@ invalid manifest or a usage error (nothing sent).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -22,7 +24,7 @@ EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE = 0, 1, 2
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    from imagebatch.flows.batch import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
+    from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
 
     parser.add_argument("manifest", help="CSV, JSON or JSON Lines manifest")
     parser.add_argument("--out", required=True, help="output folder (created; a rerun resumes from it)")
@@ -87,32 +89,43 @@ def _quiet_prefect() -> None:
 
 def run_main(args: argparse.Namespace) -> int:
     """`imagebatch run`: validate first (exit 2 before anything is sent), then run the flow."""
-    from imagebatch.flows.batch import ENV_API_KEY, ENV_BASE_URL, MAX_CONCURRENCY
+    from imagebatch.flows.config import (
+        ENV_API_KEY,
+        MAX_CONCURRENCY,
+        UsageError,
+        check_api_key,
+        resolve_base_url,
+    )
     from imagebatch.tasks.manifest import ManifestError, load_manifest
 
     err = Console(stderr=True, soft_wrap=True)
     out = Console(soft_wrap=True)
     try:
-        manifest = load_manifest(args.manifest)
+        # Everything that can be checked without Prefect is checked first: a mistake costs no start-up.
+        load_manifest(args.manifest)  # the flow loads it again itself, so it can run without this command
+        if not 1 <= args.concurrency <= MAX_CONCURRENCY:
+            raise UsageError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}")
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise UsageError(f"--out {args.out} is a file, not a folder")
+        base_url = resolve_base_url(args.base_url)
+        if base_url and not args.api_key_block:
+            key = os.environ.get(ENV_API_KEY)
+            if not key:
+                raise UsageError(f"{base_url} needs an API key: set {ENV_API_KEY} (or --api-key-block NAME).")
+            check_api_key(key)
     except ManifestError as exc:
         for problem in exc.problems:
             err.print(str(problem), markup=False, highlight=False)
         err.print(f"{args.manifest}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
         return EXIT_USAGE
-    if not 1 <= args.concurrency <= MAX_CONCURRENCY:
-        err.print(f"--concurrency must be from 1 to {MAX_CONCURRENCY}", markup=False)
+    except UsageError as exc:
+        err.print(f"{exc}; nothing was sent.", markup=False)
         return EXIT_USAGE
-    base_url = args.base_url or os.environ.get(ENV_BASE_URL)
-    if base_url and not (os.environ.get(ENV_API_KEY) or args.api_key_block):
-        err.print(f"{base_url} needs an API key: set {ENV_API_KEY} (or --api-key-block NAME).", markup=False)
-        return EXIT_USAGE
-    del manifest  # the flow loads it again itself, so that it can run without this command
 
     _quiet_prefect()
     from imagebatch.flows.batch import (
         ProgressSnapshot,
         RunHooks,
-        UsageError,
         generate_from_manifest,
         run_hooks,
         settle_prefect_records,
@@ -141,12 +154,9 @@ def run_main(args: argparse.Namespace) -> int:
         t0 or t0.append(time.monotonic())
         minutes = max(time.monotonic() - t0[0], 1e-6) / 60
         failed = sum(snap.counts.get(s, 0) for s in ("failed", "unknown", "not_attempted"))
-        done = (
-            snap.counts.get("succeeded", 0) + snap.counts.get("skipped", 0) + snap.counts.get("no_image", 0)
-        )
-        stats = (
-            f"done {done}  failed {failed}  in flight {snap.in_flight}  {snap.images / minutes:.1f} img/min"
-        )
+        done = sum(snap.counts.get(s, 0) for s in ("succeeded", "skipped", "no_image"))
+        rate = snap.images / minutes
+        stats = f"done {done}  failed {failed}  in flight {snap.in_flight}  {rate:.1f} img/min"
         progress.update(bar, total=snap.planned, completed=snap.done, stats=stats)
 
     try:
@@ -161,9 +171,10 @@ def run_main(args: argparse.Namespace) -> int:
                 api_key_secret_block=args.api_key_block,
             )
     except UsageError as exc:
-        err.print(str(exc), markup=False)
+        err.print(f"{exc}; nothing was sent.", markup=False)
         return EXIT_USAGE
-    settle_prefect_records(info)
+    with contextlib.suppress(Exception):  # best effort: the output folder is the record, not Prefect's
+        settle_prefect_records(info)
     _print_summary(out, info)
     if info.get("stopped"):
         err.print(f"Stopped early: {info['stopped']}. A rerun picks up where this one stopped.", markup=False)

@@ -310,7 +310,7 @@ class _Call:
     model: str
     path: str
     idempotency_key: str
-    headers: dict[str, str]
+    headers: dict[str, str] = field(repr=False)  # holds the key: never in a repr
     json: dict[str, Any] | None = None
     data: dict[str, str] | None = None
     files: list[tuple[str, tuple[str, bytes, str]]] | None = None
@@ -342,6 +342,8 @@ class GatewayClient:
         policies: Mapping[Route, RetryPolicy] | None = None,
     ) -> None:
         self.base_url = normalise_base_url(base_url)
+        if native_auth not in ("x-native-api-key", "bearer"):
+            raise ConfigurationError(f"native_auth must be x-native-api-key or bearer, not {native_auth!r}")
         if not api_key:
             raise ConfigurationError("an API key is required (set IMAGEBATCH_API_KEY)")
         self._api_key = api_key
@@ -532,6 +534,7 @@ class GatewayClient:
         headers = {**call.headers, IDEMPOTENCY_HEADER: call.idempotency_key}
         timeout = httpx.Timeout(call.timeout, connect=min(self._connect_timeout, call.timeout))
         attempt = 0
+        unanswered = False  # some attempt got no answer: it may have been generated and billed
         while True:
             attempt += 1
             started_at = datetime.now(UTC)
@@ -561,13 +564,20 @@ class GatewayClient:
                     files=call.files,
                     timeout=timeout,
                 )
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
-                # The connection was never made, so nothing can have been generated or billed.
-                message = f"could not connect to {self.base_url}: {type(exc).__name__}"
+            except (
+                httpx.ConnectError,
+                httpx.ConnectTimeout,
+                httpx.UnsupportedProtocol,
+                httpx.LocalProtocolError,
+            ) as exc:
+                # The request never left this machine, so this attempt cannot have been generated or billed.
+                message = f"could not send to {self.base_url}: {type(exc).__name__}"
                 delay = policy.delay_before_retry(attempt, None)
                 finished(status=None, outcome="not_sent", error_message=message, retry_in=delay)
                 if delay is None:
-                    raise ServiceUnreachableError(message, attempts=attempt) from None
+                    unreachable = ServiceUnreachableError(message, attempts=attempt)
+                    unreachable.may_have_been_billed = unanswered
+                    raise unreachable from None
                 self._wait(call, attempt, delay, message)
                 continue
             except httpx.TransportError as exc:
@@ -575,6 +585,7 @@ class GatewayClient:
                     f"no answer from the service ({type(exc).__name__}); the request may have been billed"
                 )
                 delay = policy.delay_before_retry(attempt, None)
+                unanswered = True
                 finished(status=None, outcome="no_answer", error_message=message, retry_in=delay)
                 if delay is None:
                     raise OutcomeUnknownError(message, attempts=attempt) from None
@@ -600,6 +611,7 @@ class GatewayClient:
                     retry_in=delay,
                 )
                 if delay is None:
+                    error.may_have_been_billed = unanswered or response.status_code == 500
                     raise error
                 self._wait(call, attempt, delay, str(error))
                 continue

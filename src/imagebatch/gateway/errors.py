@@ -29,6 +29,11 @@ from typing import Any
 class GatewayError(Exception):
     """Base of every error the gateway client raises."""
 
+    may_have_been_billed: bool = False
+    """True when some attempt may have generated (and been charged for) the request: an attempt got no
+    answer, the service answered 200 with a body we could not read, or it answered 500 ("generation
+    error; check the outcome before resending"). A caller must not resend such a request on its own."""
+
     def __init__(self, message: str, *, attempts: int = 0) -> None:
         super().__init__(message)
         self.message = message
@@ -48,11 +53,14 @@ class RequestValidationError(GatewayError):
 
 
 class ServiceUnreachableError(GatewayError):
-    """The connection could not be made (refused, DNS, connect timeout): nothing reached the service."""
+    """The request could not be sent (connection refused, DNS, connect timeout, a header httpx refuses to
+    encode): this attempt reached nothing."""
 
 
 class ResponseFormatError(GatewayError):
-    """A success status whose body is not what the spec describes."""
+    """A success status whose body is not what the spec describes (the generation was likely billed)."""
+
+    may_have_been_billed = True
 
     def __init__(self, message: str, *, request_id: str | None = None, attempts: int = 0) -> None:
         super().__init__(message, attempts=attempts)
@@ -61,6 +69,8 @@ class ResponseFormatError(GatewayError):
 
 class OutcomeUnknownError(GatewayError):
     """The request got no answer (timeout, dropped connection). It may have been generated and billed."""
+
+    may_have_been_billed = True
 
 
 class APIStatusError(GatewayError):

@@ -1,22 +1,32 @@
 """One unit of work: send the request(s) of one planned job request, save what came back, record the outcome.
 
 A unit is one request, or for an edit chain the ordered turns of one request (each turn is its own billed
-request with its own key and results row). Every attempt is journaled before it is sent. Nothing here
-returns image bytes: the caller gets small `RequestRecord`s.
+request with its own key and results row). The order of writes is what makes a crash at any moment safe:
+
+1. `attempt_started` is journaled (and synced) before each HTTP attempt, `attempt_finished` after it;
+2. a success is journaled as `answered`, naming the files it will write, before any file is written;
+3. the files are written atomically (and a chain's history saved);
+4. the `outcome` is journaled.
+
+A rerun that finds `answered` with all its files on disk takes it as done; anything sent without a
+settled answer is `unknown` and is not sent again unless the user asks. Nothing here returns image bytes.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from imagebatch.gateway.client import (
     AttemptEvent,
+    AttemptFinished,
     AttemptStarted,
     GatewayClient,
     ImageResult,
@@ -36,20 +46,29 @@ from imagebatch.gateway.errors import (
     AuthenticationError,
     GatewayError,
     InsufficientFundsError,
-    OutcomeUnknownError,
+    NotFoundError,
+    ServiceUnreachableError,
 )
 from imagebatch.gateway.imagefile import EXTENSIONS, sniff_mime
 
 from .manifest import Job, PlannedRequest
-from .store import DONE_STATUSES, KeyState, OutputStore, RequestRecord
+from .store import KeyState, OutputStore, RequestRecord
 
-UNKNOWN_HINT = "no answer was recorded; check the usage history, then rerun with --retry-unknown"
+UNKNOWN_HINT = (
+    "check the service's usage history for this key, then rerun with --retry-unknown if it was not made"
+)
+Decision = Literal["send", "skip", "carry"]
+Result = ImageResult | NoImageResult | TextResult
+
+logger = logging.getLogger("imagebatch.run")
 
 
 @dataclass
 class Unit:
     """The requests one task sends: one, or the turns of one chain in order."""
 
+    index: int
+    """Position in the run's list of units (results are kept in this order)."""
     job: Job
     requests: list[PlannedRequest]
 
@@ -59,7 +78,7 @@ class Unit:
 
     @property
     def is_chain(self) -> bool:
-        return len(self.requests) > 1 or bool(self.job.turns)
+        return bool(self.job.turns)
 
 
 class RunContext:
@@ -81,21 +100,26 @@ class RunContext:
         self.retry_unknown = retry_unknown
         self.halt = threading.Event()
         self.halt_reason: str | None = None
+        self.results: dict[int, list[RequestRecord]] = {}
+        """Records of each finished unit, by unit index (tasks return nothing: Prefect keeps results)."""
+        self.started_keys: set[str] = set()
+        """Keys with an attempt started in this run."""
 
     def stop_dispatch(self, reason: str) -> None:
         if not self.halt.is_set():
             self.halt_reason = reason
             self.halt.set()
 
-    def decision(self, key: str) -> str:
-        """`send`, `skip` (done before), or `unknown` (left alone) for a request key."""
+    def decision(self, key: str) -> Decision:
+        """`send` it, `skip` it (succeeded before), or `carry` its last status (no_image, unknown)."""
         if self.force:
             return "send"
-        status = self.states[key].status if key in self.states else None
-        if status in DONE_STATUSES:
+        state = self.states.get(key)
+        status = state.status if state else None
+        if status == "succeeded":
             return "skip"
-        if status == "unknown" and not self.retry_unknown:
-            return "unknown"
+        if status == "no_image" or (status == "unknown" and not self.retry_unknown):
+            return "carry"
         return "send"
 
 
@@ -112,75 +136,75 @@ def user_content(prompt: str, reference_images: Sequence[Path]) -> dict[str, Any
     return {"role": "user", "parts": [{"text": prompt}, *(_image_part(p) for p in reference_images)]}
 
 
-def native_generation_config(job: Job) -> dict[str, Any]:
-    return {
-        "responseModalities": ["IMAGE"],
-        "candidateCount": 1,
-        "imageConfig": {
-            "imageSize": job.image_size or DEFAULT_IMAGE_SIZE,
-            "aspectRatio": job.aspect_ratio or DEFAULT_ASPECT_RATIO,
-        },
-    }
+def _image_options(job: Job) -> tuple[str, str]:
+    return job.image_size or DEFAULT_IMAGE_SIZE, job.aspect_ratio or DEFAULT_ASPECT_RATIO
 
 
 def _upload(path: Path) -> ImageUpload:
     data = path.read_bytes()
-    mime = sniff_mime(data) or "image/png"
-    return ImageUpload(data=data, filename=path.name, mime_type=mime)
+    return ImageUpload(data=data, filename=path.name, mime_type=sniff_mime(data) or "image/png")
 
 
-def send_one(
-    ctx: RunContext, job: Job, req: PlannedRequest, prompt: str, history: list[dict[str, Any]] | None = None
-) -> ImageResult | NoImageResult | TextResult:
-    """Send one request of `job` and return what the client read (raises the client's errors)."""
-    client = ctx.client
-    observer = _Journaler(ctx.store, req)
-    key = req.idempotency_key
-    route = Route(req.route)
+def send_one(ctx: RunContext, req: PlannedRequest, contents: list[dict[str, Any]] | None = None) -> Result:
+    """Send one request and return what the client read (raises the client's errors).
+
+    `contents` is the full native history for a chain turn; without it the request is built from `req`.
+    """
+    client, job, key = ctx.client, req.job, req.idempotency_key
+    observer = _Journaler(ctx, req)
+    route = req.route
     if route is Route.NATIVE:
-        contents = history or [user_content(prompt, job.reference_images)]
-        body = {"contents": contents, "generationConfig": native_generation_config(job)}
+        image_size, ratio = _image_options(job)
+        body = {
+            "contents": contents or [user_content(req.prompt, req.reference_images)],
+            "generationConfig": {
+                "responseModalities": ["IMAGE"],
+                "candidateCount": 1,
+                "imageConfig": {"imageSize": image_size, "aspectRatio": ratio},
+            },
+        }
         return client.generate_content(
             job.model, body, idempotency_key=key, max_images=job.max_images, observer=observer
         )
     if route is Route.CHAT:
-        chat_body: dict[str, Any] = {
+        image_size, ratio = _image_options(job)
+        chat = {
             "model": job.model,
-            "messages": [{"role": "user", "content": prompt}],
+            "messages": [{"role": "user", "content": req.prompt}],
             "n": 1,
             "stream": False,
-            "native": {
-                "image_config": {
-                    "image_size": job.image_size or DEFAULT_IMAGE_SIZE,
-                    "aspect_ratio": job.aspect_ratio or DEFAULT_ASPECT_RATIO,
-                }
-            },
+            "native": {"image_config": {"image_size": image_size, "aspect_ratio": ratio}},
         }
         return client.chat_completions(
-            chat_body, idempotency_key=key, max_images=job.max_images, observer=observer
+            chat, idempotency_key=key, max_images=job.max_images, observer=observer
         )
     if route in (Route.IMAGES_GENERATIONS, Route.IMAGES_EDITS):
-        fields = {"model": job.model, "prompt": prompt, "n": 1, "size": job.size or DEFAULT_IMAGES_API_SIZE}
+        fields = {
+            "model": job.model,
+            "prompt": req.prompt,
+            "n": 1,
+            "size": job.size or DEFAULT_IMAGES_API_SIZE,
+        }
         if route is Route.IMAGES_GENERATIONS:
             return client.images_generate(fields, idempotency_key=key, observer=observer)
-        uploads = [_upload(p) for p in job.reference_images]
-        mask = _upload(job.mask) if job.mask else None
+        uploads = [_upload(p) for p in req.reference_images]
+        mask = _upload(req.mask) if req.mask else None
         return client.images_edit(fields, uploads, mask=mask, idempotency_key=key, observer=observer)
     if route is Route.MESSAGES:
-        msg_body = {
+        messages = {
             "model": job.model,
             "max_tokens": job.max_tokens or DEFAULT_MAX_TOKENS,
-            "messages": [{"role": "user", "content": prompt}],
+            "messages": [{"role": "user", "content": req.prompt}],
         }
-        return client.messages(msg_body, idempotency_key=key, observer=observer)
-    return client.responses({"model": job.model, "input": prompt}, idempotency_key=key, observer=observer)
+        return client.messages(messages, idempotency_key=key, observer=observer)
+    return client.responses({"model": job.model, "input": req.prompt}, idempotency_key=key, observer=observer)
 
 
 class _Journaler:
     """The client's attempt observer: write-ahead journal before sending, usage line after."""
 
-    def __init__(self, store: OutputStore, req: PlannedRequest) -> None:
-        self.store = store
+    def __init__(self, ctx: RunContext, req: PlannedRequest) -> None:
+        self.ctx = ctx
         self.ids = {
             "idempotency_key": req.idempotency_key,
             "job_id": req.job_id,
@@ -189,6 +213,7 @@ class _Journaler:
         }
 
     def __call__(self, event: AttemptEvent) -> None:
+        store = self.ctx.store
         common = {
             **self.ids,
             "route": str(event.route),
@@ -197,201 +222,273 @@ class _Journaler:
             "started_at": event.started_at.isoformat(),
         }
         if isinstance(event, AttemptStarted):
-            self.store.journal("attempt_started", **common)
+            self.ctx.started_keys.add(event.idempotency_key)
+            store.journal("attempt_started", **common)
             return
+        error_code = event.error_code or (None if event.outcome == "ok" else event.outcome)
         finished = {
             "duration_s": round(event.duration, 4),
-            "status": event.status,
             "outcome": event.outcome,
-            "error_code": event.error_code
-            or (event.outcome if event.outcome != "ok" and not event.status else None),
+            "error_code": error_code,
             "request_id": event.request_id,
             "images": event.images,
             "retry_in": event.retry_in,
         }
-        self.store.journal("attempt_finished", **common, **finished)
-        usage_line = {**common, **finished, "http_status": event.status, "usage": event.usage}
-        usage_line.pop("status")
-        self.store.append_usage(usage_line)
+        store.journal("attempt_finished", **common, status=event.status, **finished)
+        store.append_usage({**common, **finished, "http_status": event.status, "usage": event.usage})
+        if event.retry_in is not None:
+            _run_logger().warning(
+                "%s attempt %d: %s; retrying in %g s",
+                self.ids["job_id"],
+                event.attempt,
+                _describe(event),
+                event.retry_in,
+            )
 
 
-# --- outcomes ------------------------------------------------------------------------------------------
+def _describe(event: AttemptFinished) -> str:
+    if event.status is not None:
+        return f"HTTP {event.status} {event.error_code or ''}".strip()
+    return event.error_message or event.outcome
+
+
+def _run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """Prefect's run logger inside a task (so the waits show in the Prefect UI), else ours."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logger
+
+
+# --- files and records ---------------------------------------------------------------------------------
 
 
 def file_stem(req: PlannedRequest, chain: bool) -> str:
-    """`<job>_<request>`, plus `_t<turn>` for chain turns: stable names, so reruns overwrite not pile up."""
-    stem = f"{req.job_id}_{req.request_index}"
-    return f"{stem}_t{req.turn_index}" if chain else stem
+    """`<job>/<request>[-t<turn>]-<key>`: one folder per job (ids are unique, so names cannot collide),
+    and the key in the name, so an edited row's image never overwrites the one its old key points to."""
+    turn = f"-t{req.turn_index}" if chain else ""
+    return f"{req.job_id}/{req.request_index}{turn}-{req.idempotency_key.removeprefix('ib1-')[:12]}"
 
 
-def _record(req: PlannedRequest, job: Job, status: str, **fields: Any) -> RequestRecord:
+def _record(req: PlannedRequest, status: str, **fields: Any) -> RequestRecord:
     return RequestRecord(
         job_id=req.job_id,
         request_index=req.request_index,
         turn_index=req.turn_index,
         status=status,  # type: ignore[arg-type]
-        model=job.model,
+        model=req.model,
         route=str(req.route),
         idempotency_key=req.idempotency_key,
         **fields,
     )
 
 
-def save_result(
-    ctx: RunContext,
-    job: Job,
-    req: PlannedRequest,
-    result: ImageResult | NoImageResult | TextResult,
-    chain: bool,
-) -> RequestRecord:
-    """Write the files of a successful answer atomically and return its record."""
+def plan_files(
+    req: PlannedRequest, result: Result, chain: bool
+) -> tuple[RequestRecord, list[tuple[str, bytes]]]:
+    """The record of a successful answer and the files (name under images/, bytes) it needs written."""
     stem = file_stem(req, chain)
-    store = ctx.store
+    common = {"attempts": result.attempts, "request_id": result.request_id}
     if isinstance(result, TextResult):
-        paths = [
-            store.write_file(f"{stem}.txt", result.text.encode()),
-            store.write_file(f"{stem}.json", json.dumps(result.raw, indent=2).encode()),
+        files = [
+            (f"{stem}.txt", result.text.encode()),
+            (f"{stem}.json", json.dumps(result.raw, indent=2).encode()),
         ]
-        return _record(
-            req, job, "succeeded", paths=paths, attempts=result.attempts, request_id=result.request_id
-        )
+        return _record(req, "succeeded", paths=[f"images/{n}" for n, _ in files], **common), files
     if isinstance(result, NoImageResult):
         detail = {
             "finish_reason": result.finish_reason,
             "text": result.text,
             "prompt_feedback": result.prompt_feedback,
         }
-        path = store.write_file(f"{stem}.no_image.json", json.dumps(detail, indent=2).encode())
-        why = f"no image (finishReason {result.finish_reason})"
-        if result.text:
-            why += f": {result.text}"
-        return _record(
+        files = [(f"{stem}.no_image.json", json.dumps(detail, indent=2).encode())]
+        why = f"no image (finishReason {result.finish_reason})" + (f": {result.text}" if result.text else "")
+        record = _record(
             req,
-            job,
             "no_image",
-            paths=[path],
-            attempts=result.attempts,
+            paths=[f"images/{files[0][0]}"],
             finish_reason=result.finish_reason,
             error=why,
-            request_id=result.request_id,
+            **common,
         )
-    paths = []
-    for k, image in enumerate(result.images):
-        suffix = f"_{k}" if k else ""
-        paths.append(store.write_file(f"{stem}{suffix}{EXTENSIONS[image.mime_type]}", image.data))
+        return record, files
+    files = [
+        (f"{stem}{f'-{k}' if k else ''}{EXTENSIONS[image.mime_type]}", image.data)
+        for k, image in enumerate(result.images)
+    ]
     first = result.images[0]
-    return _record(
+    record = _record(
         req,
-        job,
         "succeeded",
-        paths=paths,
-        images=len(result.images),
+        paths=[f"images/{n}" for n, _ in files],
+        images=len(files),
         width=first.width,
         height=first.height,
         mime_type=first.mime_type,
-        attempts=result.attempts,
         finish_reason=result.finish_reason,
-        request_id=result.request_id,
+        **common,
     )
+    return record, files
 
 
-def _failure(ctx: RunContext, job: Job, req: PlannedRequest, exc: GatewayError) -> RequestRecord:
-    if isinstance(exc, OutcomeUnknownError):
-        return _record(req, job, "unknown", attempts=exc.attempts, error=f"{exc.message}; {UNKNOWN_HINT}")
+def _failure(ctx: RunContext, req: PlannedRequest, exc: GatewayError) -> RequestRecord:
+    """The record of a request that raised; stops the run on errors every later request would share."""
+    request_id = getattr(exc, "request_id", None)
+    if exc.may_have_been_billed:
+        return _record(
+            req, "unknown", attempts=exc.attempts, request_id=request_id, error=f"{exc}; {UNKNOWN_HINT}"
+        )
     if isinstance(exc, AuthenticationError):
         ctx.stop_dispatch("the service refused the API key (HTTP 401): set IMAGEBATCH_API_KEY to a valid key")
     elif isinstance(exc, InsufficientFundsError):
         ctx.stop_dispatch("the account has insufficient funds (HTTP 402): top it up, then rerun")
-    request_id = exc.request_id if isinstance(exc, APIStatusError) else None
-    return _record(req, job, "failed", attempts=exc.attempts, error=str(exc), request_id=request_id)
+    elif isinstance(exc, NotFoundError) and exc.code != "model_not_found":
+        ctx.stop_dispatch(f"the service answered 404 ({exc.message}): check the base URL (the service root)")
+    elif isinstance(exc, ServiceUnreachableError):
+        ctx.stop_dispatch(f"{exc.message}: check the base URL and the network")
+    error = str(exc) if isinstance(exc, APIStatusError) else exc.message
+    return _record(req, "failed", attempts=exc.attempts, request_id=request_id, error=error)
 
 
-def _carried(ctx: RunContext, job: Job, req: PlannedRequest, decision: str) -> RequestRecord:
-    """The record of a request this run does not send: done before (skipped) or left unknown."""
+def carried(ctx: RunContext, req: PlannedRequest) -> RequestRecord:
+    """The record of a request this run does not send: succeeded before (skipped), no_image, or unknown."""
     state = ctx.states.get(req.idempotency_key)
     previous = state.outcome if state else None
-    if decision == "skip" and previous is not None:
-        carried = RequestRecord.from_json({**previous.__dict__, "status": "skipped"})
-        return carried
-    if previous is not None and previous.status == "unknown":
+    if previous is not None and previous.status == "succeeded":
+        return dataclasses.replace(previous, status="skipped")
+    if previous is not None:
         return previous
-    return _record(req, job, "unknown", attempts=state.attempts if state else 0, error=UNKNOWN_HINT)
+    attempts = state.attempts if state else 0
+    return _record(
+        req, "unknown", attempts=attempts, error=f"sent, but no answer was recorded; {UNKNOWN_HINT}"
+    )
 
 
-def not_attempted(job: Job, req: PlannedRequest, why: str) -> RequestRecord:
-    return _record(req, job, "not_attempted", error=why)
+def not_attempted(req: PlannedRequest, why: str) -> RequestRecord:
+    return _record(req, "not_attempted", error=why)
+
+
+def send_and_record(
+    ctx: RunContext, req: PlannedRequest, contents: list[dict[str, Any]] | None = None, chain: bool = False
+) -> tuple[RequestRecord, Result | None]:
+    """Send one request, save its answer in the crash-safe order, journal the outcome."""
+    store = ctx.store
+    try:
+        result = send_one(ctx, req, contents)
+    except GatewayError as exc:
+        record = _failure(ctx, req, exc)
+        store.record_outcome(record)
+        return record, None
+    record, files = plan_files(req, result, chain)
+    try:
+        store.journal("answered", **asdict(record))
+        for name, data in files:
+            store.write_file(name, data)
+    except OSError as exc:
+        record = _record(
+            req,
+            "unknown",
+            attempts=result.attempts,
+            request_id=result.request_id,
+            error=f"answered (and billed) but could not be saved: {exc}; free space, then --retry-unknown",
+        )
+    store.record_outcome(record)
+    return record, result
+
+
+# --- units ---------------------------------------------------------------------------------------------
 
 
 def run_unit(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
     """Send the request(s) of one unit, in order, and return one record per request."""
-    job = unit.job
-    chain = unit.is_chain
+    if not unit.is_chain:
+        req = unit.requests[0]
+        decision = ctx.decision(req.idempotency_key)
+        if decision != "send":
+            return [carried(ctx, req)]
+        if ctx.halt.is_set():
+            return [not_attempted(req, ctx.halt_reason or "the run was stopped")]
+        return [send_and_record(ctx, req)[0]]
+    return _run_chain(ctx, unit)
+
+
+def _run_chain(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
+    """Turns in order. A turn is sent with every earlier turn exactly as sent and as returned; a chain
+    stops at the first turn that did not succeed, and a done turn is never sent again to rebuild history."""
+    first = unit.requests[0]
+    history = _saved_history(ctx, unit)
     records: list[RequestRecord] = []
-    history = _resume_history(ctx, unit) if chain else None
+    blocked: str | None = None
     for req in unit.requests:
-        if records and records[-1].status not in ("succeeded", "skipped", "no_image"):
-            records.append(
-                not_attempted(job, req, f"turn {records[-1].turn_index} of this chain did not finish")
-            )
+        if blocked:
+            records.append(not_attempted(req, blocked))
             continue
         decision = ctx.decision(req.idempotency_key)
         if decision != "send":
-            records.append(_carried(ctx, job, req, decision))
-            if decision == "skip" and chain and history is not None:
-                # Only skip a done turn if its history is on disk; otherwise it must be sent again.
-                if len(history["turns"]) <= req.turn_index:
-                    records[-1] = _send_and_record(ctx, job, req, history, chain)
+            records.append(carried(ctx, req))
+            if decision == "carry":
+                blocked = f"turn {req.turn_index} of this chain is {records[-1].status}"
             continue
         if ctx.halt.is_set():
-            records.append(not_attempted(job, req, ctx.halt_reason or "the run was stopped"))
+            records.append(not_attempted(req, ctx.halt_reason or "the run was stopped"))
+            blocked = records[-1].error
             continue
-        records.append(_send_and_record(ctx, job, req, history, chain))
+        if len(history) < req.turn_index:
+            path = ctx.store.chain_path(first.job_id, first.request_index).relative_to(ctx.store.root)
+            records.append(
+                _record(
+                    req,
+                    "failed",
+                    error=f"{path} lacks the earlier turns this turn must send back; "
+                    "rerun with --force to make the whole chain again (each turn is billed)",
+                )
+            )
+            blocked = f"turn {req.turn_index} could not be sent"
+            continue
+        contents = [c for turn in history[: req.turn_index] for c in turn["contents"]]
+        contents.append(user_content(req.prompt, req.reference_images))
+        record, result = send_and_record(ctx, req, contents, chain=True)
+        model_content = getattr(result, "model_content", None)
+        if record.status == "succeeded" and model_content is not None:
+            del history[req.turn_index :]
+            history.append({"key": req.idempotency_key, "contents": [contents[-1], model_content]})
+            ctx.store.save_chain(
+                first.job_id, first.request_index, {"job_id": first.job_id, "turns": history}
+            )
+        else:
+            blocked = f"turn {req.turn_index} of this chain is {record.status}"
+        records.append(record)
     return records
 
 
-def _turn_prompt_and_refs(job: Job, turn_index: int) -> tuple[str, list[Path]]:
-    if turn_index == 0:
-        return job.prompt, list(job.reference_images)
-    turn = job.turns[turn_index - 1]
-    return turn.prompt, list(turn.reference_images)
-
-
-def _send_and_record(
-    ctx: RunContext, job: Job, req: PlannedRequest, history: dict[str, Any] | None, chain: bool
-) -> RequestRecord:
-    prompt, refs = _turn_prompt_and_refs(job, req.turn_index)
-    contents = None
-    if history is not None:
-        # Earlier turns exactly as sent and as returned, then the new user turn.
-        contents = [c for turn in history["turns"][: req.turn_index] for c in turn["contents"]]
-        contents.append(user_content(prompt, refs))
-    try:
-        result = send_one(ctx, job, req, prompt, contents)
-    except GatewayError as exc:
-        record = _failure(ctx, job, req, exc)
-        ctx.store.record_outcome(record)
-        return record
-    record = save_result(ctx, job, req, result, chain)
-    if history is not None and contents is not None:
-        model_content = getattr(result, "model_content", None)
-        if model_content is None:
-            record.status = "failed"
-            record.error = "the answer carried no model turn to continue the chain from"
-        else:
-            del history["turns"][req.turn_index :]
-            history["turns"].append({"key": req.idempotency_key, "contents": [contents[-1], model_content]})
-            ctx.store.save_chain(job.id, req.request_index, history)
-    ctx.store.record_outcome(record)
-    return record
-
-
-def _resume_history(ctx: RunContext, unit: Unit) -> dict[str, Any]:
-    """The saved chain history, trimmed to the turns whose keys still match the plan."""
-    saved = ctx.store.load_chain(unit.job.id, unit.requests[0].request_index) or {"turns": []}
-    keys = [r.idempotency_key for r in unit.requests]
-    turns = []
-    for i, turn in enumerate(saved.get("turns", [])):
-        if i >= len(keys) or turn.get("key") != keys[i] or ctx.force:
+def _saved_history(ctx: RunContext, unit: Unit) -> list[dict[str, Any]]:
+    """The saved turns of a chain, as far as their keys still match the plan (and none when forcing)."""
+    if ctx.force:
+        return []
+    first = unit.requests[0]
+    saved = ctx.store.load_chain(first.job_id, first.request_index) or {}
+    turns: list[dict[str, Any]] = []
+    for turn, req in zip(saved.get("turns", []), unit.requests, strict=False):
+        if turn.get("key") != req.idempotency_key:
             break
         turns.append(turn)
-    return {"job_id": unit.job.id, "request_index": unit.requests[0].request_index, "turns": turns}
+    return turns
+
+
+def run_unit_safely(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
+    """`run_unit`, but a bug in it must not lose the other requests' records or misreport this unit's:
+    a request with an attempt started in this run is `unknown`, the others `not_attempted`."""
+    try:
+        return run_unit(ctx, unit)
+    except Exception as exc:
+        _run_logger().exception("%s: internal error", unit.name)
+        why = f"internal error: {type(exc).__name__}: {exc}"
+        return [
+            _record(req, "unknown", error=f"{why}; {UNKNOWN_HINT}")
+            if req.idempotency_key in ctx.started_keys
+            else not_attempted(req, why)
+            for req in unit.requests
+        ]

@@ -15,7 +15,9 @@ cut short by a crash (kill -9 in the middle of a write) is ignored when the jour
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import io
 import json
 import os
@@ -51,6 +53,10 @@ RESULT_COLUMNS = (
 )
 
 
+class OutputLockedError(RuntimeError):
+    """The output folder is held by another run."""
+
+
 @dataclass
 class RequestRecord:
     """The outcome of one request: a results.csv row without the manifest's metadata. Small by design."""
@@ -71,7 +77,6 @@ class RequestRecord:
     finish_reason: str | None = None
     error: str | None = None
     request_id: str | None = None
-    text: str | None = None
 
     def to_row(self) -> dict[str, Any]:
         row = {k: getattr(self, k) for k in RESULT_COLUMNS}
@@ -89,6 +94,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; outputs are ordinary files others may read
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -123,22 +129,27 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 @dataclass
 class KeyState:
-    """What the journal says about one idempotency key."""
+    """What the journal says about one idempotency key: its last outcome, or what happened since."""
 
     outcome: RequestRecord | None = None
-    in_flight: bool = False
-    """An attempt was started and no answer was recorded: it may have been generated and billed."""
-    billed_without_record: bool = False
-    """A success answer arrived but its outcome was never recorded (crash while saving)."""
+    """The last recorded outcome (None after a new attempt started)."""
+    pending: bool = False
+    """An attempt was started and never finished: it may have been generated and billed."""
+    unanswered: bool = False
+    """Since the last outcome, some attempt got no answer (it may have been generated and billed)."""
+    answered_ok: bool = False
+    """Since the last outcome, a success answer arrived."""
+    answered: RequestRecord | None = None
+    """The record planned for that answer, journaled before its files were written."""
     attempts: int = 0
 
     @property
     def status(self) -> Status | None:
-        """The status a rerun should take as the starting point (None: never sent)."""
-        if self.in_flight or self.billed_without_record:
-            return "unknown"
+        """The status a rerun starts from (None: never sent, or its files are gone)."""
         if self.outcome is not None:
             return self.outcome.status
+        if self.pending or self.unanswered or self.answered_ok:
+            return "unknown"
         return "failed" if self.attempts else None
 
 
@@ -155,6 +166,20 @@ class OutputStore:
         self.run_path = self.root / "run.json"
         self._lock = threading.Lock()
         self._tail_checked: set[Path] = set()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the output folder for one run: a second run into it at the same time would send twice."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / ".imagebatch.lock").open("a") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise OutputLockedError(f"another imagebatch run is using {self.root}") from None
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
     def prepare(self) -> None:
         self.images_dir.mkdir(parents=True, exist_ok=True)
@@ -187,7 +212,12 @@ class OutputStore:
         self.journal("outcome", **asdict(record))
 
     def load_state(self) -> dict[str, KeyState]:
-        """Replay the journal into the state of every idempotency key it names."""
+        """Replay the journal into the state of every idempotency key it names.
+
+        A success whose files are all on disk counts as succeeded even if the process died before its
+        outcome was journaled (the `answered` event names the files first); a succeeded outcome whose
+        files are gone counts as never done, so a rerun makes them again.
+        """
         states: dict[str, KeyState] = {}
         for ev in read_jsonl(self.journal_path):
             key = ev.get("idempotency_key")
@@ -196,20 +226,44 @@ class OutputStore:
             st = states.setdefault(key, KeyState())
             kind = ev.get("event")
             if kind == "attempt_started":
-                st.in_flight = True
-                st.billed_without_record = False
+                if st.outcome is not None:  # a new send supersedes the last outcome
+                    st.outcome, st.unanswered, st.answered_ok, st.answered = None, False, False, None
+                st.pending = True
                 st.attempts += 1
             elif kind == "attempt_finished":
-                st.in_flight = False
-                if ev.get("status") is None and ev.get("outcome") == "no_answer":
-                    st.in_flight = True  # no answer: may have been generated
-                elif ev.get("outcome") == "ok":
-                    st.billed_without_record = True
-            elif kind == "outcome":
-                st.outcome = RequestRecord.from_json(ev)
-                st.in_flight = False
-                st.billed_without_record = False
+                st.pending = False
+                st.unanswered |= ev.get("outcome") == "no_answer"
+                st.answered_ok |= ev.get("outcome") == "ok"
+            elif kind in ("answered", "outcome"):
+                try:
+                    record = RequestRecord.from_json(ev)
+                except (TypeError, ValueError):
+                    continue  # a damaged record: the key stays in doubt rather than wrongly settled
+                if kind == "answered":
+                    st.answered = record
+                else:
+                    st.outcome, st.pending, st.unanswered, st.answered_ok, st.answered = (
+                        record, False, False, False, None,
+                    )  # fmt: skip
+        for st in states.values():
+            if (
+                st.outcome is None
+                and st.answered is not None
+                and not st.pending
+                and self._files_exist(st.answered)
+            ):
+                st.outcome = st.answered
+            elif (
+                st.outcome is not None
+                and st.outcome.status == "succeeded"
+                and not self._files_exist(st.outcome)
+            ):
+                st.outcome = None
+                st.attempts = 0  # its files were removed: make it again
         return states
+
+    def _files_exist(self, record: RequestRecord) -> bool:
+        return all((self.root / p).is_file() for p in record.paths)
 
     # -- files --
 
@@ -220,7 +274,7 @@ class OutputStore:
         return path.relative_to(self.root).as_posix()
 
     def chain_path(self, job_id: str, request_index: int) -> Path:
-        return self.chains_dir / f"{job_id}_{request_index}.json"
+        return self.chains_dir / job_id / f"{request_index}.json"
 
     def save_chain(self, job_id: str, request_index: int, history: dict[str, Any]) -> None:
         write_atomic(self.chain_path(job_id, request_index), json.dumps(history).encode())
