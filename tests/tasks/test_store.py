@@ -130,7 +130,7 @@ def test_no_journal_means_no_state(store: OutputStore) -> None:
 def test_started_only_is_unknown(store: OutputStore) -> None:
     started(store)
     st = store.load_state()[KEY]
-    assert st.status == "unknown" and st.in_flight and st.attempts == 1
+    assert st.status == "unknown" and st.pending and st.attempts == 1
 
 
 def test_no_answer_is_unknown(store: OutputStore) -> None:
@@ -149,7 +149,7 @@ def test_error_status_without_outcome_is_failed(store: OutputStore) -> None:
     started(store)
     finished(store, 503, "error")
     st = store.load_state()[KEY]
-    assert st.status == "failed" and not st.in_flight and st.outcome is None
+    assert st.status == "failed" and not st.pending and st.outcome is None
 
 
 def test_ok_answer_without_outcome_is_unknown(store: OutputStore) -> None:
@@ -157,7 +157,7 @@ def test_ok_answer_without_outcome_is_unknown(store: OutputStore) -> None:
     started(store)
     finished(store, 200, "ok")
     st = store.load_state()[KEY]
-    assert st.status == "unknown" and st.billed_without_record
+    assert st.status == "unknown" and st.answered_ok
 
 
 def test_retries_then_outcome(store: OutputStore) -> None:
@@ -166,6 +166,7 @@ def test_retries_then_outcome(store: OutputStore) -> None:
         finished(store, status, "error", attempt=attempt)
     started(store, attempt=3)
     finished(store, 200, "ok", attempt=3)
+    store.write_file("mug_0.png", b"\x89PNG")  # a succeeded outcome counts only while its files exist
     store.record_outcome(record(paths=["images/mug_0.png"], images=1, attempts=3))
     st = store.load_state()[KEY]
     assert st.status == "succeeded" and st.attempts == 3
@@ -187,11 +188,12 @@ def test_a_later_attempt_after_an_outcome(store: OutputStore) -> None:
     store.record_outcome(record("failed", error="503"))
     assert store.load_state()[KEY].status == "failed"
 
-    # The next run resends it: started and no answer yet -> unknown again.
+    # The next run resends it: started and no answer yet -> unknown again; the new send supersedes the
+    # old outcome (it no longer describes the request).
     started(store)
     st = store.load_state()[KEY]
     assert st.status == "unknown" and st.attempts == 2
-    assert st.outcome is not None and st.outcome.status == "failed"  # the old outcome is kept
+    assert st.outcome is None
 
     # Answered and saved: succeeded.
     finished(store, 200, "ok")
@@ -266,7 +268,6 @@ def test_outcome_round_trips_every_field(store: OutputStore) -> None:
         finish_reason="SAFETY",
         error="no image (finishReason SAFETY): ünïcode",
         request_id="req-1",
-        text="sorry",
     )
     store.record_outcome(rec)
     assert store.load_state()[KEY].outcome == rec
@@ -363,7 +364,7 @@ def test_write_results_rewrites_the_whole_table(store: OutputStore) -> None:
 
 
 def test_to_row_has_exactly_the_result_columns() -> None:
-    row = record(text="not a column").to_row()
+    row = record(paths=[], images=0).to_row()
     assert list(row) == list(RESULT_COLUMNS)
     assert row["paths"] == "" and row["width"] == ""
 
@@ -377,3 +378,150 @@ def test_files_and_chains(store: OutputStore) -> None:
     store.write_run({"counts": {"succeeded": 1}})
     assert json.loads(store.run_path.read_text()) == {"counts": {"succeeded": 1}}
     assert leftovers(store.images_dir) == [] and leftovers(store.chains_dir) == []
+
+
+# --- load_state: answered, files on disk, superseded outcomes ----------------------------------------------
+
+
+def answered(store: OutputStore, rec: RequestRecord) -> None:
+    from dataclasses import asdict
+
+    store.journal("answered", **asdict(rec))
+
+
+def test_answered_with_its_files_on_disk_is_succeeded(store: OutputStore) -> None:
+    # Killed after the files were written, before the outcome was journaled.
+    rec = record(paths=["images/mug/0-0123.png", "images/mug/0-0123-1.png"], images=2, attempts=1)
+    started(store)
+    finished(store, 200, "ok")
+    answered(store, rec)
+    for path in rec.paths:
+        store.write_file(path.removeprefix("images/"), b"\x89PNG")
+    st = store.load_state()[KEY]
+    assert st.status == "succeeded"
+    assert st.outcome == rec
+
+
+def test_answered_with_a_file_missing_is_unknown(store: OutputStore) -> None:
+    # Killed between `answered` and the last file: billed, but not saved.
+    rec = record(paths=["images/mug/0-0123.png", "images/mug/0-0123-1.png"], images=2)
+    started(store)
+    finished(store, 200, "ok")
+    answered(store, rec)
+    store.write_file("mug/0-0123.png", b"\x89PNG")  # the second one never made it
+    st = store.load_state()[KEY]
+    assert st.status == "unknown" and st.outcome is None
+    assert st.answered == rec
+
+
+def test_answered_then_a_new_attempt_in_flight_is_unknown(store: OutputStore) -> None:
+    rec = record(paths=["images/mug/0-0123.png"])
+    started(store)
+    finished(store, 200, "ok")
+    answered(store, rec)
+    store.write_file("mug/0-0123.png", b"\x89PNG")
+    started(store, attempt=1)  # --force, killed while waiting for the answer
+    st = store.load_state()[KEY]
+    assert st.status == "unknown" and st.pending and st.attempts == 2
+
+
+def test_a_damaged_answered_record_leaves_the_key_in_doubt(store: OutputStore) -> None:
+    started(store)
+    finished(store, 200, "ok")
+    store.journal("answered", idempotency_key=KEY, paths=[])  # no job_id, status...: not a record
+    st = store.load_state()[KEY]
+    assert st.status == "unknown" and st.answered is None
+
+
+def test_a_succeeded_outcome_whose_file_was_deleted_is_made_again(store: OutputStore) -> None:
+    store.write_file("mug/0-0123.png", b"\x89PNG")
+    started(store)
+    finished(store, 200, "ok")
+    store.record_outcome(record(paths=["images/mug/0-0123.png"]))
+    assert store.load_state()[KEY].status == "succeeded"
+
+    (store.images_dir / "mug" / "0-0123.png").unlink()
+    st = store.load_state()[KEY]
+    assert st.status is None and st.outcome is None and st.attempts == 0
+
+
+def test_a_no_image_outcome_stands_without_its_detail_file(store: OutputStore) -> None:
+    started(store)
+    finished(store, 200, "ok")
+    store.record_outcome(record("no_image", paths=["images/mug/0-0123.no_image.json"]))
+    assert store.load_state()[KEY].status == "no_image"  # only succeeded outputs are remade
+
+
+def test_a_new_attempt_after_an_outcome_supersedes_it(store: OutputStore) -> None:
+    started(store)
+    finished(store, 503, "error")
+    store.record_outcome(record("failed", error="HTTP 503"))
+    assert store.load_state()[KEY].status == "failed"
+
+    started(store)  # the next run resends it
+    st = store.load_state()[KEY]
+    assert st.status == "unknown" and st.pending and st.outcome is None and st.attempts == 2
+
+    finished(store, None, "no_answer")
+    st = store.load_state()[KEY]
+    assert st.status == "unknown" and not st.pending and st.unanswered
+
+    store.record_outcome(record("unknown", error="no answer"))
+    started(store, attempt=1)  # --retry-unknown
+    finished(store, 503, "error", attempt=1)
+    st = store.load_state()[KEY]
+    assert st.status == "failed" and not st.unanswered and st.attempts == 3  # the old doubt was settled
+
+
+def test_an_unanswered_attempt_before_a_retried_error_keeps_the_key_in_doubt(store: OutputStore) -> None:
+    started(store, attempt=1)
+    finished(store, None, "no_answer", attempt=1)
+    started(store, attempt=2)
+    finished(store, 503, "error", attempt=2)  # killed before the outcome
+    assert store.load_state()[KEY].status == "unknown"
+
+
+# --- exclusive() and file modes ----------------------------------------------------------------------------
+
+
+def test_exclusive_refuses_a_second_holder_and_releases_after_the_block(tmp_path: Path) -> None:
+    from imagebatch.tasks.store import OutputLockedError
+
+    first, second = OutputStore(tmp_path / "out"), OutputStore(tmp_path / "out")
+    with first.exclusive():
+        # flock belongs to the open file description: a second open in this same process conflicts.
+        with pytest.raises(OutputLockedError, match="another imagebatch run"):
+            with second.exclusive():
+                pytest.fail("the folder was entered twice")
+        with pytest.raises(OutputLockedError):
+            with first.exclusive():
+                pytest.fail("the folder was entered twice by the same store")
+    with second.exclusive():
+        pass
+
+    with pytest.raises(ZeroDivisionError):
+        with first.exclusive():
+            1 / 0  # noqa: B018
+    with second.exclusive():  # released when the block raised too
+        pass
+    assert (tmp_path / "out" / ".imagebatch.lock").is_file()
+
+
+def test_exclusive_creates_the_folder(tmp_path: Path) -> None:
+    store = OutputStore(tmp_path / "new" / "out")
+    with store.exclusive():
+        assert store.root.is_dir()
+
+
+def test_outputs_are_readable_by_others(store: OutputStore) -> None:
+    import stat
+
+    old = os.umask(0o077)  # mkstemp makes 0600 whatever the umask; the store must not keep that
+    try:
+        write_atomic(store.root / "a.bin", b"x")
+        store.write_file("mug/0-0123.png", b"\x89PNG")
+        store.save_chain("mug", 0, {"turns": []})
+    finally:
+        os.umask(old)
+    for path in (store.root / "a.bin", store.images_dir / "mug" / "0-0123.png", store.chain_path("mug", 0)):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
