@@ -1225,3 +1225,138 @@ def test_validation_error_codes(service: FakeService) -> None:
         native_gc(candidateCount=2)(client, idempotency_key=IDEM)
     assert info.value.code == "invalid_request"
     assert service.requests == []
+
+
+# === may_have_been_billed: may a caller resend on its own? ===============================================
+
+
+def status_reply(status: int) -> Reply:
+    return Reply(status, json={"error": {"message": f"status {status}"}})
+
+
+BILLED_CASES: list[tuple[str, str, list[Reply], type[GatewayError], bool, list[float]]] = [
+    ("native no answer", "native", [Reply(error=httpx.ReadTimeout)], OutcomeUnknownError, True, []),
+    ("native 500", "native", [status_reply(500)], ServerError, True, []),
+    ("native 503", "native", [status_reply(503)], ServerError, False, []),
+    ("native 429", "native", [status_reply(429)], RateLimitError, False, []),
+    ("native 200 not json", "native", [Reply(content=b"<html>")], ResponseFormatError, True, []),
+    ("native 200 bad image", "native", [MALFORMED[4][1]], ResponseFormatError, True, []),
+    ("native refused", "native", [Reply(error=httpx.ConnectError)], ServiceUnreachableError, False, []),
+    (
+        "images no answer then 503s",
+        "images_generations",
+        [Reply(error=httpx.ReadTimeout), status_reply(503), status_reply(503), status_reply(503)],
+        ServerError,
+        True,
+        [3, 8, 15],
+    ),
+    ("images 503s", "images_generations", [status_reply(503)] * 4, ServerError, False, [3, 8, 15]),
+    (
+        "images final 500",
+        "images_generations",
+        [status_reply(503)] * 3 + [status_reply(500)],
+        ServerError,
+        True,
+        [3, 8, 15],
+    ),
+    (
+        "images no answer then refused",
+        "images_generations",
+        [Reply(error=httpx.ReadTimeout)] + [Reply(error=httpx.ConnectError)] * 3,
+        ServiceUnreachableError,
+        True,
+        [3, 8, 15],
+    ),
+    (
+        "images no answer then 400",
+        "images_edits",
+        [Reply(error=httpx.ReadTimeout), status_reply(400)],
+        BadRequestError,
+        True,
+        [3],
+    ),
+    (
+        "messages refused then no answer",
+        "messages",
+        [Reply(error=httpx.ConnectError)] * 3 + [Reply(error=httpx.ReadError)],
+        OutcomeUnknownError,
+        True,
+        [3, 8, 15],
+    ),
+    (
+        "messages refused",
+        "messages",
+        [Reply(error=httpx.ConnectError)] * 4,
+        ServiceUnreachableError,
+        False,
+        [3, 8, 15],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "replies", "cls", "billed", "delays"),
+    [c[1:] for c in BILLED_CASES],
+    ids=[c[0] for c in BILLED_CASES],
+)
+def test_may_have_been_billed(
+    service: FakeService,
+    name: str,
+    replies: list[Reply],
+    cls: type[GatewayError],
+    billed: bool,
+    delays: list[float],
+) -> None:
+    with pytest.raises(GatewayError) as info:
+        ROUTES[name](service.reply(*replies).client())
+    assert type(info.value) is cls
+    assert info.value.may_have_been_billed is billed
+    assert service.delays == delays
+    assert len(service.requests) == len(delays) + 1
+    # The flag is set on the raised instance, never on the class every later error shares.
+    assert ServerError("x", status_code=503).may_have_been_billed is False
+    assert ServiceUnreachableError("x").may_have_been_billed is False
+
+
+@pytest.mark.parametrize("name", ["native", "images_generations"])
+def test_a_local_protocol_error_is_not_sent(service: FakeService, name: str) -> None:
+    # httpx raises LocalProtocolError before writing the request (e.g. a header it refuses to encode).
+    client = service.reply(Reply(error=httpx.LocalProtocolError)).client()
+    with pytest.raises(ServiceUnreachableError) as info:
+        ROUTES[name](client, observer=service.observe)
+    assert info.value.may_have_been_billed is False
+    finished = [e for e in service.events() if isinstance(e, AttemptFinished)]
+    assert finished and {e.outcome for e in finished} == {"not_sent"}
+    assert {e.status for e in finished} == {None}
+    assert "LocalProtocolError" in (finished[-1].error_message or "")
+
+
+def test_native_auth_must_be_a_known_scheme(service: FakeService) -> None:
+    with pytest.raises(ConfigurationError, match="native_auth") as info:
+        service.client(native_auth="other")
+    assert KEY not in str(info.value)
+    assert service.requests == []
+
+
+def test_no_repr_shows_the_key(service: FakeService, monkeypatch: pytest.MonkeyPatch) -> None:
+    from imagebatch.gateway.client import _Call
+
+    calls: list[_Call] = []
+    real_send = GatewayClient._send
+
+    def spy(self: GatewayClient, call: _Call, reader: Any) -> Any:
+        calls.append(call)
+        return real_send(self, call, reader)
+
+    monkeypatch.setattr(GatewayClient, "_send", spy)
+    cases = [(name, {"native_auth": "bearer"}) for name in ALL_ROUTES] + [("native", {})]
+    for name, options in cases:
+        fake = FakeService().reply(ROUTES[name].ok)
+        ROUTES[name](fake.client(**options))
+        fake.close()
+    assert len(calls) == len(ALL_ROUTES) + 1
+    for call in calls:
+        assert any(KEY in v for v in call.headers.values())  # the key is there ...
+        assert KEY not in repr(call) and KEY not in str(call)  # ... and never shown
+    client = service.client()
+    assert KEY not in repr(client) and KEY not in str(client)
