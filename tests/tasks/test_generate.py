@@ -447,11 +447,6 @@ def test_a_404_for_an_unknown_model_does_not_stop_the_run(h: Harness) -> None:
     assert h.service.count == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG generate.py:340 `_failure` returns `unknown` before its halt checks, so a 401 (or 402, "
-    "404, unreachable) after an earlier unanswered attempt never stops the run",
-)
 def test_a_401_after_an_unanswered_attempt_still_stops_the_run(h: Harness) -> None:
     first, second = h.units(IMAGES, {"id": "g2", "model": "compat-image-2", "prompt": "y"})
     h.service.reply(httpx.ReadTimeout, error(401, "invalid_api_key"))
@@ -574,12 +569,6 @@ def test_chain_turn_whose_image_was_deleted_is_made_again_on_the_same_history(h:
     assert saved["turns"][1]["contents"] == [user("t1"), model_turn(h, 3)]  # the new answer replaced it
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG generate.py:453-460 the chain history is saved after the turn's outcome (and after the "
-    "files that make `load_state` count it done): a crash in between leaves a done turn the history lacks, "
-    "so the next turn needs --force, which bills the whole chain again",
-)
 def test_chain_crash_after_a_turns_files_can_continue_without_force(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -596,12 +585,6 @@ def test_chain_crash_after_a_turns_files_can_continue_without_force(
     assert h.service.body(1)["contents"] == [user("p"), model_turn(h, 0), user("t1")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the client reads an image whose declared mimeType disagrees with its bytes (the bytes "
-    "decide), but models.py:108-118 `InlineData._bytes_match_type` also validates the model turns of a "
-    "history, so generate.py:452-453 can never send that answer back: the next turn fails on every rerun",
-)
 def test_chain_sends_back_a_model_turn_whose_image_type_was_mislabelled(h: Harness) -> None:
     unit = h.unit(CHAIN)
     mislabelled = native_ok(1)
@@ -712,11 +695,6 @@ def test_an_internal_error_before_any_attempt_is_not_attempted(
     assert rec.status == "not_attempted" and "bug before sending" in (rec.error or "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG generate.py:481-494 `run_unit_safely` rewrites every record of the unit: a chain turn that "
-    "succeeded earlier in the same call is reported `unknown` (and a skipped one `not_attempted`)",
-)
 def test_an_internal_error_in_a_later_turn_keeps_the_earlier_turns_records(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,6 +40,9 @@ UNSUPPORTED_PART_KEYS = (
 )  # fmt: skip
 
 
+_MODEL_TURN = "_in_model_turn"  # validation-context flag set while a `role: model` content is validated
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -106,10 +109,13 @@ class InlineData(_Strict):
     """Base64 of the original file bytes, without a data-URL prefix."""
 
     @model_validator(mode="after")
-    def _bytes_match_type(self) -> InlineData:
+    def _bytes_match_type(self, info: ValidationInfo) -> InlineData:
         raw = decode_base64(self.data)
         actual = sniff_mime(raw)
-        if actual != self.mimeType:
+        # A model turn is the service's own answer, sent back unaltered as the spec demands: its label is
+        # not ours to correct, so there only the bytes must be an image.
+        in_model_turn = bool((info.context or {}).get(_MODEL_TURN))
+        if actual != self.mimeType and not (in_model_turn and actual is not None):
             raise PydanticCustomError(
                 "invalid_request",
                 "inlineData.data is {actual}, but mimeType says {declared}",
@@ -160,6 +166,18 @@ class Content(_Strict):
     """`user` for a new request, `model` for an earlier model reply in an edit history."""
     parts: list[Part] = Field(min_length=1)
     """Text and images as separate items; at least one."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _mark_model_turn(cls, data: Any, handler: Any, info: ValidationInfo) -> Any:
+        context = info.context
+        if isinstance(data, dict) and data.get("role") == "model" and isinstance(context, dict):
+            context[_MODEL_TURN] = True
+            try:
+                return handler(data)
+            finally:
+                context.pop(_MODEL_TURN, None)
+        return handler(data)
 
 
 class ImageConfig(_Strict):

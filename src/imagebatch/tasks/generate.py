@@ -19,7 +19,7 @@ import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -337,10 +337,6 @@ def plan_files(
 def _failure(ctx: RunContext, req: PlannedRequest, exc: GatewayError) -> RequestRecord:
     """The record of a request that raised; stops the run on errors every later request would share."""
     request_id = getattr(exc, "request_id", None)
-    if exc.may_have_been_billed:
-        return _record(
-            req, "unknown", attempts=exc.attempts, request_id=request_id, error=f"{exc}; {UNKNOWN_HINT}"
-        )
     if isinstance(exc, AuthenticationError):
         ctx.stop_dispatch("the service refused the API key (HTTP 401): set IMAGEBATCH_API_KEY to a valid key")
     elif isinstance(exc, InsufficientFundsError):
@@ -350,6 +346,10 @@ def _failure(ctx: RunContext, req: PlannedRequest, exc: GatewayError) -> Request
     elif isinstance(exc, ServiceUnreachableError):
         ctx.stop_dispatch(f"{exc.message}: check the base URL and the network")
     error = str(exc) if isinstance(exc, APIStatusError) else exc.message
+    if exc.may_have_been_billed:
+        return _record(
+            req, "unknown", attempts=exc.attempts, request_id=request_id, error=f"{error}; {UNKNOWN_HINT}"
+        )
     return _record(req, "failed", attempts=exc.attempts, request_id=request_id, error=error)
 
 
@@ -372,9 +372,17 @@ def not_attempted(req: PlannedRequest, why: str) -> RequestRecord:
 
 
 def send_and_record(
-    ctx: RunContext, req: PlannedRequest, contents: list[dict[str, Any]] | None = None, chain: bool = False
+    ctx: RunContext,
+    req: PlannedRequest,
+    contents: list[dict[str, Any]] | None = None,
+    chain: bool = False,
+    on_answer: Callable[[Result], None] | None = None,
 ) -> tuple[RequestRecord, Result | None]:
-    """Send one request, save its answer in the crash-safe order, journal the outcome."""
+    """Send one request, save its answer in the crash-safe order, journal the outcome.
+
+    `on_answer` runs after the answer is journaled and before its files are written (a chain saves its
+    history there, so a turn that counts as done on disk is always in the history).
+    """
     store = ctx.store
     try:
         result = send_one(ctx, req, contents)
@@ -385,6 +393,8 @@ def send_and_record(
     record, files = plan_files(req, result, chain)
     try:
         store.journal("answered", **asdict(record))
+        if on_answer is not None:
+            on_answer(result)
         for name, data in files:
             store.write_file(name, data)
     except OSError as exc:
@@ -402,25 +412,31 @@ def send_and_record(
 # --- units ---------------------------------------------------------------------------------------------
 
 
-def run_unit(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
-    """Send the request(s) of one unit, in order, and return one record per request."""
+def run_unit(ctx: RunContext, unit: Unit, records: list[RequestRecord] | None = None) -> list[RequestRecord]:
+    """Send the request(s) of one unit, in order, and return one record per request.
+
+    Records are appended to `records` (when given) as each request settles, so a caller that catches an
+    exception still has the records of the requests before it.
+    """
+    records = [] if records is None else records
     if not unit.is_chain:
         req = unit.requests[0]
         decision = ctx.decision(req.idempotency_key)
         if decision != "send":
-            return [carried(ctx, req)]
-        if ctx.halt.is_set():
-            return [not_attempted(req, ctx.halt_reason or "the run was stopped")]
-        return [send_and_record(ctx, req)[0]]
-    return _run_chain(ctx, unit)
+            records.append(carried(ctx, req))
+        elif ctx.halt.is_set():
+            records.append(not_attempted(req, ctx.halt_reason or "the run was stopped"))
+        else:
+            records.append(send_and_record(ctx, req)[0])
+        return records
+    return _run_chain(ctx, unit, records)
 
 
-def _run_chain(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
+def _run_chain(ctx: RunContext, unit: Unit, records: list[RequestRecord]) -> list[RequestRecord]:
     """Turns in order. A turn is sent with every earlier turn exactly as sent and as returned; a chain
     stops at the first turn that did not succeed, and a done turn is never sent again to rebuild history."""
     first = unit.requests[0]
     history = _saved_history(ctx, unit)
-    records: list[RequestRecord] = []
     blocked: str | None = None
     for req in unit.requests:
         if blocked:
@@ -450,15 +466,18 @@ def _run_chain(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
             continue
         contents = [c for turn in history[: req.turn_index] for c in turn["contents"]]
         contents.append(user_content(req.prompt, req.reference_images))
-        record, result = send_and_record(ctx, req, contents, chain=True)
-        model_content = getattr(result, "model_content", None)
-        if record.status == "succeeded" and model_content is not None:
-            del history[req.turn_index :]
-            history.append({"key": req.idempotency_key, "contents": [contents[-1], model_content]})
-            ctx.store.save_chain(
-                first.job_id, first.request_index, {"job_id": first.job_id, "turns": history}
-            )
-        else:
+
+        def keep_history(result: Result, req: PlannedRequest = req, contents: list[Any] = contents) -> None:
+            # Saved before the turn's files: a turn that counts as done on disk is always in the history.
+            model_content = getattr(result, "model_content", None)
+            if isinstance(result, ImageResult) and model_content is not None:
+                del history[req.turn_index :]
+                history.append({"key": req.idempotency_key, "contents": [contents[-1], model_content]})
+                saved = {"job_id": first.job_id, "turns": history}
+                ctx.store.save_chain(first.job_id, first.request_index, saved)
+
+        record, _ = send_and_record(ctx, req, contents, chain=True, on_answer=keep_history)
+        if record.status != "succeeded":
             blocked = f"turn {req.turn_index} of this chain is {record.status}"
         records.append(record)
     return records
@@ -480,15 +499,17 @@ def _saved_history(ctx: RunContext, unit: Unit) -> list[dict[str, Any]]:
 
 def run_unit_safely(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
     """`run_unit`, but a bug in it must not lose the other requests' records or misreport this unit's:
-    a request with an attempt started in this run is `unknown`, the others `not_attempted`."""
+    requests settled before the error keep their records; of the rest, one with an attempt started in
+    this run is `unknown`, the others `not_attempted`."""
+    records: list[RequestRecord] = []
     try:
-        return run_unit(ctx, unit)
+        return run_unit(ctx, unit, records)
     except Exception as exc:
         _run_logger().exception("%s: internal error", unit.name)
         why = f"internal error: {type(exc).__name__}: {exc}"
-        return [
+        return records + [
             _record(req, "unknown", error=f"{why}; {UNKNOWN_HINT}")
             if req.idempotency_key in ctx.started_keys
             else not_attempted(req, why)
-            for req in unit.requests
+            for req in unit.requests[len(records) :]
         ]
