@@ -308,15 +308,16 @@ class _Call:
 
     route: Route
     model: str
-    path: str
     idempotency_key: str
     headers: dict[str, str] = field(repr=False)  # holds the key: never in a repr
     json: dict[str, Any] | None = None
     data: dict[str, str] | None = None
     files: list[tuple[str, tuple[str, bytes, str]]] | None = None
-    timeout: float = IMAGE_TIMEOUT
     observer: AttemptObserver | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return self.route.path.format(model=self.model)
 
 
 class GatewayClient:
@@ -393,11 +394,9 @@ class GatewayClient:
         call = _Call(
             Route.NATIVE,
             model,
-            f"/v1beta/models/{model}:generateContent",
             idempotency_key,
             {**auth, **_check_max_images(max_images)},
             json=_dump(body),
-            timeout=self._image_timeout,
             observer=observer,
         )
         return self._send(call, self._read_native)
@@ -415,11 +414,9 @@ class GatewayClient:
         call = _Call(
             Route.CHAT,
             body.model,
-            "/v1/chat/completions",
             idempotency_key,
             {**self._bearer(), **_check_max_images(max_images)},
             json=_dump(body),
-            timeout=self._image_timeout,
             observer=observer,
         )
         return self._send(call, self._read_chat)
@@ -436,11 +433,9 @@ class GatewayClient:
         call = _Call(
             Route.IMAGES_GENERATIONS,
             body.model,
-            "/v1/images/generations",
             idempotency_key,
             self._bearer(),
             json=body.model_dump(mode="json"),
-            timeout=self._image_timeout,
             observer=observer,
         )
         return self._send(call, self._read_images)
@@ -466,12 +461,10 @@ class GatewayClient:
         call = _Call(
             Route.IMAGES_EDITS,
             body.model,
-            "/v1/images/edits",
             idempotency_key,
             self._bearer(),
             data=fields,
             files=files,
-            timeout=self._image_timeout,
             observer=observer,
         )
         return self._send(call, self._read_images)
@@ -489,11 +482,9 @@ class GatewayClient:
         call = _Call(
             Route.MESSAGES,
             body.model,
-            "/v1/messages",
             idempotency_key,
             headers,
             json=_dump(body),
-            timeout=self._text_timeout,
             observer=observer,
         )
         return self._send(call, self._read_text)
@@ -510,11 +501,9 @@ class GatewayClient:
         call = _Call(
             Route.RESPONSES,
             body.model,
-            "/v1/responses",
             idempotency_key,
             self._bearer(),
             json=_dump(body),
-            timeout=self._text_timeout,
             observer=observer,
         )
         return self._send(call, self._read_text)
@@ -532,7 +521,8 @@ class GatewayClient:
             raise RequestValidationError("an idempotency key is required")
         policy = self._policy(call.route)
         headers = {**call.headers, IDEMPOTENCY_HEADER: call.idempotency_key}
-        timeout = httpx.Timeout(call.timeout, connect=min(self._connect_timeout, call.timeout))
+        seconds = self._image_timeout if call.route.generates_images else self._text_timeout
+        timeout = httpx.Timeout(seconds, connect=min(self._connect_timeout, seconds))
         attempt = 0
         unanswered = False  # some attempt got no answer: it may have been generated and billed
         while True:
