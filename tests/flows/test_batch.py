@@ -321,3 +321,19 @@ def test_a_deleted_image_is_made_again(service_env: Any, examples: Path, tmp_pat
     after = read_results(out)
     assert [r["status"] for r in after] == ["succeeded"] + ["skipped"] * (len(first) - 1)
     assert (out / after[0]["paths"]).is_file()
+
+
+def test_the_run_summary_is_a_prefect_artifact(service_env: Any, examples: Path, tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+
+    info, _ = run(examples / "catalog.csv", tmp_path / "out")
+    run_id = info["prefect"]["flow_run_id"]
+    body = {
+        "artifacts": {"key": {"any_": ["imagebatch-run-summary"]}},
+        "flow_runs": {"id": {"any_": [run_id]}},
+    }
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.request("POST", "/artifacts/filter", json=body).json()
+    assert artifact["type"] == "markdown"
+    assert info["out"] in artifact["data"]
+    assert f"| succeeded | {info['counts']['succeeded']} |" in artifact["data"]
