@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from emulator_helpers import (
     png,
     post,
 )
+from PIL import Image
 
 from imagebatch.gateway.constants import MAX_UPLOAD_BYTES, NATIVE_MODELS, Route
 from imagebatch.gateway.emulator import EmulatorServer
@@ -296,7 +298,7 @@ def without(body: dict[str, Any], key: str) -> dict[str, Any]:
 # (id, route, body, status, code)
 BODY_ERRORS: list[tuple[str, Route, Any, int, str]] = [
     ("chat model missing", Route.CHAT, without(CHAT, "model"), 400, "invalid_request"),
-    ("chat images model", Route.CHAT, {**CHAT, "model": "compat-image-2"}, 404, "model_not_found"),
+    ("chat images model", Route.CHAT, {**CHAT, "model": "compat-image-2"}, 400, "invalid_request"),
     ("chat unknown model", Route.CHAT, {**CHAT, "model": "native-image-9"}, 404, "model_not_found"),
     ("chat messages missing", Route.CHAT, without(CHAT, "messages"), 400, "invalid_request"),
     ("chat messages empty", Route.CHAT, {**CHAT, "messages": []}, 400, "invalid_request"),
@@ -553,6 +555,16 @@ def test_mask_applies_to_the_first_of_several_images(emulator: EmulatorServer) -
     assert edit(emulator, files).status_code == 200
     files = [*edit_files(png(48, 48), PNG, field="image[]"), ("mask", ("m.png", RGBA_MASK, "image/png"))]
     assert_error(edit(emulator, files), 400)
+
+
+def test_edit_refuses_a_webp_reference_image(emulator: EmulatorServer) -> None:
+    # The spec limits input MIME types on the native route only; the emulator refuses WebP here too, a
+    # deliberate conservative choice (README, choices table): the project handles only PNG and JPEG.
+    out = io.BytesIO()
+    Image.new("RGB", (32, 32), (10, 200, 10)).save(out, "WEBP")
+    response = edit(emulator, [("image", ("a.webp", out.getvalue(), "image/webp"))])
+    assert "PNG or JPEG" in assert_error(response, 400, "invalid_request")["error"]["message"]
+    assert emulator.ledger() == []
 
 
 @pytest.mark.parametrize("image", [PNG, JPEG], ids=["png", "jpeg"])

@@ -196,7 +196,7 @@ INVALID_CHAT: dict[str, tuple[dict[str, Any], str, str]] = {
     "n 1.0": (chat(n=1.0), "invalid_request", "n"),
     "stream true": (chat(stream=True), "invalid_request", "stream"),
     "stream 0": (chat(stream=0), "invalid_request", "stream"),
-    "compat model": (chat(model="compat-image-2"), "model_not_found", "compat-image-2"),
+    "compat model": (chat(model="compat-image-2"), "invalid_request", "compat-image-2"),
     "lowercase size": (chat(native={"image_config": {"image_size": "1k"}}), "invalid_request", "image_size"),
     "ratio for pro": (
         chat(model="native-image-pro", native={"image_config": {"aspect_ratio": "1:8"}}),
@@ -339,3 +339,49 @@ def test_describe_validation_error_names_the_json_path() -> None:
         "generationConfig.imageConfig.imageSize: image size must be one of 1K, 2K, 4K (case-sensitive), "
         "not '4k' (did you mean '4K'?)",
     )
+
+
+# --- review additions: nesting, unsupported chat features, explicit nulls, model-turn parts ---------------
+
+
+@pytest.mark.parametrize(
+    "key", ["image_config", "imageConfig", "extra_body", "generationConfig", "tools", "response_format"]
+)
+def test_chat_refuses_misnested_and_unsupported_keys(key: str) -> None:
+    body = {"model": "native-image-pro", "messages": [{"role": "user", "content": "x"}], key: {}}
+    with pytest.raises(ValidationError) as info:
+        ChatRequest.model_validate(body)
+    code, message = describe_validation_error(info.value)
+    assert code == "invalid_request" and key in message
+
+
+def test_chat_accepts_ordinary_extra_keys() -> None:
+    body = {"model": "native-image-pro", "messages": [{"role": "user", "content": "x"}], "temperature": 0.2}
+    assert ChatRequest.model_validate(body).model == "native-image-pro"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"candidateCount": None},
+        {"responseModalities": None},
+        {"imageConfig": None},
+        {"imageConfig": {"imageSize": None}},
+    ],
+)
+def test_explicit_nulls_are_refused(config: dict[str, Any]) -> None:
+    body = {"contents": [{"parts": [{"text": "x"}]}], "generationConfig": config}
+    with pytest.raises(ValidationError) as info:
+        validate_native_request(body, "native-image-2")
+    assert "null" in describe_validation_error(info.value)[1]
+
+
+def test_a_model_turn_part_may_carry_only_a_signature_but_a_user_part_may_not() -> None:
+    model_turn = {"role": "model", "parts": [{"thoughtSignature": "s"}, {"text": "here"}]}
+    body = {"contents": [{"parts": [{"text": "x"}]}, model_turn, {"parts": [{"text": "again"}]}]}
+    assert len(validate_native_request(body, "native-image-2").contents) == 3
+    with pytest.raises(ValidationError):
+        validate_native_request({"contents": [{"parts": [{"thoughtSignature": "s"}]}]}, "native-image-2")
+    both = {"role": "model", "parts": [{"text": "t", "inlineData": {"mimeType": "image/png", "data": ""}}]}
+    with pytest.raises(ValidationError):
+        validate_native_request({"contents": [{"parts": [{"text": "x"}]}, both]}, "native-image-2")

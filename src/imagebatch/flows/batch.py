@@ -56,6 +56,26 @@ class ProgressSnapshot:
     images: int
 
 
+class RunControl:
+    """Lets another thread (or a signal handler) stop a run gracefully: no new request is sent, requests in
+    flight finish and are recorded, the rest are `not_attempted`."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._wake: Callable[[], None] | None = None
+
+    def stop(self, reason: str) -> None:
+        self.reason = reason
+        if self._wake is not None:
+            self._wake()
+
+    def attach(self, wake: Callable[[], None]) -> None:
+        """Called by the dispatcher: how to wake it while it waits for a task."""
+        self._wake = wake
+        if self.reason is not None:
+            wake()
+
+
 @dataclass
 class RunHooks:
     """Injected dependencies of a run: tests pass a recording sleep, the CLI a progress callback."""
@@ -66,6 +86,8 @@ class RunHooks:
     """Called from the flow's thread after each dispatch step and each finished unit."""
     emulator_settings: dict[str, Any] = field(default_factory=dict)
     """Extra settings for the embedded emulator (tests: faults, latency)."""
+    control: RunControl = field(default_factory=RunControl)
+    """Stops the run gracefully from outside (the CLI's Ctrl-C)."""
 
 
 _hooks: ContextVar[RunHooks | None] = ContextVar("imagebatch_run_hooks", default=None)
@@ -263,7 +285,10 @@ def _dispatch(ctx: RunContext, units: list[Unit], concurrency: int, planned: int
             ctx.results[unit.index] = run_unit(ctx, unit)
             finished(unit)
     pending = iter(todo)
+    hooks.control.attach(lambda: done_q.put(None))
     while True:
+        if hooks.control.reason:
+            ctx.stop_dispatch(hooks.control.reason)
         while in_flight < concurrency and not ctx.halt.is_set():
             unit = next(pending, None)
             if unit is None:
@@ -277,6 +302,8 @@ def _dispatch(ctx: RunContext, units: list[Unit], concurrency: int, planned: int
         if in_flight == 0:
             break
         unit = done_q.get()
+        if unit is None:  # woken by RunControl.stop: stop submitting, keep waiting for what is in flight
+            continue
         in_flight -= 1
         if unit.index not in ctx.results:  # the task itself failed in Prefect, outside our code
             ctx.results[unit.index] = run_unit_safely(ctx, unit)

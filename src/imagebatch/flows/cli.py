@@ -1,7 +1,7 @@
 """The `imagebatch` command: `run` a manifest, `validate` one, or serve the `emulator`.
 
 Exit codes of `run`: 0 when every request succeeded (or was done before), 1 when some did not, 2 for an
-invalid manifest or a usage error (nothing sent).
+invalid manifest or a usage error (nothing sent), 130 when stopped with Ctrl-C.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +87,82 @@ def _quiet_prefect() -> None:
     for name in ("prefect.task_runs", "prefect.flow_runs", "prefect", "httpx", "uvicorn"):
         logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+def detach_ephemeral_prefect_server() -> Any:
+    """Have Prefect's temporary server, when Prefect would start one, run in its own session.
+
+    Without this, the terminal's Ctrl-C reaches the server too (it is a child in our process group): it
+    dies in the middle of writing task states (tracebacks on the terminal) and the run, which can no
+    longer report to it, hangs. Prefect's own test harness registers its server the same way (the
+    `None` key of `SubprocessASGIServer._instances`). Returns the server object, or None when a Prefect
+    API is configured (nothing to start) or a server is already registered.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    import subprocess
+    import sys
+
+    import prefect
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    if None in SubprocessASGIServer._instances:
+        return None
+
+    class DetachedServer(SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
+            # prefect 3.8.8's command (pinned in pyproject.toml), started in a new session.
+            env = {
+                **os.environ,
+                "PREFECT_UI_ENABLED": "0",
+                "PREFECT__SERVER_EPHEMERAL": "1",
+                "PREFECT__SERVER_FINAL": "1",
+                **get_current_settings().to_environment_variables(exclude_unset=True),
+            }
+            app_dir = str(prefect.__module_path__.parent)
+            cmd = [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory"]
+            cmd += ["prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
+            cmd += ["--log-level", "error", "--lifespan", "on"]
+            return subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    return DetachedServer()
+
+
+@contextlib.contextmanager
+def interrupts(control: Any, err: Console, server: Any) -> Iterator[None]:
+    """First Ctrl-C: stop gracefully (no new request; those in flight finish and are saved). Second:
+    abandon what is in flight (the journal already marks it sent, so it will be `unknown`) and exit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    presses = 0
+
+    def on_sigint(_signum: int, _frame: Any) -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            control.stop("interrupted (Ctrl-C)")
+            err.print(
+                "\nStopping: no new requests; waiting for those in flight to finish and be saved. "
+                "Ctrl-C again to abandon them (they would be 'unknown').",
+                markup=False,
+            )
+            return
+        err.print("Abandoned the requests in flight: a rerun reports them as 'unknown'.", markup=False)
+        if server is not None and server.server_process is not None:
+            # SIGKILL, not Prefect's SIGTERM: a terminated server prints tracebacks for the writes it
+            # was making; SQLite rolls an interrupted write back either way.
+            server.server_process.kill()
+        os._exit(EXIT_INTERRUPTED)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_main(args: argparse.Namespace) -> int:
@@ -153,14 +231,18 @@ def run_main(args: argparse.Namespace) -> int:
     def on_progress(snap: ProgressSnapshot) -> None:
         t0 or t0.append(time.monotonic())
         minutes = max(time.monotonic() - t0[0], 1e-6) / 60
-        failed = sum(snap.counts.get(s, 0) for s in ("failed", "unknown", "not_attempted"))
-        done = sum(snap.counts.get(s, 0) for s in ("succeeded", "skipped", "no_image"))
+        failed = sum(snap.counts.get(s, 0) for s in ("failed", "unknown", "no_image"))
+        done = sum(snap.counts.get(s, 0) for s in ("succeeded", "skipped"))
+        left = snap.counts.get("not_attempted", 0)
         rate = snap.images / minutes
         stats = f"done {done}  failed {failed}  in flight {snap.in_flight}  {rate:.1f} img/min"
+        stats += f"  not attempted {left}" if left else ""
         progress.update(bar, total=snap.planned, completed=snap.done, stats=stats)
 
+    hooks = RunHooks(on_progress=on_progress)
+    server = detach_ephemeral_prefect_server()
     try:
-        with progress, run_hooks(RunHooks(on_progress=on_progress)):
+        with interrupts(hooks.control, err, server), progress, run_hooks(hooks):
             info = generate_from_manifest(
                 manifest=str(args.manifest),
                 out=str(args.out),
@@ -185,6 +267,8 @@ def run_main(args: argparse.Namespace) -> int:
             "usage history, then rerun with --retry-unknown if they were not generated.",
             markup=False,
         )
+    if hooks.control.reason:
+        return EXIT_INTERRUPTED
     incomplete = sum(v for k, v in counts.items() if k not in ("succeeded", "skipped"))
     return EXIT_INCOMPLETE if incomplete else EXIT_OK
 

@@ -20,9 +20,11 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from .constants import (
+    COMPAT_IMAGE_MODEL,
     COMPAT_VERSION_HEADER,
     CONNECT_TIMEOUT,
     DEFAULT_COMPAT_VERSION,
+    DEFAULT_MAX_TOKENS,
     IDEMPOTENCY_HEADER,
     IMAGE_TIMEOUT,
     MAX_IMAGES_HEADER,
@@ -185,6 +187,11 @@ def _validated(model_cls: type[M], body: M | Mapping[str, Any], **context: Any) 
     except ValidationError as exc:
         code, message = describe_validation_error(exc)
         raise RequestValidationError(message, code=code) from None
+
+
+def _with_defaults(body: BaseModel | Mapping[str, Any], **defaults: Any) -> BaseModel | Mapping[str, Any]:
+    """Fill the spec's stated defaults of required fields, so they are always sent explicitly."""
+    return body if isinstance(body, BaseModel) else {**defaults, **body}
 
 
 def _dump(body: BaseModel) -> dict[str, Any]:
@@ -429,7 +436,7 @@ class GatewayClient:
         observer: AttemptObserver | None = None,
     ) -> GenerationResult:
         """`POST /v1/images/generations` (JSON), retried on the spec's schedule."""
-        body = _validated(ImagesRequest, request)
+        body = _validated(ImagesRequest, _with_defaults(request, model=COMPAT_IMAGE_MODEL))
         call = _Call(
             Route.IMAGES_GENERATIONS,
             body.model,
@@ -450,7 +457,7 @@ class GatewayClient:
         observer: AttemptObserver | None = None,
     ) -> GenerationResult:
         """`POST /v1/images/edits` as multipart: `image` for one file, `image[]` repeated for several."""
-        body = _validated(ImagesRequest, request)
+        body = _validated(ImagesRequest, _with_defaults(request, model=COMPAT_IMAGE_MODEL))
         if not images:
             raise RequestValidationError("an edit needs at least one reference image")
         name = "image" if len(images) == 1 else "image[]"
@@ -477,7 +484,7 @@ class GatewayClient:
         observer: AttemptObserver | None = None,
     ) -> TextResult:
         """`POST /v1/messages`: `x-api-key` and `compat-version`, never Bearer."""
-        body = _validated(MessagesRequest, request)
+        body = _validated(MessagesRequest, _with_defaults(request, max_tokens=DEFAULT_MAX_TOKENS))
         headers = {MESSAGES_KEY_HEADER: self._api_key, COMPAT_VERSION_HEADER: self._compat_version}
         call = _Call(
             Route.MESSAGES,

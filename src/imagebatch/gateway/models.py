@@ -44,12 +44,32 @@ _MODEL_TURN = "_in_model_turn"  # validation-context flag set while a `role: mod
 
 
 class _Strict(BaseModel):
+    """A request object of the spec: unknown keys refused, and an optional field is omitted or has a
+    value: an explicit `null` is refused (the spec says, e.g., "omit or send integer 1")."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if value is None and key in cls.model_fields:
+                    raise PydanticCustomError(
+                        "invalid_request", "{key} is null: omit it or give a value", {"key": key}
+                    )
+        return data
 
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
+
+CHAT_MISNESTED_KEYS = ("image_config", "imageConfig", "extra_body", "generationConfig")
+CHAT_UNSUPPORTED_KEYS = (
+    "tools", "functions", "tool_choice", "function_call", "web_search_options", "response_format",
+    "modalities", "stream_options", "audio",
+)  # fmt: skip
 
 # --- shared rule helpers ---------------------------------------------------------------------------
 
@@ -151,8 +171,14 @@ class Part(_Open):
         return data
 
     @model_validator(mode="after")
-    def _text_or_image(self) -> Part:
-        if (self.text is None) == (self.inlineData is None):
+    def _text_or_image(self, info: ValidationInfo) -> Part:
+        # A model turn's parts are the service's own ("each may carry" text, thought, signature, image),
+        # sent back unaltered: there a part may carry neither, never both.
+        in_model_turn = bool((info.context or {}).get(_MODEL_TURN))
+        if self.text is not None and self.inlineData is not None:
+            message = "each part must carry exactly one of text or inlineData"
+            raise PydanticCustomError("invalid_request", message)
+        if self.text is None and self.inlineData is None and not in_model_turn:
             raise PydanticCustomError(
                 "invalid_request", "each part must carry exactly one of text or inlineData"
             )
@@ -277,8 +303,12 @@ class ChatMessage(_Open):
 class ChatRequest(_Open):
     """Body of `POST /v1/chat/completions`.
 
-    Fields beyond those the spec lists are not shown by the spec; we accept and ignore them (clients of
-    this API commonly send some), except `generationConfig`, which the spec says is not used here.
+    Fields beyond those the spec lists are not shown by the spec; we accept and ignore ordinary ones that
+    clients of this API commonly send (`temperature`, `user`, ...), but refuse with 400 the keys that mean
+    wrong nesting (`image_config`, `imageConfig`, `extra_body`, `generationConfig`: the spec nests image
+    options under `native.image_config`) or a feature the spec lists as unsupported (tools, function
+    calling, search, structured output, streaming options, other modalities): ignoring those would
+    silently produce something other than what the caller asked for.
     """
 
     model: str
@@ -299,15 +329,30 @@ class ChatRequest(_Open):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_generation_config(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "generationConfig" in data:
-            raise PydanticCustomError(
-                "invalid_request", "generationConfig is not used on the chat route; use native.image_config"
-            )
+    def _no_misplaced_or_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in CHAT_MISNESTED_KEYS:
+                if key in data:
+                    raise PydanticCustomError(
+                        "invalid_request",
+                        "{key} is not used on the chat route; image options go in native.image_config",
+                        {"key": key},
+                    )
+            for key in CHAT_UNSUPPORTED_KEYS:
+                if key in data:
+                    raise PydanticCustomError(
+                        "invalid_request", "{key} is not supported by this service", {"key": key}
+                    )
         return data
 
     @model_validator(mode="after")
     def _model_and_ratio(self) -> ChatRequest:
+        if self.model == COMPAT_IMAGE_MODEL:  # a public model, just not on this route: a bad request
+            raise PydanticCustomError(
+                "invalid_request",
+                "model {model} is served on the images routes, not chat",
+                {"model": self.model},
+            )
         if self.model not in NATIVE_MODELS:
             raise PydanticCustomError(
                 "model_not_found", "model {model} is not served on the chat route", {"model": self.model}
@@ -341,7 +386,8 @@ class ImagesRequest(_Strict):
     """Fields of `POST /v1/images/generations` (JSON) and of `POST /v1/images/edits` (multipart)."""
 
     model: str = COMPAT_IMAGE_MODEL
-    """Only `compat-image-2`; a native model gets `unsupported_endpoint`."""
+    """Only `compat-image-2`; a native model gets `unsupported_endpoint`. The spec marks it both
+    "Required: yes" and "(default)"; we take the default when it is omitted (imagebatch always sends it)."""
     prompt: str = Field(min_length=1)
     """Description (generations) or edit instruction (edits)."""
     n: Literal[1] = 1
@@ -396,6 +442,8 @@ class MessagesRequest(_Open):
 
     model: str = Field(min_length=1)
     max_tokens: StrictInt = Field(default=DEFAULT_MAX_TOKENS, ge=1)
+    """The spec marks it both "Required: yes" and "default 1024"; we take the default when it is omitted
+    (imagebatch always sends it)."""
     messages: list[MessagesMessage] = Field(min_length=1)
 
     _text_model = field_validator("model")(classmethod(lambda cls, v: check_text_model(v)))
