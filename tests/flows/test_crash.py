@@ -115,3 +115,56 @@ def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_p
         for rel in filter(None, row["paths"].split(";")):
             assert (out / rel).is_file()
     json.loads((out / "run.json").read_text())
+
+
+def test_ctrl_c_stops_gracefully(service_env: Any, prefect_harness: str, tmp_path: Path) -> None:
+    """SIGINT: no new request; those in flight finish and are saved; the rest are not_attempted; exit 130."""
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl", [{"id": f"job{i:02d}", "prompt": f"stop {i}"} for i in range(12)]
+    )
+    out = tmp_path / "out"
+    gate = Gate(4)
+    service_env.configure(latency=0.001, sleep=gate)
+    env = {
+        **os.environ,
+        "IMAGEBATCH_BASE_URL": service_env.url,
+        "IMAGEBATCH_API_KEY": service_env.api_key,
+        "PREFECT_API_URL": prefect_harness,
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "imagebatch.flows.cli",
+        "run",
+        str(manifest),
+        "--out",
+        str(out),
+        "--concurrency",
+        "2",
+    ]
+    child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    try:
+        assert gate.closed_on_someone.wait(timeout=180)
+        child.send_signal(signal.SIGINT)
+        assert child.stderr is not None
+        for line in child.stderr:  # the run has taken the stop before the held requests may finish
+            seen.append(line)
+            if "Stopping" in line:
+                break
+    finally:
+        gate.release.set()  # the held requests may now finish: the run waits for them and saves them
+    _, rest = child.communicate(timeout=120)
+    stderr = "".join(seen) + rest
+    service_env.configure(sleep=asyncio.sleep, latency=0.0)
+
+    assert child.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Stopping" in stderr
+    rows = read_results(out)
+    statuses = Counter(r["status"] for r in rows)
+    assert statuses["succeeded"] >= 4 and statuses["not_attempted"] >= 1
+    assert statuses["succeeded"] + statuses["not_attempted"] == len(rows) == 12
+    # Everything in flight when Ctrl-C came was waited for: nothing the service received is left in doubt.
+    received = {r["idempotency_key"] for r in service_env.requests()}
+    assert received == {r["idempotency_key"] for r in rows if r["status"] == "succeeded"}
+    assert json.loads((out / "run.json").read_text())["stopped"] == "interrupted (Ctrl-C)"
