@@ -124,6 +124,24 @@ def test_messages_route_wants_x_api_key_and_compat_version_and_no_bearer(emulato
     assert_error(post(emulator, Route.MESSAGES, auth=False, headers={**key, **version, **bearer}), 401)
 
 
+@pytest.mark.parametrize("route", list(Route))
+def test_query_key_is_400_beside_a_header_and_401_alone(emulator: EmulatorServer, route: Route) -> None:
+    # Credentials are checked before the query string (README row 1): a `?key=` never stands in for the
+    # header, so without the header the answer is 401; beside a valid header the query string is a 400.
+    url = emulator.url + path_of(route) + f"?key={emulator.api_key}"
+    if route is Route.IMAGES_EDITS:
+        extra = {"files": edit_files(png()), "data": {"prompt": "make it blue"}}
+    else:
+        extra = {"json": VALID_BODIES[route]}
+    with_header = http().post(url, headers=auth_headers(emulator, route), **extra)
+    assert "key" in assert_error(with_header, 400, "invalid_request")["error"]["message"]
+    only_query = {COMPAT_VERSION_HEADER: DEFAULT_COMPAT_VERSION} if route is Route.MESSAGES else {}
+    response = http().post(url, headers=only_query, **extra)
+    assert_error(response, 401, "missing_api_key")
+    assert emulator.api_key not in response.text
+    assert emulator.ledger() == []
+
+
 # --- check order -----------------------------------------------------------------------------------
 
 

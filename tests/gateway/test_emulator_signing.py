@@ -7,12 +7,13 @@ import copy
 import io
 from typing import Any
 
+import httpx
 import pytest
 from emulator_helpers import assert_error, final_images, native_body, open_image, post
 
 from imagebatch.gateway.constants import Route
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
-from imagebatch.gateway.emulator.signing import SIGNATURE_KEY, Signer
+from imagebatch.gateway.emulator.signing import SIGNATURE_KEY, Signer, history_digests
 
 
 def model_turn(
@@ -49,8 +50,9 @@ def test_valid_round_trip(emulator: EmulatorServer, turn: dict[str, Any]) -> Non
     response = post(emulator, Route.NATIVE, history(turn), key="turn-2")
     assert response.status_code == 200, response.text
     second = response.json()["candidates"][0]["content"]
-    third = post(emulator, Route.NATIVE, history(turn, {"role": "user", "parts": [{"text": "red"}]}, second))
-    # contents: user, model, user, model, user -- every turn is a billed generation
+    # contents: user, model, user, model, user -- the middle user turn is the one `second` answered
+    third = post(emulator, Route.NATIVE, history(turn, user_turn("now make it red"), second, prompt="red"))
+    # every turn is a billed generation
     assert third.status_code == 200, third.text
     assert [e["idempotency_key"] for e in emulator.ledger()] == ["turn-1", "turn-2", None]
 
@@ -235,19 +237,148 @@ def test_two_earlier_model_turns_are_both_checked(emulator: EmulatorServer, turn
     assert "contents[3]" in body["error"]["message"]
 
 
+# --- model turns are tied to their conversation and model ------------------------------------------
+
+
+def user_turn(text: str) -> dict[str, Any]:
+    return {"role": "user", "parts": [{"text": text}]}
+
+
+def chain(
+    server: EmulatorServer, *prompts: str, model: str = "native-image-2", key: str = "chain"
+) -> list[dict[str, Any]]:
+    """A conversation built as a client does: each turn sends the history as returned plus a new prompt.
+
+    Returns the contents so far: user, model, user, model, ... (one model turn per prompt).
+    """
+    contents: list[dict[str, Any]] = []
+    for n, prompt in enumerate(prompts):
+        contents.append(user_turn(prompt))
+        response = post(server, Route.NATIVE, {"contents": contents}, model=model, key=f"{key}-{n}")
+        assert response.status_code == 200, response.text
+        contents.append(response.json()["candidates"][0]["content"])
+    return contents
+
+
+def send(
+    server: EmulatorServer, contents: list[dict[str, Any]], model: str = "native-image-2"
+) -> httpx.Response:
+    return post(server, Route.NATIVE, {"contents": [*contents, user_turn("and now in blue")]}, model=model)
+
+
+def test_a_three_turn_chain_is_accepted(emulator: EmulatorServer) -> None:
+    contents = chain(emulator, "a paper boat", "make it red", "add a sail")
+    assert [c["role"] for c in contents] == ["user", "model"] * 3
+    assert send(emulator, contents).status_code == 200
+    assert len(emulator.ledger()) == 4
+
+
+def test_a_chain_on_another_model_is_accepted(emulator: EmulatorServer) -> None:
+    contents = chain(emulator, "a paper boat", "make it red", model="native-image-2.1")
+    assert send(emulator, contents, model="native-image-2.1").status_code == 200
+
+
+def test_a_chain_survives_a_restart_with_the_same_seed(emulator: EmulatorServer) -> None:
+    with EmulatorServer(EmulatorSettings(api_key=emulator.api_key, seed=0)) as before_restart:
+        contents = chain(before_restart, "a paper boat", "make it red")
+    assert send(emulator, contents).status_code == 200
+    with EmulatorServer(EmulatorSettings(api_key=emulator.api_key, seed=1)) as other_seed:
+        assert_error(send(other_seed, contents), 400, "invalid_request")
+
+
+def _refused(response: httpx.Response, where: str, says: str = "") -> None:
+    message = assert_error(response, 400, "invalid_request")["error"]["message"]
+    assert where in message, message
+    assert says in message, message
+
+
+def test_a_turn_from_another_conversation_is_400(emulator: EmulatorServer) -> None:
+    ours = chain(emulator, "a paper boat", key="ours")
+    theirs = chain(emulator, "a red kite", key="theirs")
+    billed = len(emulator.ledger())
+    # their model turn pasted after our first user turn
+    _refused(send(emulator, [ours[0], theirs[1]]), "contents[1]", "does not match")
+    # their model turn appended to our conversation as a later turn
+    _refused(send(emulator, [*ours, user_turn("make it red"), theirs[1]]), "contents[3]", "does not match")
+    assert len(emulator.ledger()) == billed
+
+
+def test_a_turn_from_another_model_is_400(emulator: EmulatorServer) -> None:
+    contents = chain(emulator, "a paper boat", model="native-image-2")
+    _refused(send(emulator, contents, model="native-image-2.1"), "contents[1]", "does not match")
+    _refused(send(emulator, contents, model="native-image-pro"), "contents[1]", "does not match")
+
+
+def test_swapped_model_turns_are_400(emulator: EmulatorServer) -> None:
+    u1, m1, u2, m2 = chain(emulator, "a paper boat", "make it red")
+    _refused(send(emulator, [u1, m2, u2, m1]), "contents[1]", "does not match")
+
+
+def test_a_duplicated_model_turn_is_400(emulator: EmulatorServer) -> None:
+    u1, m1, u2, _m2 = chain(emulator, "a paper boat", "make it red")
+    _refused(send(emulator, [u1, m1, u2, m1]), "contents[3]", "does not match")
+
+
+def test_a_dropped_first_user_turn_is_400(emulator: EmulatorServer) -> None:
+    _u1, m1, u2, m2 = chain(emulator, "a paper boat", "make it red")
+    _refused(send(emulator, [m1, u2, m2]), "contents[0]", "no user turn before it")
+    # without the first exchange at all, the later model turn no longer answers what is sent before it
+    _refused(send(emulator, [u2, m2]), "contents[1]", "does not match")
+
+
+def test_an_altered_earlier_user_turn_is_400(emulator: EmulatorServer) -> None:
+    u1, m1, u2, m2 = chain(emulator, "a paper boat", "make it red")
+    _refused(send(emulator, [user_turn("a paper plane"), m1, u2, m2]), "contents[1]", "does not match")
+    _refused(send(emulator, [u1, m1, user_turn("make it green"), m2]), "contents[3]", "does not match")
+
+
+def test_two_model_turns_in_a_row_are_400(emulator: EmulatorServer) -> None:
+    u1, m1, _u2, m2 = chain(emulator, "a paper boat", "make it red")
+    _refused(send(emulator, [u1, m1, m2]), "contents[2]", "right after another model turn")
+    _refused(send(emulator, [u1, m1, copy.deepcopy(m1)]), "contents[2]", "right after another model turn")
+
+
+def test_history_may_omit_the_default_user_role(emulator: EmulatorServer) -> None:
+    # `role` defaults to `user`: a first request without it and a history that spells it out agree.
+    first = {"parts": [{"text": "a paper boat"}]}
+    response = post(emulator, Route.NATIVE, {"contents": [first]})
+    turn = response.json()["candidates"][0]["content"]
+    assert send(emulator, [user_turn("a paper boat"), turn]).status_code == 200
+    assert send(emulator, [first, turn]).status_code == 200
+
+
 # --- the signer on its own -------------------------------------------------------------------------
 
 
 def test_signer_round_trip_and_checks() -> None:
     signer = Signer.for_seed(0)
+    request = [{"role": "user", "parts": [{"text": "a boat"}]}]
+    digests = history_digests(request, "native-image-2")
     parts = [
         {"text": "thinking", "thought": True},
         {"text": "here it is"},
         {"inlineData": {"mimeType": "image/png", "data": "AAAA"}},
     ]
-    signed = signer.sign(parts)
+    signed = signer.sign(parts, digests[-1])
     assert [SIGNATURE_KEY in p for p in signed] == [False, True, True]
-    assert signer.verify(signed, "contents[1]") is None
-    assert Signer.for_seed(1).verify(signed, "contents[1]") is not None
-    assert Signer.for_seed(0, secret="s").verify(signed, "contents[1]") is not None
-    assert signer.verify([dict(p) for p in signed[1:]], "contents[1]") is not None
+    assert signer.verify(signed, "contents[1]", digests[-1]) is None
+    assert Signer.for_seed(1).verify(signed, "contents[1]", digests[-1]) is not None
+    assert Signer.for_seed(0, secret="s").verify(signed, "contents[1]", digests[-1]) is not None
+    assert signer.verify([dict(p) for p in signed[1:]], "contents[1]", digests[-1]) is not None
+    # the conversation and the model are part of what is signed
+    assert signer.verify(signed, "contents[1]", digests[0]) is not None
+    assert signer.verify(signed, "contents[1]", history_digests(request, "native-image-pro")[-1]) is not None
+    other = history_digests([{"role": "user", "parts": [{"text": "a kite"}]}], "native-image-2")
+    assert signer.verify(signed, "contents[1]", other[-1]) is not None
+
+
+def test_history_digests_ignore_signatures_and_nulls() -> None:
+    plain = [{"role": "user", "parts": [{"text": "a"}]}, {"role": "model", "parts": [{"text": "b"}]}]
+    noisy = [
+        {"parts": [{"text": "a", "inlineData": None}]},
+        {"role": "model", "parts": [{"text": "b", SIGNATURE_KEY: "xyz", "thought": None}]},
+    ]
+    assert history_digests(plain, "m") == history_digests(noisy, "m")
+    assert len(history_digests(plain, "m")) == 3
+    assert history_digests(plain, "m") != history_digests(plain, "n")
+    assert history_digests(plain, "m")[2] != history_digests(list(reversed(plain)), "m")[2]

@@ -13,8 +13,16 @@ from PIL import Image
 
 from imagebatch.gateway.constants import MAX_UPLOAD_BYTES
 from imagebatch.tasks import manifest_rules
-from imagebatch.tasks.manifest import ManifestError, Problem, load_manifest, render_prompt
-from imagebatch.tasks.manifest_rules import FileChecker, TemplateError, looks_like_field
+from imagebatch.tasks.manifest import (
+    MAX_NATIVE_IMAGE_BYTES,
+    ManifestError,
+    Problem,
+    id_fault,
+    is_safe_id,
+    load_manifest,
+    render_prompt,
+)
+from imagebatch.tasks.manifest_rules import FileChecker, TemplateError, looks_like_field, size_fault
 
 
 @pytest.fixture
@@ -621,3 +629,249 @@ def test_template_uses_defaults_and_metadata(folder: Path) -> None:
     a, b = load_manifest(folder / "m.json").jobs
     assert (a.prompt, b.prompt) == ("Photo of a mug for spring", "Photo of a bowl for autumn")
     assert a.metadata == {"campaign": "spring", "product": "a mug"}
+
+
+# --- every turn checked on its own; ids Windows cannot use; whose size limit it is ----------------------
+
+
+def assert_fields(problems: list[Problem], expected: dict[str, str]) -> None:
+    """Exactly one problem per field in `expected`, each message containing the text given."""
+    found = {p.field: p for p in problems}
+    assert len(found) == len(problems), [str(p) for p in problems]
+    assert set(found) == set(expected), [str(p) for p in problems]
+    for field, text in expected.items():
+        assert text in found[field].message, str(found[field])
+
+
+# --- M3: one malformed turn does not hide the problems of the others ----------------------------------
+
+TURN_CASES: list[tuple[str, list[Any], dict[str, str]]] = [
+    (
+        "issue example: WebP, no prompt, a stray number",
+        [{"prompt": "warmer", "reference_images": ["images/webp.png"]}, {"reference_images": []}, 5],
+        {
+            "turns[0].reference_images": "not a PNG or JPEG",
+            "turns[1].prompt": "each turn needs a prompt",
+            "turns[2]": "each turn must be an object",
+        },
+    ),
+    (
+        "malformed turn first",
+        [None, "in {colour}", {"prompt": "x", "reference_images": ["images/nope.png"]}],
+        {
+            "turns[0]": "each turn must be an object",
+            "turns[1].prompt": "{colour} names no column",
+            "turns[2].reference_images": "file not found",
+        },
+    ),
+    (
+        "a list where a turn belongs",
+        [["a"], {"prompt": "x", "reference_images": ["images/fake.png"]}],
+        {"turns[0]": "each turn must be an object", "turns[1].reference_images": "not a PNG or JPEG"},
+    ),
+    (
+        "a turn's other fields are still checked",
+        [{"prompt": "x", "image": "a.png", "reference_images": ["images/dir.png"]}],
+        {"turns[0].image": "only prompt and reference_images", "turns[0].reference_images": "is a folder"},
+    ),
+    (
+        "a prompt of the wrong type is not also missing",
+        [{"prompt": ["a"], "reference_images": ["images/webp.png"]}, "ok", 7.5],
+        {
+            "turns[0].prompt": "must be text",
+            "turns[0].reference_images": "not a PNG or JPEG",
+            "turns[2]": "each turn must be an object",
+        },
+    ),
+    (
+        "a bad reference entry and a missing prompt elsewhere",
+        [{"prompt": "x", "reference_images": [True]}, {"prompt": " "}],
+        {"turns[0].reference_images[0]": "must be text", "turns[1].prompt": "each turn needs a prompt"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("turns", "expected"), [c[1:] for c in TURN_CASES], ids=[c[0] for c in TURN_CASES])
+def test_every_turn_is_checked(folder: Path, turns: list[Any], expected: dict[str, str]) -> None:
+    problems = json_problems(folder, {"turns": turns})
+    assert_fields(problems, expected)
+    assert all((p.line, p.unit, p.job_id) == (0, "job", "job-1") for p in problems)
+
+
+def test_turn_problems_sit_with_the_rows_other_problems(folder: Path) -> None:
+    problems = json_problems(folder, {"image_size": "1k", "turns": [5, {"reference_images": []}]})
+    assert_fields(
+        problems,
+        {
+            "image_size": "not '1k'",
+            "turns[0]": "each turn must be an object",
+            "turns[1].prompt": "each turn needs a prompt",
+        },
+    )
+
+
+def test_good_turns_still_load(folder: Path) -> None:
+    (folder / "m.json").write_text(
+        json.dumps([{"id": "a", "prompt": "x", "turns": ["one", {"prompt": "two", "image": 1}, "three"]}])
+    )
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder / "m.json")
+    assert [p.field for p in info.value.problems] == ["turns[1].image"]
+
+
+@pytest.mark.parametrize(
+    ("default_turns", "expected"),
+    [
+        (["ok", 7], {"defaults.turns[1]": "each turn must be an object"}),
+        (
+            [{"prompt": "x", "image": 1}, None],
+            {"defaults.turns[0].image": "only prompt", "defaults.turns[1]": "each turn must be an object"},
+        ),
+    ],
+)
+def test_faulty_default_turns_are_reported_once(
+    folder: Path, default_turns: list[Any], expected: dict[str, str]
+) -> None:
+    doc = {
+        "defaults": {"turns": default_turns},
+        "jobs": [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}],
+    }
+    (folder / "m.json").write_text(json.dumps(doc))
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder / "m.json")
+    assert_fields(info.value.problems, expected)
+
+
+# --- M4: ids Windows cannot use as file or folder names -----------------------------------------------
+
+UNSAFE_IDS: list[tuple[str, str, str | None]] = [
+    # (id, text in message, suggestion in hint)
+    ("CON", "CON is a reserved device name", "e.g. 'CON_'"),
+    ("con", "CON is a reserved device name", "e.g. 'con_'"),
+    ("Prn", "PRN is a reserved device name", None),
+    ("aux", "AUX is a reserved device name", None),
+    ("NUL", "NUL is a reserved device name", None),
+    ("nul.txt", "NUL is a reserved device name", "e.g. 'nul_.txt'"),
+    ("Nul.tar.gz", "NUL is a reserved device name", "e.g. 'Nul_.tar.gz'"),
+    ("COM1", "COM1 is a reserved device name", None),
+    ("com9.png", "COM9 is a reserved device name", None),
+    ("LPT1", "LPT1 is a reserved device name", None),
+    ("lpt9", "LPT9 is a reserved device name", None),
+    ("abc.", "ends with '.'", "e.g. 'abc'"),
+    ("abc..", "ends with '.'", "e.g. 'abc'"),
+    ("v1.2.", "ends with '.'", "e.g. 'v1.2'"),
+    ("con.", "CON is a reserved device name", "e.g. 'con_'"),
+]
+
+
+@pytest.mark.parametrize(("job_id", "text", "hint"), UNSAFE_IDS, ids=[c[0] for c in UNSAFE_IDS])
+def test_ids_windows_cannot_use_are_refused(folder: Path, job_id: str, text: str, hint: str | None) -> None:
+    problem = assert_one(csv_problems(folder, {"id": job_id}), "id", "not safe as a file or folder name")
+    assert text in problem.message
+    assert "Windows" in problem.message
+    if hint is not None:
+        assert problem.hint == hint
+    assert not is_safe_id(job_id)
+
+
+@pytest.mark.parametrize(
+    "job_id",
+    ["CONSOLE", "con2", "com10", "COM0", "lpt", "nullable", "aux-1", "a.con", "x.nul", "v1.2", "abc._"],
+)
+def test_ids_near_reserved_names_are_fine(folder: Path, job_id: str) -> None:
+    assert id_fault(job_id) is None
+    assert is_safe_id(job_id)
+    assert csv_problems(folder, {"id": job_id}) == []
+
+
+def test_unsafe_id_suggestion_is_itself_safe(folder: Path) -> None:
+    # 'sku 1 .' would be suggested as 'sku-1-.', which ends with a dot: offer the safe form instead.
+    problem = assert_one(csv_problems(folder, {"id": "sku 1 ."}), "id", "not safe as a file name")
+    assert problem.hint == "e.g. 'sku-1-'"
+
+
+def test_trailing_dot_id_and_its_twin_in_json(folder: Path) -> None:
+    (folder / "m.json").write_text(json.dumps([{"id": "abc", "prompt": "x"}, {"id": "abc.", "prompt": "y"}]))
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder / "m.json")
+    [problem] = info.value.problems
+    assert (problem.line, problem.job_id, problem.field) == (1, "abc.", "id")
+    assert "would mix with those of 'abc'" in problem.message
+
+
+# --- M2: the 50 MB limit is the service's on the images route, imagebatch's own on the native route -----
+
+SIZE_CASES: list[tuple[str, str, dict[str, Any], dict[str, str]]] = [
+    # (case, format, fields, {field: text in message})
+    (
+        "native reference",
+        "csv",
+        {"reference_images": "images/big.png"},
+        {"reference_images": "imagebatch's own guard: the spec gives no limit for inline images there"},
+    ),
+    (
+        "native by model",
+        "csv",
+        {"model": "native-image-pro", "reference_images": "images/ref.png;images/big.png"},
+        {"reference_images": "on the native route (imagebatch's own guard"},
+    ),
+    (
+        "images reference",
+        "csv",
+        {"route": "images", "reference_images": "images/big.png"},
+        {"reference_images": "on the images route (the service's limit)"},
+    ),
+    (
+        "images mask",
+        "csv",
+        {"route": "images", "reference_images": "images/ref.png", "mask": "images/big.png"},
+        {"mask": "on the images route (the service's limit)"},
+    ),
+    (
+        "turn reference",
+        "json",
+        {"turns": [{"prompt": "x", "reference_images": ["images/big.png"]}]},
+        {"turns[0].reference_images": "imagebatch's own guard"},
+    ),
+    (
+        "route unknown",
+        "csv",
+        {"route": "video", "reference_images": "images/big.png"},
+        {
+            "route": "unknown route",
+            "reference_images": "the service's limit on the images route, imagebatch's own guard",
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "row", "expected"), [c[1:] for c in SIZE_CASES], ids=[c[0] for c in SIZE_CASES]
+)
+def test_size_message_names_whose_limit_it_is(
+    folder: Path, fmt: str, row: dict[str, Any], expected: dict[str, str]
+) -> None:
+    problems = csv_problems(folder, row) if fmt == "csv" else json_problems(folder, row)
+    assert_fields(problems, expected)
+    for problem in problems:
+        if problem.field != "route":
+            assert "must be under 50,000,000 bytes" in problem.message
+            assert problem.hint == "downscale or recompress it"
+    native = [p for p in problems if "native route (" in p.message]
+    assert all("service" not in p.message for p in native)
+
+
+@pytest.mark.parametrize(
+    ("size", "route", "refused"),
+    [
+        (MAX_UPLOAD_BYTES - 1, "images", False),
+        (MAX_UPLOAD_BYTES, "images", True),
+        (MAX_NATIVE_IMAGE_BYTES - 1, "native", False),
+        (MAX_NATIVE_IMAGE_BYTES, "native", True),
+        (MAX_UPLOAD_BYTES, None, True),
+        (None, "native", False),
+        (10, None, False),
+    ],
+)
+def test_size_fault(size: int | None, route: str | None, refused: bool) -> None:
+    assert (size_fault(size, route) is not None) == refused

@@ -9,16 +9,28 @@ Formats
 
 Fields
     ``id`` (required, unique, ``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``; ids equal but for case are refused,
-    as their files would collide on case-insensitive file systems), ``prompt`` (required; may hold
+    as their files would collide on case-insensitive file systems; outputs go to ``images/<id>/``, so ids
+    Windows cannot use as a file or folder name are refused too: the device names ``CON``, ``PRN``,
+    ``AUX``, ``NUL``, ``COM1``-``COM9`` and ``LPT1``-``LPT9`` in any case and with or without an extension
+    (``nul.txt``), and ids ending in ``.``, which Windows drops, so ``abc.`` would share ``abc``'s
+    folder), ``prompt`` (required; may hold
     ``{column}`` placeholders naming other columns of its row, ``{{``/``}}`` for literal braces),
     ``model``, ``route`` (``native``, ``chat``, ``images``, ``messages``, ``responses``), ``aspect_ratio``,
     ``image_size`` (native, chat), ``size`` (images), ``reference_images`` (native, images; paths relative
     to the manifest's folder, ``;``-separated in CSV, a list in JSON), ``mask`` (images), ``count``
     (separate requests wanted, 1 to 100: `MAX_COUNT`, a guard against typos, not a service rule),
     ``max_images`` (native, chat; 1 to 4), ``max_tokens`` (messages), ``turns`` (JSON only, native only:
-    follow-up edit instructions, each a string or ``{"prompt": ..., "reference_images": [...]}``). Every
+    follow-up edit instructions, each a string or ``{"prompt": ..., "reference_images": [...]}``; each
+    turn is checked on its own, so one malformed turn does not hide the problems of the others, which
+    are named ``turns[2]``, ``turns[0].reference_images`` and so on). Every
     other column is metadata: kept as text and carried into the results. A column that is a near miss of
     a field name (``Aspect Ratio``, ``imageSize``) is reported rather than silently kept as metadata.
+
+    Reference images and masks must be PNG or JPEG by their bytes and under 50,000,000 bytes. On the
+    images route that is the service's limit (the spec's "each under 50 MB", stated for the edits route).
+    The spec shows no maximum for inline images on the native route: there the same figure is
+    imagebatch's own guard (`MAX_NATIVE_IMAGE_BYTES`), since such a file would travel base64-encoded in
+    the request body, and the problem message says which of the two refused the file.
 
     Without a route, a native model means ``native`` and ``compat-image-2`` means ``images``; any other
     model needs a route. Without a model, ``images`` means ``compat-image-2``, ``native``/``chat`` (or no
@@ -66,12 +78,16 @@ from .manifest_models import (
     ID_PATTERN,
     MANIFEST_ROUTES,
     MAX_COUNT,
+    MAX_NATIVE_IMAGE_BYTES,
+    WINDOWS_RESERVED_NAMES,
     Job,
     Manifest,
     ManifestError,
     ManifestFormat,
     Problem,
     Turn,
+    id_fault,
+    is_safe_id,
 )
 from .manifest_plan import (
     RECIPE_VERSION,
@@ -94,7 +110,9 @@ __all__ = [
     "KNOWN_FIELDS",
     "MANIFEST_ROUTES",
     "MAX_COUNT",
+    "MAX_NATIVE_IMAGE_BYTES",
     "RECIPE_VERSION",
+    "WINDOWS_RESERVED_NAMES",
     "Job",
     "Manifest",
     "ManifestError",
@@ -108,7 +126,9 @@ __all__ = [
     "add_validate_arguments",
     "canonical_json",
     "detect_format",
+    "id_fault",
     "idempotency_key",
+    "is_safe_id",
     "key_material",
     "load_manifest",
     "plan",

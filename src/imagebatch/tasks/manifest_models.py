@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from imagebatch.gateway.constants import (
     IMAGE_ROUTES,
+    MAX_UPLOAD_BYTES,
     TEXT_ROUTES,
     Route,
 )
@@ -29,8 +30,42 @@ MAX_COUNT = 100
 """Most requests one job may ask for with `count`. Not a rule of the service: a guard against a typo
 (`1000` for `10`) turning into a thousand billed generations. Split bigger needs over several rows."""
 
+MAX_NATIVE_IMAGE_BYTES = MAX_UPLOAD_BYTES
+"""Largest reference image (exclusive) imagebatch sends inline on the native route. Not a rule of the
+service: the spec states "each under 50 MB" only for the images edits route (`MAX_UPLOAD_BYTES`) and does
+not show a maximum inline size for the native route. imagebatch's own guard, set to the same figure: a
+file that big, base64-encoded into a JSON body, is a mistake rather than a reference image."""
+
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-"""A job id is used in output file names, so it must be a safe, portable file name (match in full)."""
+"""The characters of a job id (match in full). An id is used in output file and folder names, so it must
+also pass `id_fault` (no Windows device name, no trailing dot)."""
+
+WINDOWS_RESERVED_NAMES: frozenset[str] = frozenset(
+    {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+)
+"""Device names Windows will not use for a file or folder, in any case and with any extension
+(`nul.txt` is NUL too)."""
+
+
+def id_fault(job_id: str) -> str | None:
+    """Why an id that matches `ID_PATTERN` is still unsafe as a file or folder name, or None when it is safe.
+
+    Windows refuses reserved device names (`CON`, `nul.txt`: the part before the first dot is what counts)
+    and drops trailing dots, so `abc.` would name the same folder as `abc`.
+    """
+    stem = job_id.split(".", 1)[0].upper()
+    if stem in WINDOWS_RESERVED_NAMES:
+        return f"{stem} is a reserved device name there, with or without an extension"
+    if job_id.endswith("."):
+        shared = job_id.rstrip(".")
+        return f"it ends with '.', which Windows drops: its files would mix with those of {shared!r}"
+    return None
+
+
+def is_safe_id(job_id: str) -> bool:
+    """Whether `job_id` is safe as a file and folder name on every system imagebatch runs on."""
+    return ID_PATTERN.fullmatch(job_id) is not None and id_fault(job_id) is None
+
 
 Location = Literal["line", "job"]
 

@@ -54,10 +54,14 @@ from .manifest_models import (
     ID_PATTERN,
     MANIFEST_ROUTES,
     MAX_COUNT,
+    MAX_NATIVE_IMAGE_BYTES,
+    WINDOWS_RESERVED_NAMES,
     Job,
     Location,
     Problem,
     Turn,
+    id_fault,
+    is_safe_id,
 )
 from .manifest_read import RawManifest, RawRow
 
@@ -254,6 +258,15 @@ def _whole_number(name: str, low: int, high: int | None, hint_high: str | None =
     return BeforeValidator(parse)
 
 
+def _turns(value: Any) -> Any:
+    """None means no turns; a list is checked turn by turn in `validate_input`, never here."""
+    if value is None:
+        return []
+    if isinstance(value, list):
+        raise ValueError("turns are validated one at a time by validate_input")
+    return value  # not a list: refused as such by pydantic
+
+
 Text = Annotated[str | None, BeforeValidator(_text)]
 # JobInput's text fields are cleaned by `clean_row` before validation (cheaper than a validator per field).
 PlainText = str | None
@@ -305,20 +318,30 @@ class JobInput(BaseModel):
         ),
     ] = None
     max_tokens: Annotated[int | None, _whole_number("max_tokens", 1, None)] = None
-    turns: Annotated[list[TurnInput], BeforeValidator(lambda v: [] if v is None else v)] = Field(
-        default_factory=list
-    )
+    turns: Annotated[list[TurnInput | None], BeforeValidator(_turns)] = Field(default_factory=list)
+    """Filled in by `validate_input`, which checks each turn on its own so that one malformed turn does not
+    hide the problems of the others; None stands for a turn too malformed to check further (reported)."""
 
     @field_validator("id")
     @classmethod
     def _safe_id(cls, value: str | None) -> str | None:
-        if value is not None and not ID_PATTERN.fullmatch(value):
-            safe = re.sub(r"[^A-Za-z0-9._-]+", "-", value).lstrip("-._")[:128]
+        if value is None:
+            return value
+        if not ID_PATTERN.fullmatch(value):
+            safe = re.sub(r"[^A-Za-z0-9._-]+", "-", value).lstrip("-._")[:128].rstrip(".")
             raise _custom(
                 "unsafe_id",
                 f"id {value!r} is not safe as a file name: use letters, digits, '.', '_' and '-', "
                 "starting with a letter or digit, at most 128 characters",
-                f"e.g. {safe!r}" if safe and ID_PATTERN.fullmatch(safe) else None,
+                f"e.g. {safe!r}" if safe and is_safe_id(safe) else None,
+            )
+        if (fault := id_fault(value)) is not None:
+            stem, dot, rest = value.rstrip(".").partition(".")
+            safe = f"{stem}_{dot}{rest}" if stem.upper() in WINDOWS_RESERVED_NAMES else stem + dot + rest
+            raise _custom(
+                "unsafe_id",
+                f"id {value!r} is not safe as a file or folder name on Windows: {fault}",
+                f"e.g. {safe!r}" if is_safe_id(safe) else None,
             )
         return value
 
@@ -377,18 +400,44 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _issue(err: Any) -> FieldIssue:
-    loc = tuple(err["loc"])
+def _issue(err: Any, prefix: tuple[Any, ...] = ()) -> FieldIssue:
+    """A pydantic error as a FieldIssue; `prefix` locates a turn (`("turns", 2)`) validated on its own.
+
+    The `top` of a turn's issue is the turn's own field (`turns[2].prompt`), or the turn (`turns[2]`), so
+    that the turn's other fields and the other turns are still checked.
+    """
+    loc = prefix + tuple(err["loc"])
     path = _field_path(loc)
+    top = _field_path(loc[:3]) if prefix else str(loc[0])
     ctx = err.get("ctx") or {}
     if "msg" in ctx:
-        return FieldIssue(str(loc[0]), path, ctx["msg"], ctx.get("hint"))
-    if err["type"] == "extra_forbidden" and loc[0] == "turns":
-        return FieldIssue("turns", path, "a turn has only prompt and reference_images")
+        return FieldIssue(top, path, ctx["msg"], ctx.get("hint"))
+    if err["type"] == "extra_forbidden" and prefix:
+        return FieldIssue(top, path, "a turn has only prompt and reference_images")
     message = _TYPE_MESSAGES.get(err["type"], err["msg"])
-    if err["type"] == "model_type" and loc[0] == "turns":
+    if err["type"] in ("model_type", "model_attributes_type") and prefix and len(loc) == 2:
         message = "each turn must be an object with a prompt, or a string"
-    return FieldIssue(str(loc[0]), path, message)
+    return FieldIssue(top, path, message)
+
+
+def validate_turn(index: int, value: Any) -> tuple[TurnInput | None, list[FieldIssue]]:
+    """Type-check one turn of `turns`; issues are named `turns[i]` or `turns[i].field`.
+
+    A turn with faulty fields is validated again without them, so its other fields are still checked;
+    a turn that is not an object or a string gives None.
+    """
+    try:
+        return TurnInput.model_validate(value), []
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+    issues = [_issue(err, ("turns", index)) for err in errors]
+    if not isinstance(value, dict) or any(not err["loc"] for err in errors):
+        return None, issues
+    bad = {err["loc"][0] for err in errors}
+    try:
+        return TurnInput.model_validate({k: v for k, v in value.items() if k not in bad}), issues
+    except ValidationError:  # pragma: no cover - the faulty keys are gone
+        return None, issues
 
 
 def clean_row(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -406,15 +455,30 @@ def validate_input(data: Mapping[str, Any]) -> tuple[JobInput, list[FieldIssue]]
     """Type-check the known fields of one row, reporting every faulty field.
 
     On failure the row is validated again without its faulty fields, so the other checks still see the
-    fields that are fine (pydantic gives all-or-nothing models).
+    fields that are fine (pydantic gives all-or-nothing models). A list of turns is checked turn by turn
+    (`validate_turn`): a malformed turn becomes None in `turns` and the other turns are kept, so their
+    problems (a prompt placeholder, a missing file) are reported too.
     """
     data = clean_row(data)
+    turns: list[TurnInput | None] | None = None
+    issues: list[FieldIssue] = []
+    if isinstance(data.get("turns"), list):
+        turns = []
+        for index, value in enumerate(data["turns"]):
+            turn, turn_issues = validate_turn(index, value)
+            turns.append(turn)
+            issues.extend(turn_issues)
+        data = {k: v for k, v in data.items() if k != "turns"}
     try:
-        return JobInput.model_validate(data), []
+        inp = JobInput.model_validate(data)
     except ValidationError as exc:
-        issues = [_issue(err) for err in exc.errors(include_url=False)]
-    bad = {issue.top for issue in issues}
-    return JobInput.model_validate({k: v for k, v in data.items() if k not in bad}), issues
+        row_issues = [_issue(err) for err in exc.errors(include_url=False)]
+        bad = {issue.top for issue in row_issues}
+        inp = JobInput.model_validate({k: v for k, v in data.items() if k not in bad})
+        issues = row_issues + issues
+    if turns is not None:
+        inp = inp.model_copy(update={"turns": turns})
+    return inp, issues
 
 
 # --- files -------------------------------------------------------------------------------------------
@@ -426,6 +490,8 @@ class FileFacts:
 
     path: Path
     """Resolved absolute path."""
+    size: int | None = None
+    """Bytes, when the file could be looked at. Limits depend on the route: see `size_fault`."""
     sha256: str | None = None
     info: ImageInfo | None = None
     error: str | None = None
@@ -443,6 +509,42 @@ def _looks_like(data: bytes) -> str | None:
     if data[4:12] in (b"ftypheic", b"ftypheix", b"ftypmif1", b"ftypavif"):
         return "HEIC/AVIF"
     return None
+
+
+_READ_LIMIT = max(MAX_UPLOAD_BYTES, MAX_NATIVE_IMAGE_BYTES)
+_SIZE_HINT = "downscale or recompress it"
+
+
+def size_fault(size: int | None, route: str | None) -> str | None:
+    """Why a file of `size` bytes cannot be sent on `route` (a manifest route, None when unknown), or None.
+
+    On the images route the limit is the service's ("each under 50 MB", the edits route). The spec shows
+    no limit for inline images on the native route: there the limit is imagebatch's own guard,
+    `MAX_NATIVE_IMAGE_BYTES`, and the message says so.
+    """
+    if size is None:
+        return None
+    if route == "images":
+        if size < MAX_UPLOAD_BYTES:
+            return None
+        return (
+            f"the file is {size:,} bytes; files must be under {MAX_UPLOAD_BYTES:,} bytes on the images "
+            "route (the service's limit)"
+        )
+    if route == "native":
+        if size < MAX_NATIVE_IMAGE_BYTES:
+            return None
+        return (
+            f"the file is {size:,} bytes; reference images must be under {MAX_NATIVE_IMAGE_BYTES:,} bytes "
+            "on the native route (imagebatch's own guard: the spec gives no limit for inline images there)"
+        )
+    limit = min(MAX_UPLOAD_BYTES, MAX_NATIVE_IMAGE_BYTES)
+    if size < limit:
+        return None
+    return (
+        f"the file is {size:,} bytes; files must be under {limit:,} bytes (the service's limit on the "
+        "images route, imagebatch's own guard on the native route)"
+    )
 
 
 class FileChecker:
@@ -477,12 +579,14 @@ class FileChecker:
             return FileFacts(path, error=f"cannot read the file: {exc.strerror}")
         if stat.S_ISDIR(st.st_mode):
             return FileFacts(path, error="is a folder, not a file")
-        # Size first, from stat: a 4 GB file named by mistake must not be read just to be refused.
-        if st.st_size >= MAX_UPLOAD_BYTES:
+        # Size first, from stat: a 4 GB file named by mistake must not be read just to be refused. The
+        # route's own limit is applied by `size_fault`; this is only the most any route takes.
+        if st.st_size >= _READ_LIMIT:
             return FileFacts(
                 path,
-                error=f"the file is {st.st_size:,} bytes; each file must be under {MAX_UPLOAD_BYTES:,} bytes",
-                hint="downscale or recompress it",
+                size=st.st_size,
+                error=f"the file is {st.st_size:,} bytes; each file must be under {_READ_LIMIT:,} bytes",
+                hint=_SIZE_HINT,
             )
         try:
             data = path.read_bytes()
@@ -495,7 +599,7 @@ class FileChecker:
             kind = _looks_like(data)
             hint = f"it looks like a {kind} file; convert it to PNG or JPEG" if kind else None
             return FileFacts(path, error=str(exc), hint=hint)
-        return FileFacts(path, sha256=hashlib.sha256(data).hexdigest(), info=info)
+        return FileFacts(path, size=len(data), sha256=hashlib.sha256(data).hexdigest(), info=info)
 
     def _nearby(self, path: Path) -> str | None:
         parent = path.parent
@@ -602,10 +706,10 @@ class JobChecker:
         self._defaults, issues = validate_input(known)
         for issue in issues:
             add(issue.field, issue.message, issue.hint)
+        # A faulty default turn (`turns[1]`) keeps all default turns from the jobs: it is reported here once.
+        tops = {i.top.split("[", 1)[0] for i in issues}
         self._defaults_set = frozenset(
-            f
-            for f in KNOWN_FIELDS
-            if f in known and f not in {i.top for i in issues} and self._given(self._defaults, f)
+            f for f in KNOWN_FIELDS if f in known and f not in tops and self._given(self._defaults, f)
         )
         for key, value in defaults.items():
             if key in KNOWN_FIELDS:
@@ -737,21 +841,23 @@ class JobChecker:
         turns: list[Turn] = []
         for i, turn in enumerate(given.get("turns", [])):
             field = f"turns[{i}]"
+            if turn is None:
+                continue  # not a turn at all: reported by validate_input
             turn_prompt = self._render(turn.prompt, f"{field}.prompt", namespace, add)
-            if turn.prompt is None:
+            if turn.prompt is None and f"{field}.prompt" not in bad:
                 add(f"{field}.prompt", "each turn needs a prompt")
-            paths, hashes = self._files(turn.reference_images, f"{field}.reference_images", add)
+            paths, hashes = self._files(turn.reference_images, f"{field}.reference_images", add, route)
             if turn_prompt is not None:
                 turns.append(Turn(prompt=turn_prompt, reference_images=paths, reference_sha256=hashes))
 
         # files
-        refs, ref_hashes = self._files(given.get("reference_images", []), "reference_images", add)
+        refs, ref_hashes = self._files(given.get("reference_images", []), "reference_images", add, route)
         mask_path: Path | None = None
         mask_hash: str | None = None
         if "mask" in given:
             if not given.get("reference_images"):
                 add("mask", "a mask needs a reference image to apply to (it applies to the first)")
-            mask_facts = self._file(given["mask"], "mask", add)
+            mask_facts = self._file(given["mask"], "mask", add, route)
             if mask_facts is not None:
                 mask_path, mask_hash = mask_facts.path, mask_facts.sha256
                 first = (
@@ -891,18 +997,23 @@ class JobChecker:
             add(field, "the prompt is empty once its placeholders are filled in")
         return rendered
 
-    def _file(self, text: str, field: str, add: Callable[..., None]) -> FileFacts | None:
+    def _file(self, text: str, field: str, add: Callable[..., None], route: str | None) -> FileFacts | None:
         facts = self.files.check(text)
+        if (too_big := size_fault(facts.size, route)) is not None:
+            add(field, f"{text}: {too_big}", _SIZE_HINT)
+            return None
         if facts.error is not None:
             add(field, f"{text}: {facts.error}", facts.hint)
             return None
         return facts
 
-    def _files(self, texts: list[str], field: str, add: Callable[..., None]) -> tuple[list[Path], list[str]]:
+    def _files(
+        self, texts: list[str], field: str, add: Callable[..., None], route: str | None
+    ) -> tuple[list[Path], list[str]]:
         paths: list[Path] = []
         hashes: list[str] = []
         for text in texts:
-            facts = self._file(text, field, add)
+            facts = self._file(text, field, add, route)
             if facts is not None:
                 assert facts.sha256 is not None
                 paths.append(facts.path)

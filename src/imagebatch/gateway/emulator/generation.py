@@ -161,4 +161,7 @@ def no_query(request: Request) -> None:
     """The spec's routes take no query parameters (in particular no `alt=sse` streaming, no `?key=`)."""
     if request.query_params:
         names = ", ".join(sorted(request.query_params.keys()))
-        raise ServiceError(400, f"query parameters are not supported here (got {names}); streaming is not")
+        hint = "; an API key goes in a header, never in the URL" if "key" in request.query_params else ""
+        raise ServiceError(
+            400, f"query parameters are not supported here (got {names}); streaming is not{hint}"
+        )

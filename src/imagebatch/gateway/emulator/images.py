@@ -107,7 +107,9 @@ async def _read_file(upload: UploadFile, label: str) -> tuple[bytes, ImageInfo]:
     try:
         return data, inspect_image(data)
     except NotAnImageError as exc:
-        raise ServiceError(400, f"{label}: {exc}") from None
+        # The spec limits input types only on the native route; refusing other types (WebP, GIF, ...)
+        # here too is a deliberate, conservative choice (README, "Choices where the spec is silent").
+        raise ServiceError(400, f"{label}: {exc}; this route takes PNG or JPEG files") from None
 
 
 async def _parse_edit_form(

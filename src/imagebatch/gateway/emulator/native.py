@@ -28,6 +28,7 @@ from .generation import (
     validation_failure,
 )
 from .render import THOUGHT_LONG_SIDE, RenderSpec, native_pixel_size
+from .signing import history_digests
 from .state import EmulatorState
 
 router = APIRouter(tags=["native"])
@@ -64,14 +65,36 @@ def native_model(model_action: str, record: RecordDep) -> str:
     return model
 
 
-def _check_history(emu: EmulatorState, body: dict[str, Any], request: NativeRequest) -> None:
-    """Model turns must come back signed and unaltered; user turns carry no signatures, decodable images."""
+def _check_history(
+    emu: EmulatorState, body: dict[str, Any], request: NativeRequest, digests: list[bytes]
+) -> None:
+    """Model turns must come back signed, unaltered and where they were answered; user turns carry no
+    signatures and only decodable images.
+
+    `digests` are `history_digests(body["contents"], model)`: a model turn at `contents[i]` is verified
+    against the conversation actually sent before it.
+    """
     if request.contents[-1].role != "user":
         raise ServiceError(400, "the last item of contents must be the new user turn (role user)")
     for i, content in enumerate(request.contents):
+        if content.role != "model":
+            continue
+        if i == 0:
+            raise ServiceError(
+                400,
+                "contents[0] is a model turn with no user turn before it: send the full history, "
+                "starting with the first user turn",
+            )
+        if request.contents[i - 1].role == "model":
+            raise ServiceError(
+                400,
+                f"contents[{i}] is a model turn right after another model turn (contents[{i - 1}]): "
+                "each model turn follows the user turn it answered",
+            )
+    for i, content in enumerate(request.contents):
         raw_parts: list[dict[str, Any]] = body["contents"][i]["parts"]
         if content.role == "model":
-            problem = emu.signer.verify(raw_parts, f"contents[{i}]")
+            problem = emu.signer.verify(raw_parts, f"contents[{i}]", digests[i])
             if problem:
                 raise ServiceError(400, problem)
             continue
@@ -187,7 +210,8 @@ async def generate_content(
         native = validate_native_request(body, model)
     except ValidationError as exc:
         raise validation_failure(exc) from None
-    _check_history(emu, body, native)
+    digests = history_digests(body["contents"], model)
+    _check_history(emu, body, native, digests)
     latest = native.contents[-1]
     prompt = "\n".join(p.text for p in latest.parts if p.text is not None)
     image_config = native.generationConfig.imageConfig if native.generationConfig else None
@@ -205,7 +229,7 @@ async def generate_content(
     answer = {
         "candidates": [
             {
-                "content": {"role": "model", "parts": emu.signer.sign(parts)},
+                "content": {"role": "model", "parts": emu.signer.sign(parts, digests[-1])},
                 "finishReason": "SAFETY" if blocked else "STOP",
                 "index": 0,
                 "safetyRatings": [

@@ -1,8 +1,19 @@
 """`thoughtSignature`: issued on the parts of each model turn, verified when a request sends the turn back.
 
-A signature is an HMAC over the whole turn (every part, in order, without signatures) and the position of
-the signed part. Verification needs no stored state, and it catches an altered part anywhere in the turn,
-reordered or dropped parts, a signature moved to another part, and a turn rebuilt from its image alone.
+A signature is an HMAC over three things:
+
+- the conversation the turn answered: a digest of the model in the path and of every item of `contents` of
+  the request that produced the turn (signatures stripped, null-valued keys removed, a missing `role` read
+  as `user`, canonical JSON);
+- the whole turn (every part, in order, without signatures);
+- the position of the signed part.
+
+Verification needs no stored state: a turn at `contents[i]` is checked against the digest of the
+`contents[:i]` actually sent and the model of the current path. So it catches an altered part anywhere in
+the turn, reordered or dropped parts, a signature moved to another part, a turn rebuilt from its image
+alone, and also a turn that does not belong where it is sent: pasted from another conversation, produced
+by another model, swapped with another model turn, sent twice, or sent after an altered, reordered or
+shortened history (e.g. the first user turn dropped).
 
 Signatures are issued on the first non-thought part of a turn and on every non-thought image part (as the
 real service does), so every model turn the emulator sends carries at least one.
@@ -11,13 +22,17 @@ real service does), so every model turn the emulator sends carries at least one.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import json
+from collections.abc import Sequence
 from typing import Any
 
 SIGNATURE_KEY = "thoughtSignature"
-_VERSION = b"\x01"
+_VERSION = b"\x02"
+"""Version 2 also covers the conversation; version 1 (the turn alone) is no longer accepted."""
+_VERSION_TURN_ONLY = b"\x01"
 
 
 def _without_nulls(value: Any) -> Any:
@@ -31,6 +46,17 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _unsigned(parts: Sequence[Any]) -> list[Any]:
+    return [
+        _without_nulls({k: v for k, v in p.items() if k != SIGNATURE_KEY}) if isinstance(p, dict) else p
+        for p in parts
+    ]
+
+
 def _signed_positions(parts: list[dict[str, Any]]) -> set[int]:
     positions = {i for i, p in enumerate(parts) if not p.get("thought") and p.get("inlineData") is not None}
     first = next((i for i, p in enumerate(parts) if not p.get("thought")), None)
@@ -40,9 +66,36 @@ def _signed_positions(parts: list[dict[str, Any]]) -> set[int]:
 
 
 def _turn_digest(parts: list[dict[str, Any]]) -> bytes:
-    unsigned = [_without_nulls({k: v for k, v in p.items() if k != SIGNATURE_KEY}) for p in parts]
-    canonical = json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).digest()
+    return hashlib.sha256(_canonical(_unsigned(parts))).digest()
+
+
+def _content_digest(content: dict[str, Any]) -> bytes:
+    item = _without_nulls({k: v for k, v in content.items() if k != "parts"})
+    item.setdefault("role", "user")  # the spec's default: an absent role is a user turn
+    item["parts"] = _unsigned(content.get("parts") or [])
+    return hashlib.sha256(_canonical(item)).digest()
+
+
+def history_digests(contents: Sequence[dict[str, Any]], model: str) -> list[bytes]:
+    """The conversation digest before each item of `contents` and after the last one (`len + 1` items).
+
+    Item `i` covers `model` and `contents[:i]`; it is what a model turn sent at `contents[i]` was signed
+    with, and item `len(contents)` is what the answer to this request is signed with. Each step hashes
+    the previous digest with one content's digest, so the whole list costs one pass over the contents.
+    """
+    digest = hashlib.sha256(b"imagebatch-emulator-conversation\x00" + model.encode()).digest()
+    digests = [digest]
+    for content in contents:
+        digest = hashlib.sha256(digest + _content_digest(content)).digest()
+        digests.append(digest)
+    return digests
+
+
+def _version_of(signature: str) -> bytes | None:
+    try:
+        return base64.b64decode(signature, validate=True)[:1]
+    except (binascii.Error, ValueError):
+        return None
 
 
 class Signer:
@@ -55,22 +108,29 @@ class Signer:
     def for_seed(cls, seed: int, secret: str | None = None) -> Signer:
         return cls(secret.encode() if secret is not None else f"seed:{seed}".encode())
 
-    def _signature(self, turn: bytes, position: int) -> str:
-        mac = hmac.new(self._key, turn + position.to_bytes(4, "big"), hashlib.sha256).digest()
+    def _signature(self, context: bytes, turn: bytes, position: int) -> str:
+        message = context + turn + position.to_bytes(4, "big")
+        mac = hmac.new(self._key, message, hashlib.sha256).digest()
         return base64.b64encode(_VERSION + mac).decode()
 
-    def sign(self, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Return `parts` with a signature on the first non-thought part and on every final image."""
+    def sign(self, parts: list[dict[str, Any]], context: bytes) -> list[dict[str, Any]]:
+        """Return `parts` with a signature on the first non-thought part and on every final image.
+
+        `context` is the conversation digest of the request being answered (the last item of
+        `history_digests(request contents, model)`).
+        """
         turn = _turn_digest(parts)
         signed = _signed_positions(parts)
         return [
-            {**p, SIGNATURE_KEY: self._signature(turn, i)} if i in signed else p for i, p in enumerate(parts)
+            {**p, SIGNATURE_KEY: self._signature(context, turn, i)} if i in signed else p
+            for i, p in enumerate(parts)
         ]
 
-    def verify(self, parts: list[dict[str, Any]], where: str) -> str | None:
+    def verify(self, parts: list[dict[str, Any]], where: str, context: bytes) -> str | None:
         """Check a model turn sent back by a client; return the problem, or None if it is intact.
 
-        `where` names the turn in messages, e.g. `contents[1]`.
+        `where` names the turn in messages, e.g. `contents[1]`; `context` is the conversation digest of
+        everything sent before it (`history_digests(contents, model)[i]`).
         """
         if not any(p.get(SIGNATURE_KEY) is not None for p in parts):
             return (
@@ -85,12 +145,21 @@ class Signer:
                 return f"{where}.parts[{i}] lacks the thoughtSignature the service issued on it"
             if i not in expected and given is not None:
                 return f"{where}.parts[{i}] carries a thoughtSignature the service never issued there"
-            if given is not None and not (
-                isinstance(given, str)
-                and hmac.compare_digest(given.encode(), self._signature(turn, i).encode())
+            if given is None:
+                continue
+            if isinstance(given, str) and hmac.compare_digest(
+                given.encode(), self._signature(context, turn, i).encode()
             ):
+                continue
+            if isinstance(given, str) and _version_of(given) == _VERSION_TURN_ONLY:
                 return (
-                    f"{where}.parts[{i}].thoughtSignature does not match: the model turn was altered or "
-                    "reordered, or the signature was changed"
+                    f"{where}.parts[{i}].thoughtSignature does not match: it was issued by an older "
+                    "emulator whose signatures did not cover the conversation; make the chain again"
                 )
+            return (
+                f"{where}.parts[{i}].thoughtSignature does not match: the model turn was altered or "
+                "reordered or the signature was changed, or the turn does not answer the contents sent "
+                "before it with this model (history altered, reordered or shortened, or the turn taken "
+                "from another conversation or another model)"
+            )
         return None
