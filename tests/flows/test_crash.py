@@ -41,6 +41,23 @@ class Gate:
         await asyncio.to_thread(self.release.wait)
 
 
+def start_run(
+    service_env: Any, prefect_harness: str, manifest: Path, out: Path, *, concurrency: int, text: bool
+) -> subprocess.Popen[Any]:
+    """`imagebatch run` as a real process against the session emulator and the session's Prefect server
+    (so no second Prefect server has to start), its stderr piped."""
+    env = {
+        **os.environ,
+        "IMAGEBATCH_BASE_URL": service_env.url,
+        "IMAGEBATCH_API_KEY": service_env.api_key,
+        "PREFECT_API_URL": prefect_harness,
+    }
+    cmd = [sys.executable, "-m", "imagebatch.flows.cli", "run", str(manifest), "--out", str(out)]
+    cmd += ["--concurrency", str(concurrency)]
+    stdout = subprocess.PIPE if text else subprocess.DEVNULL
+    return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=text)
+
+
 def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_path: Path) -> None:
     manifest = write_jsonl(
         tmp_path / "m.jsonl", [{"id": f"job{i:02d}", "prompt": f"crash {i}"} for i in range(JOBS)]
@@ -48,24 +65,7 @@ def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_p
     out = tmp_path / "out"
     gate = Gate(PASS_FIRST)
     service_env.configure(latency=0.001, sleep=gate)
-    env = {
-        **os.environ,
-        "IMAGEBATCH_BASE_URL": service_env.url,
-        "IMAGEBATCH_API_KEY": service_env.api_key,
-        "PREFECT_API_URL": prefect_harness,  # the session's Prefect server: no second one to start
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "imagebatch.flows.cli",
-        "run",
-        str(manifest),
-        "--out",
-        str(out),
-        "--concurrency",
-        "3",
-    ]
-    child = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = start_run(service_env, prefect_harness, manifest, out, concurrency=3, text=False)
     try:
         assert gate.closed_on_someone.wait(timeout=180), child.stderr.read().decode() if child.poll() else ""
         child.send_signal(signal.SIGKILL)
@@ -125,24 +125,7 @@ def test_ctrl_c_stops_gracefully(service_env: Any, prefect_harness: str, tmp_pat
     out = tmp_path / "out"
     gate = Gate(4)
     service_env.configure(latency=0.001, sleep=gate)
-    env = {
-        **os.environ,
-        "IMAGEBATCH_BASE_URL": service_env.url,
-        "IMAGEBATCH_API_KEY": service_env.api_key,
-        "PREFECT_API_URL": prefect_harness,
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "imagebatch.flows.cli",
-        "run",
-        str(manifest),
-        "--out",
-        str(out),
-        "--concurrency",
-        "2",
-    ]
-    child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = start_run(service_env, prefect_harness, manifest, out, concurrency=2, text=True)
     seen: list[str] = []
     try:
         assert gate.closed_on_someone.wait(timeout=180)
