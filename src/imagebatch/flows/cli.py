@@ -16,11 +16,14 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+if TYPE_CHECKING:  # the flow module imports Prefect, which the command loads only once it is needed
+    from imagebatch.flows.batch import RunControl
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -132,7 +135,7 @@ def detach_ephemeral_prefect_server() -> Any:
 
 
 @contextlib.contextmanager
-def interrupts(control: Any, err: Console, server: Any) -> Iterator[None]:
+def interrupts(control: RunControl, err: Console, server: Any) -> Iterator[None]:
     """First Ctrl-C: stop gracefully (no new request; those in flight finish and are saved). Second:
     abandon what is in flight (the journal already marks it sent, so it will be `unknown`) and exit."""
     if threading.current_thread() is not threading.main_thread():
