@@ -253,6 +253,9 @@ def generate_from_manifest(
     create_markdown_artifact(
         key="imagebatch-run-summary", markdown=_summary_markdown(counts, info), description="imagebatch run"
     )
+    # In the flow, not in the command, so that a script calling the flow exits as cleanly as the command.
+    with contextlib.suppress(Exception):  # best effort: the output folder is the record, not Prefect's
+        settle_prefect_records(info)
     return info
 
 

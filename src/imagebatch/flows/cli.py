@@ -209,7 +209,6 @@ def run_main(args: argparse.Namespace) -> int:
         RunHooks,
         generate_from_manifest,
         run_hooks,
-        settle_prefect_records,
     )
 
     if not base_url:
@@ -258,8 +257,6 @@ def run_main(args: argparse.Namespace) -> int:
     except UsageError as exc:
         err.print(f"{exc}; nothing was sent.", markup=False)
         return EXIT_USAGE
-    with contextlib.suppress(Exception):  # best effort: the output folder is the record, not Prefect's
-        settle_prefect_records(info)
     _print_summary(out, info)
     if info.get("stopped"):
         err.print(f"Stopped early: {info['stopped']}. A rerun picks up where this one stopped.", markup=False)
