@@ -297,3 +297,37 @@ def test_out_that_is_a_file_exits_2(examples: Path, tmp_path: Path, capsys: Any)
     target.write_text("not a folder")
     code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(target))
     assert code == EXIT_USAGE and "not a folder" in err
+
+
+def test_prefects_temporary_server_runs_in_its_own_session(tmp_path: Path) -> None:
+    """So that the terminal's Ctrl-C reaches only imagebatch, never the server in the middle of a write."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os\n"
+        "import imagebatch.flows\n"
+        "from imagebatch.flows.cli import detach_ephemeral_prefect_server\n"
+        "from prefect.server.api.server import SubprocessASGIServer\n"
+        "server = detach_ephemeral_prefect_server()\n"
+        "assert SubprocessASGIServer() is server, 'Prefect must pick up the detached server'\n"
+        "server.start(timeout=120)\n"
+        "try:\n"
+        "    assert os.getsid(server.server_process.pid) != os.getsid(0)\n"
+        "    print('own session')\n"
+        "finally:\n"
+        "    server.stop()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # a throwaway database for this server
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "own session" in done.stdout
+
+
+def test_no_detached_server_when_a_prefect_api_is_configured() -> None:
+    from imagebatch.flows.cli import detach_ephemeral_prefect_server
+
+    assert detach_ephemeral_prefect_server() is None  # the session harness sets PREFECT_API_URL
