@@ -54,3 +54,39 @@ def inspect_image(data: bytes) -> ImageInfo:
         raise
     except Exception as exc:  # Pillow raises a variety of errors for damaged files
         raise NotAnImageError(f"damaged {mime} file: {exc}") from None
+
+
+def mask_problems(mask: ImageInfo, first: ImageInfo | None) -> list[tuple[str, str | None]]:
+    """The spec's mask rules, as (message, hint) pairs; empty when the mask is valid.
+
+    A mask must carry an alpha channel and match the first reference image in format and pixel size.
+    The emulator refuses a request with these, and the manifest checker reports them before anything is
+    sent: one rule, one place.
+    """
+    problems: list[tuple[str, str | None]] = []
+    if not mask.has_alpha:
+        problems.append(
+            (
+                "the mask has no alpha channel; transparent pixels mark the area to redraw",
+                "save it as a PNG with transparency; a black-and-white RGB image is not a mask",
+            )
+        )
+    if first is None:
+        return problems
+    if mask.mime_type != first.mime_type:
+        problems.append(
+            (
+                f"the mask is {mask.mime_type} but the first reference image is {first.mime_type}; "
+                "they must be the same format",
+                "save both as PNG",
+            )
+        )
+    if (mask.width, mask.height) != (first.width, first.height):
+        problems.append(
+            (
+                f"the mask is {mask.width}x{mask.height} but the first reference image is "
+                f"{first.width}x{first.height}; they must be the same size",
+                None,
+            )
+        )
+    return problems

@@ -47,7 +47,7 @@ from imagebatch.gateway.constants import (
     MAX_UPLOAD_BYTES,
     NATIVE_MODELS,
 )
-from imagebatch.gateway.imagefile import ImageInfo, NotAnImageError, inspect_image
+from imagebatch.gateway.imagefile import ImageInfo, NotAnImageError, inspect_image, mask_problems
 from imagebatch.gateway.models import check_aspect_ratio, check_image_size, check_text_model
 
 from .manifest_models import (
@@ -1022,30 +1022,9 @@ class JobChecker:
 
     @staticmethod
     def _check_mask(mask: FileFacts, first: FileFacts | None, add: Callable[..., None]) -> None:
-        info = mask.info
-        assert info is not None
-        if not info.has_alpha:
-            add(
-                "mask",
-                "the mask has no alpha channel; transparent pixels mark the area to redraw",
-                "save it as a PNG with transparency; a black-and-white RGB image is not a mask",
-            )
-        if first is None or first.info is None:
-            return
-        ref = first.info
-        if info.mime_type != ref.mime_type:
-            add(
-                "mask",
-                f"the mask is {info.mime_type} but the first reference image is {ref.mime_type}; "
-                "they must be the same format",
-                "save both as PNG",
-            )
-        if (info.width, info.height) != (ref.width, ref.height):
-            add(
-                "mask",
-                f"the mask is {info.width}x{info.height} but the first reference image is "
-                f"{ref.width}x{ref.height}; they must be the same size",
-            )
+        assert mask.info is not None
+        for message, hint in mask_problems(mask.info, first.info if first is not None else None):
+            add("mask", message, hint)
 
     def _metadata(self, extra: Mapping[str, Any], add: Callable[..., None]) -> dict[str, str]:
         metadata: dict[str, str] = {}

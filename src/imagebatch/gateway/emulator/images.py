@@ -13,7 +13,7 @@ from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
 from ..constants import MAX_UPLOAD_BYTES, Route
-from ..imagefile import ImageInfo, NotAnImageError, inspect_image
+from ..imagefile import ImageInfo, NotAnImageError, inspect_image, mask_problems
 from ..models import ImagesRequest
 from .chance import digest
 from .deps import EmulatorDep, JsonBodyDep, RecordDep, bearer_auth, mark_route
@@ -156,19 +156,9 @@ async def _parse_edit_form(
     mask: bytes | None = None
     if mask_upload is not None:
         mask, mask_info = await _read_file(mask_upload, "mask")
-        first = read[0][1]
-        if not mask_info.has_alpha:
-            raise ServiceError(400, "mask must have an alpha channel (alpha 0 marks the area to redraw)")
-        if mask_info.mime_type != first.mime_type:
-            raise ServiceError(
-                400, f"mask is {mask_info.mime_type} but the first image is {first.mime_type}; use one format"
-            )
-        if (mask_info.width, mask_info.height) != (first.width, first.height):
-            raise ServiceError(
-                400,
-                f"mask is {mask_info.width}x{mask_info.height} but the first image is "
-                f"{first.width}x{first.height}; they must match",
-            )
+        problems = mask_problems(mask_info, read[0][1])
+        if problems:
+            raise ServiceError(400, problems[0][0])
     return params, fields, tuple(data for data, _ in read), mask
 
 
