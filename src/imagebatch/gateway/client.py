@@ -32,9 +32,9 @@ from .constants import (
     MAX_IMAGES_MIN,
     MESSAGES_KEY_HEADER,
     NATIVE_KEY_HEADER,
-    NATIVE_MODELS,
     TEXT_TIMEOUT,
     Route,
+    model_refusal,
 )
 from .errors import (
     ConfigurationError,
@@ -388,10 +388,9 @@ class GatewayClient:
         observer: AttemptObserver | None = None,
     ) -> GenerationResult:
         """`POST /v1beta/models/{model}:generateContent`: one attempt, never retried automatically."""
-        if model not in NATIVE_MODELS:
-            raise RequestValidationError(
-                f"model {model!r} is not a native image model", code="model_not_found"
-            )
+        refusal = model_refusal(Route.NATIVE, model)
+        if refusal is not None:
+            raise RequestValidationError(refusal[1], code=refusal[0])
         body = _validated(NativeRequest, request, model=model)
         auth = (
             {NATIVE_KEY_HEADER: self._api_key}

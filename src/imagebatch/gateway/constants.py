@@ -44,6 +44,47 @@ DEFAULT_NATIVE_MODEL = "native-image-2.1"
 COMPAT_IMAGE_MODEL = "compat-image-2"
 IMAGE_MODELS: tuple[str, ...] = (*NATIVE_MODELS, COMPAT_IMAGE_MODEL)
 
+# Which route serves which model: the one table of that rule (request models, client, emulator and the
+# manifest checker all ask `serves` or `model_refusal`). The text routes relay any model of the service's
+# catalog, which the spec does not list: every model that is not an image model.
+ROUTE_MODELS: dict[Route, tuple[str, ...] | None] = {
+    Route.NATIVE: NATIVE_MODELS,
+    Route.CHAT: NATIVE_MODELS,
+    Route.IMAGES_GENERATIONS: (COMPAT_IMAGE_MODEL,),
+    Route.IMAGES_EDITS: (COMPAT_IMAGE_MODEL,),
+    Route.MESSAGES: None,
+    Route.RESPONSES: None,
+}
+
+
+def serves(route: Route, model: str | None) -> bool:
+    """Whether the service serves `model` on `route`."""
+    allowed = ROUTE_MODELS[route]
+    if allowed is None:
+        return bool(model) and model not in IMAGE_MODELS
+    return model in allowed
+
+
+def model_refusal(route: Route, model: str) -> tuple[str, str] | None:
+    """How the service refuses `model` on `route`, as (error code, message), or None when it serves it.
+
+    The codes follow the spec where it speaks: a native model on an images route is `unsupported_endpoint`
+    (400); the others are the emulator's documented choices: a public image model on the wrong route is
+    `invalid_request` (400), a model outside the set is `model_not_found` (404).
+    """
+    if serves(route, model):
+        return None
+    if route in (Route.IMAGES_GENERATIONS, Route.IMAGES_EDITS) and model in NATIVE_MODELS:
+        why = f"model {model} is not supported on the images routes; use generateContent"
+        return "unsupported_endpoint", why
+    if route is Route.CHAT and model == COMPAT_IMAGE_MODEL:
+        return "invalid_request", f"model {model} is served on the images routes, not chat"
+    if ROUTE_MODELS[route] is None:
+        return "model_not_found", f"model {model} is an image model, not a text model"
+    allowed = ROUTE_MODELS[route] or ()
+    what = "a native image model" if allowed == NATIVE_MODELS else f"served on the {route} route"
+    return "model_not_found", f"model {model!r} is not {what} (models: {', '.join(allowed)})"
+
 BASE_ASPECT_RATIOS: tuple[str, ...] = (
     "1:1", "2:3", "3:2", "3:4", "4:3", "4:5", "5:4", "9:16", "16:9", "21:9",
 )  # fmt: skip
@@ -71,8 +112,6 @@ IMAGES_API_SIZES: dict[str, str | None] = {
     "2160x3840": "9:16",
 }
 DEFAULT_IMAGES_API_SIZE = "1024x1024"
-
-INPUT_MIME_TYPES: tuple[str, ...] = ("image/png", "image/jpeg")
 
 # --- limits ---------------------------------------------------------------------------------------
 MAX_IMAGES_HEADER = "X-Service-Max-Images"

@@ -30,7 +30,8 @@ from .constants import (
     DEFAULT_MAX_TOKENS,
     IMAGE_SIZES,
     IMAGES_API_SIZES,
-    NATIVE_MODELS,
+    Route,
+    model_refusal,
 )
 from .imagefile import sniff_mime
 
@@ -72,6 +73,14 @@ CHAT_UNSUPPORTED_KEYS = (
 )  # fmt: skip
 
 # --- shared rule helpers ---------------------------------------------------------------------------
+
+
+def _check_served(route: Route, model: str) -> str:
+    """`model` if `route` serves it, else the service's refusal (`constants.model_refusal`)."""
+    refusal = model_refusal(route, model)
+    if refusal is not None:
+        raise PydanticCustomError(refusal[0], refusal[1])
+    return model
 
 
 def image_size_error(value: str) -> str:
@@ -347,16 +356,7 @@ class ChatRequest(_Open):
 
     @model_validator(mode="after")
     def _model_and_ratio(self) -> ChatRequest:
-        if self.model == COMPAT_IMAGE_MODEL:  # a public model, just not on this route: a bad request
-            raise PydanticCustomError(
-                "invalid_request",
-                "model {model} is served on the images routes, not chat",
-                {"model": self.model},
-            )
-        if self.model not in NATIVE_MODELS:
-            raise PydanticCustomError(
-                "model_not_found", "model {model} is not served on the chat route", {"model": self.model}
-            )
+        _check_served(Route.CHAT, self.model)
         if self.native and self.native.image_config:
             check_aspect_ratio(self.model, self.native.image_config.aspect_ratio)
         return self
@@ -400,15 +400,7 @@ class ImagesRequest(_Strict):
     @field_validator("model")
     @classmethod
     def _compat_model(cls, v: str) -> str:
-        if v in NATIVE_MODELS:
-            raise PydanticCustomError(
-                "unsupported_endpoint",
-                "model {model} is not supported on the images routes; use generateContent",
-                {"model": v},
-            )
-        if v != COMPAT_IMAGE_MODEL:
-            raise PydanticCustomError("model_not_found", "model {model} does not exist", {"model": v})
-        return v
+        return _check_served(Route.IMAGES_GENERATIONS, v)  # both images routes serve the same models
 
 
 class ImagesDatum(_Open):
@@ -425,11 +417,7 @@ class ImagesResponse(_Open):
 
 def check_text_model(v: str) -> str:
     """Image models are not text models: refuse them on the relay routes."""
-    if v in NATIVE_MODELS or v == COMPAT_IMAGE_MODEL:
-        raise PydanticCustomError(
-            "model_not_found", "model {model} is an image model, not a text model", {"model": v}
-        )
-    return v
+    return _check_served(Route.MESSAGES, v)  # both relay routes serve the same (any text) models
 
 
 class MessagesMessage(_Open):

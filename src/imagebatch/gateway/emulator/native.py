@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from ..constants import DEFAULT_ASPECT_RATIO, DEFAULT_IMAGE_SIZE, NATIVE_MODELS, Route
+from ..constants import DEFAULT_ASPECT_RATIO, DEFAULT_IMAGE_SIZE, Route, model_refusal
 from ..imagefile import NotAnImageError, inspect_image
 from ..models import NativeRequest, validate_native_request
 from .deps import EmulatorDep, JsonBodyDep, MaxImagesDep, RecordDep, native_auth
@@ -57,10 +57,9 @@ def native_model(model_action: str, record: RecordDep) -> str:
         raise ServiceError(404, f"no route /v1beta/models/{model_action}; use {{model}}:{ACTION}")
     if action != ACTION:
         raise ServiceError(404, f"method {action!r} is not served (streaming is not supported); use {ACTION}")
-    if model not in NATIVE_MODELS:
-        raise ServiceError(
-            404, f"model {model!r} is not one of {', '.join(NATIVE_MODELS)}", "model_not_found"
-        )
+    refusal = model_refusal(Route.NATIVE, model)
+    if refusal is not None:
+        raise ServiceError(404, refusal[1], refusal[0])
     record.route, record.model = Route.NATIVE.value, model
     return model
 
