@@ -20,7 +20,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from imagebatch.gateway.client import (
+from imagebatch.gateway import (
     AttemptFinished,
     AttemptStarted,
     GatewayClient,
@@ -1339,24 +1339,25 @@ def test_native_auth_must_be_a_known_scheme(service: FakeService) -> None:
 
 
 def test_no_repr_shows_the_key(service: FakeService, monkeypatch: pytest.MonkeyPatch) -> None:
-    from imagebatch.gateway.client import _Call
+    from imagebatch.gateway.requests import GatewayRequest
 
-    calls: list[_Call] = []
-    real_send = GatewayClient._send
+    sent: list[tuple[GatewayRequest, httpx.Request]] = []
+    real_send = GatewayClient.send
 
-    def spy(self: GatewayClient, call: _Call, reader: Any) -> Any:
-        calls.append(call)
-        return real_send(self, call, reader)
+    def spy(self: GatewayClient, request: GatewayRequest, **kw: Any) -> Any:
+        result = real_send(self, request, **kw)
+        sent.append((request, fake.requests[-1]))
+        return result
 
-    monkeypatch.setattr(GatewayClient, "_send", spy)
+    monkeypatch.setattr(GatewayClient, "send", spy)
     cases = [(name, {"native_auth": "bearer"}) for name in ALL_ROUTES] + [("native", {})]
     for name, options in cases:
         fake = FakeService().reply(ROUTES[name].ok)
         ROUTES[name](fake.client(**options))
         fake.close()
-    assert len(calls) == len(ALL_ROUTES) + 1
-    for call in calls:
-        assert any(KEY in v for v in call.headers.values())  # the key is there ...
-        assert KEY not in repr(call) and KEY not in str(call)  # ... and never shown
+    assert len(sent) == len(ALL_ROUTES) + 1
+    for request, wire in sent:
+        assert any(KEY in v for v in wire.headers.values())  # the key is on the wire ...
+        assert KEY not in repr(request) and KEY not in str(request)  # ... and in no object that shows it
     client = service.client()
     assert KEY not in repr(client) and KEY not in str(client)

@@ -11,9 +11,9 @@ from PIL import Image
 from pydantic import BaseModel, ValidationError
 
 from imagebatch.gateway.constants import ASPECT_RATIOS
+from imagebatch.gateway.errors import ErrorBody
 from imagebatch.gateway.models import (
     ChatRequest,
-    ErrorBody,
     ImagesRequest,
     MessagesRequest,
     ResponsesRequest,

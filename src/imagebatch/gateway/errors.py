@@ -25,6 +25,8 @@ import json
 from http import HTTPStatus
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+
 
 class GatewayError(Exception):
     """Base of every error the gateway client raises."""
@@ -141,22 +143,64 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
+def redact_json(value: Any, secret: str | None) -> Any:
+    """`value` (a parsed JSON body) with `secret` removed from every string in it, keys included."""
+    if not secret:
+        return value
+    if isinstance(value, str):
+        return redact(value, secret)
+    if isinstance(value, list):
+        return [redact_json(v, secret) for v in value]
+    if isinstance(value, dict):
+        return {redact(k, secret): redact_json(v, secret) for k, v in value.items()}
+    return value
+
+
+class _Lenient(BaseModel):
+    """Read what is there: a field of the wrong type counts as absent (a broken error body must still
+    yield the best message it can)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _right_type_or_absent(cls, v: Any, info: ValidationInfo) -> Any:
+        wanted = (dict, BaseModel) if info.field_name == "error" else str
+        return v if isinstance(v, wanted) else None
+
+
+class ErrorDetail(_Lenient):
+    message: str | None = None
+    type: str | None = None
+    """For example `invalid_request_error`."""
+    code: str | None = None
+    """For example `invalid_request` or `unsupported_endpoint`."""
+
+
+class ErrorBody(_Lenient):
+    """The spec's error body: `error` with `message`, `type`, `code`, and an optional top-level `message`.
+    The client reads it (`parse_error_body`), the emulator writes it (`ErrorBody.of`)."""
+
+    error: ErrorDetail | None = None
+    message: str | None = None
+
+    @classmethod
+    def of(cls, message: str, error_type: str, code: str) -> ErrorBody:
+        return cls(error=ErrorDetail(message=message, type=error_type, code=code), message=message)
+
+    def best_message(self) -> str | None:
+        """`error.message` first, then the top-level `message` (the spec's order)."""
+        return (self.error.message if self.error else None) or self.message
+
+
 def parse_error_body(status_code: int, content: bytes) -> tuple[str, str | None, str | None]:
     """Return (message, code, type) from an error response, by the spec's order of precedence."""
-    body: Any = None
     try:
-        body = json.loads(content) if content else None
-    except (ValueError, UnicodeDecodeError):
-        body = None
-    message = code = error_type = None
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict):
-            message = err.get("message") if isinstance(err.get("message"), str) else None
-            code = err.get("code") if isinstance(err.get("code"), str) else None
-            error_type = err.get("type") if isinstance(err.get("type"), str) else None
-        if not message and isinstance(body.get("message"), str):
-            message = body["message"]
+        body = ErrorBody.model_validate(json.loads(content)) if content else ErrorBody()
+    except (ValueError, UnicodeDecodeError, ValidationError):
+        body = ErrorBody()
+    detail = body.error or ErrorDetail()
+    message, code, error_type = body.best_message(), detail.code, detail.type
     if not message:
         try:
             message = HTTPStatus(status_code).phrase

@@ -446,22 +446,6 @@ class ResponsesRequest(_Open):
     _text_model = field_validator("model")(classmethod(lambda cls, v: check_text_model(v)))
 
 
-# --- errors ----------------------------------------------------------------------------------------
-
-
-class ErrorDetail(_Open):
-    message: str | None = None
-    type: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(_Open):
-    """The error body: `error` with `message`, `type`, `code`, and an optional top-level `message`."""
-
-    error: ErrorDetail | None = None
-    message: str | None = None
-
-
 def describe_validation_error(exc: ValidationError) -> tuple[str, str]:
     """Turn a pydantic error into (code, message) naming the first offending field by its JSON path."""
     first = exc.errors(include_url=False)[0]
@@ -487,7 +471,6 @@ __all__ = [
     "ChatRequest",
     "ChatResponse",
     "Content",
-    "ErrorBody",
     "GenerationConfig",
     "ImageConfig",
     "ImagesRequest",

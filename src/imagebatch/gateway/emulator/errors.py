@@ -12,6 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..errors import ErrorBody
+
 logger = logging.getLogger("imagebatch.gateway.emulator")
 
 # status -> (error.type, default error.code). The spec names only `invalid_request` and
@@ -46,7 +48,7 @@ class ServiceError(Exception):
 def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
     """The spec's error body: `error.message`, `error.type`, `error.code`, and a top-level `message`."""
     kind, default_code = ERROR_KINDS.get(status, ("server_error" if status >= 500 else "error", "error"))
-    return {"error": {"message": message, "type": kind, "code": code or default_code}, "message": message}
+    return ErrorBody.of(message, kind, code or default_code).model_dump()
 
 
 def error_response(status: int, message: str, code: str | None = None) -> JSONResponse:
