@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import logging
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -21,10 +20,12 @@ import httpx
 import pytest
 from PIL import Image
 
-from imagebatch.gateway.client import GatewayClient
-from imagebatch.tasks import generate
-from imagebatch.tasks.generate import UNKNOWN_HINT, RunContext, Unit, run_unit, run_unit_safely
+from imagebatch.gateway import GatewayClient
+from imagebatch.tasks import generate, records
+from imagebatch.tasks.context import RunContext, Unit, group_units
+from imagebatch.tasks.generate import run_unit, run_unit_safely
 from imagebatch.tasks.manifest import load_manifest, plan
+from imagebatch.tasks.records import UNKNOWN_HINT
 from imagebatch.tasks.store import OutputStore, RequestRecord, read_jsonl
 
 API_KEY = "secret-key"
@@ -135,16 +136,10 @@ class Harness:
         self.clients: list[GatewayClient] = []
 
     def units(self, *rows: dict[str, Any]) -> list[Unit]:
-        """Write `rows` as a JSONL manifest and group its plan like `batch.group_units` does."""
+        """Write `rows` as a JSONL manifest and group its plan as the flow does."""
         path = self.tmp / "manifest.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        units: dict[tuple[str, int], Unit] = {}
-        for req in plan(load_manifest(path)):
-            key = (req.job_id, req.request_index)
-            if key not in units:
-                units[key] = Unit(len(units), req.job, [])
-            units[key].requests.append(req)
-        return list(units.values())
+        return group_units(list(plan(load_manifest(path))))
 
     def unit(self, row: dict[str, Any]) -> Unit:
         (unit,) = self.units(row)
@@ -173,12 +168,6 @@ def h(tmp_path: Path) -> Iterator[Harness]:
     harness = Harness(tmp_path)
     yield harness
     harness.close()
-
-
-@pytest.fixture(autouse=True)
-def no_prefect_logger(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Outside a flow `_run_logger` falls back to our logger; skip importing Prefect to find that out."""
-    monkeypatch.setattr(generate, "_run_logger", lambda: logging.getLogger("imagebatch.run"))
 
 
 class Crash(Exception):
@@ -667,7 +656,7 @@ def test_an_internal_error_after_the_attempt_started_is_unknown(
     def broken(*_args: Any) -> Any:
         raise RuntimeError("bug in plan_files")
 
-    monkeypatch.setattr(generate, "plan_files", broken)
+    monkeypatch.setattr(records, "plan_files", broken)
     (rec,) = run_unit_safely(h.context(), unit)
     assert h.service.count == 1
     assert rec.status == "unknown"
@@ -689,7 +678,7 @@ def test_an_internal_error_before_any_attempt_is_not_attempted(
     def broken(*_args: Any) -> Any:
         raise RuntimeError("bug before sending")
 
-    monkeypatch.setattr(generate, "user_content", broken)
+    monkeypatch.setattr(generate, "build_request", broken)
     (rec,) = run_unit_safely(h.context(), unit)
     assert h.service.count == 0
     assert rec.status == "not_attempted" and "bug before sending" in (rec.error or "")
@@ -699,14 +688,14 @@ def test_an_internal_error_in_a_later_turn_keeps_the_earlier_turns_records(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     unit = h.unit(CHAIN)
-    real = generate.plan_files
+    real = records.plan_files
 
     def broken_on_turn_1(req: Any, result: Any, chain: bool) -> Any:
         if req.turn_index == 1:
             raise RuntimeError("bug in plan_files")
         return real(req, result, chain)
 
-    monkeypatch.setattr(generate, "plan_files", broken_on_turn_1)
-    records = run_unit_safely(h.context(), unit)
+    monkeypatch.setattr(records, "plan_files", broken_on_turn_1)
+    out = run_unit_safely(h.context(), unit)
     assert h.service.count == 2
-    assert [r.status for r in records] == ["succeeded", "unknown", "not_attempted"]
+    assert [r.status for r in out] == ["succeeded", "unknown", "not_attempted"]

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imagebatch.gateway.constants import Route
+from imagebatch.gateway.constants import (
+    DEFAULT_ASPECT_RATIO,
+    DEFAULT_IMAGE_SIZE,
+    DEFAULT_IMAGES_API_SIZE,
+    DEFAULT_MAX_TOKENS,
+    Route,
+)
 
 from .manifest_models import Job, Manifest
 
@@ -116,6 +122,31 @@ class PlannedRequest:
     @property
     def mask(self) -> Path | None:
         return self.job.mask if self.turn_index == 0 else None
+
+    # Interim: the manifest package fills these in the plan itself.
+    @property
+    def mask_sha256(self) -> str | None:
+        return self.job.mask_sha256 if self.turn_index == 0 else None
+
+    @property
+    def image_size(self) -> str:
+        return self.job.image_size or DEFAULT_IMAGE_SIZE
+
+    @property
+    def aspect_ratio(self) -> str:
+        return self.job.aspect_ratio or DEFAULT_ASPECT_RATIO
+
+    @property
+    def size(self) -> str:
+        return self.job.size or DEFAULT_IMAGES_API_SIZE
+
+    @property
+    def max_tokens(self) -> int:
+        return self.job.max_tokens or DEFAULT_MAX_TOKENS
+
+    @property
+    def max_images(self) -> int | None:
+        return self.job.max_images
 
 
 def plan_job(job: Job) -> list[PlannedRequest]:

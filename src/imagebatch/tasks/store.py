@@ -26,12 +26,15 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from imagebatch.gateway import AttemptEvent, AttemptStarted
+
+if TYPE_CHECKING:
+    from .manifest import PlannedRequest
 
 Status = Literal["succeeded", "no_image", "failed", "unknown", "not_attempted", "skipped"]
 STATUSES: tuple[Status, ...] = ("succeeded", "no_image", "failed", "unknown", "not_attempted", "skipped")
-# Outcomes that are final: a rerun does not send them again unless forced.
-DONE_STATUSES = frozenset({"succeeded", "no_image"})
 
 RESULT_COLUMNS = (
     "job_id",
@@ -51,6 +54,13 @@ RESULT_COLUMNS = (
     "error",
     "request_id",
 )
+
+
+def file_stem(req: PlannedRequest, chain: bool) -> str:
+    """`<job>/<request>[-t<turn>]-<key>`: one folder per job (ids are unique, so names cannot collide),
+    and the key in the name, so an edited row's image never overwrites the one its old key points to."""
+    turn = f"-t{req.turn_index}" if chain else ""
+    return f"{req.job_id}/{req.request_index}{turn}-{req.idempotency_key.removeprefix('ib1-')[:12]}"
 
 
 class OutputLockedError(RuntimeError):
@@ -296,3 +306,42 @@ class OutputStore:
 
     def write_run(self, info: dict[str, Any]) -> None:
         write_atomic(self.run_path, (json.dumps(info, indent=2, default=str) + "\n").encode())
+
+
+class AttemptJournal:
+    """The client's attempt observer for one request: journal (synced) before each attempt is sent, then
+    what came back, and one usage line per attempt."""
+
+    def __init__(self, store: OutputStore, req: PlannedRequest, started_keys: set[str]) -> None:
+        self.store = store
+        self.started_keys = started_keys
+        self.ids = {
+            "idempotency_key": req.idempotency_key,
+            "job_id": req.job_id,
+            "request_index": req.request_index,
+            "turn_index": req.turn_index,
+        }
+
+    def __call__(self, event: AttemptEvent) -> None:
+        common = {
+            **self.ids,
+            "route": str(event.route),
+            "model": event.model,
+            "attempt": event.attempt,
+            "started_at": event.started_at.isoformat(),
+        }
+        if isinstance(event, AttemptStarted):
+            self.started_keys.add(event.idempotency_key)
+            self.store.journal("attempt_started", **common)
+            return
+        error_code = event.error_code or (None if event.outcome == "ok" else event.outcome)
+        finished = {
+            "duration_s": round(event.duration, 4),
+            "outcome": event.outcome,
+            "error_code": error_code,
+            "request_id": event.request_id,
+            "images": event.images,
+            "retry_in": event.retry_in,
+        }
+        self.store.journal("attempt_finished", **common, status=event.status, **finished)
+        self.store.append_usage({**common, **finished, "http_status": event.status, "usage": event.usage})

@@ -1,0 +1,60 @@
+"""Send one request and keep what came back, in the order that makes a crash at any moment safe:
+
+1. `attempt_started` is journaled (and synced) before each HTTP attempt, `attempt_finished` after it;
+2. a success is journaled as `answered`, naming the files it will write, before any file is written;
+3. the files are written atomically (and a chain's history saved);
+4. the `outcome` is journaled.
+
+A rerun that finds `answered` with all its files on disk takes it as done; anything sent without a settled
+answer is `unknown` and is not sent again unless the user asks. Nothing here returns image bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+
+from imagebatch.gateway.errors import GatewayError
+from imagebatch.gateway.requests import GatewayRequest
+
+from . import records
+from .context import RunContext
+from .manifest import PlannedRequest
+from .records import Result
+from .store import AttemptJournal, RequestRecord
+
+
+def send_and_record(
+    ctx: RunContext,
+    req: PlannedRequest,
+    request: GatewayRequest,
+    chain: bool = False,
+    on_answer: Callable[[Result], None] | None = None,
+) -> tuple[RequestRecord, Result | None]:
+    """Send `request` (the wire form of `req`), save its answer in the crash-safe order, journal the outcome.
+
+    `on_answer` runs after the answer is journaled and before its files are written (a chain saves its
+    history there, so a turn that counts as done on disk is always in the history).
+    """
+    store = ctx.store
+    journal = AttemptJournal(store, req, ctx.started_keys)
+    try:
+        result = ctx.client.send(request, idempotency_key=req.idempotency_key, observer=journal)
+    except GatewayError as exc:
+        reason = records.halt_reason(exc, ctx.key_source)
+        if reason:
+            ctx.stop_dispatch(reason)
+        record = records.failure(req, exc)
+        store.record_outcome(record)
+        return record, None
+    record, files = records.plan_files(req, result, chain)
+    try:
+        store.journal("answered", **asdict(record))
+        if on_answer is not None:
+            on_answer(result)
+        for name, data in files:
+            store.write_file(name, data)
+    except OSError as exc:
+        record = records.unsaved(req, result, exc)
+    store.record_outcome(record)
+    return record, result
