@@ -307,7 +307,7 @@ def test_prefects_temporary_server_runs_in_its_own_session(tmp_path: Path) -> No
     script = (
         "import os\n"
         "import imagebatch.flows\n"
-        "from imagebatch.flows.cli import detach_ephemeral_prefect_server\n"
+        "from imagebatch.flows.prefect_server import detach_ephemeral_prefect_server\n"
         "from prefect.server.api.server import SubprocessASGIServer\n"
         "server = detach_ephemeral_prefect_server()\n"
         "assert SubprocessASGIServer() is server, 'Prefect must pick up the detached server'\n"
@@ -328,6 +328,6 @@ def test_prefects_temporary_server_runs_in_its_own_session(tmp_path: Path) -> No
 
 
 def test_no_detached_server_when_a_prefect_api_is_configured() -> None:
-    from imagebatch.flows.cli import detach_ephemeral_prefect_server
+    from imagebatch.flows.prefect_server import detach_ephemeral_prefect_server
 
     assert detach_ephemeral_prefect_server() is None  # the session harness sets PREFECT_API_URL

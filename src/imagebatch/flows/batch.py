@@ -1,31 +1,29 @@
-"""The batch flow: manifest -> plan -> skip what is done -> dispatch one task per request -> records.
+"""The batch flow: check -> plan -> skip what is done -> dispatch -> records.
 
-`generate_from_manifest` only orchestrates: the requests are sent by `imagebatch.tasks.generate`, the files
-are kept by `imagebatch.tasks.store`. Dispatch is windowed: at most `concurrency` tasks are in flight, and
-new ones are submitted as old ones finish, so a 100,000-row manifest never holds 100,000 futures and a 401
-or 402 stops the run before the rest is sent. Tasks return nothing (their records go to the run context),
-so Prefect keeps no per-task results in memory.
+`generate_from_manifest` only orchestrates: requests are sent by the `generate` task
+(`imagebatch.tasks.generate`), dispatch is `flows/dispatch.py`, the files are kept by
+`imagebatch.tasks.store`. Tasks return nothing (their records go to the run context), so Prefect keeps no
+per-task results in memory.
 """
 
 from __future__ import annotations
 
 import contextlib
-import queue
+import logging
 import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 import prefect
-from prefect import flow, tags, task
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -33,47 +31,19 @@ from prefect.task_runners import ThreadPoolTaskRunner
 import imagebatch
 from imagebatch.flows.config import (
     DEFAULT_CONCURRENCY,
-    ENV_API_KEY,
     MAX_CONCURRENCY,
+    Preflight,
     UsageError,
+    key_source,
+    locked,
+    preflight,
     resolve_api_key,
-    resolve_base_url,
 )
-from imagebatch.gateway.client import GatewayClient
-from imagebatch.tasks.generate import RunContext, Unit, run_unit, run_unit_safely
-from imagebatch.tasks.manifest import Manifest, load_manifest, plan
+from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
+from imagebatch.gateway import GatewayClient
+from imagebatch.tasks.context import RunContext, group_units
+from imagebatch.tasks.manifest import plan
 from imagebatch.tasks.store import STATUSES, OutputLockedError, OutputStore
-
-
-@dataclass(frozen=True)
-class ProgressSnapshot:
-    """Where a run stands, for a progress display."""
-
-    counts: dict[str, int]
-    done: int
-    planned: int
-    in_flight: int
-    images: int
-
-
-class RunControl:
-    """Lets another thread (or a signal handler) stop a run gracefully: no new request is sent, requests in
-    flight finish and are recorded, the rest are `not_attempted`."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self._wake: Callable[[], None] | None = None
-
-    def stop(self, reason: str) -> None:
-        self.reason = reason
-        if self._wake is not None:
-            self._wake()
-
-    def attach(self, wake: Callable[[], None]) -> None:
-        """Called by the dispatcher: how to wake it while it waits for a task."""
-        self._wake = wake
-        if self.reason is not None:
-            wake()
 
 
 @dataclass
@@ -88,6 +58,8 @@ class RunHooks:
     """Extra settings for the embedded emulator (tests: faults, latency)."""
     control: RunControl = field(default_factory=RunControl)
     """Stops the run gracefully from outside (the CLI's Ctrl-C)."""
+    checked: Preflight | None = None
+    """The command's own preflight of the same run, so the flow does not load the manifest again."""
 
 
 _hooks: ContextVar[RunHooks | None] = ContextVar("imagebatch_run_hooks", default=None)
@@ -103,71 +75,55 @@ def run_hooks(hooks: RunHooks) -> Iterator[RunHooks]:
         _hooks.reset(token)
 
 
-@task(
-    name="generate",
-    task_run_name="{unit.name}",
-    cache_policy=NO_CACHE,
-    retries=0,  # the spec's schedule is applied per route by the client, not by re-running the task
-)
-def generate_request(ctx: RunContext, unit: Unit) -> None:
-    """Send one planned request (or one chain's turns); the records go to `ctx.results`, never bytes."""
-    ctx.results[unit.index] = run_unit_safely(ctx, unit)
-
-
-def group_units(manifest: Manifest) -> list[Unit]:
-    """One unit per (job, request index): a plain request, or a chain's turns in order."""
-    units: dict[tuple[str, int], Unit] = {}
-    for req in plan(manifest):
-        key = (req.job_id, req.request_index)
-        if key not in units:
-            units[key] = Unit(len(units), req.job, [])
-        units[key].requests.append(req)
-    return list(units.values())
-
-
 @contextlib.contextmanager
-def service(
-    base_url: str | None, secret_block: str | None, hooks: RunHooks
-) -> Iterator[tuple[str, str, bool]]:
-    """Yield (base_url, api_key, embedded): the configured service, or the embedded emulator."""
-    url = resolve_base_url(base_url)
-    if url:
+def service(base_url: str | None, secret_block: str | None, hooks: RunHooks) -> Iterator[tuple[str, str]]:
+    """Yield (base_url, api_key): the configured service, or the embedded emulator (no base URL)."""
+    if base_url:
         key = resolve_api_key(secret_block)
         if not key:
-            raise UsageError(f"no API key: set {ENV_API_KEY} (or name a Prefect Secret block) for {url}")
-        yield url, key, False
+            why = f"set {key_source(None)} or name a Prefect Secret block"
+            raise UsageError(f"no API key for {base_url}: {why}")
+        yield base_url, key
         return
     from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 
     key = "emulator-" + secrets.token_hex(16)
     with EmulatorServer(EmulatorSettings(api_key=key, **hooks.emulator_settings)) as server:
-        yield server.url, key, True
+        get_run_logger().info(
+            "No service address configured: using the embedded emulator at %s; "
+            "its images are placeholders, not real generations.",
+            server.url,
+        )
+        yield server.url, key
 
 
 @contextlib.contextmanager
-def _held(store: OutputStore) -> Iterator[None]:
+def held(store: OutputStore) -> Iterator[None]:
+    """The output folder's lock for this run (a second run into it would send twice)."""
     try:
         with store.exclusive():
             yield
     except OutputLockedError as exc:
-        raise UsageError(
-            f"{exc}: wait for it to finish (two runs into one folder would send twice)"
-        ) from None
+        raise locked(exc) from None
 
 
-def _summary_markdown(counts: Counter[str], info: dict[str, Any]) -> str:
-    lines = [
-        f"# imagebatch run: {info['manifest']}",
-        "",
-        f"Service: {info['service']}  ",
-        f"Output: `{info['out']}`",
-        "",
-        "| status | requests |",
-        "|-|-|",
-    ]
-    lines += [f"| {s} | {counts.get(s, 0)} |" for s in STATUSES]
-    lines += [f"| **total** | {sum(counts.values())} |"]
-    return "\n".join(lines)
+@contextmanager
+def forward_logs_to_prefect(*names: str) -> Iterator[None]:
+    """Send our loggers' records (the client's retry waits) to Prefect's run log too, as Prefect's own
+    `PREFECT_LOGGING_EXTRA_LOGGERS` does, so that it works however the flow is started; only while
+    the flow runs (outside a flow run Prefect's API handler has nowhere to send them)."""
+    handlers = logging.getLogger("prefect.extra").handlers
+    added: list[tuple[logging.Logger, logging.Handler]] = []
+    for name in names:
+        target = logging.getLogger(name)
+        added += [(target, h) for h in handlers if h not in target.handlers]
+    for target, handler in added:
+        target.addHandler(handler)
+    try:
+        yield
+    finally:
+        for target, handler in added:
+            target.removeHandler(handler)
 
 
 @flow(
@@ -191,130 +147,92 @@ def generate_from_manifest(
     `IMAGEBATCH_API_KEY`; with no `base_url` (and no `IMAGEBATCH_BASE_URL`) the embedded emulator is used.
     Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
     """
-    if not 1 <= concurrency <= MAX_CONCURRENCY:
-        raise UsageError(f"concurrency must be from 1 to {MAX_CONCURRENCY}, not {concurrency}")
     hooks = _hooks.get() or RunHooks()
-    logger = get_run_logger()
-    started = datetime.now(UTC)
-    loaded = load_manifest(Path(manifest))
-    units = group_units(loaded)
-    planned = sum(len(u.requests) for u in units)
-    store = OutputStore(Path(out))
-    if store.root.exists() and not store.root.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder")
-
-    with service(base_url, api_key_secret_block, hooks) as (url, key, embedded):
-        if embedded:
-            logger.info(
-                "No service address configured: using the embedded emulator at %s; "
-                "its images are placeholders, not real generations.",
-                url,
-            )
-        info: dict[str, Any] = {
-            "manifest": str(loaded.path),
-            "manifest_sha256": loaded.sha256,
-            "out": str(store.root.resolve()),
-            "service": "embedded emulator" if embedded else url,
-            "options": {
-                "concurrency": concurrency,
-                "force": force,
-                "retry_unknown": retry_unknown,
-                "base_url": None if embedded else url,
-                "api_key_secret_block": api_key_secret_block,
-            },
-            "versions": {"imagebatch": imagebatch.__version__, "prefect": prefect.__version__},
-            "started_at": started.isoformat(),
-            "ended_at": None,
-            "state": "running",
-            "requests": planned,
-        }
-        with _held(store):
-            store.prepare()
-            store.write_run(info)  # a crash leaves a run.json that says the run never ended
-            client = GatewayClient(url, key, sleep=hooks.sleep, transport=hooks.transport)
-            ctx = RunContext(client, store, store.load_state(), force=force, retry_unknown=retry_unknown)
-            try:
-                tasks = _dispatch(ctx, units, concurrency, planned, hooks)
-            finally:
-                client.close()
-            records = [r for unit in units for r in ctx.results[unit.index]]
-            counts = Counter(r.status for r in records)
-            by_job = {job.id: job for job in loaded.jobs}
-            rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
-            store.write_results(rows, list(loaded.metadata_columns))
-            info |= {
-                "ended_at": datetime.now(UTC).isoformat(),
-                "state": "stopped" if ctx.halt_reason else "finished",
-                "counts": {s: counts.get(s, 0) for s in STATUSES},
-                "stopped": ctx.halt_reason,
-                "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
-            }
-            store.write_run(info)
-    create_markdown_artifact(
-        key="imagebatch-run-summary", markdown=_summary_markdown(counts, info), description="imagebatch run"
+    checked = hooks.checked or preflight(
+        manifest, out, concurrency=concurrency, base_url=base_url, api_key_secret_block=api_key_secret_block
     )
-    # In the flow, not in the command, so that a script calling the flow exits as cleanly as the command.
+    units = group_units(plan(checked.manifest))
+    store = OutputStore(checked.out)
+    planned = sum(len(unit.requests) for unit in units)
+    info = run_info(checked, planned, concurrency, force, retry_unknown, api_key_secret_block)
+    with (
+        forward_logs_to_prefect("imagebatch"),
+        service(checked.base_url, api_key_secret_block, hooks) as (url, key),
+        held(store),
+    ):
+        store.prepare()
+        store.write_run(info)  # a crash leaves a run.json that says the run never ended
+        client = GatewayClient(url, key, sleep=hooks.sleep, transport=hooks.transport)
+        ctx = RunContext(
+            client, store, store.load_state(),
+            force=force, retry_unknown=retry_unknown, key_source=key_source(api_key_secret_block),
+        )  # fmt: skip
+        with client:
+            tasks = dispatch(ctx, units, concurrency, hooks.control, hooks.on_progress)
+        records = [r for unit in units for r in ctx.results[unit.index]]
+        by_job = {job.id: job for job in checked.manifest.jobs}
+        rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
+        store.write_results(rows, list(checked.manifest.metadata_columns))
+        counts = Counter(r.status for r in records)
+        info |= {
+            "ended_at": datetime.now(UTC).isoformat(),
+            "state": "stopped" if ctx.halt_reason else "finished",
+            "counts": {s: counts.get(s, 0) for s in STATUSES},
+            "stopped": ctx.halt_reason,
+            "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
+        }
+        store.write_run(info)
+    create_markdown_artifact(
+        key="imagebatch-run-summary", markdown=summary_markdown(info), description="imagebatch run"
+    )
     with contextlib.suppress(Exception):  # best effort: the output folder is the record, not Prefect's
         settle_prefect_records(info)
     return info
 
 
-def _dispatch(ctx: RunContext, units: list[Unit], concurrency: int, planned: int, hooks: RunHooks) -> int:
-    """Run every unit: at most `concurrency` tasks in flight, submitted in manifest order; after an account
-    error, the units not yet submitted are recorded without sending. Returns the number of tasks submitted.
-    """
-    done_q: queue.Queue[Any] = queue.Queue()
-    counts: Counter[str] = Counter()
-    in_flight = submitted = images = 0
+def run_info(
+    checked: Preflight,
+    planned: int,
+    concurrency: int,
+    force: bool,
+    retry_unknown: bool,
+    secret_block: str | None,
+) -> dict[str, Any]:
+    """What `run.json` says of a run when it starts (`state: running` until it ends)."""
+    return {
+        "manifest": str(checked.manifest.path),
+        "manifest_sha256": checked.manifest.sha256,
+        "out": str(checked.out.resolve()),
+        "service": checked.base_url or "embedded emulator",
+        "options": {
+            "concurrency": concurrency,
+            "force": force,
+            "retry_unknown": retry_unknown,
+            "base_url": checked.base_url,
+            "api_key_secret_block": secret_block,
+        },
+        "versions": {"imagebatch": imagebatch.__version__, "prefect": prefect.__version__},
+        "started_at": datetime.now(UTC).isoformat(),
+        "ended_at": None,
+        "state": "running",
+        "requests": planned,
+    }
 
-    def report() -> None:
-        if hooks.on_progress:
-            snap = ProgressSnapshot(dict(counts), sum(counts.values()), planned, in_flight, images)
-            hooks.on_progress(snap)
 
-    def finished(unit: Unit) -> None:
-        nonlocal images
-        records = ctx.results[unit.index]
-        counts.update(r.status for r in records)
-        images += sum(r.images for r in records if r.status == "succeeded")
-        report()
-
-    # Units this run sends nothing for never become tasks: no Prefect overhead, no request.
-    todo: list[Unit] = []
-    for unit in units:
-        if any(ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
-            todo.append(unit)
-        else:
-            ctx.results[unit.index] = run_unit(ctx, unit)
-            finished(unit)
-    pending = iter(todo)
-    hooks.control.attach(lambda: done_q.put(None))
-    while True:
-        if hooks.control.reason:
-            ctx.stop_dispatch(hooks.control.reason)
-        while in_flight < concurrency and not ctx.halt.is_set():
-            unit = next(pending, None)
-            if unit is None:
-                break
-            with tags(f"route:{unit.requests[0].route}", f"model:{unit.job.model}"):
-                future = generate_request.submit(ctx, unit)
-            future.add_done_callback(lambda _f, u=unit: done_q.put(u))
-            in_flight += 1
-            submitted += 1
-        report()
-        if in_flight == 0:
-            break
-        unit = done_q.get()
-        if unit is None:  # woken by RunControl.stop: stop submitting, keep waiting for what is in flight
-            continue
-        in_flight -= 1
-        if unit.index not in ctx.results:  # the task itself failed in Prefect, outside our code
-            ctx.results[unit.index] = run_unit_safely(ctx, unit)
-        finished(unit)
-    for unit in pending:  # only left after a halt: records without sending (run_unit sends nothing now)
-        ctx.results[unit.index] = run_unit(ctx, unit)
-        finished(unit)
-    return submitted
+def summary_markdown(info: dict[str, Any]) -> str:
+    counts = info["counts"]
+    lines = [
+        f"# imagebatch run: {info['manifest']}",
+        "",
+        f"Service: {info['service']}  ",
+        f"Output: `{info['out']}`",
+        "",
+        "| status | requests |",
+        "|-|-|",
+    ]
+    lines += [f"| {s} | {counts.get(s, 0)} |" for s in STATUSES]
+    lines += [f"| **total** | {sum(counts.values())} |"]
+    return "\n".join(lines)
 
 
 TERMINAL_STATES = ["COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
@@ -331,10 +249,9 @@ def settle_prefect_records(
 
     Task-run states reach Prefect's server as events, which it writes to its database in batches, a
     moment after the flow has returned. A process that exits at once stops the ephemeral server in the
-    middle of such a write, and the server prints `CancelledError` tracebacks ("Error flushing events")
-    on the user's terminal after a successful run, and the UI loses those states. Call this before
-    exiting: it returns True once the server's count of finished task runs matches `info`, or False on
-    timeout (nothing is lost on our side either way: the output folder is the record).
+    middle of such a write (`CancelledError` tracebacks, "Error flushing events", on the user's terminal
+    after a successful run, and the UI loses those states). Returns True once the server's count of
+    finished task runs matches `info`, or False on timeout (the output folder is the record either way).
     """
     from prefect.client.orchestration import get_client
 

@@ -1,7 +1,7 @@
 """The `imagebatch` command: `run` a manifest, `validate` one, or serve the `emulator`.
 
 Exit codes of `run`: 0 when every request succeeded (or was done before), 1 when some did not, 2 for an
-invalid manifest or a usage error (nothing sent), 130 when stopped with Ctrl-C.
+invalid manifest or a usage error (nothing sent), 130 when stopped with Ctrl-C, 143 with SIGTERM.
 """
 
 from __future__ import annotations
@@ -14,16 +14,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-if TYPE_CHECKING:  # the flow module imports Prefect, which the command loads only once it is needed
-    from imagebatch.flows.batch import RunControl
+if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
+    from imagebatch.flows.dispatch import ProgressSnapshot, RunControl
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -92,65 +91,27 @@ def _quiet_prefect() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
-def detach_ephemeral_prefect_server() -> Any:
-    """Have Prefect's temporary server, when Prefect would start one, run in its own session.
-
-    Without this, the terminal's Ctrl-C reaches the server too (it is a child in our process group): it
-    dies in the middle of writing task states (tracebacks on the terminal) and the run, which can no
-    longer report to it, hangs. Prefect's own test harness registers its server the same way (the
-    `None` key of `SubprocessASGIServer._instances`). Returns the server object, or None when a Prefect
-    API is configured (nothing to start) or a server is already registered.
-    """
-    from prefect.settings import PREFECT_API_URL
-
-    if PREFECT_API_URL.value():
-        return None
-    import subprocess
-    import sys
-
-    import prefect
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import get_current_settings
-
-    if None in SubprocessASGIServer._instances:
-        return None
-
-    class DetachedServer(SubprocessASGIServer):
-        def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-            # prefect 3.8.8's command (pinned in pyproject.toml), started in a new session.
-            env = {
-                **os.environ,
-                "PREFECT_UI_ENABLED": "0",
-                "PREFECT__SERVER_EPHEMERAL": "1",
-                "PREFECT__SERVER_FINAL": "1",
-                **get_current_settings().to_environment_variables(exclude_unset=True),
-            }
-            app_dir = str(prefect.__module_path__.parent)
-            cmd = [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory"]
-            cmd += ["prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
-            cmd += ["--log-level", "error", "--lifespan", "on"]
-            return subprocess.Popen(cmd, env=env, start_new_session=True)
-
-    return DetachedServer()
+SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
 @contextlib.contextmanager
-def interrupts(control: RunControl, err: Console, server: Any) -> Iterator[None]:
-    """First Ctrl-C: stop gracefully (no new request; those in flight finish and are saved). Second:
-    abandon what is in flight (the journal already marks it sent, so it will be `unknown`) and exit."""
+def interrupts(control: RunControl, err: Console, server: Any) -> Iterator[list[int]]:
+    """First Ctrl-C or SIGTERM: stop gracefully (no new request; those in flight finish and are saved).
+    Second: abandon what is in flight (the journal already marks it sent, so it will be `unknown`) and
+    exit. Yields the list of signals received (the exit code follows the first)."""
+    received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
-    presses = 0
 
-    def on_sigint(_signum: int, _frame: Any) -> None:
-        nonlocal presses
-        presses += 1
-        if presses == 1:
-            control.stop("interrupted (Ctrl-C)")
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        name = SIGNAL_NAMES[signal.Signals(signum)]
+        if len(received) == 1:
+            control.stop(f"interrupted ({name})")
             err.print(
-                "\nStopping: no new requests; waiting for those in flight to finish and be saved. "
-                "Ctrl-C again to abandon them (they would be 'unknown').",
+                f"\nStopping ({name}): no new requests; waiting for those in flight to finish and be saved. "
+                f"{name} again to abandon them (they would be 'unknown').",
                 markup=False,
             )
             return
@@ -159,41 +120,37 @@ def interrupts(control: RunControl, err: Console, server: Any) -> Iterator[None]
             # SIGKILL, not Prefect's SIGTERM: a terminated server prints tracebacks for the writes it
             # was making; SQLite rolls an interrupted write back either way.
             server.server_process.kill()
-        os._exit(EXIT_INTERRUPTED)
+        os._exit(exit_code_for(received[0]))
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {sig: signal.signal(sig, on_signal) for sig in SIGNAL_NAMES}
     try:
-        yield
+        yield received
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def exit_code_for(signum: int) -> int:
+    """The conventional code of a run stopped by a signal: 128 + its number (130 Ctrl-C, 143 SIGTERM)."""
+    return 128 + signum
 
 
 def run_main(args: argparse.Namespace) -> int:
-    """`imagebatch run`: validate first (exit 2 before anything is sent), then run the flow."""
-    from imagebatch.flows.config import (
-        ENV_API_KEY,
-        MAX_CONCURRENCY,
-        UsageError,
-        check_api_key,
-        resolve_base_url,
-    )
-    from imagebatch.tasks.manifest import ManifestError, load_manifest
+    """`imagebatch run`: every check first (exit 2 before anything is sent), then the flow."""
+    from imagebatch.flows.config import UsageError, preflight
+    from imagebatch.tasks.manifest import ManifestError
 
     err = Console(stderr=True, soft_wrap=True)
     out = Console(soft_wrap=True)
     try:
         # Everything that can be checked without Prefect is checked first: a mistake costs no start-up.
-        load_manifest(args.manifest)  # the flow loads it again itself, so it can run without this command
-        if not 1 <= args.concurrency <= MAX_CONCURRENCY:
-            raise UsageError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}")
-        if Path(args.out).exists() and not Path(args.out).is_dir():
-            raise UsageError(f"--out {args.out} is a file, not a folder")
-        base_url = resolve_base_url(args.base_url)
-        if base_url and not args.api_key_block:
-            key = os.environ.get(ENV_API_KEY)
-            if not key:
-                raise UsageError(f"{base_url} needs an API key: set {ENV_API_KEY} (or --api-key-block NAME).")
-            check_api_key(key)
+        checked = preflight(
+            args.manifest,
+            args.out,
+            concurrency=args.concurrency,
+            base_url=args.base_url,
+            api_key_secret_block=args.api_key_block,
+        )
     except ManifestError as exc:
         for problem in exc.problems:
             err.print(str(problem), markup=False, highlight=False)
@@ -204,47 +161,20 @@ def run_main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     _quiet_prefect()
-    from imagebatch.flows.batch import (
-        ProgressSnapshot,
-        RunHooks,
-        generate_from_manifest,
-        run_hooks,
-    )
+    from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+    from imagebatch.flows.prefect_server import detach_ephemeral_prefect_server
 
-    if not base_url:
+    if not checked.base_url:
         err.print(
             "No service address configured: using the embedded emulator on 127.0.0.1 "
             "(its images are placeholders).",
             markup=False,
         )
-    progress = Progress(
-        TextColumn("[bold]imagebatch"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[stats]}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=False,
-        disable=not err.is_terminal,
-    )
-    bar = progress.add_task("run", total=None, stats="starting Prefect")
-    t0: list[float] = []  # the rate counts from the first dispatch, not from Prefect's start-up
-
-    def on_progress(snap: ProgressSnapshot) -> None:
-        t0 or t0.append(time.monotonic())
-        minutes = max(time.monotonic() - t0[0], 1e-6) / 60
-        failed = sum(snap.counts.get(s, 0) for s in ("failed", "unknown", "no_image"))
-        done = sum(snap.counts.get(s, 0) for s in ("succeeded", "skipped"))
-        left = snap.counts.get("not_attempted", 0)
-        rate = snap.images / minutes
-        stats = f"done {done}  failed {failed}  in flight {snap.in_flight}  {rate:.1f} img/min"
-        stats += f"  not attempted {left}" if left else ""
-        progress.update(bar, total=snap.planned, completed=snap.done, stats=stats)
-
-    hooks = RunHooks(on_progress=on_progress)
+    progress, on_progress = _progress_bar(err)
+    hooks = RunHooks(on_progress=on_progress, checked=checked)
     server = detach_ephemeral_prefect_server()
     try:
-        with interrupts(hooks.control, err, server), progress, run_hooks(hooks):
+        with interrupts(hooks.control, err, server) as signals, progress, run_hooks(hooks):
             info = generate_from_manifest(
                 manifest=str(args.manifest),
                 out=str(args.out),
@@ -267,10 +197,40 @@ def run_main(args: argparse.Namespace) -> int:
             "usage history, then rerun with --retry-unknown if they were not generated.",
             markup=False,
         )
-    if hooks.control.reason:
-        return EXIT_INTERRUPTED
+    if signals:
+        return exit_code_for(signals[0])
     incomplete = sum(v for k, v in counts.items() if k not in ("succeeded", "skipped"))
     return EXIT_INCOMPLETE if incomplete else EXIT_OK
+
+
+def _progress_bar(err: Console) -> tuple[Progress, Callable[[ProgressSnapshot], None]]:
+    """A progress bar on a terminal (nothing elsewhere) and the callback that moves it."""
+    progress = Progress(
+        TextColumn("[bold]imagebatch"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+        disable=not err.is_terminal,
+    )
+    bar = progress.add_task("run", total=None, stats="starting Prefect")
+    t0: list[float] = []  # the rate counts from the first dispatch, not from Prefect's start-up
+
+    def on_progress(snap: ProgressSnapshot) -> None:
+        if not t0:
+            t0.append(time.monotonic())
+        minutes = max(time.monotonic() - t0[0], 1e-6) / 60
+        failed = sum(snap.counts.get(s, 0) for s in ("failed", "unknown", "no_image"))
+        done = sum(snap.counts.get(s, 0) for s in ("succeeded", "skipped"))
+        left = snap.counts.get("not_attempted", 0)
+        rate = snap.images / minutes
+        stats = f"done {done}  failed {failed}  in flight {snap.in_flight}  {rate:.1f} img/min"
+        stats += f"  not attempted {left}" if left else ""
+        progress.update(bar, total=snap.planned, completed=snap.done, stats=stats)
+
+    return progress, on_progress
 
 
 def _print_summary(console: Console, info: dict[str, Any]) -> None:

@@ -1,14 +1,21 @@
 """Run configuration read from options and the environment, checked before Prefect or any request starts.
 
-Kept free of Prefect imports so that the command can refuse a bad configuration at once.
+`preflight` is the one set of checks both the command (before Prefect's start-up) and the flow (when it
+runs on its own, from a script or a deployment) make. Kept free of Prefect imports (a Secret block is read
+only when one is named) so that the command can refuse a bad configuration at once.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
 from imagebatch.gateway.client import normalise_base_url
 from imagebatch.gateway.errors import ConfigurationError
+from imagebatch.tasks.manifest import Manifest, load_manifest
+from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 MAX_CONCURRENCY = 32
 DEFAULT_CONCURRENCY = 4
@@ -57,3 +64,60 @@ def resolve_base_url(base_url: str | None) -> str | None:
         return normalise_base_url(url)
     except ConfigurationError as exc:
         raise UsageError(exc.message) from None
+
+
+def key_source(secret_block: str | None) -> str:
+    """Where the key is read from, as a message names it (never the key itself)."""
+    return f"the Prefect Secret block {secret_block!r}" if secret_block else ENV_API_KEY
+
+
+def locked(exc: OutputLockedError) -> UsageError:
+    return UsageError(f"{exc}: wait for it to finish (two runs into one folder would send twice)")
+
+
+def check_output_folder(out: Path) -> None:
+    """The folder can be created and written, and no other run holds it (the run takes the lock itself)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+        with OutputStore(out).exclusive():
+            pass
+    except OutputLockedError as exc:
+        raise locked(exc) from None
+    except OSError as exc:
+        raise UsageError(f"--out {out} cannot be written: {exc.strerror or exc}") from None
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks made before a run found: the loaded manifest and the service root (None: emulator)."""
+
+    manifest: Manifest
+    out: Path
+    base_url: str | None
+
+
+def preflight(
+    manifest: str | Path,
+    out: str | Path,
+    *,
+    concurrency: int,
+    base_url: str | None,
+    api_key_secret_block: str | None,
+) -> Preflight:
+    """Every check that needs neither Prefect nor the service: the manifest and its files, the options, the
+    output folder, the base URL and the key's presence and form. Raises `ManifestError` or `UsageError`."""
+    loaded = load_manifest(Path(manifest))
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise UsageError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}, not {concurrency}")
+    url = resolve_base_url(base_url)
+    if url and not api_key_secret_block:
+        key = os.environ.get(ENV_API_KEY)
+        if not key:
+            raise UsageError(f"{url} needs an API key: set {ENV_API_KEY} (or --api-key-block NAME)")
+        check_api_key(key)
+    check_output_folder(Path(out))
+    return Preflight(loaded, Path(out), url)
