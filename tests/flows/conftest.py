@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,3 +41,16 @@ def examples(tmp_path: Path) -> Path:
     dest = tmp_path / "examples"
     shutil.copytree(EXAMPLES, dest)
     return dest
+
+
+QUIETED_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect", "httpx", "uvicorn")
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """`run` quiets Prefect's loggers for the terminal; undo that so other tests' caplog still sees INFO."""
+    levels = {name: logging.getLogger(name).level for name in QUIETED_LOGGERS}
+    monkeypatch.setenv("PREFECT_LOGGING_LEVEL", os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING"))
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)

@@ -7,6 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from imagebatch.flows.cli import main
+
 
 def write_jsonl(path: Path, jobs: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(j) + "\n" for j in jobs))
@@ -20,3 +24,19 @@ def read_results(out: Path) -> list[dict[str, str]]:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def summary_counts(out: str) -> dict[str, int]:
+    """The rows of the summary table printed on stdout: {status: requests}."""
+    counts = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 2 and cells[1].isdigit():
+            counts[cells[0]] = int(cells[1])
+    return counts

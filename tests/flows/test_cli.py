@@ -3,43 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import read_results
+from flow_helpers import cli, read_results, summary_counts
 
 from imagebatch.flows.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, main
-
-QUIETED_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect", "httpx", "uvicorn")
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """`run` quiets Prefect's loggers for the terminal; undo that so other tests' caplog still sees INFO."""
-    levels = {name: logging.getLogger(name).level for name in QUIETED_LOGGERS}
-    monkeypatch.setenv("PREFECT_LOGGING_LEVEL", os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING"))
-    yield
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def summary_counts(out: str) -> dict[str, int]:
-    """The rows of the summary table printed on stdout: {status: requests}."""
-    counts = {}
-    for line in out.splitlines():
-        cells = [c.strip() for c in line.split("│")[1:-1]]
-        if len(cells) == 2 and cells[1].isdigit():
-            counts[cells[0]] = int(cells[1])
-    return counts
 
 
 def invalid_manifest(folder: Path) -> Path:
@@ -99,6 +69,7 @@ def test_run_with_an_address_but_no_key_exits_2_and_sends_nothing(
     code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(out_dir))
     assert code == EXIT_USAGE
     assert "IMAGEBATCH_API_KEY" in err and emulator.url in err
+    assert err.rstrip().endswith("; nothing was sent.") and ".;" not in err  # one stop, not two
     assert emulator.requests() == []
     assert not out_dir.exists()
 
@@ -297,37 +268,3 @@ def test_out_that_is_a_file_exits_2(examples: Path, tmp_path: Path, capsys: Any)
     target.write_text("not a folder")
     code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(target))
     assert code == EXIT_USAGE and "not a folder" in err
-
-
-def test_prefects_temporary_server_runs_in_its_own_session(tmp_path: Path) -> None:
-    """So that the terminal's Ctrl-C reaches only imagebatch, never the server in the middle of a write."""
-    import subprocess
-    import sys
-
-    script = (
-        "import os\n"
-        "import imagebatch.flows\n"
-        "from imagebatch.flows.prefect_server import detach_ephemeral_prefect_server\n"
-        "from prefect.server.api.server import SubprocessASGIServer\n"
-        "server = detach_ephemeral_prefect_server()\n"
-        "assert SubprocessASGIServer() is server, 'Prefect must pick up the detached server'\n"
-        "server.start(timeout=120)\n"
-        "try:\n"
-        "    assert os.getsid(server.server_process.pid) != os.getsid(0)\n"
-        "    print('own session')\n"
-        "finally:\n"
-        "    server.stop()\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # a throwaway database for this server
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    assert "own session" in done.stdout
-
-
-def test_no_detached_server_when_a_prefect_api_is_configured() -> None:
-    from imagebatch.flows.prefect_server import detach_ephemeral_prefect_server
-
-    assert detach_ephemeral_prefect_server() is None  # the session harness sets PREFECT_API_URL

@@ -1361,3 +1361,19 @@ def test_no_repr_shows_the_key(service: FakeService, monkeypatch: pytest.MonkeyP
         assert KEY not in repr(request) and KEY not in str(request)  # ... and in no object that shows it
     client = service.client()
     assert KEY not in repr(client) and KEY not in str(client)
+
+
+@pytest.mark.parametrize(
+    ("base_url", "reason"),
+    [
+        ("http://no-such-host.invalid", "ConnectError (the host name did not resolve)"),
+        ("http://127.0.0.1:9", "ConnectError (connection refused)"),
+    ],
+    ids=["dns", "refused"],
+)
+def test_an_unreachable_service_says_why(base_url: str, reason: str) -> None:
+    """Real sockets: a name that does not resolve and a port nobody listens on are told apart."""
+    with GatewayClient(base_url, "k" * 32, sleep=lambda _s: None) as client:
+        with pytest.raises(ServiceUnreachableError) as info:
+            ROUTES["native"](client)
+    assert info.value.message == f"could not send to {base_url}: {reason}"

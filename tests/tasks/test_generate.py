@@ -9,6 +9,7 @@ same output folder (what a rerun does).
 from __future__ import annotations
 
 import base64
+import errno
 import io
 import json
 from collections.abc import Iterator
@@ -369,6 +370,9 @@ def test_native_503_is_failed_and_resent_next_run(h: Harness) -> None:
     assert not ctx.halt.is_set()
     (again,) = run_unit(h.context(), unit)
     assert h.service.count == 2 and again.status == "succeeded"
+    # Attempts are counted across runs, in results and in the usage ledger alike.
+    assert (rec.attempts, again.attempts) == (1, 2)
+    assert [u["attempt"] for u in read_jsonl(h.out / "usage.jsonl")] == [1, 2]
 
 
 def test_a_200_with_a_body_that_is_not_json_is_unknown(h: Harness) -> None:
@@ -699,3 +703,89 @@ def test_an_internal_error_in_a_later_turn_keeps_the_earlier_turns_records(
     out = run_unit_safely(h.context(), unit)
     assert h.service.count == 2
     assert [r.status for r in out] == ["succeeded", "unknown", "not_attempted"]
+
+
+class FullDisk:
+    """An injected writer for the store's journal and usage lines: the first `allow` appends succeed, every
+    later one fails as a full disk does (ENOSPC)."""
+
+    def __init__(self, store: OutputStore, allow: int) -> None:
+        self.real = store._append
+        self.allow = allow
+
+    def __call__(self, path: Path, record: dict[str, Any], *, sync: bool) -> None:
+        self.allow -= 1
+        if self.allow < 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.real(path, record, sync=sync)
+
+
+def fill_disk(ctx: RunContext, monkeypatch: pytest.MonkeyPatch, allow: int) -> None:
+    """Make the store's appends fail after `allow` of them, through its own error path."""
+    full = FullDisk(ctx.store, allow)
+
+    def append(path: Path, record: dict[str, Any], *, sync: bool) -> None:
+        with ctx.store._writing(path):
+            full(path, record, sync=sync)
+
+    monkeypatch.setattr(ctx.store, "_append", append)
+
+
+def test_a_journal_that_cannot_be_written_sends_nothing_and_stops_the_run(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Write-ahead: an attempt that could not be journaled is not sent; the first failed write stops the run
+    with one message that says what to do."""
+    units = h.units(CAT, {"id": "b", "prompt": "dog"})
+    ctx = h.context()
+    fill_disk(ctx, monkeypatch, allow=0)
+    (rec,) = run_unit(ctx, units[0])
+    assert h.service.requests == []  # nothing sent: nothing can have been billed
+    assert rec.status == "not_attempted" and "disk full at" in (rec.error or "")
+    assert ctx.halt.is_set() and ctx.halt_reason == f"disk full at {h.out}: free space, then rerun"
+    (second,) = run_unit(ctx, units[1])
+    assert second.status == "not_attempted" and h.service.requests == []
+
+
+def test_an_answer_whose_journal_line_fails_is_unknown_and_not_resent(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills while a request is on the wire: its answer (billed) cannot be recorded or saved, so
+    it is `unknown`; the rerun does not send it again on its own."""
+    unit = h.unit(CAT)
+    key = unit.requests[0].idempotency_key
+    ctx = h.context()
+    fill_disk(ctx, monkeypatch, allow=1)  # attempt_started is written; nothing after it
+    (rec,) = run_unit(ctx, unit)
+    assert len(h.service.requests) == 1
+    assert rec.status == "unknown" and "could not be saved" in (rec.error or "")
+    assert ctx.halt_reason and ctx.halt_reason.startswith("disk full at")
+    assert not list((h.out / "images").rglob("*.png"))
+
+    rerun = h.context()  # space freed
+    assert rerun.states[key].status == "unknown"
+    assert run_unit(rerun, unit)[0].status == "unknown" and len(h.service.requests) == 1
+
+
+def test_a_retry_that_cannot_be_journaled_is_unknown(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first attempt was sent (and got a 503); the second cannot be journaled, so it is not sent, and
+    the request is `unknown` rather than `not_attempted` (a 503 is not billed, but the record says what we
+    know: it was sent)."""
+    unit = h.unit({**CAT, "route": "images"})
+    h.service.reply((503, {"error": {"code": "overloaded", "message": "busy"}}))
+    ctx = h.context()
+    fill_disk(ctx, monkeypatch, allow=3)  # attempt 1: started, finished, usage; attempt 2: refused
+    (rec,) = run_unit(ctx, unit)
+    assert len(h.service.requests) == 1 and h.delays == [3.0]
+    assert rec.status == "unknown" and rec.attempts == 1
+
+
+def test_a_401_names_where_the_key_came_from(h: Harness) -> None:
+    """A key read from a Secret block is fixed there, not in IMAGEBATCH_API_KEY."""
+    unit = h.unit(CAT)
+    h.service.reply(error(401, "invalid_api_key"))
+    ctx = h.context(key_source="the Prefect Secret block 'team-key'")
+    run_unit(ctx, unit)
+    assert ctx.halt_reason == (
+        "the service refused the API key (HTTP 401): set the Prefect Secret block 'team-key' to a valid key"
+    )

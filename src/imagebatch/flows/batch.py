@@ -43,6 +43,7 @@ from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.gateway import GatewayClient
 from imagebatch.tasks.context import RunContext, group_units
 from imagebatch.tasks.manifest import plan
+from imagebatch.tasks.records import storage_message
 from imagebatch.tasks.store import STATUSES, OutputLockedError, OutputStore
 
 
@@ -60,6 +61,9 @@ class RunHooks:
     """Stops the run gracefully from outside (the CLI's Ctrl-C)."""
     checked: Preflight | None = None
     """The command's own preflight of the same run, so the flow does not load the manifest again."""
+    signals: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    """The command's Ctrl-C/SIGTERM handling, installed again around dispatch (Prefect's flow engine
+    installs its own SIGTERM handler, which crashes the run instead of stopping it)."""
 
 
 _hooks: ContextVar[RunHooks | None] = ContextVar("imagebatch_run_hooks", default=None)
@@ -167,12 +171,16 @@ def generate_from_manifest(
             client, store, store.load_state(),
             force=force, retry_unknown=retry_unknown, key_source=key_source(api_key_secret_block),
         )  # fmt: skip
-        with client:
+        with client, hooks.signals() if hooks.signals else contextlib.nullcontext():
             tasks = dispatch(ctx, units, concurrency, hooks.control, hooks.on_progress)
         records = [r for unit in units for r in ctx.results[unit.index]]
         by_job = {job.id: job for job in checked.manifest.jobs}
         rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
-        store.write_results(rows, list(checked.manifest.metadata_columns))
+        unwritten: list[str] = []
+        try:
+            store.write_results(rows, list(checked.manifest.metadata_columns))
+        except OSError as exc:
+            unwritten.append(f"results.csv not written: {storage_message(store.root, exc)}")
         counts = Counter(r.status for r in records)
         info |= {
             "ended_at": datetime.now(UTC).isoformat(),
@@ -181,7 +189,12 @@ def generate_from_manifest(
             "stopped": ctx.halt_reason,
             "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
         }
-        store.write_run(info)
+        try:
+            store.write_run(info)
+        except OSError as exc:
+            unwritten.append(f"run.json not written: {storage_message(store.root, exc)}")
+        if unwritten:
+            info["unwritten"] = unwritten  # the command prints them; the records above are all there is
     create_markdown_artifact(
         key="imagebatch-run-summary", markdown=summary_markdown(info), description="imagebatch run"
     )

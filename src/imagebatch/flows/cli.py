@@ -22,7 +22,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
-    from imagebatch.flows.dispatch import ProgressSnapshot, RunControl
+    from imagebatch.flows.batch import RunHooks
+    from imagebatch.flows.dispatch import ProgressSnapshot
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -95,14 +96,15 @@ SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
 @contextlib.contextmanager
-def interrupts(control: RunControl, err: Console, server: Any) -> Iterator[list[int]]:
+def interrupts(hooks: RunHooks, err: Console, server: Any) -> Iterator[list[int]]:
     """First Ctrl-C or SIGTERM: stop gracefully (no new request; those in flight finish and are saved).
     Second: abandon what is in flight (the journal already marks it sent, so it will be `unknown`) and
-    exit. Yields the list of signals received (the exit code follows the first)."""
+    exit. Yields the list of signals received (the exit code follows the first).
+
+    The handler is also given to the flow (`hooks.signals`), which installs it again around dispatch:
+    Prefect's flow engine replaces SIGTERM's handler with its own, which would crash the run."""
     received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
+    control = hooks.control
 
     def on_signal(signum: int, _frame: Any) -> None:
         received.append(signum)
@@ -122,12 +124,23 @@ def interrupts(control: RunControl, err: Console, server: Any) -> Iterator[list[
             server.server_process.kill()
         os._exit(exit_code_for(received[0]))
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in SIGNAL_NAMES}
-    try:
+    hooks.signals = lambda: handling(on_signal)
+    with handling(on_signal):
         yield received
+
+
+@contextlib.contextmanager
+def handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """Handle Ctrl-C and SIGTERM with `handler` inside this block (main thread only), then restore."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNAL_NAMES}
+    try:
+        yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, before in previous.items():
+            signal.signal(sig, before)
 
 
 def exit_code_for(signum: int) -> int:
@@ -174,7 +187,7 @@ def run_main(args: argparse.Namespace) -> int:
     hooks = RunHooks(on_progress=on_progress, checked=checked)
     server = detach_ephemeral_prefect_server()
     try:
-        with interrupts(hooks.control, err, server) as signals, progress, run_hooks(hooks):
+        with interrupts(hooks, err, server) as signals, progress, run_hooks(hooks):
             info = generate_from_manifest(
                 manifest=str(args.manifest),
                 out=str(args.out),
@@ -197,10 +210,12 @@ def run_main(args: argparse.Namespace) -> int:
             "usage history, then rerun with --retry-unknown if they were not generated.",
             markup=False,
         )
+    for line in info.get("unwritten", []):
+        err.print(line, markup=False)
     if signals:
         return exit_code_for(signals[0])
     incomplete = sum(v for k, v in counts.items() if k not in ("succeeded", "skipped"))
-    return EXIT_INCOMPLETE if incomplete else EXIT_OK
+    return EXIT_INCOMPLETE if incomplete or info.get("unwritten") else EXIT_OK
 
 
 def _progress_bar(err: Console) -> tuple[Progress, Callable[[ProgressSnapshot], None]]:

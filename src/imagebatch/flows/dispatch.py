@@ -117,5 +117,3 @@ def dispatch(
         ctx.results[unit.index] = run_unit(ctx, unit)
         progress.finished(ctx, unit)
     return submitted
-
-

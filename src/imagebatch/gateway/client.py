@@ -321,8 +321,10 @@ class GatewayClient:
         try:
             body = response.json()
         except ValueError:
-            return request_id, None, ResponseFormatError(
-                "body is not JSON", request_id=request_id, attempts=attempt
+            return (
+                request_id,
+                None,
+                ResponseFormatError("body is not JSON", request_id=request_id, attempts=attempt),
             )
         return request_id, redact_json(body, self._api_key), None  # text, history, usage: all of it
 

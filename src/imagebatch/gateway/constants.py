@@ -85,6 +85,7 @@ def model_refusal(route: Route, model: str) -> tuple[str, str] | None:
     what = "a native image model" if allowed == NATIVE_MODELS else f"served on the {route} route"
     return "model_not_found", f"model {model!r} is not {what} (models: {', '.join(allowed)})"
 
+
 BASE_ASPECT_RATIOS: tuple[str, ...] = (
     "1:1", "2:3", "3:2", "3:4", "4:3", "4:5", "5:4", "9:16", "16:9", "21:9",
 )  # fmt: skip

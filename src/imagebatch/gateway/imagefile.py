@@ -41,6 +41,8 @@ class NotAnImageError(ValueError):
 
 def inspect_image(data: bytes) -> ImageInfo:
     """Decode the header of a PNG or JPEG and return its facts; raise NotAnImageError otherwise."""
+    if not data:
+        raise NotAnImageError("empty file (0 bytes)")
     mime = sniff_mime(data)
     if mime is None:
         raise NotAnImageError("not a PNG or JPEG file (by its bytes)")

@@ -10,6 +10,7 @@ from typing import Literal
 from imagebatch.gateway import GatewayClient
 
 from .manifest import Job, PlannedRequest
+from .records import storage_message
 from .store import KeyState, OutputStore, RequestRecord
 
 Decision = Literal["send", "skip", "carry"]
@@ -70,6 +71,10 @@ class RunContext:
         """Records of each finished unit, by unit index (tasks return nothing: Prefect keeps results)."""
         self.started_keys: set[str] = set()
         """Keys with an attempt started in this run."""
+        store.on_write_error = self._write_failed  # the next request's writes would fail too
+
+    def _write_failed(self, exc: OSError) -> None:
+        self.stop_dispatch(storage_message(self.store.root, exc))
 
     def stop_dispatch(self, reason: str) -> None:
         if not self.halt.is_set():

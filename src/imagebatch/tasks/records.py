@@ -7,7 +7,9 @@ decides which one a request gets, and which errors stop the whole run.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+from pathlib import Path
 from typing import Any
 
 from imagebatch.gateway import ImageResult, NoImageResult, TextResult
@@ -133,5 +135,20 @@ def unsaved(req: PlannedRequest, result: Result, exc: OSError) -> RequestRecord:
         "unknown",
         attempts=result.attempts,
         request_id=result.request_id,
-        error=f"answered (and billed) but could not be saved: {exc}; free space, then --retry-unknown",
+        error=f"answered (and billed) but could not be saved: {exc.strerror or exc}; {UNKNOWN_HINT}",
     )
+
+
+def not_journaled(req: PlannedRequest, attempt: int, why: str) -> RequestRecord:
+    """An attempt that could not be journaled was not sent: the request is `not_attempted` if it was its
+    first, else `unknown` (an earlier attempt was sent and may have been billed)."""
+    if attempt == 1:
+        return not_attempted(req, why)
+    return record(req, "unknown", attempts=attempt - 1, error=f"{why}; {UNKNOWN_HINT}")
+
+
+def storage_message(out: Path, exc: OSError) -> str:
+    """One line for a failed write to the output folder, saying what to do."""
+    if exc.errno == errno.ENOSPC:
+        return f"disk full at {out}: free space, then rerun"
+    return f"cannot write to {out}: {exc.strerror or exc}: fix it, then rerun"

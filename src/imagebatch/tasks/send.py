@@ -21,7 +21,7 @@ from . import records
 from .context import RunContext
 from .manifest import PlannedRequest
 from .records import Result
-from .store import AttemptJournal, RequestRecord
+from .store import AttemptJournal, NotJournaledError, RequestRecord
 
 
 def send_and_record(
@@ -37,17 +37,26 @@ def send_and_record(
     history there, so a turn that counts as done on disk is always in the history).
     """
     store = ctx.store
-    journal = AttemptJournal(store, req, ctx.started_keys)
+    state = ctx.states.get(req.idempotency_key)
+    earlier = state.attempts if state else 0  # results.csv and usage.jsonl count attempts across runs
+    journal = AttemptJournal(store, req, ctx.started_keys, earlier)
     try:
         result = ctx.client.send(request, idempotency_key=req.idempotency_key, observer=journal)
+    except NotJournaledError as exc:  # a failed write stopped it before (this) attempt was sent
+        record = records.not_journaled(req, exc.attempt, ctx.halt_reason or str(exc))
+        record.attempts += earlier if record.attempts else 0
+        _record_outcome(ctx, record)
+        return record, None
     except GatewayError as exc:
         reason = records.halt_reason(exc, ctx.key_source)
         if reason:
             ctx.stop_dispatch(reason)
         record = records.failure(req, exc)
-        store.record_outcome(record)
+        record.attempts += earlier
+        _record_outcome(ctx, record)
         return record, None
     record, files = records.plan_files(req, result, chain)
+    record.attempts += earlier
     try:
         store.journal("answered", **asdict(record))
         if on_answer is not None:
@@ -56,5 +65,15 @@ def send_and_record(
             store.write_file(name, data)
     except OSError as exc:
         record = records.unsaved(req, result, exc)
-    store.record_outcome(record)
+        record.attempts += earlier
+    _record_outcome(ctx, record)
     return record, result
+
+
+def _record_outcome(ctx: RunContext, record: RequestRecord) -> None:
+    """Journal the outcome; when that write fails (the store has stopped the run), the record still goes
+    to results.csv; a rerun reads the journal's earlier lines (`answered` with its files, or `unknown`)."""
+    try:
+        ctx.store.record_outcome(record)
+    except OSError:
+        pass

@@ -23,7 +23,7 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -176,6 +176,23 @@ class OutputStore:
         self.run_path = self.root / "run.json"
         self._lock = threading.Lock()
         self._tail_checked: set[Path] = set()
+        self.write_error: OSError | None = None
+        """The first write that failed (a full disk, ...): the run stops dispatching at it."""
+        self.on_write_error: Callable[[OSError], None] | None = None
+
+    @contextlib.contextmanager
+    def _writing(self, path: Path | None = None) -> Iterator[None]:
+        """Note the first failed write and tell `on_write_error`; the error goes on to the caller."""
+        try:
+            yield
+        except OSError as exc:
+            if path is not None:
+                self._tail_checked.discard(path)  # a partial line may be left: end it before the next one
+            if self.write_error is None:
+                self.write_error = exc
+                if self.on_write_error is not None:
+                    self.on_write_error(exc)
+            raise
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -199,7 +216,7 @@ class OutputStore:
 
     def _append(self, path: Path, record: dict[str, Any], *, sync: bool) -> None:
         line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
-        with self._lock, path.open("ab") as fh:
+        with self._lock, self._writing(path), path.open("ab") as fh:
             if path not in self._tail_checked:
                 # A line torn by a crash has no newline: end it, or this record would be glued onto it
                 # and lost with it when the file is read.
@@ -280,14 +297,16 @@ class OutputStore:
     def write_file(self, name: str, data: bytes) -> str:
         """Write an output file under images/ atomically; return its path relative to the output folder."""
         path = self.images_dir / name
-        write_atomic(path, data)
+        with self._writing():
+            write_atomic(path, data)
         return path.relative_to(self.root).as_posix()
 
     def chain_path(self, job_id: str, request_index: int) -> Path:
         return self.chains_dir / job_id / f"{request_index}.json"
 
     def save_chain(self, job_id: str, request_index: int, history: dict[str, Any]) -> None:
-        write_atomic(self.chain_path(job_id, request_index), json.dumps(history).encode())
+        with self._writing():
+            write_atomic(self.chain_path(job_id, request_index), json.dumps(history).encode())
 
     def load_chain(self, job_id: str, request_index: int) -> dict[str, Any] | None:
         path = self.chain_path(job_id, request_index)
@@ -308,13 +327,25 @@ class OutputStore:
         write_atomic(self.run_path, (json.dumps(info, indent=2, default=str) + "\n").encode())
 
 
+class NotJournaledError(OSError):
+    """An attempt could not be journaled before it was sent, so it was not sent."""
+
+    def __init__(self, attempt: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.attempt = attempt
+
+
 class AttemptJournal:
     """The client's attempt observer for one request: journal (synced) before each attempt is sent, then
-    what came back, and one usage line per attempt."""
+    what came back, and one usage line per attempt. Attempts are numbered across runs into the folder
+    (`earlier`: how many the journal already holds for this key), as results.csv counts them."""
 
-    def __init__(self, store: OutputStore, req: PlannedRequest, started_keys: set[str]) -> None:
+    def __init__(
+        self, store: OutputStore, req: PlannedRequest, started_keys: set[str], earlier: int = 0
+    ) -> None:
         self.store = store
         self.started_keys = started_keys
+        self.earlier = earlier
         self.ids = {
             "idempotency_key": req.idempotency_key,
             "job_id": req.job_id,
@@ -327,12 +358,15 @@ class AttemptJournal:
             **self.ids,
             "route": str(event.route),
             "model": event.model,
-            "attempt": event.attempt,
+            "attempt": self.earlier + event.attempt,
             "started_at": event.started_at.isoformat(),
         }
         if isinstance(event, AttemptStarted):
+            try:
+                self.store.journal("attempt_started", **common)
+            except OSError as exc:  # not journaled: must not be sent (raised out of the client's loop)
+                raise NotJournaledError(event.attempt, exc) from exc
             self.started_keys.add(event.idempotency_key)
-            self.store.journal("attempt_started", **common)
             return
         error_code = event.error_code or (None if event.outcome == "ok" else event.outcome)
         finished = {
@@ -343,5 +377,8 @@ class AttemptJournal:
             "images": event.images,
             "retry_in": event.retry_in,
         }
-        self.store.journal("attempt_finished", **common, status=event.status, **finished)
-        self.store.append_usage({**common, **finished, "http_status": event.status, "usage": event.usage})
+        try:
+            self.store.journal("attempt_finished", **common, status=event.status, **finished)
+            self.store.append_usage({**common, **finished, "http_status": event.status, "usage": event.usage})
+        except OSError:
+            pass  # noted by the store (dispatch stops); the answer itself must still reach the caller
