@@ -13,10 +13,9 @@ from flow_helpers import read_jsonl, read_results, write_jsonl
 from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
 
 
-def echoing_service(emulator_url: str, key: str) -> httpx.MockTransport:
+def echoing_service(upstream: httpx.Client, key: str) -> httpx.MockTransport:
     """Forwards to the emulator, then echoes the key back: in `x-request-id` on every answer, and in the
     error message of every second job's first attempt (a 500, which the images route retries)."""
-    upstream = httpx.Client(base_url=emulator_url)
     failed_once: set[str] = set()
 
     def handle(request: httpx.Request) -> httpx.Response:
@@ -61,7 +60,10 @@ def test_a_key_the_service_echoes_is_stored_nowhere(service_env: Any, tmp_path: 
     out = tmp_path / "out"
     delays: list[float] = []
     try:
-        with run_hooks(RunHooks(sleep=delays.append, transport=echoing_service(service_env.url, key))):
+        with (
+            httpx.Client(base_url=service_env.url) as upstream,
+            run_hooks(RunHooks(sleep=delays.append, transport=echoing_service(upstream, key))),
+        ):
             info = generate_from_manifest(manifest=str(manifest), out=str(out))
     finally:
         logging.getLogger("imagebatch").removeHandler(logged)

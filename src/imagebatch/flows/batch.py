@@ -132,7 +132,7 @@ def forward_logs_to_prefect(*names: str) -> Iterator[None]:
 
 @flow(
     name="generate_from_manifest",
-    task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENCY),
+    task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENCY),  # type: ignore[arg-type]  # Prefect's own generics
     log_prints=False,
     validate_parameters=True,
 )

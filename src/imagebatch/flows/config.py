@@ -11,6 +11,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from imagebatch.gateway.client import normalise_base_url
 from imagebatch.gateway.errors import ConfigurationError
@@ -45,7 +46,8 @@ def resolve_api_key(secret_block: str | None) -> str | None:
         from prefect.blocks.system import Secret
 
         try:
-            value = Secret.load(secret_block).get()
+            block: Any = Secret.load(secret_block)  # the sync form: a block, not a coroutine, here
+            value = block.get()
         except Exception as exc:  # Prefect raises ValueError for a missing block, others for bad ones
             raise UsageError(
                 f"could not read the Prefect Secret block {secret_block!r}: {type(exc).__name__}"

@@ -11,6 +11,8 @@ import queue
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from imagebatch.tasks.context import RunContext, Unit
 from imagebatch.tasks.generate import generate, run_unit, run_unit_safely
@@ -95,12 +97,12 @@ def dispatch(
         if control.reason:
             ctx.stop_dispatch(control.reason)
         while progress.in_flight < concurrency and not ctx.halt.is_set():
-            unit = next(pending, None)
-            if unit is None:
+            nxt = next(pending, None)
+            if nxt is None:
                 break
             # No `tags(...)` here: a context manager around each submit serialises dispatch (measured).
-            future = generate.submit(ctx, unit)
-            future.add_done_callback(lambda _f, u=unit: done_q.put(u))
+            future = generate.submit(ctx, nxt)
+            future.add_done_callback(partial(_put, done_q, nxt))
             progress.in_flight += 1
             submitted += 1
         progress.report()
@@ -117,3 +119,7 @@ def dispatch(
         ctx.results[unit.index] = run_unit(ctx, unit)
         progress.finished(ctx, unit)
     return submitted
+
+
+def _put(q: queue.Queue[Unit | None], unit: Unit, _future: Any) -> None:
+    q.put(unit)

@@ -291,13 +291,17 @@ class GatewayClient:
                         finished(status, "ok", request_id=request_id, images=images, usage=result.usage)
                         return result
                 if isinstance(failure, ResponseFormatError):  # a success status we cannot read: final
-                    why = {"error_code": "bad_response", "error_message": failure.message}
-                    finished(status, "error", request_id=request_id, **why)
+                    finished(
+                        status, "error", request_id=request_id,
+                        error_code="bad_response", error_message=failure.message,
+                    )  # fmt: skip
                     raise failure
                 error = failure
                 delay = policy.delay_before_retry(attempt, status)
-                why = {"error_code": failure.code, "error_message": failure.message}
-                finished(status, "error", delay, request_id=request_id, **why)
+                finished(
+                    status, "error", delay, request_id=request_id,
+                    error_code=failure.code, error_message=failure.message,
+                )  # fmt: skip
                 error.may_have_been_billed = unanswered or status == 500
             if delay is None:
                 raise error

@@ -75,8 +75,8 @@ def read_chat_response(body: Any) -> tuple[list[GeneratedImage], str | None, Cha
         _decode_image(m.group(2), f"choices[0].message.content data URL {i}")
         for i, m in enumerate(_DATA_URL.finditer(content))
     ]
-    text = _MARKDOWN_IMAGE.sub("", content)
-    text = _DATA_URL.sub("", text).strip() or None
+    without_markdown = _MARKDOWN_IMAGE.sub("", content)
+    text = _DATA_URL.sub("", without_markdown).strip() or None
     return images, text, parsed
 
 
