@@ -3,7 +3,6 @@ API key handling, options, and a port already taken."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
@@ -16,7 +15,8 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from imagebatch.gateway.emulator.serve import DEFAULT_PORT, add_arguments, build_parser, settings_from_args
+from imagebatch.flows.cli import EMULATOR_PORT, build_parser
+from imagebatch.gateway.emulator.serve import settings_from_args
 
 URL_LINE = re.compile(r"^imagebatch emulator listening on (http://127\.0\.0\.1:\d+)$")
 NATIVE = "/v1beta/models/native-image-2:generateContent"
@@ -99,13 +99,12 @@ def test_port_already_taken_fails_with_status_1() -> None:
 
 
 def test_options_and_defaults() -> None:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    defaults = parser.parse_args([])
-    assert (defaults.host, defaults.port, defaults.api_key) == ("127.0.0.1", DEFAULT_PORT, None)
+    defaults = build_parser().parse_args(["emulator"])
+    assert (defaults.host, defaults.port, defaults.api_key) == ("127.0.0.1", EMULATOR_PORT, None)
     args = build_parser().parse_args(
-        ["--seed", "7", "--latency", "0.5", "--jpeg-rate", "1", "--fault", "503:0.1", "--fault", "drop:0.05",
-         "--script", "429,ok@cat", "--max-images-policy", "cap", "--slow-seconds", "3"]
+        ["emulator", "--seed", "7", "--latency", "0.5", "--jpeg-rate", "1",
+         "--fault", "503:0.1", "--fault", "drop:0.05", "--script", "429,ok@cat",
+         "--max-images-policy", "cap", "--slow-seconds", "3"]
     )  # fmt: skip
     settings = settings_from_args(args, "k")
     assert (settings.seed, settings.latency, settings.jpeg_rate, settings.slow_seconds) == (7, 0.5, 1.0, 3.0)
@@ -117,5 +116,5 @@ def test_options_and_defaults() -> None:
 @pytest.mark.parametrize("bad", [["--fault", "503"], ["--fault", "teapot:0.1"], ["--script", "503,nope"]])
 def test_bad_fault_options_are_usage_errors(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        build_parser().parse_args(bad)
+        build_parser().parse_args(["emulator", *bad])
     assert exit_info.value.code == 2

@@ -1,36 +1,62 @@
-"""The `imagebatch` command: `run` a manifest, `validate` one, or serve the `emulator`.
+"""The `imagebatch` command: every subcommand, its options and its exit codes, in this one module.
 
-Exit codes of `run`: 0 when every request succeeded (or was done before), 1 when some did not, 2 for an
-invalid manifest or a usage error (nothing sent), 130 when stopped with Ctrl-C, 143 with SIGTERM.
+    imagebatch validate MANIFEST [--format F] [--keys]    check a manifest, print its plan; sends nothing
+    imagebatch run MANIFEST --out DIR [options]           generate everything it asks for (Prefect flow)
+    imagebatch emulator [options]                         serve the emulated gateway on loopback
+
+Exit codes (`imagebatch.flows.exits`): 0 done (or valid), 1 some requests did not succeed, 2 an invalid
+manifest or a usage error (nothing sent), 130 stopped with Ctrl-C, 143 with SIGTERM.
+
+argparse rather than Typer: it is in the standard library (no dependency and nothing more to import at
+start-up, where Prefect already costs seconds), and the options are few and flat. The handlers live next
+to what they drive (`terminal.run_main`, `emulator.serve.serve`, `manifest` validate); the parser imports
+none of them (nor Prefect), so `imagebatch --help` stays quick.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
-import os
-import signal
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
+from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
-if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
-    from imagebatch.flows.batch import RunHooks
-    from imagebatch.flows.dispatch import ProgressSnapshot
+__all__ = ["EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
-EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EMULATOR_PORT = 8787  # where `imagebatch emulator` listens by default
 
 
-def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="imagebatch",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 done, 1 some requests did not succeed, 2 invalid manifest or usage "
+        "(nothing sent), 130 Ctrl-C, 143 SIGTERM",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _run_arguments(sub.add_parser("run", help="generate everything a manifest asks for"))
+    _validate_arguments(sub.add_parser("validate", help="check a manifest and print its plan; sends nothing"))
+    _emulator_arguments(sub.add_parser("emulator", help="serve the emulated gateway on loopback"))
+    return parser
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "validate":
+        from imagebatch.tasks.manifest import validate_main
+
+        return validate_main(args)
+    if args.command == "emulator":
+        from imagebatch.gateway.emulator.serve import serve
+
+        return serve(args)
+    from imagebatch.flows.terminal import run_main
+
+    return run_main(args)
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("manifest", help="CSV, JSON or JSON Lines manifest")
     parser.add_argument("--out", required=True, help="output folder (created; a rerun resumes from it)")
     parser.add_argument(
@@ -57,206 +83,89 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from imagebatch.gateway.emulator.serve import add_arguments as add_emulator_arguments
-    from imagebatch.tasks.manifest import add_validate_arguments
+def _validate_arguments(parser: argparse.ArgumentParser) -> None:
+    from pathlib import Path
 
-    parser = argparse.ArgumentParser(prog="imagebatch", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_run_arguments(sub.add_parser("run", help="generate everything a manifest asks for"))
-    add_validate_arguments(
-        sub.add_parser("validate", help="check a manifest and print its plan; sends nothing")
+    parser.add_argument("manifest", type=Path, help="the manifest: .csv, .json or .jsonl")
+    parser.add_argument(
+        "--format",
+        choices=("csv", "json", "jsonl"),
+        default=None,
+        help="the manifest's format (default: from its extension)",
     )
-    add_emulator_arguments(sub.add_parser("emulator", help="serve the emulated gateway on loopback"))
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "validate":
-        from imagebatch.tasks.manifest import validate_main
-
-        return validate_main(args)
-    if args.command == "emulator":
-        from imagebatch.gateway.emulator.serve import main as emulator_main
-
-        return emulator_main(args)
-    return run_main(args)
-
-
-def _quiet_prefect() -> None:
-    """Keep the terminal for the progress bar: Prefect's per-task chatter goes to its UI, not here."""
-    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect", "httpx", "uvicorn"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-
-
-SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-
-
-@contextlib.contextmanager
-def interrupts(hooks: RunHooks, err: Console, server: Any) -> Iterator[list[int]]:
-    """First Ctrl-C or SIGTERM: stop gracefully (no new request; those in flight finish and are saved).
-    Second: abandon what is in flight (the journal already marks it sent, so it will be `unknown`) and
-    exit. Yields the list of signals received (the exit code follows the first).
-
-    The handler is also given to the flow (`hooks.signals`), which installs it again around dispatch:
-    Prefect's flow engine replaces SIGTERM's handler with its own, which would crash the run."""
-    received: list[int] = []
-    control = hooks.control
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        received.append(signum)
-        name = SIGNAL_NAMES[signal.Signals(signum)]
-        if len(received) == 1:
-            control.stop(f"interrupted ({name})")
-            err.print(
-                f"\nStopping ({name}): no new requests; waiting for those in flight to finish and be saved. "
-                f"{name} again to abandon them (they would be 'unknown').",
-                markup=False,
-            )
-            return
-        err.print("Abandoned the requests in flight: a rerun reports them as 'unknown'.", markup=False)
-        if server is not None and server.server_process is not None:
-            # SIGKILL, not Prefect's SIGTERM: a terminated server prints tracebacks for the writes it
-            # was making; SQLite rolls an interrupted write back either way.
-            server.server_process.kill()
-        os._exit(exit_code_for(received[0]))
-
-    hooks.signals = lambda: handling(on_signal)
-    with handling(on_signal):
-        yield received
-
-
-@contextlib.contextmanager
-def handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
-    """Handle Ctrl-C and SIGTERM with `handler` inside this block (main thread only), then restore."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, handler) for sig in SIGNAL_NAMES}
-    try:
-        yield
-    finally:
-        for sig, before in previous.items():
-            signal.signal(sig, before)
-
-
-def exit_code_for(signum: int) -> int:
-    """The conventional code of a run stopped by a signal: 128 + its number (130 Ctrl-C, 143 SIGTERM)."""
-    return 128 + signum
-
-
-def run_main(args: argparse.Namespace) -> int:
-    """`imagebatch run`: every check first (exit 2 before anything is sent), then the flow."""
-    from imagebatch.flows.config import UsageError, preflight
-    from imagebatch.tasks.manifest import ManifestError
-
-    err = Console(stderr=True, soft_wrap=True)
-    out = Console(soft_wrap=True)
-    try:
-        # Everything that can be checked without Prefect is checked first: a mistake costs no start-up.
-        checked = preflight(
-            args.manifest,
-            args.out,
-            concurrency=args.concurrency,
-            base_url=args.base_url,
-            api_key_secret_block=args.api_key_block,
-        )
-    except ManifestError as exc:
-        for problem in exc.problems:
-            err.print(str(problem), markup=False, highlight=False)
-        err.print(f"{args.manifest}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
-        return EXIT_USAGE
-    except UsageError as exc:
-        err.print(f"{exc}; nothing was sent.", markup=False)
-        return EXIT_USAGE
-
-    _quiet_prefect()
-    from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
-    from imagebatch.flows.prefect_server import detach_ephemeral_prefect_server
-
-    if not checked.base_url:
-        err.print(
-            "No service address configured: using the embedded emulator on 127.0.0.1 "
-            "(its images are placeholders).",
-            markup=False,
-        )
-    progress, on_progress = _progress_bar(err)
-    hooks = RunHooks(on_progress=on_progress, checked=checked)
-    server = detach_ephemeral_prefect_server()
-    try:
-        with interrupts(hooks, err, server) as signals, progress, run_hooks(hooks):
-            info = generate_from_manifest(
-                manifest=str(args.manifest),
-                out=str(args.out),
-                concurrency=args.concurrency,
-                base_url=args.base_url,
-                force=args.force,
-                retry_unknown=args.retry_unknown,
-                api_key_secret_block=args.api_key_block,
-            )
-    except UsageError as exc:
-        err.print(f"{exc}; nothing was sent.", markup=False)
-        return EXIT_USAGE
-    _print_summary(out, info)
-    if info.get("stopped"):
-        err.print(f"Stopped early: {info['stopped']}. A rerun picks up where this one stopped.", markup=False)
-    counts: dict[str, int] = info["counts"]
-    if counts.get("unknown"):
-        err.print(
-            f"{counts['unknown']} request(s) have an unknown outcome (sent, no answer): check the service's "
-            "usage history, then rerun with --retry-unknown if they were not generated.",
-            markup=False,
-        )
-    for line in info.get("unwritten", []):
-        err.print(line, markup=False)
-    if signals:
-        return exit_code_for(signals[0])
-    incomplete = sum(v for k, v in counts.items() if k not in ("succeeded", "skipped"))
-    return EXIT_INCOMPLETE if incomplete or info.get("unwritten") else EXIT_OK
-
-
-def _progress_bar(err: Console) -> tuple[Progress, Callable[[ProgressSnapshot], None]]:
-    """A progress bar on a terminal (nothing elsewhere) and the callback that moves it."""
-    progress = Progress(
-        TextColumn("[bold]imagebatch"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[stats]}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=False,
-        disable=not err.is_terminal,
+    parser.add_argument(
+        "--keys", action="store_true", help="also list every planned request with its idempotency key"
     )
-    bar = progress.add_task("run", total=None, stats="starting Prefect")
-    t0: list[float] = []  # the rate counts from the first dispatch, not from Prefect's start-up
-
-    def on_progress(snap: ProgressSnapshot) -> None:
-        if not t0:
-            t0.append(time.monotonic())
-        minutes = max(time.monotonic() - t0[0], 1e-6) / 60
-        failed = sum(snap.counts.get(s, 0) for s in ("failed", "unknown", "no_image"))
-        done = sum(snap.counts.get(s, 0) for s in ("succeeded", "skipped"))
-        left = snap.counts.get("not_attempted", 0)
-        rate = snap.images / minutes
-        stats = f"done {done}  failed {failed}  in flight {snap.in_flight}  {rate:.1f} img/min"
-        stats += f"  not attempted {left}" if left else ""
-        progress.update(bar, total=snap.planned, completed=snap.done, stats=stats)
-
-    return progress, on_progress
 
 
-def _print_summary(console: Console, info: dict[str, Any]) -> None:
-    console.print(f"imagebatch: {info['requests']} request(s) -> {info['out']}", markup=False)
-    table = Table()
-    table.add_column("status")
-    table.add_column("requests", justify="right")
-    for status, n in info["counts"].items():
-        if n:
-            table.add_row(status, str(n))
-    console.print(table)
+def _emulator_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=EMULATOR_PORT, help=f"port (default: {EMULATOR_PORT}; 0 picks a free one)"
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="the key clients must send (default: $IMAGEBATCH_API_KEY; without either, a throwaway key "
+        "is generated and printed on stderr)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of images, answer shapes and faults")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds each generation takes")
+    parser.add_argument(
+        "--jpeg-rate", type=float, default=0.25, help="fraction of native/chat images sent as JPEG"
+    )
+    parser.add_argument(
+        "--thought-image-rate",
+        type=float,
+        default=0.3,
+        help="fraction of native answers with a thought image",
+    )
+    parser.add_argument(
+        "--max-images-policy",
+        choices=("random", "cap"),
+        default="random",
+        help="images delivered under X-Service-Max-Images: 1..cap (random) or exactly the cap",
+    )
+    parser.add_argument(
+        "--slow-seconds", type=float, default=660.0, help="how long a 'slow' fault waits (default: 660)"
+    )
+    parser.add_argument(
+        "--fault",
+        type=_fault_rate,
+        action="append",
+        default=[],
+        metavar="OUTCOME:RATE",
+        help="probabilistic fault, repeatable: e.g. 503:0.1, drop:0.05, slow:0.01, no_image:0.1",
+    )
+    parser.add_argument(
+        "--script",
+        type=_fault_script,
+        action="append",
+        default=[],
+        metavar="OUTCOMES[@MATCH]",
+        help="scripted outcomes of attempts 1, 2, ... of each Idempotency-Key, repeatable: e.g. "
+        "503,503 or 429,ok,drop@cat (only keys or prompts containing 'cat')",
+    )
+
+
+def _fault_rate(text: str) -> tuple[str, float]:
+    from imagebatch.gateway.emulator.settings import parse_rate
+
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fault_script(text: str) -> object:
+    from pydantic import ValidationError
+
+    from imagebatch.gateway.emulator.settings import parse_script
+
+    try:
+        return parse_script(text)
+    except (ValueError, ValidationError) as exc:
+        raise argparse.ArgumentTypeError(f"bad script {text!r}: {exc}") from None
 
 
 if __name__ == "__main__":  # pragma: no cover

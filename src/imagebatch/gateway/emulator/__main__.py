@@ -1,10 +1,12 @@
-"""`python -m imagebatch.gateway.emulator`: the `imagebatch emulator` command without the CLI."""
+"""`python -m imagebatch.gateway.emulator ARGS`: the same as `imagebatch emulator ARGS`.
+
+An entry point, not library code: the one command line (`imagebatch.flows.cli`) defines the options."""
 
 from __future__ import annotations
 
 import sys
 
-from .serve import build_parser, main
-
 if __name__ == "__main__":
-    sys.exit(main(build_parser().parse_args()))
+    from imagebatch.flows.cli import main
+
+    sys.exit(main(["emulator", *sys.argv[1:]]))

@@ -1,8 +1,8 @@
 """The `imagebatch emulator` command: serve the emulator in the foreground until Ctrl-C or SIGTERM.
 
-The CLI wires it as `add_arguments(subparser)` and `main(args)`; `python -m imagebatch.gateway.emulator`
-runs it on its own. Stdout gets exactly one line, `imagebatch emulator listening on <URL>`, once the
-server accepts connections; anything else goes to stderr.
+Its options are defined with every other command's in `imagebatch.flows.cli`, which calls
+`serve(args)`. Stdout gets exactly one line, `imagebatch emulator listening on <URL>`, once the server
+accepts connections; anything else goes to stderr.
 """
 
 from __future__ import annotations
@@ -19,75 +19,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from .server import EmulatorServer
-from .settings import EmulatorSettings, FaultConfig, ScriptedFault, parse_rate, parse_script
+from .settings import EmulatorSettings, FaultConfig
 
 API_KEY_ENV = "IMAGEBATCH_API_KEY"
-DEFAULT_PORT = 8787
-
-
-def _rate(text: str) -> tuple[str, float]:
-    try:
-        return parse_rate(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _script(text: str) -> ScriptedFault:
-    try:
-        return parse_script(text)
-    except (ValueError, ValidationError) as exc:
-        raise argparse.ArgumentTypeError(f"bad script {text!r}: {exc}") from None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the emulator's options to `parser` (a subcommand parser of the `imagebatch` CLI)."""
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks a free one)"
-    )
-    parser.add_argument(
-        "--api-key",
-        default=None,
-        help=f"the key clients must send (default: ${API_KEY_ENV}; without either, a throwaway key "
-        "is generated and printed on stderr)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of images, answer shapes and faults")
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds each generation takes")
-    parser.add_argument(
-        "--jpeg-rate", type=float, default=0.25, help="fraction of native/chat images sent as JPEG"
-    )
-    parser.add_argument(
-        "--thought-image-rate",
-        type=float,
-        default=0.3,
-        help="fraction of native answers with a thought image",
-    )
-    parser.add_argument(
-        "--max-images-policy",
-        choices=("random", "cap"),
-        default="random",
-        help="images delivered under X-Service-Max-Images: 1..cap (random) or exactly the cap",
-    )
-    parser.add_argument(
-        "--slow-seconds", type=float, default=660.0, help="how long a 'slow' fault waits (default: 660)"
-    )
-    parser.add_argument(
-        "--fault",
-        type=_rate,
-        action="append",
-        default=[],
-        metavar="OUTCOME:RATE",
-        help="probabilistic fault, repeatable: e.g. 503:0.1, drop:0.05, slow:0.01, no_image:0.1",
-    )
-    parser.add_argument(
-        "--script",
-        type=_script,
-        action="append",
-        default=[],
-        metavar="OUTCOMES[@MATCH]",
-        help="scripted outcomes of attempts 1, 2, ... of each Idempotency-Key, repeatable: e.g. "
-        "503,503 or 429,ok,drop@cat (only keys or prompts containing 'cat')",
-    )
 
 
 def settings_from_args(args: argparse.Namespace, api_key: str) -> EmulatorSettings:
@@ -104,7 +38,7 @@ def settings_from_args(args: argparse.Namespace, api_key: str) -> EmulatorSettin
     )
 
 
-def main(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; return the exit status (0 after a signal, 1 if it cannot serve)."""
     api_key = args.api_key or os.environ.get(API_KEY_ENV)
     throwaway = not api_key
@@ -150,11 +84,3 @@ def main(args: argparse.Namespace) -> int:
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="imagebatch emulator", description="Serve the emulated image-generation gateway."
-    )
-    add_arguments(parser)
-    return parser

@@ -1,0 +1,193 @@
+"""`imagebatch run` on a terminal: the checks before Prefect starts, the progress bar, Ctrl-C and SIGTERM,
+the summary and the exit code. The command line itself (every option) is in `cli.py`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, exit_code_for
+
+if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
+    from imagebatch.flows.batch import RunHooks
+    from imagebatch.flows.dispatch import ProgressSnapshot
+
+
+def _quiet_prefect() -> None:
+    """Keep the terminal for the progress bar: Prefect's per-task chatter goes to its UI, not here."""
+    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect", "httpx", "uvicorn"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
+@contextlib.contextmanager
+def interrupts(hooks: RunHooks, err: Console, server: Any) -> Iterator[list[int]]:
+    """First Ctrl-C or SIGTERM: stop gracefully (no new request; those in flight finish and are saved).
+    Second: abandon what is in flight (the journal already marks it sent, so it will be `unknown`) and
+    exit. Yields the list of signals received (the exit code follows the first).
+
+    The handler is also given to the flow (`hooks.signals`), which installs it again around dispatch:
+    Prefect's flow engine replaces SIGTERM's handler with its own, which would crash the run."""
+    received: list[int] = []
+    control = hooks.control
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        name = SIGNAL_NAMES[signal.Signals(signum)]
+        if len(received) == 1:
+            control.stop(f"interrupted ({name})")
+            err.print(
+                f"\nStopping ({name}): no new requests; waiting for those in flight to finish and be saved. "
+                f"{name} again to abandon them (they would be 'unknown').",
+                markup=False,
+            )
+            return
+        err.print("Abandoned the requests in flight: a rerun reports them as 'unknown'.", markup=False)
+        if server is not None and server.server_process is not None:
+            # SIGKILL, not Prefect's SIGTERM: a terminated server prints tracebacks for the writes it
+            # was making; SQLite rolls an interrupted write back either way.
+            server.server_process.kill()
+        os._exit(exit_code_for(received[0]))
+
+    hooks.signals = lambda: handling(on_signal)
+    with handling(on_signal):
+        yield received
+
+
+@contextlib.contextmanager
+def handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """Handle Ctrl-C and SIGTERM with `handler` inside this block (main thread only), then restore."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNAL_NAMES}
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
+
+
+def run_main(args: argparse.Namespace) -> int:
+    """`imagebatch run`: every check first (exit 2 before anything is sent), then the flow."""
+    from imagebatch.flows.config import UsageError, preflight
+    from imagebatch.tasks.manifest import ManifestError
+
+    err = Console(stderr=True, soft_wrap=True)
+    out = Console(soft_wrap=True)
+    try:
+        # Everything that can be checked without Prefect is checked first: a mistake costs no start-up.
+        checked = preflight(
+            args.manifest,
+            args.out,
+            concurrency=args.concurrency,
+            base_url=args.base_url,
+            api_key_secret_block=args.api_key_block,
+        )
+    except ManifestError as exc:
+        for problem in exc.problems:
+            err.print(str(problem), markup=False, highlight=False)
+        err.print(f"{args.manifest}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
+        return EXIT_USAGE
+    except UsageError as exc:
+        err.print(f"{exc}; nothing was sent.", markup=False)
+        return EXIT_USAGE
+
+    _quiet_prefect()
+    from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+    from imagebatch.flows.prefect_server import detach_ephemeral_prefect_server
+
+    if not checked.base_url:
+        err.print(
+            "No service address configured: using the embedded emulator on 127.0.0.1 "
+            "(its images are placeholders).",
+            markup=False,
+        )
+    progress, on_progress = _progress_bar(err)
+    hooks = RunHooks(on_progress=on_progress, checked=checked)
+    server = detach_ephemeral_prefect_server()
+    try:
+        with interrupts(hooks, err, server) as signals, progress, run_hooks(hooks):
+            info = generate_from_manifest(
+                manifest=str(args.manifest),
+                out=str(args.out),
+                concurrency=args.concurrency,
+                base_url=args.base_url,
+                force=args.force,
+                retry_unknown=args.retry_unknown,
+                api_key_secret_block=args.api_key_block,
+            )
+    except UsageError as exc:
+        err.print(f"{exc}; nothing was sent.", markup=False)
+        return EXIT_USAGE
+    _print_summary(out, info)
+    if info.get("stopped"):
+        err.print(f"Stopped early: {info['stopped']}. A rerun picks up where this one stopped.", markup=False)
+    counts: dict[str, int] = info["counts"]
+    if counts.get("unknown"):
+        err.print(
+            f"{counts['unknown']} request(s) have an unknown outcome (sent, no answer): check the service's "
+            "usage history, then rerun with --retry-unknown if they were not generated.",
+            markup=False,
+        )
+    for line in info.get("unwritten", []):
+        err.print(line, markup=False)
+    if signals:
+        return exit_code_for(signals[0])
+    incomplete = sum(v for k, v in counts.items() if k not in ("succeeded", "skipped"))
+    return EXIT_INCOMPLETE if incomplete or info.get("unwritten") else EXIT_OK
+
+
+def _progress_bar(err: Console) -> tuple[Progress, Callable[[ProgressSnapshot], None]]:
+    """A progress bar on a terminal (nothing elsewhere) and the callback that moves it."""
+    progress = Progress(
+        TextColumn("[bold]imagebatch"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+        disable=not err.is_terminal,
+    )
+    bar = progress.add_task("run", total=None, stats="starting Prefect")
+    t0: list[float] = []  # the rate counts from the first dispatch, not from Prefect's start-up
+
+    def on_progress(snap: ProgressSnapshot) -> None:
+        if not t0:
+            t0.append(time.monotonic())
+        minutes = max(time.monotonic() - t0[0], 1e-6) / 60
+        failed = sum(snap.counts.get(s, 0) for s in ("failed", "unknown", "no_image"))
+        done = sum(snap.counts.get(s, 0) for s in ("succeeded", "skipped"))
+        left = snap.counts.get("not_attempted", 0)
+        rate = snap.images / minutes
+        stats = f"done {done}  failed {failed}  in flight {snap.in_flight}  {rate:.1f} img/min"
+        stats += f"  not attempted {left}" if left else ""
+        progress.update(bar, total=snap.planned, completed=snap.done, stats=stats)
+
+    return progress, on_progress
+
+
+def _print_summary(console: Console, info: dict[str, Any]) -> None:
+    console.print(f"imagebatch: {info['requests']} request(s) -> {info['out']}", markup=False)
+    table = Table()
+    table.add_column("status")
+    table.add_column("requests", justify="right")
+    for status, n in info["counts"].items():
+        if n:
+            table.add_row(status, str(n))
+    console.print(table)
