@@ -22,7 +22,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from imagebatch.tasks.manifest import load_manifest, plan, summarise
+from imagebatch.manifest import load_manifest, plan, summarise
 
 RATIOS = ("1:1", "4:5", "3:4", "2:3", "16:9", "9:16")
 COLOURS = ("cobalt blue", "sage green", "sand", "brushed brass", "rust", "matte white")

@@ -22,10 +22,10 @@ import pytest
 from PIL import Image
 
 from imagebatch.gateway import GatewayClient
+from imagebatch.manifest import load_manifest, plan
 from imagebatch.tasks import generate, records
 from imagebatch.tasks.context import RunContext, Unit, group_units
 from imagebatch.tasks.generate import run_unit, run_unit_safely
-from imagebatch.tasks.manifest import load_manifest, plan
 from imagebatch.tasks.records import UNKNOWN_HINT
 from imagebatch.tasks.store import OutputStore, RequestRecord, read_jsonl
 

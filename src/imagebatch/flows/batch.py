@@ -41,8 +41,8 @@ from imagebatch.flows.config import (
 )
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.gateway import GatewayClient
+from imagebatch.manifest import plan
 from imagebatch.tasks.context import RunContext, group_units
-from imagebatch.tasks.manifest import plan
 from imagebatch.tasks.records import storage_message
 from imagebatch.tasks.store import STATUSES, OutputLockedError, OutputStore
 

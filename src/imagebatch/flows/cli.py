@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "validate":
-        from imagebatch.tasks.manifest import validate_main
+        from imagebatch.manifest import validate_main
 
         return validate_main(args)
     if args.command == "emulator":

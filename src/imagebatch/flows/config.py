@@ -15,7 +15,7 @@ from typing import Any
 
 from imagebatch.gateway.client import normalise_base_url
 from imagebatch.gateway.errors import ConfigurationError
-from imagebatch.tasks.manifest import Manifest, load_manifest
+from imagebatch.manifest import Manifest, load_manifest
 from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 MAX_CONCURRENCY = 32

@@ -85,7 +85,7 @@ def handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
 def run_main(args: argparse.Namespace) -> int:
     """`imagebatch run`: every check first (exit 2 before anything is sent), then the flow."""
     from imagebatch.flows.config import UsageError, preflight
-    from imagebatch.tasks.manifest import ManifestError
+    from imagebatch.manifest import ManifestError
 
     err = Console(stderr=True, soft_wrap=True)
     out = Console(soft_wrap=True)

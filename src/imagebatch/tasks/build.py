@@ -16,8 +16,7 @@ from imagebatch.gateway import ImageUpload, requests
 from imagebatch.gateway.constants import Route
 from imagebatch.gateway.imagefile import sniff_mime
 from imagebatch.gateway.requests import GatewayRequest
-
-from .manifest import PlannedRequest
+from imagebatch.manifest import PlannedRequest
 
 
 class InputChangedError(Exception):

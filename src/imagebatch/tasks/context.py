@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from imagebatch.gateway import GatewayClient
+from imagebatch.manifest import Job, PlannedRequest
 
-from .manifest import Job, PlannedRequest
 from .records import storage_message
 from .store import KeyState, OutputStore, RequestRecord
 

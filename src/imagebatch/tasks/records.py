@@ -22,8 +22,8 @@ from imagebatch.gateway.errors import (
     ServiceUnreachableError,
 )
 from imagebatch.gateway.imagefile import EXTENSIONS
+from imagebatch.manifest import PlannedRequest
 
-from .manifest import PlannedRequest
 from .store import KeyState, RequestRecord, file_stem
 
 UNKNOWN_HINT = (

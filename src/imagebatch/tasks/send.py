@@ -16,10 +16,10 @@ from dataclasses import asdict
 
 from imagebatch.gateway.errors import GatewayError
 from imagebatch.gateway.requests import GatewayRequest
+from imagebatch.manifest import PlannedRequest
 
 from . import records
 from .context import RunContext
-from .manifest import PlannedRequest
 from .records import Result
 from .store import AttemptJournal, NotJournaledError, RequestRecord
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from imagebatch.gateway import AttemptEvent, AttemptStarted
 
 if TYPE_CHECKING:
-    from .manifest import PlannedRequest
+    from imagebatch.manifest import PlannedRequest
 
 Status = Literal["succeeded", "no_image", "failed", "unknown", "not_attempted", "skipped"]
 STATUSES: tuple[Status, ...] = ("succeeded", "no_image", "failed", "unknown", "not_attempted", "skipped")

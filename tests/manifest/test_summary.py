@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 from pathlib import Path
 
 import pytest
 
-from imagebatch.tasks.manifest import load_manifest, plan, summarise
-from imagebatch.tasks.manifest_cli import add_validate_arguments, main, validate_main
+from imagebatch.flows.cli import build_parser, main
+from imagebatch.manifest import load_manifest, plan, summarise
+from imagebatch.manifest.summary import validate_main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 
 
 def run(*argv: str) -> tuple[int, str]:
-    parser = add_validate_arguments(argparse.ArgumentParser(prog="imagebatch validate"))
     out = io.StringIO()
-    code = validate_main(parser.parse_args(list(argv)), out=out)
+    code = validate_main(build_parser().parse_args(["validate", *argv]), out=out)
     return code, out.getvalue()
 
 
@@ -70,10 +69,10 @@ def test_format_override_and_keys(tmp_path: Path) -> None:
     ]
 
 
-def test_standalone_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "m.json"
     path.write_text("[]")
-    assert main([str(path)]) == 2
+    assert main(["validate", str(path)]) == 2
     assert "the manifest has no jobs" in capsys.readouterr().out
 
 

@@ -12,8 +12,7 @@ import pytest
 from PIL import Image
 
 from imagebatch.gateway.constants import MAX_UPLOAD_BYTES
-from imagebatch.tasks import manifest_rules
-from imagebatch.tasks.manifest import (
+from imagebatch.manifest import (
     MAX_NATIVE_IMAGE_BYTES,
     ManifestError,
     Problem,
@@ -22,7 +21,8 @@ from imagebatch.tasks.manifest import (
     load_manifest,
     render_prompt,
 )
-from imagebatch.tasks.manifest_rules import FileChecker, TemplateError, looks_like_field, size_fault
+from imagebatch.manifest import files as manifest_files
+from imagebatch.manifest.check import FileChecker, TemplateError, looks_like_field, size_fault
 
 
 @pytest.fixture
@@ -549,13 +549,13 @@ def test_big_file_is_refused_without_being_read(folder: Path) -> None:
 
 def test_each_distinct_file_is_read_once(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    real = manifest_rules.inspect_image
+    real = manifest_files.inspect_image
 
     def counting(data: bytes) -> Any:
         calls.append(len(data))
         return real(data)
 
-    monkeypatch.setattr(manifest_rules, "inspect_image", counting)
+    monkeypatch.setattr(manifest_files, "inspect_image", counting)
     spellings = [
         "images/ref.png",
         "./images/ref.png",

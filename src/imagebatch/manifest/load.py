@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .manifest_models import Manifest, ManifestError, ManifestFormat, Problem
-from .manifest_read import read_raw
-from .manifest_rules import JobChecker
+from .check import JobChecker
+from .models import Manifest, ManifestError, ManifestFormat, Problem
+from .read import read_raw
 
 
 def load_manifest(path: str | Path, *, format: ManifestFormat | None = None) -> Manifest:

@@ -64,17 +64,22 @@ Idempotency keys (recipe ``ib1``)
     service's earlier replies: those are history that a run keeps in its output folder.
 
 `load_manifest` checks everything and raises `ManifestError` listing every problem; `plan` expands a
-manifest into `PlannedRequest` objects; `summarise` counts them; `add_validate_arguments` and
-`validate_main` are the `imagebatch validate` command. This module is the public face; the work is done
-in `manifest_read` (formats), `manifest_rules` (checks), `manifest_load`, `manifest_plan` (keys) and
-`manifest_cli`.
+manifest into `PlannedRequest` objects; `summarise` counts them; `validate_main` is the `imagebatch
+validate` command (its options are in `imagebatch.flows.cli`). This module is the public face; the work
+is done in `read` (CSV, JSON, JSON Lines to raw rows), `check` (the checker, in steps) with `fields` (the
+field table), `template` (prompts), `inputs` (the row model and its errors) and `files` (reference images
+and masks), `models` (Job, Manifest, Problem), `load`, `plan` (requests and keys) and `summary`.
+
+One CSV reader: the csv module. pandas used to parse every CSV a second time after the csv module had
+already found each record's physical line (which pandas cannot report): it earned nothing, and its import
+cost start-up time and 60 MB, so it is no longer a dependency.
 """
 
 from __future__ import annotations
 
-from .manifest_cli import add_validate_arguments, validate_main
-from .manifest_load import load_manifest
-from .manifest_models import (
+from .fields import KNOWN_FIELDS
+from .load import load_manifest
+from .models import (
     ID_PATTERN,
     MANIFEST_ROUTES,
     MAX_COUNT,
@@ -89,7 +94,7 @@ from .manifest_models import (
     id_fault,
     is_safe_id,
 )
-from .manifest_plan import (
+from .plan import (
     RECIPE_VERSION,
     PlanCounts,
     PlannedRequest,
@@ -102,8 +107,9 @@ from .manifest_plan import (
     request_parameters,
     summarise,
 )
-from .manifest_read import detect_format
-from .manifest_rules import KNOWN_FIELDS, TemplateError, render_prompt
+from .read import detect_format
+from .summary import validate_main
+from .template import TemplateError, render_prompt
 
 __all__ = [
     "ID_PATTERN",
@@ -123,7 +129,6 @@ __all__ = [
     "Problem",
     "TemplateError",
     "Turn",
-    "add_validate_arguments",
     "canonical_json",
     "detect_format",
     "id_fault",

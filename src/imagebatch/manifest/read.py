@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from .manifest_models import Location, ManifestError, ManifestFormat, Problem
+from .models import Location, ManifestError, ManifestFormat, Problem
 
 EXTENSIONS: dict[str, ManifestFormat] = {
     ".csv": "csv",
@@ -197,7 +195,7 @@ def _read_csv(text: str, raw: RawManifest) -> None:
     if fatal:
         raise ManifestError(fatal, raw.path)
 
-    rows = _frame_rows(text, header, records)
+    rows = [dict(zip(header, record, strict=True)) for _, record in records]
     unnamed = [i for i, name in enumerate(header) if not name]
     for i in unnamed:
         # Spreadsheets often export trailing empty columns; only a nameless column with data is a mistake.
@@ -214,22 +212,6 @@ def _read_csv(text: str, raw: RawManifest) -> None:
         # A row of empty cells (`,,,`) is what spreadsheets leave below the data: not a job.
         if any(v.strip() for v in values.values()):
             raw.rows.append(RawRow(line, "line", values))
-
-
-def _frame_rows(text: str, header: list[str], records: list[tuple[int, list[str]]]) -> list[dict[str, str]]:
-    """Read the data with pandas, every cell a string and an empty cell "" (never NaN)."""
-    frame = pd.read_csv(
-        io.StringIO(text),
-        dtype=str,
-        keep_default_na=False,
-        na_filter=False,
-        skip_blank_lines=True,
-        engine="c",
-    )
-    if len(frame) != len(records):  # pragma: no cover - the scan and pandas disagree only on odd inputs
-        return [dict(zip(header, rec, strict=True)) for _, rec in records]
-    # to_numpy(object).tolist() then zip: several times faster than to_dict("records") on string columns.
-    return [dict(zip(header, row, strict=True)) for row in frame.to_numpy(dtype=object).tolist()]
 
 
 # --- JSON and JSON Lines ------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Planning checked jobs into HTTP requests, each with its content-addressed idempotency key.
 
-The key recipe is documented in `imagebatch.tasks.manifest` (the module users read); this module is its
+The key recipe is documented in `imagebatch.manifest` (the module users read); this module is its
 one implementation.
 """
 
@@ -21,7 +21,7 @@ from imagebatch.gateway.constants import (
     Route,
 )
 
-from .manifest_models import Job, Manifest
+from .models import Job, Manifest
 
 RECIPE_VERSION = "ib1"
 """Bump when the recipe changes: every key changes with it, so old output folders are not mistaken

@@ -1,39 +1,20 @@
 """`imagebatch validate MANIFEST`: check a manifest and show its plan, sending nothing.
 
-The CLI owner wires `add_validate_arguments` and `validate_main` into the `imagebatch` command; `main`
-runs the same thing standalone (``python -m imagebatch.tasks.manifest_cli MANIFEST``).
+`imagebatch.flows.cli` defines the command's options and calls `validate_main(args)`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import TextIO
 
-from .manifest_load import load_manifest
-from .manifest_models import ManifestError
-from .manifest_plan import plan, summarise
+from .load import load_manifest
+from .models import ManifestError
+from .plan import plan, summarise
 
 EXIT_VALID = 0
 EXIT_INVALID = 2
-
-
-def add_validate_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the `validate` command's arguments to `parser` (a subcommand parser) and return it."""
-    parser.add_argument("manifest", type=Path, help="the manifest: .csv, .json or .jsonl")
-    parser.add_argument(
-        "--format",
-        choices=("csv", "json", "jsonl"),
-        default=None,
-        help="the manifest's format (default: from its extension)",
-    )
-    parser.add_argument(
-        "--keys",
-        action="store_true",
-        help="also list every planned request with its idempotency key",
-    )
-    return parser
 
 
 def validate_main(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
@@ -65,15 +46,3 @@ def validate_main(args: argparse.Namespace, *, out: TextIO | None = None) -> int
                 file=out,
             )
     return EXIT_VALID
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="imagebatch validate", description="Check a manifest and show its plan, sending nothing."
-    )
-    add_validate_arguments(parser)
-    return validate_main(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

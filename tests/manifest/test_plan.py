@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from imagebatch.gateway.constants import Route
-from imagebatch.tasks.manifest import (
+from imagebatch.manifest import (
     Job,
     Turn,
     canonical_json,

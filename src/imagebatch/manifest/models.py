@@ -1,6 +1,6 @@
 """The data of a checked manifest: the problems found in it, its jobs and turns, and the manifest itself.
 
-These are the shapes the rest of imagebatch consumes; `imagebatch.tasks.manifest` re-exports them.
+These are the shapes the rest of imagebatch consumes; `imagebatch.manifest` re-exports them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from imagebatch.gateway.constants import DEFAULT_MAX_TOKENS
-from imagebatch.tasks.manifest import Manifest, ManifestError, Problem, load_manifest
+from imagebatch.manifest import Manifest, ManifestError, Problem, load_manifest
 
 
 def write(path: Path, text: str | bytes) -> Path:

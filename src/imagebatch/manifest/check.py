@@ -1,0 +1,501 @@
+"""The checker: a raw manifest's rows to Jobs, in small steps (header, id, route and model, fields,
+templates, files), every problem collected with its line or item, field and hint.
+
+About 500 lines, over the project's 400, on purpose: it is one class whose steps share the manifest's
+state (its defaults, the ids seen, the look-alike names reported, the file cache); the tables, templates,
+input model and file checks it uses are already in their own modules."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic_core import PydanticCustomError
+
+from imagebatch.gateway.constants import (
+    ASPECT_RATIOS,
+    COMPAT_IMAGE_MODEL,
+    DEFAULT_ASPECT_RATIO,
+    DEFAULT_IMAGE_SIZE,
+    DEFAULT_IMAGES_API_SIZE,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_NATIVE_MODEL,
+    IMAGE_MODELS,
+    NATIVE_MODELS,
+)
+from imagebatch.gateway.imagefile import mask_problems
+from imagebatch.gateway.models import check_aspect_ratio, check_text_model
+
+from .fields import (
+    KNOWN_FIELDS,
+    MISPLACED_HINTS,
+    ROUTE_FIELDS,
+    ROUTE_SPECIFIC_FIELDS,
+    looks_like_field,
+    routes_for,
+)
+from .files import SIZE_HINT, FileChecker, FileFacts, size_fault
+from .inputs import JobInput, clean_text, validate_input
+from .models import (
+    MANIFEST_ROUTES,
+    Job,
+    Location,
+    Problem,
+    Turn,
+)
+from .read import RawManifest, RawRow
+from .template import TemplateError, render_prompt, template_value
+
+# --- the checker -------------------------------------------------------------------------------------
+
+
+def _ratio_hint(model: str, ratio: str) -> str | None:
+    supported = ASPECT_RATIOS[model]
+    guess = re.sub("\\s*[xX/:\u00d7]\\s*", ":", ratio.strip())
+    if guess != ratio and guess in supported:
+        return f"did you mean {guess!r}?"
+    others = [m for m, ratios in ASPECT_RATIOS.items() if ratio in ratios]
+    if others:
+        return f"{ratio} is supported by {' and '.join(others)}"
+    return None
+
+
+def _serves(route: str, model: str | None) -> bool:
+    """Whether `route` serves `model` (a text route serves any model that is not an image model)."""
+    if route in ("native", "chat"):
+        return model in NATIVE_MODELS
+    if route == "images":
+        return model == COMPAT_IMAGE_MODEL
+    return model is not None and model not in IMAGE_MODELS
+
+
+def _model_hint(model: str, candidates: tuple[str, ...]) -> str | None:
+    close = difflib.get_close_matches(model, candidates, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+class JobChecker:
+    """Checks rows one at a time, remembering what spans rows (ids, files, reported columns).
+
+    Every problem of every row is collected in `problems`; `check` returns a Job only for a clean row.
+    """
+
+    def __init__(self, raw: RawManifest, base_dir: Path) -> None:
+        self.format = raw.format
+        self.files = FileChecker(base_dir)
+        self.problems: list[Problem] = []
+        self._ids: dict[str, tuple[str, str]] = {}  # casefolded id -> (id, location)
+        self._metadata_columns: dict[str, None] = {}  # an ordered set
+        self._reported_keys: set[str] = set()
+        self._absent_columns: set[str] = set()
+        self._defaults_raw: dict[str, Any] = {}
+        self._defaults = JobInput()
+        self._defaults_set: frozenset[str] = frozenset()
+        if raw.format == "csv":
+            self._check_header(raw)
+        else:
+            self._check_defaults(raw.defaults)
+
+    @property
+    def metadata_columns(self) -> list[str]:
+        return list(self._metadata_columns)
+
+    # -- whole-file checks --------------------------------------------------------------------------
+
+    def _check_header(self, raw: RawManifest) -> None:
+        columns = raw.columns or []
+        line = raw.header_line
+        for required in ("id", "prompt"):
+            if required not in columns:
+                self._absent_columns.add(required)
+                self.problems.append(
+                    Problem(
+                        line, None, required, f"the manifest has no {required!r} column; every job needs one"
+                    )
+                )
+        for name in columns:
+            self._reported_keys.add(name)
+            if name == "turns":
+                self.problems.append(
+                    Problem(
+                        line, None, "turns", "edit chains (turns) can only be written in JSON or JSON Lines"
+                    )
+                )
+            elif (meant := looks_like_field(name)) is not None:
+                self.problems.append(self._lookalike(line, "line", None, name, meant))
+            elif name not in KNOWN_FIELDS:
+                self._metadata_columns[name] = None
+
+    def _check_defaults(self, defaults: dict[str, Any]) -> None:
+        self._defaults_raw = defaults
+        if not defaults:
+            return
+
+        def add(field: str, message: str, hint: str | None = None) -> None:
+            self.problems.append(Problem(None, None, f"defaults.{field}", message, hint))
+
+        if "id" in defaults:
+            add("id", "an id cannot be a default: every job needs its own")
+        known = {k: v for k, v in defaults.items() if k in KNOWN_FIELDS and k != "id"}
+        self._defaults, issues = validate_input(known)
+        for issue in issues:
+            add(issue.field, issue.message, issue.hint)
+        # A faulty default turn (`turns[1]`) keeps all default turns from the jobs: it is reported here once.
+        tops = {i.top.split("[", 1)[0] for i in issues}
+        self._defaults_set = frozenset(
+            f for f in KNOWN_FIELDS if f in known and f not in tops and self._given(self._defaults, f)
+        )
+        for key, value in defaults.items():
+            if key in KNOWN_FIELDS:
+                continue
+            self._reported_keys.add(key)
+            if (meant := looks_like_field(key)) is not None:
+                self.problems.append(
+                    Problem(None, None, f"defaults.{key}", *self._lookalike_text(key, meant))
+                )
+            elif template_value(value) is None:
+                add(key, "metadata values must be text, numbers or true/false, not a list or object")
+            else:
+                self._metadata_columns[key] = None
+
+    @staticmethod
+    def _lookalike_text(name: str, meant: str) -> tuple[str, str]:
+        return (
+            f"{name!r} is not a field name, so it would be kept as metadata and not used",
+            f"did you mean {meant!r}? field names are lower case with underscores",
+        )
+
+    def _lookalike(
+        self, line: int | None, unit: Location, job_id: str | None, name: str, meant: str
+    ) -> Problem:
+        return Problem(line, job_id, name, *self._lookalike_text(name, meant), unit=unit)
+
+    @staticmethod
+    def _given(inp: JobInput, field: str) -> bool:
+        value = getattr(inp, field)
+        return value is not None and value != []
+
+    # -- one row ------------------------------------------------------------------------------------
+
+    def check(self, row: RawRow) -> Job | None:
+        """Check one row; append its problems to `problems`; return its Job when it has none.
+
+        The steps, each small: split known fields from metadata, type-check the fields, then the id, the
+        route and model, the route-specific fields, the prompt and turns, and the files."""
+        r = self._start(row)
+        r.inp, issues = validate_input(r.known)
+        for issue in issues:
+            r.add(issue.field, issue.message, issue.hint)
+        r.bad = {issue.top for issue in issues}
+        job_id = self._check_id(r)
+        route, model = self._route_and_model(r)
+        given = self._route_fields(r, route, model)
+        prompt, turns = self._prompt_and_turns(r, given, route)
+        refs, ref_hashes = self._files(given.get("reference_images", []), "reference_images", r.add, route)
+        mask_path, mask_hash = self._row_mask(r, given, route)
+        metadata = self._metadata(r.extra, r.add)
+
+        if r.problems:
+            self.problems.extend(r.problems)
+            return None
+        if job_id is None or route is None or model is None or prompt is None:
+            return None  # an absent id or prompt column, reported once at the header
+        image_route = route in ("native", "chat")
+        return Job(
+            id=job_id,
+            line=row.line,
+            location=r.location,
+            prompt=prompt,
+            model=model,
+            route=route,
+            aspect_ratio=given.get("aspect_ratio", DEFAULT_ASPECT_RATIO) if image_route else None,
+            image_size=given.get("image_size", DEFAULT_IMAGE_SIZE) if image_route else None,
+            size=given.get("size", DEFAULT_IMAGES_API_SIZE) if route == "images" else None,
+            reference_images=refs,
+            reference_sha256=ref_hashes,
+            mask=mask_path,
+            mask_sha256=mask_hash,
+            count=r.value("count") or 1,
+            max_images=given.get("max_images", 1) if image_route else None,
+            max_tokens=given.get("max_tokens", DEFAULT_MAX_TOKENS) if route == "messages" else None,
+            turns=turns,
+            metadata=metadata,
+        )
+
+    def _start(self, row: RawRow) -> _Row:
+        """The row's state, its known fields split from its metadata (look-alike names reported once)."""
+        r = _Row(self, row)
+        for key, value in row.values.items():
+            if key in KNOWN_FIELDS:
+                r.known[key] = value
+                continue
+            r.extra[key] = value
+            if key not in self._reported_keys:
+                # JSON keys vary by job: report a look-alike once, at the first job that has it.
+                self._reported_keys.add(key)
+                if (meant := looks_like_field(key)) is not None:
+                    r.problems.append(self._lookalike(row.line, row.unit, r.shown_id, key, meant))
+                    continue
+                self._metadata_columns[key] = None
+        if self.format == "csv":
+            r.known.pop("turns", None)  # reported once, at the header
+        return r
+
+    def _check_id(self, r: _Row) -> str | None:
+        job_id = r.inp.id
+        if job_id is None and "id" not in r.bad and "id" not in self._absent_columns:
+            r.add("id", "id is required: every job needs a unique id")
+        elif job_id is not None:
+            self._check_unique(job_id, r.location, r.add)
+        return job_id
+
+    def _route_and_model(self, r: _Row) -> tuple[str | None, str | None]:
+        if {"route", "model"} & r.bad:
+            return None, None
+        route_given = r.value("route")
+        if r.inp.model is None and r.inp.route is not None and not _serves(r.inp.route, self._defaults.model):
+            # Like any route-specific default, a default model reaches only the jobs whose route serves
+            # it: one defaults object can then serve a manifest mixing routes.
+            model_given = None
+        else:
+            model_given = r.value("model")
+        return self._resolve(route_given, model_given, r.add)
+
+    def _route_fields(self, r: _Row, route: str | None, model: str | None) -> dict[str, Any]:
+        """The route-specific fields: defaults apply only where they belong, a job's own must belong."""
+        given: dict[str, Any] = {}
+        for field in ROUTE_SPECIFIC_FIELDS:
+            if field in r.bad:
+                continue
+            if self._given(r.inp, field):
+                if route is not None and field not in ROUTE_FIELDS[route]:
+                    routes = " and ".join(routes_for(field))
+                    message = f"{field} does not apply to the {route} route, only to {routes}"
+                    r.add(field, message, MISPLACED_HINTS[field])
+                    continue
+                given[field] = getattr(r.inp, field)
+            elif field in self._defaults_set and route is not None and field in ROUTE_FIELDS[route]:
+                r.from_defaults.add(field)
+                given[field] = getattr(self._defaults, field)
+        if route in ("native", "chat") and model is not None and "aspect_ratio" in given:
+            try:
+                check_aspect_ratio(model, given["aspect_ratio"])
+            except PydanticCustomError as exc:
+                r.add("aspect_ratio", exc.message(), _ratio_hint(model, given["aspect_ratio"]))
+        return given
+
+    def _prompt_and_turns(
+        self, r: _Row, given: dict[str, Any], route: str | None
+    ) -> tuple[str | None, list[Turn]]:
+        """The prompt and each turn's, rendered against the whole row (defaults included)."""
+        values = r.row.values
+        namespace = {**self._defaults_raw, **values} if self._defaults_raw else values
+        prompt = self._render(r.value("prompt"), "prompt", namespace, r.add)
+        if prompt is None and r.value("prompt") is None and "prompt" not in r.bad | self._absent_columns:
+            r.add("prompt", "prompt is required")
+        turns: list[Turn] = []
+        for i, turn in enumerate(given.get("turns", [])):
+            field = f"turns[{i}]"
+            if turn is None:
+                continue  # not a turn at all: reported by validate_input
+            turn_prompt = self._render(turn.prompt, f"{field}.prompt", namespace, r.add)
+            if turn.prompt is None and f"{field}.prompt" not in r.bad:
+                r.add(f"{field}.prompt", "each turn needs a prompt")
+            paths, hashes = self._files(turn.reference_images, f"{field}.reference_images", r.add, route)
+            if turn_prompt is not None:
+                turns.append(Turn(prompt=turn_prompt, reference_images=paths, reference_sha256=hashes))
+        return prompt, turns
+
+    def _row_mask(self, r: _Row, given: dict[str, Any], route: str | None) -> tuple[Path | None, str | None]:
+        if "mask" not in given:
+            return None, None
+        refs = given.get("reference_images")
+        if not refs:
+            r.add("mask", "a mask needs a reference image to apply to (it applies to the first)")
+        mask_facts = self._file(given["mask"], "mask", r.add, route)
+        if mask_facts is None:
+            return None, None
+        self._check_mask(mask_facts, self.files.check(refs[0]) if refs else None, r.add)
+        return mask_facts.path, mask_facts.sha256
+
+    def _check_unique(self, job_id: str, location: str, add: Callable[..., None]) -> None:
+        key = job_id.casefold()
+        first = self._ids.get(key)
+        if first is None:
+            self._ids[key] = (job_id, location)
+        elif first[0] == job_id:
+            add("id", f"duplicate id {job_id!r}: also used on {first[1]}")
+        else:
+            add(
+                "id",
+                f"id {job_id!r} differs from {first[0]!r} ({first[1]}) only by case",
+                "their file names would collide on case-insensitive file systems",
+            )
+
+    def _resolve(
+        self, route: str | None, model: str | None, add: Callable[..., None]
+    ) -> tuple[str | None, str | None]:
+        """The job's route and model, checked against each other; None for whichever is at fault."""
+        if route is not None and route not in MANIFEST_ROUTES:
+            lowered = route.strip().lower()
+            hint = None
+            if lowered in MANIFEST_ROUTES:
+                hint = f"did you mean {lowered!r}?"
+            elif lowered.startswith("images"):
+                hint = "use 'images': generations or edits follow from reference_images"
+            add("route", f"unknown route {route!r}; routes are {', '.join(MANIFEST_ROUTES)}", hint)
+            return None, None
+        if model is None:
+            if route in ("messages", "responses"):
+                add(
+                    "model",
+                    f"model is required on the {route} route: a text model ID from the service's catalog",
+                )
+                return route, None
+            # The images routes serve one model; everything else defaults to the newest native model.
+            model = COMPAT_IMAGE_MODEL if route == "images" else DEFAULT_NATIVE_MODEL
+        if route is None:
+            if model in NATIVE_MODELS:
+                return "native", model
+            if model == COMPAT_IMAGE_MODEL:
+                return "images", model
+            hint = _model_hint(model, IMAGE_MODELS)
+            if hint:
+                add("model", f"unknown model {model!r}; image models are {', '.join(IMAGE_MODELS)}", hint)
+            else:
+                add(
+                    "route",
+                    f"route is required: model {model!r} is not an image model, so no route follows from it",
+                    "set route to messages or responses for a text model",
+                )
+            return None, None
+        if route in ("native", "chat") and model not in NATIVE_MODELS:
+            if model == COMPAT_IMAGE_MODEL:
+                add(
+                    "model",
+                    f"{model} is served on the images route, not on the {route} route",
+                    "set route to images",
+                )
+            else:
+                add(
+                    "model",
+                    f"unknown model {model!r} for the {route} route; models: {', '.join(NATIVE_MODELS)}",
+                    _model_hint(model, NATIVE_MODELS),
+                )
+            return route, None
+        if route == "images" and model != COMPAT_IMAGE_MODEL:
+            if model in NATIVE_MODELS:
+                add(
+                    "model",
+                    f"{model} is not served on the images route (the service answers unsupported_endpoint)",
+                    f"use route native or chat, or model {COMPAT_IMAGE_MODEL}",
+                )
+            else:
+                add(
+                    "model",
+                    f"unknown model {model!r} for the images route; it serves {COMPAT_IMAGE_MODEL}",
+                    _model_hint(model, (COMPAT_IMAGE_MODEL,)),
+                )
+            return route, None
+        if route in ("messages", "responses"):
+            try:
+                check_text_model(model)
+            except PydanticCustomError as exc:
+                add("model", f"{exc.message()}; the {route} route relays text models", "use a text model ID")
+                return route, None
+        return route, model
+
+    def _render(
+        self, template: str | None, field: str, namespace: Mapping[str, Any], add: Callable[..., None]
+    ) -> str | None:
+        if template is None:
+            return None
+        try:
+            rendered = render_prompt(template, namespace)
+        except TemplateError as exc:
+            for message, hint in exc.issues:
+                add(field, message, hint)
+            return None
+        rendered = clean_text(rendered)
+        if rendered is None:
+            add(field, "the prompt is empty once its placeholders are filled in")
+        return rendered
+
+    def _file(self, text: str, field: str, add: Callable[..., None], route: str | None) -> FileFacts | None:
+        facts = self.files.check(text)
+        if (too_big := size_fault(facts.size, route)) is not None:
+            add(field, f"{text}: {too_big}", SIZE_HINT)
+            return None
+        if facts.error is not None:
+            add(field, f"{text}: {facts.error}", facts.hint)
+            return None
+        return facts
+
+    def _files(
+        self, texts: list[str], field: str, add: Callable[..., None], route: str | None
+    ) -> tuple[list[Path], list[str]]:
+        paths: list[Path] = []
+        hashes: list[str] = []
+        for text in texts:
+            facts = self._file(text, field, add, route)
+            if facts is not None:
+                assert facts.sha256 is not None
+                paths.append(facts.path)
+                hashes.append(facts.sha256)
+        return paths, hashes
+
+    @staticmethod
+    def _check_mask(mask: FileFacts, first: FileFacts | None, add: Callable[..., None]) -> None:
+        assert mask.info is not None
+        for message, hint in mask_problems(mask.info, first.info if first is not None else None):
+            add("mask", message, hint)
+
+    def _metadata(self, extra: Mapping[str, Any], add: Callable[..., None]) -> dict[str, str]:
+        metadata: dict[str, str] = {}
+        merged = {**self._defaults_raw, **extra} if self._defaults_raw else extra
+        for key, raw in merged.items():
+            if key in KNOWN_FIELDS or key not in self._metadata_columns:
+                continue  # a field, or a look-alike reported as a problem
+            text = template_value(raw)
+            if text is None:
+                if key in extra:
+                    add(key, "metadata values must be text, numbers or true/false, not a list or object")
+                continue
+            metadata[key] = text
+        return metadata
+
+
+class _Row:
+    """One row being checked: its problems, and its values with the manifest's defaults behind them."""
+
+    def __init__(self, checker: JobChecker, row: RawRow) -> None:
+        self.checker = checker
+        self.row = row
+        raw_id = row.values.get("id")
+        self.shown_id = raw_id.strip() or None if isinstance(raw_id, str) else template_value(raw_id) or None
+        self.location = f"line {row.line}" if row.unit == "line" else f"job #{row.line}"
+        self.problems: list[Problem] = []
+        self.from_defaults: set[str] = set()
+        self.known: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}
+        self.inp: JobInput
+        self.bad: set[str] = set()
+
+    def add(self, field: str | None, message: str, hint: str | None = None) -> None:
+        if field in self.from_defaults:
+            message += " (value from defaults)"
+        self.problems.append(Problem(self.row.line, self.shown_id, field, message, hint, self.row.unit))
+
+    def value(self, field: str) -> Any:
+        """The row's own value of `field`, else the manifest's default (noted, for the message)."""
+        own = getattr(self.inp, field)
+        if own is not None and own != []:
+            return own
+        checker = self.checker
+        if field in checker._defaults_set and field not in self.bad:
+            self.from_defaults.add(field)
+            return getattr(checker._defaults, field)
+        return own
