@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
-from PIL import Image
+from helpers.images import encode
 
 from imagebatch.gateway.imagefile import NotAnImageError, inspect_image
-
-
-def encoded(fmt: str, mode: str = "RGB", size: tuple[int, int] = (12, 8)) -> bytes:
-    buf = io.BytesIO()
-    Image.new(mode, size).save(buf, format=fmt)
-    return buf.getvalue()
 
 
 @pytest.mark.parametrize(("fmt", "mode", "mime", "alpha"), [
@@ -22,7 +14,7 @@ def encoded(fmt: str, mode: str = "RGB", size: tuple[int, int] = (12, 8)) -> byt
     ("JPEG", "RGB", "image/jpeg", False),
 ])  # fmt: skip
 def test_a_png_or_jpeg_is_read_by_its_bytes(fmt: str, mode: str, mime: str, alpha: bool) -> None:
-    info = inspect_image(encoded(fmt, mode))
+    info = inspect_image(encode(fmt, 12, 8, (0, 0, 0, 0) if mode == "RGBA" else (0, 0, 0), mode))
     assert (info.mime_type, info.width, info.height, info.has_alpha) == (mime, 12, 8, alpha)
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import base64
-import io
 from typing import Any
 
 import pytest
-from PIL import Image
+from helpers.images import b64, jpeg, png
 from pydantic import BaseModel, ValidationError
 
 from imagebatch.gateway.constants import ASPECT_RATIOS
@@ -21,15 +20,8 @@ from imagebatch.gateway.models import (
     validate_native_request,
 )
 
-
-def make_image(fmt: str) -> str:
-    buf = io.BytesIO()
-    Image.new("RGB", (8, 8), (0, 90, 200)).save(buf, format=fmt)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-PNG64 = make_image("PNG")
-JPEG64 = make_image("JPEG")
+PNG64 = b64(png(8, 8))
+JPEG64 = b64(jpeg(8, 8))
 
 # Written out here rather than read from constants, so a wrong table in the code is caught.
 TEN = ["1:1", "2:3", "3:2", "3:4", "4:3", "4:5", "5:4", "9:16", "16:9", "21:9"]

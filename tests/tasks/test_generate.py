@@ -8,9 +8,7 @@ same output folder (what a rerun does).
 
 from __future__ import annotations
 
-import base64
 import errno
-import io
 import json
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -19,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from PIL import Image
+from helpers.images import b64, png
 
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import load_manifest, plan
@@ -32,14 +30,9 @@ from imagebatch.tasks.store import OutputStore, RequestRecord, read_jsonl
 API_KEY = "secret-key"
 
 
-def png(width: int = 8, height: int = 8) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", (width, height), (10, 200, 30)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
+def answer_png(width: int) -> bytes:
+    """The fake service's n-th image: a different width each time, so files can be told apart."""
+    return png(width, 8, (10, 200, 30))
 
 
 def native_ok(n: int) -> dict[str, Any]:
@@ -53,7 +46,10 @@ def native_ok(n: int) -> dict[str, Any]:
                         {"text": f"thinking {n}", "thought": True, "thoughtSignature": f"thought-sig-{n}"},
                         {"text": f"ok {n}"},
                         {
-                            "inlineData": {"mimeType": "image/png", "data": b64(png(8 + n))},
+                            "inlineData": {
+                                "mimeType": "image/png",
+                                "data": b64(answer_png(8 + n)),
+                            },
                             "thoughtSignature": f"sig-{n}",
                         },
                     ],
@@ -113,7 +109,7 @@ class Service:
         if path.startswith("/v1beta/"):
             return native_ok(n)
         if path.startswith("/v1/images/"):
-            return {"created": 1, "data": [{"b64_json": b64(png(8 + n))}]}
+            return {"created": 1, "data": [{"b64_json": b64(answer_png(8 + n))}]}
         if path == "/v1/messages":
             return {"content": [{"type": "text", "text": f"hello {n}"}], "usage": {"output_tokens": n}}
         raise AssertionError(f"unexpected path {path}")
@@ -220,7 +216,7 @@ def test_success_writes_files_and_journals_in_the_crash_safe_order(
     assert h.service.count == 1
     assert rec.status == "succeeded"
     assert rec.paths == [f"images/a/0-{key12(rec)}.png"]
-    assert (h.out / rec.paths[0]).read_bytes() == png(9)
+    assert (h.out / rec.paths[0]).read_bytes() == answer_png(9)
     assert (rec.images, rec.width, rec.height, rec.mime_type) == (1, 9, 8, "image/png")
     assert (rec.attempts, rec.finish_reason, rec.job_id, rec.route) == (1, "STOP", "a", "native")
     assert seen == ["file", "outcome"]
@@ -239,7 +235,7 @@ def test_success_writes_files_and_journals_in_the_crash_safe_order(
     # No image bytes travel in a record (Prefect would keep them): only small scalars and paths.
     values = asdict(rec).values()
     assert not any(isinstance(v, bytes | bytearray) for v in values)
-    assert b64(png(9))[:40] not in json.dumps(asdict(rec))
+    assert b64(answer_png(9))[:40] not in json.dumps(asdict(rec))
     assert ctx.results == {} and not ctx.halt.is_set()
 
 
@@ -600,7 +596,9 @@ def test_force_resends_a_succeeded_request(h: Harness) -> None:
     (forced,) = run_unit(h.context(force=True), unit)
     assert h.service.count == 2 and forced.status == "succeeded"
     assert forced.paths == first.paths
-    assert (h.out / forced.paths[0]).read_bytes() == png(10)  # the new answer replaced the old file
+    assert (h.out / forced.paths[0]).read_bytes() == png(
+        10, 8, (10, 200, 30)
+    )  # the new answer replaced the old file
 
 
 def test_force_remakes_a_whole_chain(h: Harness) -> None:
@@ -635,7 +633,11 @@ def test_similar_job_ids_and_copies_never_share_a_file(h: Harness) -> None:
     assert len(paths) == len(set(paths)) == 3
     written = sorted(p.relative_to(h.out).as_posix() for p in (h.out / "images").rglob("*") if p.is_file())
     assert written == sorted(paths)
-    assert [(h.out / p).read_bytes() for p in paths] == [png(9), png(10), png(11)]
+    assert [(h.out / p).read_bytes() for p in paths] == [
+        answer_png(9),
+        answer_png(10),
+        answer_png(11),
+    ]
 
 
 def test_an_edited_row_writes_a_new_file_and_keeps_the_old_one(h: Harness) -> None:
@@ -646,7 +648,7 @@ def test_an_edited_row_writes_a_new_file_and_keeps_the_old_one(h: Harness) -> No
     assert new.idempotency_key != old.idempotency_key
     assert new.paths != old.paths
     assert (h.out / old.paths[0]).read_bytes() == old_bytes
-    assert (h.out / new.paths[0]).read_bytes() == png(10)
+    assert (h.out / new.paths[0]).read_bytes() == answer_png(10)
 
 
 # --- run_unit_safely -------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ UNSUPPORTED_PART_KEYS = (
 _MODEL_TURN = "_in_model_turn"  # validation-context flag set while a `role: model` content is validated
 
 
-class _Strict(BaseModel):
+class _StrictBody(BaseModel):
     """A request object of the spec: unknown keys refused, and an optional field is omitted or has a
     value: an explicit `null` is refused (the spec says, e.g., "omit or send integer 1")."""
 
@@ -129,7 +129,7 @@ def reject_non_integer_one(value: Any) -> Any:
 # --- native request --------------------------------------------------------------------------------
 
 
-class InlineData(_Strict):
+class InlineData(_StrictBody):
     """An image carried inside a request or response part."""
 
     mimeType: Literal["image/png", "image/jpeg"]
@@ -194,7 +194,7 @@ class Part(_Open):
         return self
 
 
-class Content(_Strict):
+class Content(_StrictBody):
     """One turn of the conversation."""
 
     role: Literal["user", "model"] = "user"
@@ -215,7 +215,7 @@ class Content(_Strict):
         return handler(data)
 
 
-class ImageConfig(_Strict):
+class ImageConfig(_StrictBody):
     imageSize: str | None = None
     """`1K`, `2K` or `4K` (case-sensitive); default `1K`."""
     aspectRatio: str | None = None
@@ -230,7 +230,7 @@ class ImageConfig(_Strict):
         return self
 
 
-class GenerationConfig(_Strict):
+class GenerationConfig(_StrictBody):
     responseModalities: list[Literal["IMAGE"]] | None = Field(default=None, min_length=1, max_length=1)
     """Only `["IMAGE"]`."""
     candidateCount: StrictInt | None = None
@@ -245,7 +245,7 @@ class GenerationConfig(_Strict):
         return v
 
 
-class NativeRequest(_Strict):
+class NativeRequest(_StrictBody):
     """Body of `POST /v1beta/models/{model}:generateContent`."""
 
     contents: list[Content] = Field(min_length=1)
@@ -293,14 +293,14 @@ class NativeResponse(_Open):
 # --- chat route --------------------------------------------------------------------------------------
 
 
-class ChatImageConfig(_Strict):
+class ChatImageConfig(_StrictBody):
     image_size: str | None = None
     aspect_ratio: str | None = None
 
     _check_size = field_validator("image_size")(classmethod(lambda cls, v: check_image_size(v)))
 
 
-class ChatNativeOptions(_Strict):
+class ChatNativeOptions(_StrictBody):
     image_config: ChatImageConfig | None = None
 
 
@@ -382,7 +382,7 @@ class ChatResponse(_Open):
 ImagesSize = Literal[tuple(IMAGES_API_SIZES)]  # type: ignore[valid-type]
 
 
-class ImagesRequest(_Strict):
+class ImagesRequest(_StrictBody):
     """Fields of `POST /v1/images/generations` (JSON) and of `POST /v1/images/edits` (multipart)."""
 
     model: str = COMPAT_IMAGE_MODEL

@@ -10,7 +10,7 @@ from .app import EmulatorApp, create_app
 from .render import images_pixel_size, native_pixel_size
 from .server import EmulatorServer
 from .settings import EmulatorSettings, FaultConfig, ScriptedFault
-from .state import EmulatorState, LedgerEntry, RequestRecord
+from .state import EmulatorState, LedgerEntry, RequestLogEntry
 
 __all__ = [
     "EmulatorApp",
@@ -19,7 +19,7 @@ __all__ = [
     "EmulatorState",
     "FaultConfig",
     "LedgerEntry",
-    "RequestRecord",
+    "RequestLogEntry",
     "ScriptedFault",
     "create_app",
     "images_pixel_size",

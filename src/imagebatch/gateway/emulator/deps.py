@@ -24,7 +24,7 @@ from ..constants import (
 )
 from .edge import record_of
 from .errors import ServiceError
-from .state import EmulatorState, RequestRecord
+from .state import EmulatorState, RequestLogEntry
 
 
 def get_emulator(request: Request) -> EmulatorState:
@@ -32,15 +32,15 @@ def get_emulator(request: Request) -> EmulatorState:
     return state
 
 
-def get_record(request: Request) -> RequestRecord:
+def get_record(request: Request) -> RequestLogEntry:
     return record_of(request.scope)
 
 
 EmulatorDep = Annotated[EmulatorState, Depends(get_emulator)]
-RecordDep = Annotated[RequestRecord, Depends(get_record)]
+RecordDep = Annotated[RequestLogEntry, Depends(get_record)]
 
 
-def mark_route(route: Route) -> Callable[[RequestRecord], None]:
+def mark_route(route: Route) -> Callable[[RequestLogEntry], None]:
     """A dependency that notes in the request log which route the path matched."""
 
     def mark(record: RecordDep) -> None:

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..constants import IDEMPOTENCY_HEADER, REQUEST_ID_HEADER
 from .errors import error_body
-from .state import EmulatorState, RequestRecord
+from .state import EmulatorState, RequestLogEntry
 
 logger = logging.getLogger("imagebatch.gateway.emulator")
 
@@ -36,8 +36,8 @@ class DropConnection(Response):
         scope[RECORD_SCOPE_KEY].drop = True
 
 
-def record_of(scope: Scope) -> RequestRecord:
-    record: RequestRecord = scope[RECORD_SCOPE_KEY]
+def record_of(scope: Scope) -> RequestLogEntry:
+    record: RequestLogEntry = scope[RECORD_SCOPE_KEY]
     return record
 
 

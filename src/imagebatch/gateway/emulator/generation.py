@@ -22,7 +22,7 @@ from .edge import DropConnection
 from .errors import ServiceError
 from .render import MIME_TYPES, ImageFormat, RenderSpec
 from .settings import STATUS_FAULTS
-from .state import EmulatorState, RequestRecord
+from .state import EmulatorState, RequestLogEntry
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -83,7 +83,7 @@ class Attempt:
 
 async def begin(
     emu: EmulatorState,
-    record: RequestRecord,
+    record: RequestLogEntry,
     *,
     route: Route,
     model: str,
@@ -109,7 +109,7 @@ async def begin(
 
 async def finish(
     emu: EmulatorState,
-    record: RequestRecord,
+    record: RequestLogEntry,
     attempt: Attempt,
     response: Response,
     *,

@@ -20,7 +20,7 @@ from .deps import EmulatorDep, JsonBodyDep, RecordDep, bearer_auth, mark_route
 from .errors import ServiceError
 from .generation import Attempt, b64, begin, finish, no_query, render, text_tokens, validate
 from .render import RenderSpec, images_pixel_size
-from .state import EmulatorState, RequestRecord
+from .state import EmulatorState, RequestLogEntry
 
 router = APIRouter(tags=["images"])
 
@@ -43,7 +43,7 @@ def _usage(prompt: str, input_images: int, output_images: int) -> dict[str, Any]
 
 async def _generate(
     emu: EmulatorState,
-    record: RequestRecord,
+    record: RequestLogEntry,
     attempt: Attempt,
     params: ImagesRequest,
     references: tuple[bytes, ...] = (),

@@ -140,7 +140,7 @@ class EmulatorServer:
         return entries
 
     def requests(self) -> list[dict[str, Any]]:
-        """Every request received on a service path (see `RequestRecord`), oldest first."""
+        """Every request received on a service path (see `RequestLogEntry`), oldest first."""
         return self.state.requests()
 
     def attempts(self) -> dict[str, int]:

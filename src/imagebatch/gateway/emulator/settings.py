@@ -34,11 +34,11 @@ def _outcome_str(value: Any) -> Any:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-class _Strict(BaseModel):
+class _StrictSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ScriptedFault(_Strict):
+class ScriptedFault(_StrictSettings):
     """The first `len(outcomes)` attempts of each matching Idempotency-Key get these outcomes, in order."""
 
     outcomes: list[ScriptOutcome] = Field(min_length=1)
@@ -59,7 +59,7 @@ class ScriptedFault(_Strict):
         return self.match is None or self.match in key or self.match in prompt
 
 
-class FaultConfig(_Strict):
+class FaultConfig(_StrictSettings):
     """Faults: scripted sequences first, then probabilistic rates. Deterministic given the seed."""
 
     rates: dict[FaultOutcome, float] = Field(default_factory=dict)

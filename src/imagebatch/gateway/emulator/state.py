@@ -22,7 +22,7 @@ ADMIN_PREFIX = "/emulator/"
 
 
 @dataclass
-class RequestRecord:
+class RequestLogEntry:
     """One request received on a service path (admin routes are not logged)."""
 
     seq: int
@@ -82,7 +82,7 @@ class EmulatorState:
         self.renderer = Renderer(settings.render_cache_size)
         self._lock = threading.Lock()
         self._ledger: list[LedgerEntry] = []
-        self._requests: list[RequestRecord] = []
+        self._requests: list[RequestLogEntry] = []
         self._attempts: Counter[str] = Counter()
         self._seq = 0
 
@@ -114,10 +114,10 @@ class EmulatorState:
 
     # --- recording -------------------------------------------------------------------------------
 
-    def open_request(self, method: str, path: str, idempotency_key: str | None) -> RequestRecord:
+    def open_request(self, method: str, path: str, idempotency_key: str | None) -> RequestLogEntry:
         with self._lock:
             self._seq += 1
-            record = RequestRecord(
+            record = RequestLogEntry(
                 seq=self._seq, time=time.time(), method=method, path=path,
                 request_id=f"req_{uuid.uuid4().hex}", idempotency_key=idempotency_key,
             )  # fmt: skip

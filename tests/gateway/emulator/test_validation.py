@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from emulator_helpers import (
+from helpers.emulator import (
     VALID_BODIES,
     assert_error,
     auth_headers,

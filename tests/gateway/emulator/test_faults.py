@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from emulator_helpers import (
+from helpers.emulator import (
     VALID_BODIES,
     assert_error,
     chat_images,

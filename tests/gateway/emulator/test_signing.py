@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from emulator_helpers import assert_error, final_images, native_body, open_image, post
+from helpers.emulator import assert_error, final_images, native_body, open_image, post
 
 from imagebatch.gateway.constants import Route
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings

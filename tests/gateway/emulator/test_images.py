@@ -8,7 +8,7 @@ import io
 import random
 
 import pytest
-from emulator_helpers import (
+from helpers.emulator import (
     VALID_BODIES,
     b64,
     chat_images,

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 import pytest
-from emulator_helpers import VALID_BODIES, assert_error, auth_headers, edit_files, http, path_of, png, post
+from helpers.emulator import VALID_BODIES, assert_error, auth_headers, edit_files, http, path_of, png, post
 
 from imagebatch.gateway.constants import COMPAT_VERSION_HEADER, DEFAULT_COMPAT_VERSION, NATIVE_MODELS, Route
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings, create_app

@@ -5,15 +5,17 @@ from __future__ import annotations
 import atexit
 import base64
 import functools
-import io
 import re
 from typing import Any
 
 import httpx
-from PIL import Image
 
 from imagebatch.gateway.constants import COMPAT_VERSION_HEADER, DEFAULT_COMPAT_VERSION, Route
 from imagebatch.gateway.emulator import EmulatorServer
+
+from .images import b64, jpeg, open_image, png
+
+__all__ = ["b64", "jpeg", "open_image", "png"]
 
 NATIVE_PATH = "/v1beta/models/{model}:generateContent"
 PATHS = {route: route.path for route in Route}
@@ -26,28 +28,6 @@ def http() -> httpx.Client:
     client = httpx.Client(timeout=30.0)
     atexit.register(client.close)
     return client
-
-
-def png(
-    width: int = 64, height: int = 64, colour: tuple[int, ...] = (200, 30, 30), mode: str = "RGB"
-) -> bytes:
-    out = io.BytesIO()
-    Image.new(mode, (width, height), colour).save(out, "PNG")
-    return out.getvalue()
-
-
-def jpeg(width: int = 64, height: int = 64, colour: tuple[int, int, int] = (30, 30, 200)) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (width, height), colour).save(out, "JPEG")
-    return out.getvalue()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def open_image(data: bytes) -> Image.Image:
-    return Image.open(io.BytesIO(data))
 
 
 def auth_headers(server: EmulatorServer, route: Route) -> dict[str, str]:

@@ -1,0 +1,481 @@
+"""GatewayClient retries (against the shared fake service): the spec's schedule per route, the attempt
+observer, the mapping of errors, and whether a failed request may have been billed. No real waiting:
+the client's `sleep` records the delays it was asked for."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import pytest
+from helpers.fake_gateway import (
+    ALL_ROUTES,
+    IDEM,
+    IMAGES_REQUEST,
+    JPEG,
+    KEY,
+    NEVER_RETRIED,
+    PNG,
+    RETRYABLE_STATUSES,
+    RETRYING_ROUTES,
+    ROUTES,
+    SINGLE_ATTEMPT_ROUTES,
+    USAGE_METADATA,
+    FakeService,
+    Reply,
+    image_part,
+    images_body,
+    native_body,
+)
+
+from imagebatch.gateway import (
+    AttemptFinished,
+    AttemptStarted,
+    GatewayClient,
+)
+from imagebatch.gateway.constants import Route
+from imagebatch.gateway.errors import (
+    APIStatusError,
+    AuthenticationError,
+    BadRequestError,
+    ConfigurationError,
+    GatewayError,
+    InsufficientFundsError,
+    NotFoundError,
+    OutcomeUnknownError,
+    RateLimitError,
+    ResponseFormatError,
+    ServerError,
+    ServiceUnreachableError,
+    UnsupportedEndpointError,
+)
+
+NOT_AN_IMAGE = Reply(json=native_body(image_part(b"GIF89a not an image")))
+
+
+# === retries =============================================================================================
+
+
+@pytest.mark.parametrize("name", RETRYING_ROUTES)
+@pytest.mark.parametrize("status", RETRYABLE_STATUSES)
+def test_retrying_routes_retry_status_on_the_spec_schedule(
+    service: FakeService, name: str, status: int
+) -> None:
+    with pytest.raises(APIStatusError) as info:
+        ROUTES[name](service.reply(Reply(status, json={"error": {"message": "busy"}})).client())
+    assert len(service.requests) == 4
+    assert service.delays == [3, 8, 15]
+    assert info.value.status_code == status
+    assert info.value.attempts == 4
+
+
+@pytest.mark.parametrize("name", RETRYING_ROUTES)
+@pytest.mark.parametrize("status", RETRYABLE_STATUSES)
+def test_retrying_routes_recover_after_a_retryable_status(
+    service: FakeService, name: str, status: int
+) -> None:
+    result = ROUTES[name](service.reply(Reply(status), Reply(status), ROUTES[name].ok).client())
+    assert result.attempts == 3
+    assert service.delays == [3, 8]
+
+
+@pytest.mark.parametrize("name", RETRYING_ROUTES)
+@pytest.mark.parametrize("status", list(NEVER_RETRIED))
+def test_retrying_routes_never_retry_client_errors(service: FakeService, name: str, status: int) -> None:
+    with pytest.raises(NEVER_RETRIED[status]) as info:
+        ROUTES[name](
+            service.reply(Reply(status, json={"error": {"message": "no"}}), ROUTES[name].ok).client()
+        )
+    assert len(service.requests) == 1
+    assert service.delays == []
+    assert info.value.attempts == 1
+
+
+@pytest.mark.parametrize("name", RETRYING_ROUTES)
+@pytest.mark.parametrize("error", [httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ReadError])
+def test_retrying_routes_retry_transport_errors(
+    service: FakeService, name: str, error: type[httpx.TransportError]
+) -> None:
+    with pytest.raises(OutcomeUnknownError) as info:
+        ROUTES[name](service.reply(Reply(error=error)).client())
+    assert len(service.requests) == 4
+    assert service.delays == [3, 8, 15]
+    assert info.value.attempts == 4
+
+
+@pytest.mark.parametrize("name", RETRYING_ROUTES)
+def test_retrying_routes_retry_connection_failures(service: FakeService, name: str) -> None:
+    with pytest.raises(ServiceUnreachableError):
+        ROUTES[name](service.reply(Reply(error=httpx.ConnectError)).client())
+    assert len(service.requests) == 4
+    assert service.delays == [3, 8, 15]
+
+
+@pytest.mark.parametrize("name", RETRYING_ROUTES)
+def test_retrying_routes_recover_after_a_transport_error(service: FakeService, name: str) -> None:
+    result = ROUTES[name](service.reply(Reply(error=httpx.RemoteProtocolError), ROUTES[name].ok).client())
+    assert result.attempts == 2
+    assert service.delays == [3]
+
+
+@pytest.mark.parametrize("name", SINGLE_ATTEMPT_ROUTES)
+@pytest.mark.parametrize("status", [*RETRYABLE_STATUSES, *NEVER_RETRIED])
+def test_native_and_chat_make_one_attempt_on_any_status(service: FakeService, name: str, status: int) -> None:
+    with pytest.raises(APIStatusError) as info:
+        ROUTES[name](service.reply(Reply(status), ROUTES[name].ok).client())
+    assert len(service.requests) == 1
+    assert service.delays == []
+    assert info.value.status_code == status
+    assert info.value.attempts == 1
+
+
+@pytest.mark.parametrize("name", SINGLE_ATTEMPT_ROUTES)
+@pytest.mark.parametrize("error", [httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.WriteTimeout])
+def test_native_and_chat_no_answer_is_outcome_unknown(
+    service: FakeService, name: str, error: type[httpx.TransportError]
+) -> None:
+    with pytest.raises(OutcomeUnknownError, match="billed") as info:
+        ROUTES[name](service.reply(Reply(error=error), ROUTES[name].ok).client())
+    assert len(service.requests) == 1
+    assert service.delays == []
+    assert info.value.attempts == 1
+
+
+@pytest.mark.parametrize("name", SINGLE_ATTEMPT_ROUTES)
+@pytest.mark.parametrize("error", [httpx.ConnectError, httpx.ConnectTimeout])
+def test_native_and_chat_connection_failure_is_unreachable(
+    service: FakeService, name: str, error: type[httpx.TransportError]
+) -> None:
+    with pytest.raises(ServiceUnreachableError):
+        ROUTES[name](service.reply(Reply(error=error), ROUTES[name].ok).client())
+    assert len(service.requests) == 1
+    assert service.delays == []
+
+
+@pytest.mark.parametrize("name", RETRYING_ROUTES)
+def test_malformed_success_is_not_retried(service: FakeService, name: str) -> None:
+    with pytest.raises(ResponseFormatError):
+        ROUTES[name](service.reply(Reply(content=b"<html>ok</html>"), ROUTES[name].ok).client())
+    assert len(service.requests) == 1
+
+
+# === the attempt observer ================================================================================
+
+
+def test_observer_reports_before_sending_and_after_each_answer(service: FakeService) -> None:
+    usage = {"prompt_tokens": 5}
+    service.reply(
+        Reply(503, json={"error": {"message": "overloaded"}}, headers={"x-request-id": "req-1"}),
+        Reply(error=httpx.ReadTimeout),
+        Reply(json={**images_body(), "usage": usage}, headers={"x-request-id": "req-3"}),
+    )
+    client = service.client()
+    client.images_generate(IMAGES_REQUEST, idempotency_key=IDEM, observer=service.observe)
+
+    kinds = [
+        type(e).__name__ if isinstance(e, AttemptStarted | AttemptFinished) else e[0] for e in service.log
+    ]
+    assert kinds == [
+        "AttemptStarted", "sent", "AttemptFinished", "sleep",
+        "AttemptStarted", "sent", "AttemptFinished", "sleep",
+        "AttemptStarted", "sent", "AttemptFinished",
+    ]  # fmt: skip
+    started = [e for e in service.events() if isinstance(e, AttemptStarted)]
+    finished = [e for e in service.events() if isinstance(e, AttemptFinished)]
+    assert [e.attempt for e in started] == [1, 2, 3]
+    assert {(e.route, e.model, e.idempotency_key) for e in service.events()} == {
+        (Route.IMAGES_GENERATIONS, "compat-image-2", IDEM)
+    }
+    assert [(f.attempt, f.status, f.outcome, f.request_id, f.retry_in) for f in finished] == [
+        (1, 503, "error", "req-1", 3),
+        (2, None, "no_answer", None, 8),
+        (3, 200, "ok", "req-3", None),
+    ]
+    assert finished[0].error_message == "overloaded"
+    assert finished[2].images == 1
+    assert finished[2].usage == usage
+    assert all(f.duration >= 0 for f in finished)
+    assert [f.started_at for f in finished] == [s.started_at for s in started]
+
+
+def test_observer_sees_native_images_count_and_usage(service: FakeService) -> None:
+    answer = native_body(image_part(PNG), image_part(JPEG, "image/jpeg"))
+    service.reply(Reply(json=answer, headers={"x-request-id": "n-1"}))
+    ROUTES["native"](service.client(), observer=service.observe)
+    start, end = service.events()
+    assert isinstance(start, AttemptStarted) and isinstance(end, AttemptFinished)
+    assert service.log.index(start) < service.log.index(("sent", 1)) < service.log.index(end)
+    assert (end.attempt, end.status, end.outcome, end.images, end.request_id) == (1, 200, "ok", 2, "n-1")
+    assert end.usage == USAGE_METADATA
+    assert end.retry_in is None
+
+
+def test_observer_reports_a_connection_failure_as_not_sent(service: FakeService) -> None:
+    with pytest.raises(ServiceUnreachableError):
+        ROUTES["native"](service.reply(Reply(error=httpx.ConnectError)).client(), observer=service.observe)
+    _, end = service.events()
+    assert isinstance(end, AttemptFinished)
+    assert (end.status, end.outcome, end.retry_in) == (None, "not_sent", None)
+
+
+def test_observer_reports_a_malformed_success_as_error(service: FakeService) -> None:
+    with pytest.raises(ResponseFormatError) as info:
+        ROUTES["native"](
+            service.reply(Reply(json=[], headers={"x-request-id": "bad-1"})).client(),
+            observer=service.observe,
+        )
+    _, end = service.events()
+    assert isinstance(end, AttemptFinished)
+    assert (end.status, end.outcome, end.request_id) == (200, "error", "bad-1")
+    assert info.value.request_id == "bad-1"
+
+
+# === error mapping =======================================================================================
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "cls"),
+    [
+        (400, {"error": {"message": "bad size", "code": "invalid_request"}}, BadRequestError),
+        (
+            400,
+            {"error": {"message": "use generateContent", "code": "unsupported_endpoint"}},
+            UnsupportedEndpointError,
+        ),
+        (401, {"error": {"message": "invalid key"}}, AuthenticationError),
+        (402, {"error": {"message": "no funds"}}, InsufficientFundsError),
+        (404, {"error": {"message": "no such model"}}, NotFoundError),
+        (429, {"error": {"message": "slow down"}}, RateLimitError),
+        (500, {"error": {"message": "generation failed"}}, ServerError),
+        (503, {"error": {"message": "unavailable"}}, ServerError),
+    ],
+)
+def test_error_statuses_map_to_their_class(service: FakeService, status: int, body: Any, cls: type) -> None:
+    service.reply(Reply(status, json=body, headers={"x-request-id": "e-1"}))
+    with pytest.raises(APIStatusError) as info:
+        ROUTES["native"](service.client())
+    exc = info.value
+    assert type(exc) is cls
+    assert exc.status_code == status
+    assert exc.message == body["error"]["message"]
+    assert exc.code == body["error"].get("code")
+    assert exc.request_id == "e-1"
+
+
+def test_unsupported_endpoint_is_a_bad_request(service: FakeService) -> None:
+    body = {
+        "error": {"message": "native model", "type": "invalid_request_error", "code": "unsupported_endpoint"}
+    }
+    with pytest.raises(UnsupportedEndpointError) as info:
+        ROUTES["images_generations"](service.reply(Reply(400, json=body)).client())
+    assert isinstance(info.value, BadRequestError)
+    assert info.value.error_type == "invalid_request_error"
+    assert len(service.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (Reply(400, json={"error": {"message": "from error"}, "message": "from top"}), "from error"),
+        (Reply(400, json={"error": {"code": "invalid_request"}, "message": "from top"}), "from top"),
+        (Reply(400, json={"error": {"message": ""}, "message": "from top"}), "from top"),
+        (Reply(400, json={"error": {"code": "invalid_request"}}), "Bad Request"),
+        (Reply(402, json={}), "Payment Required"),
+        (Reply(502, content=b"<html><body>Bad gateway</body></html>"), "Bad Gateway"),
+        (Reply(401, content=b""), "Unauthorized"),
+    ],
+)
+def test_error_message_precedence(service: FakeService, reply: Reply, message: str) -> None:
+    with pytest.raises(APIStatusError) as info:
+        ROUTES["native"](service.reply(reply).client())
+    assert info.value.message == message
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["native", "images_generations", "messages"])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply(401, json={"error": {"message": f"invalid API key {KEY}", "code": "invalid_request"}}),
+        Reply(401, json={"message": f"key {KEY} is not ours"}),
+        Reply(429, json={"error": {"message": f"rate limit for {KEY}", "code": f"limit_{KEY}", "type": KEY}}),
+        Reply(503, json={"error": {"message": f"Bearer {KEY} overloaded"}}),
+    ],
+    ids=["error.message", "message", "code-and-type", "retried"],
+)
+def test_api_key_never_leaks_into_errors_or_logs(
+    service: FakeService, caplog: pytest.LogCaptureFixture, name: str, reply: Reply
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(GatewayError) as info:
+        ROUTES[name](service.reply(reply).client(), observer=service.observe)
+    exc = info.value
+    texts = [str(exc), repr(exc), exc.message, *map(str, exc.args), *map(repr, exc.args)]
+    texts += [str(getattr(exc, attr, "")) for attr in ("code", "error_type")]
+    texts += [r.getMessage() for r in caplog.records] + [caplog.text]
+    texts += [repr(e) for e in service.events()]
+    assert all(KEY not in t for t in texts)
+    assert "[redacted]" in exc.message
+    if name != "native" and reply.status in (429, 503):
+        waits = [r for r in caplog.records if r.name == "imagebatch.gateway"]
+        assert len(waits) == 3  # the retry waits were logged, without the key
+
+
+# === may_have_been_billed: may a caller resend on its own? ===============================================
+
+
+def status_reply(status: int) -> Reply:
+    return Reply(status, json={"error": {"message": f"status {status}"}})
+
+
+BILLED_CASES: list[tuple[str, str, list[Reply], type[GatewayError], bool, list[float]]] = [
+    ("native no answer", "native", [Reply(error=httpx.ReadTimeout)], OutcomeUnknownError, True, []),
+    ("native 500", "native", [status_reply(500)], ServerError, True, []),
+    ("native 503", "native", [status_reply(503)], ServerError, False, []),
+    ("native 429", "native", [status_reply(429)], RateLimitError, False, []),
+    ("native 200 not json", "native", [Reply(content=b"<html>")], ResponseFormatError, True, []),
+    (
+        "native 200 bad image",
+        "native",
+        [NOT_AN_IMAGE],
+        ResponseFormatError,
+        True,
+        [],
+    ),
+    ("native refused", "native", [Reply(error=httpx.ConnectError)], ServiceUnreachableError, False, []),
+    (
+        "images no answer then 503s",
+        "images_generations",
+        [Reply(error=httpx.ReadTimeout), status_reply(503), status_reply(503), status_reply(503)],
+        ServerError,
+        True,
+        [3, 8, 15],
+    ),
+    ("images 503s", "images_generations", [status_reply(503)] * 4, ServerError, False, [3, 8, 15]),
+    (
+        "images final 500",
+        "images_generations",
+        [status_reply(503)] * 3 + [status_reply(500)],
+        ServerError,
+        True,
+        [3, 8, 15],
+    ),
+    (
+        "images no answer then refused",
+        "images_generations",
+        [Reply(error=httpx.ReadTimeout)] + [Reply(error=httpx.ConnectError)] * 3,
+        ServiceUnreachableError,
+        True,
+        [3, 8, 15],
+    ),
+    (
+        "images no answer then 400",
+        "images_edits",
+        [Reply(error=httpx.ReadTimeout), status_reply(400)],
+        BadRequestError,
+        True,
+        [3],
+    ),
+    (
+        "messages refused then no answer",
+        "messages",
+        [Reply(error=httpx.ConnectError)] * 3 + [Reply(error=httpx.ReadError)],
+        OutcomeUnknownError,
+        True,
+        [3, 8, 15],
+    ),
+    (
+        "messages refused",
+        "messages",
+        [Reply(error=httpx.ConnectError)] * 4,
+        ServiceUnreachableError,
+        False,
+        [3, 8, 15],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "replies", "cls", "billed", "delays"),
+    [c[1:] for c in BILLED_CASES],
+    ids=[c[0] for c in BILLED_CASES],
+)
+def test_may_have_been_billed(
+    service: FakeService,
+    name: str,
+    replies: list[Reply],
+    cls: type[GatewayError],
+    billed: bool,
+    delays: list[float],
+) -> None:
+    with pytest.raises(GatewayError) as info:
+        ROUTES[name](service.reply(*replies).client())
+    assert type(info.value) is cls
+    assert info.value.may_have_been_billed is billed
+    assert service.delays == delays
+    assert len(service.requests) == len(delays) + 1
+    # The flag is set on the raised instance, never on the class every later error shares.
+    assert ServerError("x", status_code=503).may_have_been_billed is False
+    assert ServiceUnreachableError("x").may_have_been_billed is False
+
+
+@pytest.mark.parametrize("name", ["native", "images_generations"])
+def test_a_local_protocol_error_is_not_sent(service: FakeService, name: str) -> None:
+    # httpx raises LocalProtocolError before writing the request (e.g. a header it refuses to encode).
+    client = service.reply(Reply(error=httpx.LocalProtocolError)).client()
+    with pytest.raises(ServiceUnreachableError) as info:
+        ROUTES[name](client, observer=service.observe)
+    assert info.value.may_have_been_billed is False
+    finished = [e for e in service.events() if isinstance(e, AttemptFinished)]
+    assert finished and {e.outcome for e in finished} == {"not_sent"}
+    assert {e.status for e in finished} == {None}
+    assert "LocalProtocolError" in (finished[-1].error_message or "")
+
+
+def test_native_auth_must_be_a_known_scheme(service: FakeService) -> None:
+    with pytest.raises(ConfigurationError, match="native_auth") as info:
+        service.client(native_auth="other")
+    assert KEY not in str(info.value)
+    assert service.requests == []
+
+
+def test_no_repr_shows_the_key(service: FakeService, monkeypatch: pytest.MonkeyPatch) -> None:
+    from imagebatch.gateway.requests import GatewayRequest
+
+    sent: list[tuple[GatewayRequest, httpx.Request]] = []
+    real_send = GatewayClient.send
+
+    def spy(self: GatewayClient, request: GatewayRequest, **kw: Any) -> Any:
+        result = real_send(self, request, **kw)
+        sent.append((request, fake.requests[-1]))
+        return result
+
+    monkeypatch.setattr(GatewayClient, "send", spy)
+    cases = [(name, {"native_auth": "bearer"}) for name in ALL_ROUTES] + [("native", {})]
+    for name, options in cases:
+        fake = FakeService().reply(ROUTES[name].ok)
+        ROUTES[name](fake.client(**options))
+        fake.close()
+    assert len(sent) == len(ALL_ROUTES) + 1
+    for request, wire in sent:
+        assert any(KEY in v for v in wire.headers.values())  # the key is on the wire ...
+        assert KEY not in repr(request) and KEY not in str(request)  # ... and in no object that shows it
+    client = service.client()
+    assert KEY not in repr(client) and KEY not in str(client)
+
+
+@pytest.mark.parametrize(
+    ("base_url", "reason"),
+    [
+        ("http://no-such-host.invalid", "ConnectError (the host name did not resolve)"),
+        ("http://127.0.0.1:9", "ConnectError (connection refused)"),
+    ],
+    ids=["dns", "refused"],
+)
+def test_an_unreachable_service_says_why(base_url: str, reason: str) -> None:
+    """Real sockets: a name that does not resolve and a port nobody listens on are told apart."""
+    with GatewayClient(base_url, "k" * 32, sleep=lambda _s: None) as client:
+        with pytest.raises(ServiceUnreachableError) as info:
+            ROUTES["native"](client)
+    assert info.value.message == f"could not send to {base_url}: {reason}"
