@@ -39,8 +39,8 @@ def choose_fault(
         return None
     u = unit(seed, "fault", key, attempt)
     cumulative = 0.0
-    for outcome in FAULT_OUTCOMES:  # a fixed order, so the same u always maps to the same outcome
-        cumulative += faults.rates.get(outcome, 0.0)  # type: ignore[call-overload]
+    for fault in FAULT_OUTCOMES:  # a fixed order, so the same u always maps to the same outcome
+        cumulative += faults.rates.get(fault, 0.0)  # type: ignore[call-overload]  # str, not the Literal
         if u < cumulative:
-            return outcome
+            return fault
     return None

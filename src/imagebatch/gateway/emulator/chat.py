@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -32,14 +31,13 @@ router = APIRouter(tags=["chat"])
 
 @router.post(
     "/v1/chat/completions",
-    dependencies=[Depends(mark_route(Route.CHAT)), Depends(bearer_auth)],
+    dependencies=[Depends(mark_route(Route.CHAT)), Depends(bearer_auth), Depends(no_query)],
 )
 async def chat_completions(
     request: Request,
     emu: EmulatorDep,
     record: RecordDep,
     cap: MaxImagesDep,
-    _query: Annotated[None, Depends(no_query)],
     body: JsonBodyDep,
 ) -> Response:
     chat = validate(ChatRequest, body)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -114,7 +115,7 @@ async def finish(
     response: Response,
     *,
     images: int,
-    usage: dict[str, object],
+    usage: Mapping[str, object],
 ) -> Response:
     """Bill the generation, then answer: now, after `slow_seconds` (`slow`), or never (`drop`).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -73,13 +73,12 @@ async def _generate(
 
 @router.post(
     "/v1/images/generations",
-    dependencies=[Depends(mark_route(Route.IMAGES_GENERATIONS)), Depends(bearer_auth)],
+    dependencies=[Depends(mark_route(Route.IMAGES_GENERATIONS)), Depends(bearer_auth), Depends(no_query)],
 )
 async def images_generations(
     request: Request,
     emu: EmulatorDep,
     record: RecordDep,
-    _query: Annotated[None, Depends(no_query)],
     body: JsonBodyDep,
 ) -> Response:
     params = validate(ImagesRequest, body)
@@ -164,13 +163,12 @@ async def _parse_edit_form(
 
 @router.post(
     "/v1/images/edits",
-    dependencies=[Depends(mark_route(Route.IMAGES_EDITS)), Depends(bearer_auth)],
+    dependencies=[Depends(mark_route(Route.IMAGES_EDITS)), Depends(bearer_auth), Depends(no_query)],
 )
 async def images_edits(
     request: Request,
     emu: EmulatorDep,
     record: RecordDep,
-    _query: Annotated[None, Depends(no_query)],
 ) -> Response:
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type != "multipart/form-data":

@@ -202,7 +202,7 @@ async def generate_content(
     model: Annotated[str, Depends(native_model)],
     _auth: Annotated[None, Depends(native_auth)],
     cap: MaxImagesDep,
-    _query: Annotated[None, Depends(no_query)],
+    _query: Annotated[None, Depends(no_query)],  # after auth: a key in the query alone is a 401
     body: JsonBodyDep,
 ) -> Response:
     try:

@@ -141,8 +141,8 @@ def draw(spec: RenderSpec) -> Image.Image:
         stroke_width=max(1, font_size // 16), stroke_fill=_contrast(ink),
     )  # fmt: skip
     footer = f"{w}x{h} seed {spec.seed} #{spec.variant} {spec.label}".strip()
-    small = ImageFont.load_default(size=max(8, font_size // 2))
-    pen.text((2 * frame, h - 2 * frame - font_size // 2), footer, font=small, fill=ink)
+    footer_font = ImageFont.load_default(size=max(8, font_size // 2))
+    pen.text((2 * frame, h - 2 * frame - font_size // 2), footer, font=footer_font, fill=ink)
 
     if spec.mask is not None and spec.references:
         # Opaque mask pixels keep the source; transparent ones take the drawing.

@@ -57,8 +57,8 @@ def serve(args: argparse.Namespace) -> int:
         def on_signal(signum: int, frame: FrameType | None) -> None:
             stop.set()
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, on_signal)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, on_signal)
 
     server = EmulatorServer(settings, host=args.host, port=args.port)
     try:

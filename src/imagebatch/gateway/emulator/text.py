@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -37,13 +37,12 @@ def _message_text(content: str | list[dict[str, Any]]) -> str:
 
 @router.post(
     "/v1/messages",
-    dependencies=[Depends(mark_route(Route.MESSAGES)), Depends(messages_auth)],
+    dependencies=[Depends(mark_route(Route.MESSAGES)), Depends(messages_auth), Depends(no_query)],
 )
 async def messages(
     request: Request,
     emu: EmulatorDep,
     record: RecordDep,
-    _query: Annotated[None, Depends(no_query)],
     body: JsonBodyDep,
 ) -> Response:
     params = validate(MessagesRequest, body)
@@ -77,13 +76,12 @@ async def messages(
 
 @router.post(
     "/v1/responses",
-    dependencies=[Depends(mark_route(Route.RESPONSES)), Depends(bearer_auth)],
+    dependencies=[Depends(mark_route(Route.RESPONSES)), Depends(bearer_auth), Depends(no_query)],
 )
 async def responses(
     request: Request,
     emu: EmulatorDep,
     record: RecordDep,
-    _query: Annotated[None, Depends(no_query)],
     body: JsonBodyDep,
 ) -> Response:
     params = validate(ResponsesRequest, body)
