@@ -107,6 +107,26 @@ def check_aspect_ratio(model: str | None, ratio: str | None) -> None:
         )
 
 
+def b64decode_any(value: str) -> bytes:
+    """Strict base64 in either alphabet, as the upstream reads proto3 JSON bytes: standard (`+/`) or
+    URL-safe (`-_`, what google-genai sends), padded or not; anything else is refused."""
+    if "-" in value or "_" in value:
+        if "+" in value or "/" in value:
+            raise binascii.Error("mixes the standard and URL-safe base64 alphabets")
+        value = value.replace("-", "+").replace("_", "/")
+    if len(value) % 4 and "=" not in value:
+        value += "=" * (-len(value) % 4)
+    return binascii.a2b_base64(value, strict_mode=True)
+
+
+def standard_base64(value: str) -> str:
+    """`value` (either alphabet, padded or not) in the standard, padded form; unchanged if not base64."""
+    try:
+        return base64.b64encode(b64decode_any(value)).decode()
+    except (binascii.Error, ValueError):
+        return value
+
+
 def decode_base64(value: str) -> bytes:
     """Strict base64 decode of inline image data (no data-URL prefix, no stray characters)."""
     if value.startswith("data:"):
@@ -114,7 +134,7 @@ def decode_base64(value: str) -> bytes:
             "invalid_request", "inlineData.data must be plain base64 without a data-URL prefix"
         )
     try:
-        return base64.b64decode(value, validate=True)
+        return b64decode_any(value)
     except (binascii.Error, ValueError):
         raise PydanticCustomError("invalid_request", "inlineData.data is not valid base64") from None
 
@@ -133,9 +153,26 @@ class InlineData(_StrictBody):
     """An image carried inside a request or response part."""
 
     mimeType: Literal["image/png", "image/jpeg"]
-    """The file type; must agree with the decoded bytes."""
+    """The file type; must agree with the decoded bytes. `mime_type` (what google-genai sends: proto3
+    JSON accepts both spellings) is read as the same field; both given and different is refused."""
     data: str
-    """Base64 of the original file bytes, without a data-URL prefix."""
+    """Base64 of the original file bytes (either alphabet, padding optional), without a data-URL prefix."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _snake_case_alias(cls, value: Any) -> Any:
+        if not isinstance(value, dict) or "mime_type" not in value:
+            return value
+        value = dict(value)
+        snake = value.pop("mime_type")
+        if "mimeType" in value and value["mimeType"] != snake:
+            raise PydanticCustomError(
+                "invalid_request",
+                "inlineData has both mimeType ({camel}) and mime_type ({snake}); send one",
+                {"camel": value["mimeType"], "snake": snake},
+            )
+        value["mimeType"] = snake
+        return value
 
     @model_validator(mode="after")
     def _bytes_match_type(self, info: ValidationInfo) -> InlineData:
@@ -153,7 +190,7 @@ class InlineData(_StrictBody):
         return self
 
     def decoded(self) -> bytes:
-        return base64.b64decode(self.data)
+        return b64decode_any(self.data)
 
 
 class Part(_Open):

@@ -29,6 +29,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from imagebatch.gateway.models import b64decode_any, standard_base64
+
 SIGNATURE_KEY = "thoughtSignature"
 _VERSION = b"\x02"
 """Version 2 also covers the conversation; version 1 (the turn alone) is no longer accepted."""
@@ -51,10 +53,23 @@ def _canonical(value: Any) -> bytes:
 
 
 def _unsigned(parts: Sequence[Any]) -> list[Any]:
-    return [
-        _without_nulls({k: v for k, v in p.items() if k != SIGNATURE_KEY}) if isinstance(p, dict) else p
-        for p in parts
-    ]
+    return [_canonical_part(p) if isinstance(p, dict) else p for p in parts]
+
+
+def _canonical_part(part: dict[str, Any]) -> Any:
+    """A part without its signature, in one spelling: `mime_type` read as `mimeType` and image data in
+    standard padded base64, so a client that re-encodes a turn (URL-safe base64, snake case, as
+    google-genai does) sends back the same turn."""
+    item = _without_nulls({k: v for k, v in part.items() if k != SIGNATURE_KEY})
+    inline = item.get("inlineData")
+    if isinstance(inline, dict):
+        inline = dict(inline)
+        if "mime_type" in inline:
+            inline.setdefault("mimeType", inline.pop("mime_type"))
+        if isinstance(inline.get("data"), str):
+            inline["data"] = standard_base64(inline["data"])
+        item["inlineData"] = inline
+    return item
 
 
 def _signed_positions(parts: list[dict[str, Any]]) -> set[int]:
@@ -91,11 +106,16 @@ def history_digests(contents: Sequence[dict[str, Any]], model: str) -> list[byte
     return digests
 
 
-def _version_of(signature: str) -> bytes | None:
+def _decoded(signature: str) -> bytes | None:
     try:
-        return base64.b64decode(signature, validate=True)[:1]
+        return b64decode_any(signature)
     except (binascii.Error, ValueError):
         return None
+
+
+def _version_of(signature: str) -> bytes | None:
+    decoded = _decoded(signature)
+    return None if decoded is None else decoded[:1]
 
 
 class Signer:
@@ -147,9 +167,10 @@ class Signer:
                 return f"{where}.parts[{i}] carries a thoughtSignature the service never issued there"
             if given is None:
                 continue
-            if isinstance(given, str) and hmac.compare_digest(
-                given.encode(), self._signature(context, turn, i).encode()
-            ):
+            # Compared by decoded bytes: a signature re-encoded in the other alphabet is the same signature.
+            given_bytes = _decoded(given) if isinstance(given, str) else None
+            expected_bytes = base64.b64decode(self._signature(context, turn, i))
+            if given_bytes is not None and hmac.compare_digest(given_bytes, expected_bytes):
                 continue
             if isinstance(given, str) and _version_of(given) == _VERSION_TURN_ONLY:
                 return (
