@@ -479,3 +479,44 @@ def test_an_unreachable_service_says_why(base_url: str, reason: str) -> None:
         with pytest.raises(ServiceUnreachableError) as info:
             ROUTES["native"](client)
     assert info.value.message == f"could not send to {base_url}: {reason}"
+
+
+# === Retry-After =========================================================================================
+
+
+def too_many(retry_after: str) -> Reply:
+    body = {"error": {"message": "slow down", "type": "rate_limit_error", "code": "rate_limit_exceeded"}}
+    return Reply(429, json=body, headers={"retry-after": retry_after})
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "waits"),
+    [("20", [20.0]), ("1", [3.0]), ("0", [3.0]), ("86400", [600.0]), ("soon", [3.0])],
+    ids=["longer-than-the-step", "shorter", "zero", "capped", "unreadable"],
+)
+@pytest.mark.parametrize("name", RETRYING_ROUTES)
+def test_retry_after_lengthens_the_wait_never_below_the_step(
+    service: FakeService, name: str, retry_after: str, waits: list[float]
+) -> None:
+    case = ROUTES[name]
+    case(service.reply(too_many(retry_after), case.ok).client())
+    assert service.delays == waits and len(service.requests) == 2
+
+
+def test_retry_after_as_an_http_date() -> None:
+    from datetime import UTC, datetime
+
+    from imagebatch.gateway.retry import parse_retry_after
+
+    now = datetime(2026, 11, 24, 3, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("Tue, 24 Nov 2026 03:00:45 GMT", now) == 45.0
+    assert parse_retry_after("Tue, 24 Nov 2026 02:59:00 GMT", now) == 0.0
+
+
+@pytest.mark.parametrize("name", SINGLE_ATTEMPT_ROUTES)
+def test_a_429_on_the_single_attempt_routes_is_not_retried_whatever_retry_after_says(
+    service: FakeService, name: str
+) -> None:
+    with pytest.raises(RateLimitError):
+        ROUTES[name](service.reply(too_many("5")).client())
+    assert len(service.requests) == 1 and service.delays == []

@@ -130,6 +130,15 @@ def _emulator_arguments(parser: argparse.ArgumentParser) -> None:
         "--slow-seconds", type=float, default=660.0, help="how long a 'slow' fault waits (default: 660)"
     )
     parser.add_argument(
+        "--rpm", type=int, default=None, help="rate limit: generations started per minute (default: none)"
+    )
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="concurrency limit: generations at once (default: none)",
+    )
+    parser.add_argument(
         "--fault",
         type=_fault_rate,
         action="append",

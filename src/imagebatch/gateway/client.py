@@ -52,7 +52,7 @@ from .results import (
     ImageUpload,
     TextResult,
 )
-from .retry import RetryPolicy, policy_for
+from .retry import RetryPolicy, parse_retry_after, policy_for
 
 logger = logging.getLogger("imagebatch.gateway")
 
@@ -297,7 +297,8 @@ class GatewayClient:
                     )  # fmt: skip
                     raise failure
                 error = failure
-                delay = policy.delay_before_retry(attempt, status)
+                retry_after = parse_retry_after(response.headers.get("retry-after"))
+                delay = policy.delay_before_retry(attempt, status, retry_after)
                 finished(
                     status, "error", delay, request_id=request_id,
                     error_code=failure.code, error_message=failure.message,

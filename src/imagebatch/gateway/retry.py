@@ -9,6 +9,8 @@ the chat route makes a single attempt too, since it generates billed images the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
 from .constants import RETRY_DELAYS, RETRYABLE_STATUSES, Route
 
@@ -29,16 +31,44 @@ class RetryPolicy:
     def max_attempts(self) -> int:
         return len(self.delays) + 1
 
-    def delay_before_retry(self, attempt: int, status: int | None) -> float | None:
+    def delay_before_retry(
+        self, attempt: int, status: int | None, retry_after: float | None = None
+    ) -> float | None:
         """The wait before attempt `attempt + 1`, or None to stop.
 
-        `attempt` counts from 1; `status` is None for a transport error (no answer).
+        `attempt` counts from 1; `status` is None for a transport error (no answer). A `Retry-After`
+        the service sent lengthens the wait, never shortens it below the spec's step (the spec sets the
+        schedule; a service asking for more time gets it, up to `MAX_RETRY_AFTER`).
         """
         if attempt >= self.max_attempts:
             return None
         if status is not None and not is_retryable_status(status):
             return None
-        return self.delays[attempt - 1]
+        step = self.delays[attempt - 1]
+        if retry_after is None:
+            return step
+        return max(step, min(retry_after, MAX_RETRY_AFTER))
+
+
+MAX_RETRY_AFTER = 600.0
+"""The longest `Retry-After` honoured (seconds): a service asking for more gets this (a run is not left
+waiting for an hour on one request; the next run sends it)."""
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """`Retry-After` in seconds: delta-seconds or an HTTP date (RFC 9110); None if absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 SINGLE_ATTEMPT = RetryPolicy(delays=())

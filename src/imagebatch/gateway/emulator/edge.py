@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from starlette.datastructures import Headers, MutableHeaders
@@ -85,15 +86,30 @@ class EdgeMiddleware:
             await send(message)
 
         try:
+            await self._serve(scope, receive, send_with_id, send, record, lambda: started)
+        finally:
+            record.ended = time.time()
+            self.state.release(record)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send_with_id: Send,
+        send: Send,
+        record: RequestLogEntry,
+        started: Any,
+    ) -> None:
+        try:
             await self.app(scope, receive, send_with_id)
         except Exception:
             # Starlette's error middleware has already answered 500 (our handler, spec body) and
             # re-raised only so servers can log it; log it here instead of letting uvicorn print it twice.
-            if not started:
+            if not started():
                 logger.exception("unhandled error in emulator")
                 await _send_500(send_with_id)
             return
-        if record.drop and not started:
+        if record.drop and not started():
             record.status = "drop"
             if not await _close_connection(send):
                 raise ConnectionAbortedError("emulator fault: connection dropped without a response")

@@ -38,11 +38,14 @@ ERROR_KINDS: dict[int, tuple[str, str]] = {
 class ServiceError(Exception):
     """Raise anywhere in a request to answer with the spec's error body."""
 
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code or ERROR_KINDS.get(status, ("error", "error"))[1]
+        self.headers = headers or {}
 
 
 def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
@@ -57,7 +60,9 @@ def error_response(status: int, message: str, code: str | None = None) -> JSONRe
 
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
-    return error_response(exc.status, exc.message, exc.code)
+    response = error_response(exc.status, exc.message, exc.code)
+    response.headers.update(exc.headers)
+    return response
 
 
 async def _http_exception(request: Request, exc: Exception) -> JSONResponse:

@@ -93,6 +93,17 @@ async def begin(
 ) -> Attempt:
     """Count the attempt and apply its fault: a status fault raises here (nothing generated, nothing
     billed); otherwise wait the latency and return the attempt for the route to generate."""
+    record.route, record.model = route.value, model
+    refused = emu.admit(record)
+    if refused is not None:  # a limit, not an attempt: nothing counted, generated or billed
+        record.limit, retry_after = refused
+        what = "requests per minute" if record.limit == "rpm" else "generations in flight"
+        raise ServiceError(
+            429,
+            f"rate limit exceeded: too many {what} for this key; retry after {retry_after} s",
+            "rate_limit_exceeded",
+            headers={"Retry-After": str(retry_after)},
+        )
     key = record.idempotency_key or "body:" + digest(route.value, fingerprint).hex()[:32]
     number = emu.next_attempt(key)
     settings = emu.settings

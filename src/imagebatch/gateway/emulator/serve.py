@@ -34,6 +34,8 @@ def settings_from_args(args: argparse.Namespace, api_key: str) -> EmulatorSettin
         thought_image_rate=args.thought_image_rate,
         max_images_policy=args.max_images_policy,
         slow_seconds=args.slow_seconds,
+        rpm=args.rpm,
+        max_in_flight=args.max_in_flight,
         faults=faults,
     )
 

@@ -7,6 +7,7 @@ passed to `create_app`; there is no module-level settings object.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, get_args
 
@@ -107,6 +108,13 @@ class EmulatorSettings(BaseModel):
     """Key material of `thoughtSignature`; None derives it from `seed`, so restarts keep signatures valid."""
     render_cache_size: int = Field(default=16, ge=0)
     """Rendered images kept (LRU) so that repeated 4K renders cost nothing."""
+    rpm: int | None = Field(default=None, ge=1)
+    """Rate limit: generations started per rolling minute for the key; over it, 429 with `Retry-After`.
+    None: no limit (the default)."""
+    max_in_flight: int | None = Field(default=None, ge=1)
+    """Concurrency limit: generations in flight at once for the key; over it, 429 `Retry-After: 1`."""
+    clock: Callable[[], float] = time.monotonic
+    """The clock of the rate limit's window (tests pass a fake one)."""
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     """Awaited for latency and `slow`; tests can pass a recorder."""
 

@@ -7,10 +7,11 @@ mutable collections goes through one lock.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,11 +41,17 @@ class RequestLogEntry:
     """The fault outcome applied, if any."""
     status: int | str | None = None
     """HTTP status sent, `drop` for a dropped connection, None while the request is in flight."""
+    ended: float | None = None
+    """When the answer was sent (or the connection dropped), same clock as `time`; None while in flight."""
+    limit: str | None = None
+    """`rpm` or `max_in_flight` when a limit refused the request (429)."""
     drop: bool = field(default=False, repr=False)
+    holds_slot: bool = field(default=False, repr=False)
+    """It counts towards `max_in_flight` until its answer is sent."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        del d["drop"]
+        del d["drop"], d["holds_slot"]
         return d
 
 
@@ -85,6 +92,39 @@ class EmulatorState:
         self._requests: list[RequestLogEntry] = []
         self._attempts: Counter[str] = Counter()
         self._seq = 0
+        self._starts: deque[float] = deque()
+        """Clock times of the generations admitted in the last minute (for `rpm`)."""
+        self._in_flight = 0
+
+    # --- limits ------------------------------------------------------------------------------------
+
+    def admit(self, record: RequestLogEntry) -> tuple[str, int] | None:
+        """Take a generation slot for `record`, or say which limit refuses it and after how many seconds
+        to retry. Off unless `rpm` or `max_in_flight` is set."""
+        settings = self.settings
+        with self._lock:
+            now = settings.clock()
+            while self._starts and self._starts[0] <= now - 60.0:
+                self._starts.popleft()
+            if settings.max_in_flight is not None and self._in_flight >= settings.max_in_flight:
+                return "max_in_flight", 1
+            if settings.rpm is not None and len(self._starts) >= settings.rpm:
+                return "rpm", max(1, math.ceil(self._starts[0] + 60.0 - now))
+            self._starts.append(now)
+            self._in_flight += 1
+            record.holds_slot = True
+            return None
+
+    def release(self, record: RequestLogEntry) -> None:
+        """Give back `record`'s slot (its answer was sent, or the connection closed)."""
+        with self._lock:
+            if record.holds_slot:
+                record.holds_slot = False
+                self._in_flight -= 1
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
 
     # --- configuration ---------------------------------------------------------------------------
 
@@ -109,6 +149,7 @@ class EmulatorState:
             self._ledger.clear()
             self._requests.clear()
             self._attempts.clear()
+            self._starts.clear()
             self.settings = self.initial_settings
             self.renderer.cache_size = self.settings.render_cache_size
 
