@@ -119,8 +119,8 @@ class EmulatorSettings(BaseModel):
     """Awaited for latency and `slow`; tests can pass a recorder."""
 
     def public_dict(self) -> dict[str, Any]:
-        """The settings as JSON, without the key, the secret or the sleep function."""
-        return self.model_dump(mode="json", exclude={"api_key", "signing_secret", "sleep"})
+        """The settings as JSON, without the key, the secret, or the sleep and clock functions."""
+        return self.model_dump(mode="json", exclude={"api_key", "signing_secret", "sleep", "clock"})
 
 
 def parse_rate(text: str) -> tuple[str, float]:
