@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -57,6 +58,11 @@ def test_max_in_flight_refuses_while_generations_are_running(emulator: EmulatorS
         entered.release()
         await asyncio.to_thread(release.wait)
 
+    # An earlier test's request the client gave up on (a `slow` fault) may still be running: wait for it.
+    deadline = time.monotonic() + 30
+    while emulator.state.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert emulator.state.in_flight == 0
     emulator.configure(max_in_flight=2, latency=1.0, sleep=held)
     with ThreadPoolExecutor(2) as pool:
         running = [pool.submit(native, emulator, f"f{i}") for i in range(2)]
