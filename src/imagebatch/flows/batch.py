@@ -42,7 +42,7 @@ from imagebatch.flows.config import (
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
-from imagebatch.tasks.context import RunContext, group_units
+from imagebatch.tasks.context import Pacer, RunContext, group_units
 from imagebatch.tasks.records import storage_message
 from imagebatch.tasks.store import STATUSES, OutputLockedError, OutputStore
 
@@ -144,17 +144,22 @@ def generate_from_manifest(
     force: bool = False,
     retry_unknown: bool = False,
     api_key_secret_block: str | None = None,
+    rpm: int | None = None,
+    adaptive: bool = True,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
     The API key is read from the Prefect Secret block named by `api_key_secret_block`, else from
     `IMAGEBATCH_API_KEY`; with no `base_url` (and no `IMAGEBATCH_BASE_URL`) the embedded emulator is used.
+    `rpm` spaces request starts (60 / rpm seconds apart); `adaptive` (default) starts with a few requests
+    in flight and adapts to the service's 429s (see `flows.dispatch.Window`), never above `concurrency`.
     Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
     """
     hooks = _hooks.get() or RunHooks()
     checked = hooks.checked or preflight(
-        manifest, out, concurrency=concurrency, base_url=base_url, api_key_secret_block=api_key_secret_block
-    )
+        manifest, out, concurrency=concurrency, base_url=base_url,
+        api_key_secret_block=api_key_secret_block, rpm=rpm,
+    )  # fmt: skip
     units = group_units(plan(checked.manifest))
     store = OutputStore(checked.out)
     planned = sum(len(unit.requests) for unit in units)
@@ -172,7 +177,9 @@ def generate_from_manifest(
             force=force, retry_unknown=retry_unknown, key_source=key_source(api_key_secret_block),
         )  # fmt: skip
         with client, hooks.signals() if hooks.signals else contextlib.nullcontext():
-            tasks = dispatch(ctx, units, concurrency, hooks.control, hooks.on_progress)
+            if rpm:
+                ctx.pacer = Pacer(60.0 / rpm, sleep=hooks.sleep)
+            tasks = dispatch(ctx, units, concurrency, hooks.control, hooks.on_progress, adaptive)
         records = [r for unit in units for r in ctx.results[unit.index]]
         by_job = {job.id: job for job in checked.manifest.jobs}
         rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
@@ -182,6 +189,7 @@ def generate_from_manifest(
         except OSError as exc:
             unwritten.append(f"results.csv not written: {storage_message(store.root, exc)}")
         counts = Counter(r.status for r in records)
+        info["rate_limited"] = sum(r.status == "failed" and "HTTP 429" in (r.error or "") for r in records)
         info |= {
             "ended_at": datetime.now(UTC).isoformat(),
             "state": "stopped" if ctx.halt_reason else "finished",

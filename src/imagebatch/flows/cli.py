@@ -70,6 +70,18 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="service root (default: $IMAGEBATCH_BASE_URL; with neither, the embedded emulator)",
     )
+    parser.add_argument(
+        "--rpm",
+        type=int,
+        default=None,
+        help="space request starts to at most this many a minute (default: no pacing)",
+    )
+    parser.add_argument(
+        "--no-adaptive",
+        dest="adaptive",
+        action="store_false",
+        help="open --concurrency requests at once instead of starting low and adapting to HTTP 429s",
+    )
     parser.add_argument("--force", action="store_true", help="regenerate even what is already done")
     parser.add_argument(
         "--retry-unknown",

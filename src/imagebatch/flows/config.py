@@ -109,12 +109,15 @@ def preflight(
     concurrency: int,
     base_url: str | None,
     api_key_secret_block: str | None,
+    rpm: int | None = None,
 ) -> Preflight:
     """Every check that needs neither Prefect nor the service: the manifest and its files, the options, the
     output folder, the base URL and the key's presence and form. Raises `ManifestError` or `UsageError`."""
     loaded = load_manifest(Path(manifest))
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise UsageError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}, not {concurrency}")
+    if rpm is not None and rpm < 1:
+        raise UsageError(f"--rpm must be at least 1, not {rpm}")
     url = resolve_base_url(base_url)
     if url and not api_key_secret_block:
         key = os.environ.get(ENV_API_KEY)

@@ -27,6 +27,10 @@ class ProgressSnapshot:
     planned: int
     in_flight: int
     images: int
+    window: int = 0
+    """How many units may be in flight now (the adaptive window)."""
+    rate_limited: int = 0
+    """HTTP 429 answers so far."""
 
 
 class RunControl:
@@ -49,6 +53,42 @@ class RunControl:
             wake()
 
 
+class Window:
+    """How many units may be in flight: TCP's congestion control applied to a rate-limited service.
+
+    It starts at `start` (not at `--concurrency`: the service's limit is unknown) and grows by one per
+    finished unit (doubling each round) until the first 429; then each 429 halves it (once per round:
+    the 429s of one overshoot count once) and it grows back by one per two windows of units finished
+    without a 429 (additive increase, multiplicative decrease). Never above `limit` nor below 1.
+    With `adaptive=False` it stays at `limit` (the old behaviour, and the benchmark's baseline)."""
+
+    def __init__(self, limit: int, adaptive: bool = True, start: int = 4) -> None:
+        self.limit = limit
+        self.adaptive = adaptive
+        self.size = min(limit, start) if adaptive else limit
+        self.threshold = limit
+        self._credit = 0
+        self._quiet = 0
+        """Units still to finish before another 429 may shrink the window again."""
+
+    def finished(self, rate_limited: bool) -> None:
+        if not self.adaptive:
+            return
+        self._quiet = max(0, self._quiet - 1)
+        if rate_limited:
+            if self._quiet == 0:
+                self.threshold = self.size = max(1, self.size // 2)
+                self._credit = 0
+                self._quiet = self.size * 2  # what was sent before the cut may still come back 429
+            return
+        if self.size >= self.limit:
+            return
+        self._credit += 1
+        if self.size < self.threshold or self._credit >= 2 * self.size:
+            self.size += 1
+            self._credit = 0
+
+
 class Progress:
     """Counts of finished units for `on_progress`."""
 
@@ -58,11 +98,16 @@ class Progress:
         self.counts: Counter[str] = Counter()
         self.images = 0
         self.in_flight = 0
+        self.window = 0
+        self.rate_limited = 0
 
     def report(self) -> None:
         if self.on_progress:
             done = sum(self.counts.values())
-            snap = ProgressSnapshot(dict(self.counts), done, self.planned, self.in_flight, self.images)
+            snap = ProgressSnapshot(
+                dict(self.counts), done, self.planned, self.in_flight, self.images,
+                self.window, self.rate_limited,
+            )  # fmt: skip
             self.on_progress(snap)
 
     def finished(self, ctx: RunContext, unit: Unit) -> None:
@@ -78,10 +123,14 @@ def dispatch(
     concurrency: int,
     control: RunControl,
     on_progress: Callable[[ProgressSnapshot], None] | None = None,
+    adaptive: bool = True,
 ) -> int:
-    """Run every unit, submitted in manifest order; after a halt, the units not yet submitted are recorded
-    without sending. Returns the number of tasks submitted."""
+    """Run every unit, submitted in manifest order, at most `window.size` (at most `concurrency`) at once;
+    after a halt, the units not yet submitted are recorded without sending. Returns the number of tasks
+    submitted."""
     progress = Progress(sum(len(u.requests) for u in units), on_progress)
+    window = Window(concurrency, adaptive)
+    seen_429 = 0
     todo: list[Unit] = []
     for unit in units:
         if any(ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
@@ -96,7 +145,8 @@ def dispatch(
     while True:
         if control.reason:
             ctx.stop_dispatch(control.reason)
-        while progress.in_flight < concurrency and not ctx.halt.is_set():
+        progress.window, progress.rate_limited = window.size, ctx.rate_limited
+        while progress.in_flight < window.size and not ctx.halt.is_set():
             nxt = next(pending, None)
             if nxt is None:
                 break
@@ -114,6 +164,8 @@ def dispatch(
         progress.in_flight -= 1
         if finished.index not in ctx.results:  # the task itself failed in Prefect, outside our code
             ctx.results[finished.index] = run_unit_safely(ctx, finished)
+        window.finished(rate_limited=ctx.rate_limited > seen_429)
+        seen_429 = ctx.rate_limited
         progress.finished(ctx, finished)
     for unit in pending:  # only left after a halt: records without sending (run_unit sends nothing now)
         ctx.results[unit.index] = run_unit(ctx, unit)

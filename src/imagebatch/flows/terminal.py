@@ -97,6 +97,7 @@ def run_main(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             base_url=args.base_url,
             api_key_secret_block=args.api_key_block,
+            rpm=args.rpm,
         )
     except ManifestError as exc:
         for problem in exc.problems:
@@ -130,6 +131,8 @@ def run_main(args: argparse.Namespace) -> int:
                 force=args.force,
                 retry_unknown=args.retry_unknown,
                 api_key_secret_block=args.api_key_block,
+                rpm=args.rpm,
+                adaptive=args.adaptive,
             )
     except UsageError as exc:
         err.print(f"{exc}; nothing was sent.", markup=False)
@@ -142,6 +145,12 @@ def run_main(args: argparse.Namespace) -> int:
         err.print(
             f"{counts['unknown']} request(s) have an unknown outcome (sent, no answer): check the service's "
             "usage history, then rerun with --retry-unknown if they were not generated.",
+            markup=False,
+        )
+    if info.get("rate_limited"):
+        err.print(
+            f"{info['rate_limited']} request(s) failed on HTTP 429 (the service's rate limit; the native and "
+            "chat routes are never retried): a rerun sends them; a lower --rpm or --concurrency avoids it.",
             markup=False,
         )
     for line in info.get("unwritten", []):
@@ -177,6 +186,7 @@ def _progress_bar(err: Console) -> tuple[Progress, Callable[[ProgressSnapshot], 
         rate = snap.images / minutes
         stats = f"done {done}  failed {failed}  in flight {snap.in_flight}  {rate:.1f} img/min"
         stats += f"  not attempted {left}" if left else ""
+        stats += f"  window {snap.window}  429s {snap.rate_limited}" if snap.rate_limited else ""
         progress.update(bar, total=snap.planned, completed=snap.done, stats=stats)
 
     return progress, on_progress

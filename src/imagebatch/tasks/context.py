@@ -3,7 +3,10 @@ and each unit's records."""
 
 from __future__ import annotations
 
+import math
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -72,6 +75,15 @@ class RunContext:
         self.started_keys: set[str] = set()
         """Keys with an attempt started in this run."""
         store.on_write_error = self._write_failed  # the next request's writes would fail too
+        self.rate_limited = 0
+        """HTTP 429 answers seen so far (every attempt): dispatch narrows its window on a new one."""
+        self.pacer: Pacer | None = None
+        """Spaces request starts for `--rpm`."""
+        self._count_lock = threading.Lock()
+
+    def saw_429(self) -> None:
+        with self._count_lock:
+            self.rate_limited += 1
 
     def _write_failed(self, exc: OSError) -> None:
         self.stop_dispatch(storage_message(self.store.root, exc))
@@ -92,3 +104,30 @@ class RunContext:
         if status == "no_image" or (status == "unknown" and not self.retry_unknown):
             return "carry"
         return "send"
+
+
+class Pacer:
+    """Spaces request starts `interval` seconds apart across every thread of a run (`--rpm N`: 60 / N)."""
+
+    def __init__(
+        self,
+        interval: float,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval = interval
+        self._sleep = sleep
+        self._clock = clock
+        self._next = -math.inf
+        self._lock = threading.Lock()
+
+    def wait(self) -> float:
+        """Wait for this start's slot; return the wait."""
+        with self._lock:
+            now = self._clock()
+            slot = max(now, self._next)
+            self._next = slot + self.interval
+        wait = slot - now
+        if wait > 0:
+            self._sleep(wait)
+        return wait

@@ -16,6 +16,7 @@ from dataclasses import asdict
 
 from imagebatch.gateway.errors import GatewayError
 from imagebatch.gateway.requests import GatewayRequest
+from imagebatch.gateway.results import AttemptEvent, AttemptFinished
 from imagebatch.manifest import PlannedRequest
 
 from . import records
@@ -40,8 +41,16 @@ def send_and_record(
     state = ctx.states.get(req.idempotency_key)
     earlier = state.attempts if state else 0  # results.csv and usage.jsonl count attempts across runs
     journal = AttemptJournal(store, req, ctx.started_keys, earlier)
+
+    def observe(event: AttemptEvent) -> None:
+        journal(event)
+        if isinstance(event, AttemptFinished) and event.status == 429:
+            ctx.saw_429()
+
+    if ctx.pacer is not None:
+        ctx.pacer.wait()
     try:
-        result = ctx.client.send(request, idempotency_key=req.idempotency_key, observer=journal)
+        result = ctx.client.send(request, idempotency_key=req.idempotency_key, observer=observe)
     except NotJournaledError as exc:  # a failed write stopped it before (this) attempt was sent
         record = records.not_journaled(req, exc.attempt, ctx.halt_reason or str(exc))
         record.attempts += earlier if record.attempts else 0

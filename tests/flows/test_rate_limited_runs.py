@@ -1,0 +1,113 @@
+"""A run against a rate-limited service (issue 10, item 3): dispatch starts low and adapts to 429s, the
+native route's 429s are `failed` and reported, a rerun sends exactly those; `--rpm` paces the starts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flow_helpers import read_results, write_jsonl
+
+from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+from imagebatch.flows.dispatch import Window
+from imagebatch.tasks.context import Pacer
+
+
+def test_the_window_starts_low_doubles_then_halves_once_per_overshoot() -> None:
+    window = Window(32)
+    assert window.size == 4
+    for _ in range(4):
+        window.finished(rate_limited=False)
+    assert window.size == 8  # slow start: one more per unit finished, a doubling per round
+    window.finished(rate_limited=True)
+    assert window.size == 4
+    window.finished(rate_limited=True)  # the same overshoot's other 429s do not cut again
+    assert window.size == 4
+    for _ in range(8):
+        window.finished(rate_limited=False)
+    assert window.size == 5  # then one more per two windows without a 429
+    for _ in range(1000):
+        window.finished(rate_limited=False)
+    assert window.size == 32  # never above --concurrency
+
+
+def test_a_window_that_does_not_adapt_opens_every_slot() -> None:
+    window = Window(32, adaptive=False)
+    window.finished(rate_limited=True)
+    assert window.size == 32
+
+
+def test_the_pacer_spaces_starts() -> None:
+    now = [0.0]
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    pacer = Pacer(2.0, sleep=sleep, clock=lambda: now[0])
+    assert [pacer.wait() for _ in range(3)] == [0.0, 2.0, 4.0]  # three starts asked for at once
+    now[0] = 10.0
+    assert pacer.wait() == 0.0 and waits == [2.0, 4.0]
+
+
+def run(manifest: Path, out: Path, **kw: Any) -> dict[str, Any]:
+    with run_hooks(RunHooks(sleep=lambda _s: None)):
+        return generate_from_manifest(manifest=str(manifest), out=str(out), **kw)
+
+
+@pytest.fixture
+def limited(service_env: Any) -> Any:
+    """The session emulator allowing 4 generations at once; each takes a little while, so requests
+    overlap as they would against a real service."""
+    service_env.configure(max_in_flight=4, latency=0.02)
+    return service_env
+
+
+def test_a_run_against_an_unknown_limit_loses_few_requests_and_a_rerun_sends_exactly_those(
+    limited: Any, tmp_path: Path
+) -> None:
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl", [{"id": f"j{i:03d}", "prompt": f"kite {i}"} for i in range(200)]
+    )
+    out = tmp_path / "out"
+    info = run(manifest, out, concurrency=32)
+
+    rows = read_results(out)
+    statuses = Counter(r["status"] for r in rows)
+    failed = {r["idempotency_key"] for r in rows if r["status"] == "failed"}
+    assert set(statuses) <= {"succeeded", "failed"} and len(rows) == 200
+    assert len(failed) <= 20, statuses  # at most 10 % lost to 429
+    assert all("HTTP 429" in r["error"] for r in rows if r["status"] == "failed")
+    assert info["rate_limited"] == len(failed)
+    assert not [e for e in limited.requests() if e["status"] == 200 and e["limit"]]
+
+    limited.reset()
+    limited.configure(max_in_flight=None)
+    run(manifest, out, concurrency=32)
+    assert {e["idempotency_key"] for e in limited.requests()} == failed  # exactly the ones that failed
+    after = Counter(r["status"] for r in read_results(out))
+    assert after == {"skipped": 200 - len(failed), "succeeded": len(failed)}
+
+
+def test_without_adaptation_most_of_the_overshoot_fails(limited: Any, tmp_path: Path) -> None:
+    """The baseline the window is measured against: 32 at once against a limit of 4."""
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl", [{"id": f"j{i:03d}", "prompt": f"kite {i}"} for i in range(64)]
+    )
+    info = run(manifest, tmp_path / "out", concurrency=32, adaptive=False)
+    assert info["rate_limited"] > 6  # more than 10 %: the adaptive run above stays under that at 200
+
+
+def test_rpm_paces_the_starts(service_env: Any, tmp_path: Path) -> None:
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": f"p{i}", "prompt": f"kite {i}"} for i in range(5)])
+    waits: list[float] = []
+    with run_hooks(RunHooks(sleep=waits.append)):
+        info = generate_from_manifest(
+            manifest=str(manifest), out=str(tmp_path / "out"), rpm=30, concurrency=1
+        )
+    assert info["counts"]["succeeded"] == 5
+    # 30 a minute: starts 2 s apart. The sleep only records (no time passes), so the n-th start is told
+    # to wait about 2n s from the moment it asked.
+    assert len(waits) == 4 and all(2 * n - 0.5 < w <= 2 * n for n, w in enumerate(waits, 1)), waits
