@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import logging
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,10 @@ def test_run_prints_a_summary_keeps_the_key_out_and_a_rerun_skips_everything(
     rows = read_results(out_dir)
     assert [r["status"] for r in rows] == ["succeeded"] * 6
     assert len(service_env.requests()) == 6
+    assert "usage (all runs into this folder)" in out
+    with (out_dir / "usage-summary.csv").open(newline="") as fh:
+        usage = list(csv.DictReader(fh))
+    assert sum(int(u["requests"]) for u in usage) == 6 and sum(int(u["images"]) for u in usage) >= 6
 
     # The key came from the environment: it is in no output, no log record and no file of the output folder.
     key = service_env.api_key

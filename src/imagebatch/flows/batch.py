@@ -45,6 +45,7 @@ from imagebatch.manifest import plan
 from imagebatch.tasks.context import Pacer, RunContext, group_units
 from imagebatch.tasks.records import storage_message
 from imagebatch.tasks.store import STATUSES, OutputLockedError, OutputStore
+from imagebatch.tasks.usage import usage_summary, write_usage_summary
 
 
 @dataclass
@@ -188,7 +189,13 @@ def generate_from_manifest(
             store.write_results(rows, list(checked.manifest.metadata_columns))
         except OSError as exc:
             unwritten.append(f"results.csv not written: {storage_message(store.root, exc)}")
+        usage = usage_summary(store.root, records)
+        try:
+            write_usage_summary(store.root, usage)
+        except OSError as exc:
+            unwritten.append(f"usage-summary.csv not written: {storage_message(store.root, exc)}")
         counts = Counter(r.status for r in records)
+        info["usage"] = [row.to_dict() for row in usage]
         info["rate_limited"] = sum(r.status == "failed" and "HTTP 429" in (r.error or "") for r in records)
         info |= {
             "ended_at": datetime.now(UTC).isoformat(),

@@ -138,6 +138,7 @@ def run_main(args: argparse.Namespace) -> int:
         err.print(f"{exc}; nothing was sent.", markup=False)
         return EXIT_USAGE
     _print_summary(out, info)
+    _print_usage(out, info.get("usage", []))
     if info.get("stopped"):
         err.print(f"Stopped early: {info['stopped']}. A rerun picks up where this one stopped.", markup=False)
     counts: dict[str, int] = info["counts"]
@@ -190,6 +191,21 @@ def _progress_bar(err: Console) -> tuple[Progress, Callable[[ProgressSnapshot], 
         progress.update(bar, total=snap.planned, completed=snap.done, stats=stats)
 
     return progress, on_progress
+
+
+def _print_usage(console: Console, usage: list[dict[str, Any]]) -> None:
+    """The usage summary (every run into the folder), as written to usage-summary.csv."""
+    if not usage:
+        return
+    table = Table(title="usage (all runs into this folder)")
+    names = ("route", "model", "requests", "attempts", "images", "unknown", "total_tokens", "latency_p50_s")
+    heads = ("route", "model", "requests", "attempts", "images", "unknown", "tokens", "p50 s")
+    for name, head in zip(names, heads, strict=True):
+        table.add_column(head, justify="left" if name in ("route", "model") else "right")
+    for row in usage:
+        table.add_row(*("" if row[n] is None else f"{row[n]:.2f}" if n == "latency_p50_s" else str(row[n])
+                        for n in names))  # fmt: skip
+    console.print(table)
 
 
 def _print_summary(console: Console, info: dict[str, Any]) -> None:

@@ -1,0 +1,66 @@
+"""The usage summary: by route and model, from the ledger's attempts and the run's records."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from imagebatch.tasks.store import RequestRecord
+from imagebatch.tasks.usage import percentile, summarise_usage, usage_summary, write_usage_summary
+
+
+def attempt(key: str, route: str, model: str, outcome: str, **extra: Any) -> dict[str, Any]:
+    return {"idempotency_key": key, "route": route, "model": model, "outcome": outcome, **extra}
+
+
+LEDGER = [
+    attempt("a", "native", "native-image-2", "ok", images=2, duration_s=1.0,
+            usage={"promptTokenCount": 10, "candidatesTokenCount": 2240, "totalTokenCount": 2260}),
+    attempt("b", "native", "native-image-2", "error", images=0, duration_s=0.2, usage=None),
+    attempt("c", "images_generations", "compat-image-2", "error", duration_s=0.1),
+    attempt("c", "images_generations", "compat-image-2", "ok", images=1, duration_s=3.0,
+            usage={"input_tokens": 5, "output_tokens": 1056}),
+    attempt("d", "messages", "claude-compat-small", "ok", duration_s=0.5,
+            usage={"input_tokens": 3, "output_tokens": 7}),
+]  # fmt: skip
+
+
+def record(key: str, route: str, model: str, status: str) -> RequestRecord:
+    return RequestRecord(
+        job_id=key, request_index=0, turn_index=0, status=status, model=model, route=route,  # type: ignore[arg-type]
+        idempotency_key=key,
+    )  # fmt: skip
+
+
+def test_the_summary_counts_requests_attempts_images_tokens_and_doubt() -> None:
+    rows = summarise_usage(LEDGER, [record("b", "native", "native-image-2", "unknown")])
+    by = {(r.route, r.model): r.to_dict() for r in rows}
+    assert [route for route, _ in by] == ["images_generations", "messages", "native"]
+    native = by[("native", "native-image-2")]
+    assert (native["requests"], native["attempts"], native["images"], native["unknown"]) == (2, 2, 2, 1)
+    assert (native["input_tokens"], native["output_tokens"], native["total_tokens"]) == (10, 2240, 2260)
+    images = by[("images_generations", "compat-image-2")]
+    assert (images["requests"], images["attempts"], images["images"], images["total_tokens"]) == (
+        1,
+        2,
+        1,
+        1061,
+    )
+    assert (images["latency_p50_s"], images["latency_p95_s"]) == (0.1, 3.0)
+    assert by[("messages", "claude-compat-small")]["images"] == 0
+
+
+def test_percentiles_by_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 0.5), percentile(values, 0.95), percentile([], 0.5)) == (50.0, 95.0, None)
+
+
+def test_the_csv_round_trips(tmp_path: Path) -> None:
+    (tmp_path / "usage.jsonl").write_text("".join(json.dumps(line) + "\n" for line in LEDGER))
+    path = write_usage_summary(tmp_path, usage_summary(tmp_path))
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["route"] for r in rows] == ["images_generations", "messages", "native"]
+    assert rows[2]["unknown"] == "0" and rows[1]["latency_p95_s"] == "0.5"
