@@ -273,3 +273,23 @@ def test_out_that_is_a_file_exits_2(examples: Path, tmp_path: Path, capsys: Any)
     target.write_text("not a folder")
     code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(target))
     assert code == EXIT_USAGE and "not a folder" in err
+
+
+def test_max_images_sends_exactly_up_to_the_cap_and_a_rerun_goes_on(
+    service_env: Any, tmp_path: Path, capsys: Any
+) -> None:
+    """20 one-image jobs, --max-images 5: five sent, the rest not_attempted with the cap named; the cap is
+    per run, so a rerun with --max-images 10 sends ten more, none twice."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(f'{{"id": "j{i:02d}", "prompt": "cup {i}"}}\n' for i in range(20)))
+    out = tmp_path / "out"
+    code, stdout, err = cli(capsys, "run", str(manifest), "--out", str(out), "--max-images", "5")
+    assert code == EXIT_INCOMPLETE, err
+    assert summary_counts(stdout) == {"succeeded": 5, "not_attempted": 15}, err
+    assert "--max-images 5 reached" in err and "Traceback" not in err
+    assert len(service_env.ledger()) == 5
+
+    code, stdout, err = cli(capsys, "run", str(manifest), "--out", str(out), "--max-images", "10")
+    assert summary_counts(stdout) == {"succeeded": 10, "skipped": 5, "not_attempted": 5}, err
+    keys = [e["idempotency_key"] for e in service_env.ledger()]
+    assert len(keys) == len(set(keys)) == 15

@@ -147,6 +147,7 @@ def generate_from_manifest(
     api_key_secret_block: str | None = None,
     rpm: int | None = None,
     adaptive: bool = True,
+    max_images: int | None = None,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
@@ -154,12 +155,13 @@ def generate_from_manifest(
     `IMAGEBATCH_API_KEY`; with no `base_url` (and no `IMAGEBATCH_BASE_URL`) the embedded emulator is used.
     `rpm` spaces request starts (60 / rpm seconds apart); `adaptive` (default) starts with a few requests
     in flight and adapts to the service's 429s (see `flows.dispatch.Window`), never above `concurrency`.
+    `max_images` caps the images this run may deliver (see `flows.dispatch.dispatch`).
     Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
     """
     hooks = _hooks.get() or RunHooks()
     checked = hooks.checked or preflight(
         manifest, out, concurrency=concurrency, base_url=base_url,
-        api_key_secret_block=api_key_secret_block, rpm=rpm,
+        api_key_secret_block=api_key_secret_block, rpm=rpm, max_images=max_images,
     )  # fmt: skip
     units = group_units(plan(checked.manifest))
     store = OutputStore(checked.out)
@@ -180,7 +182,7 @@ def generate_from_manifest(
         with client, hooks.signals() if hooks.signals else contextlib.nullcontext():
             if rpm:
                 ctx.pacer = Pacer(60.0 / rpm, sleep=hooks.sleep)
-            tasks = dispatch(ctx, units, concurrency, hooks.control, hooks.on_progress, adaptive)
+            tasks = dispatch(ctx, units, concurrency, hooks.control, hooks.on_progress, adaptive, max_images)
         records = [r for unit in units for r in ctx.results[unit.index]]
         by_job = {job.id: job for job in checked.manifest.jobs}
         rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)

@@ -77,6 +77,12 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         help="space request starts to at most this many a minute (default: no pacing)",
     )
     parser.add_argument(
+        "--max-images",
+        type=int,
+        default=None,
+        help="stop before a request that could take this run past N images (the rest wait for a rerun)",
+    )
+    parser.add_argument(
         "--no-adaptive",
         dest="adaptive",
         action="store_false",

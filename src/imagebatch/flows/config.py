@@ -110,6 +110,7 @@ def preflight(
     base_url: str | None,
     api_key_secret_block: str | None,
     rpm: int | None = None,
+    max_images: int | None = None,
 ) -> Preflight:
     """Every check that needs neither Prefect nor the service: the manifest and its files, the options, the
     output folder, the base URL and the key's presence and form. Raises `ManifestError` or `UsageError`."""
@@ -118,6 +119,8 @@ def preflight(
         raise UsageError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}, not {concurrency}")
     if rpm is not None and rpm < 1:
         raise UsageError(f"--rpm must be at least 1, not {rpm}")
+    if max_images is not None and max_images < 0:
+        raise UsageError(f"--max-images must be 0 or more, not {max_images}")
     url = resolve_base_url(base_url)
     if url and not api_key_secret_block:
         key = os.environ.get(ENV_API_KEY)

@@ -7,9 +7,10 @@ before the rest is sent. Units this run sends nothing for never become tasks.
 
 from __future__ import annotations
 
+import itertools
 import queue
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -124,13 +125,20 @@ def dispatch(
     control: RunControl,
     on_progress: Callable[[ProgressSnapshot], None] | None = None,
     adaptive: bool = True,
+    max_images: int | None = None,
 ) -> int:
     """Run every unit, submitted in manifest order, at most `window.size` (at most `concurrency`) at once;
     after a halt, the units not yet submitted are recorded without sending. Returns the number of tasks
-    submitted."""
+    submitted.
+
+    `max_images` is this run's budget: a unit is not sent if the images delivered so far, plus the most
+    the units in flight can deliver, plus the most it can deliver, would pass it; the run stops there
+    (the rest `not_attempted`, the reason naming the cap) and a rerun with a higher cap goes on."""
     progress = Progress(sum(len(u.requests) for u in units), on_progress)
     window = Window(concurrency, adaptive)
     seen_429 = 0
+    reserved: dict[int, int] = {}  # unit index -> the most images it can deliver, while in flight
+    capped: str | None = None  # why no more units are submitted (the budget), once they would pass it
     todo: list[Unit] = []
     for unit in units:
         if any(ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
@@ -140,16 +148,26 @@ def dispatch(
             progress.finished(ctx, unit)
     done_q: queue.Queue[Unit | None] = queue.Queue()
     control.attach(lambda: done_q.put(None))
-    pending = iter(todo)
+    pending: Iterator[Unit] = iter(todo)
     submitted = 0
     while True:
         if control.reason:
             ctx.stop_dispatch(control.reason)
         progress.window, progress.rate_limited = window.size, ctx.rate_limited
-        while progress.in_flight < window.size and not ctx.halt.is_set():
+        while progress.in_flight < window.size and not ctx.halt.is_set() and capped is None:
             nxt = next(pending, None)
             if nxt is None:
                 break
+            most = sum(r.images_at_most for r in nxt.requests)
+            if max_images is not None and progress.images + sum(reserved.values()) + most > max_images:
+                # Not a halt yet: what is already submitted must still be sent (it fits the budget).
+                capped = (
+                    f"--max-images {max_images} reached ({progress.images} delivered, "
+                    f"{sum(reserved.values())} at most in flight); rerun with a higher cap to go on"
+                )
+                pending = itertools.chain([nxt], pending)
+                break
+            reserved[nxt.index] = most
             # No `tags(...)` here: a context manager around each submit serialises dispatch (measured).
             future = generate.submit(ctx, nxt)
             future.add_done_callback(partial(_put, done_q, nxt))
@@ -157,6 +175,8 @@ def dispatch(
             submitted += 1
         progress.report()
         if progress.in_flight == 0:
+            if capped is not None:
+                ctx.stop_dispatch(capped)  # only now: the rest are recorded not_attempted below
             break
         finished = done_q.get()
         if finished is None:  # woken by RunControl.stop: stop submitting, keep waiting for what is in flight
@@ -164,6 +184,7 @@ def dispatch(
         progress.in_flight -= 1
         if finished.index not in ctx.results:  # the task itself failed in Prefect, outside our code
             ctx.results[finished.index] = run_unit_safely(ctx, finished)
+        reserved.pop(finished.index, None)
         window.finished(rate_limited=ctx.rate_limited > seen_429)
         seen_429 = ctx.rate_limited
         progress.finished(ctx, finished)

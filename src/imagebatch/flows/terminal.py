@@ -98,6 +98,7 @@ def run_main(args: argparse.Namespace) -> int:
             base_url=args.base_url,
             api_key_secret_block=args.api_key_block,
             rpm=args.rpm,
+            max_images=args.max_images,
         )
     except ManifestError as exc:
         for problem in exc.problems:
@@ -133,6 +134,7 @@ def run_main(args: argparse.Namespace) -> int:
                 api_key_secret_block=args.api_key_block,
                 rpm=args.rpm,
                 adaptive=args.adaptive,
+                max_images=args.max_images,
             )
     except UsageError as exc:
         err.print(f"{exc}; nothing was sent.", markup=False)
