@@ -157,6 +157,13 @@ def _emulator_arguments(parser: argparse.ArgumentParser) -> None:
         help="concurrency limit: generations at once (default: none)",
     )
     parser.add_argument(
+        "--overload-burst",
+        type=_bursts,
+        default=None,
+        metavar="EVERY:LENGTH[:STATUS]",
+        help="for LENGTH s of every EVERY s refuse generations with STATUS (503 or 429) and Retry-After",
+    )
+    parser.add_argument(
         "--fault",
         type=_fault_rate,
         action="append",
@@ -182,6 +189,17 @@ def _fault_rate(text: str) -> tuple[str, float]:
         return parse_rate(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _bursts(text: str) -> object:
+    from pydantic import ValidationError
+
+    from imagebatch.gateway.emulator.settings import parse_bursts
+
+    try:
+        return parse_bursts(text)
+    except (ValueError, ValidationError) as exc:
+        raise argparse.ArgumentTypeError(f"bad --overload-burst {text!r}: {exc}") from None
 
 
 def _fault_script(text: str) -> object:

@@ -98,3 +98,17 @@ def test_the_client_waits_what_retry_after_says_on_the_images_route(emulator: Em
     assert first.attempts == 1 and second.attempts == 2
     assert waits == [60.0]  # Retry-After (60 s), not the spec's first step (3 s)
     assert [e["idempotency_key"] for e in emulator.ledger()] == ["ra-1", "ra-2"]
+
+
+def test_overload_bursts_refuse_everything_for_a_while_then_pass(emulator: EmulatorServer) -> None:
+    from imagebatch.gateway.emulator.settings import parse_bursts
+
+    clock = Clock()
+    clock.now = 600.0  # the start of a period of 60 s
+    emulator.configure(clock=clock, overload=parse_bursts("60:5"))
+    refused = native(emulator, "o1")
+    assert_error(refused, 503)
+    assert refused.headers["retry-after"] == "5" and emulator.requests()[-1]["limit"] == "overload 503"
+    clock.now += 5
+    assert native(emulator, "o1").status_code == 200
+    assert [e["idempotency_key"] for e in emulator.ledger()] == ["o1"] and emulator.attempts()["o1"] == 1

@@ -97,12 +97,20 @@ async def begin(
     refused = emu.admit(record)
     if refused is not None:  # a limit, not an attempt: nothing counted, generated or billed
         record.limit, retry_after = refused
+        headers = {"Retry-After": str(retry_after)}
+        if record.limit.startswith("overload"):
+            status = int(record.limit.split()[1])
+            raise ServiceError(
+                status,
+                f"the service is overloaded (emulated burst); retry after {retry_after} s",
+                headers=headers,
+            )
         what = "requests per minute" if record.limit == "rpm" else "generations in flight"
         raise ServiceError(
             429,
             f"rate limit exceeded: too many {what} for this key; retry after {retry_after} s",
             "rate_limit_exceeded",
-            headers={"Retry-After": str(retry_after)},
+            headers=headers,
         )
     key = record.idempotency_key or "body:" + digest(route.value, fingerprint).hex()[:32]
     number = emu.next_attempt(key)

@@ -36,6 +36,7 @@ def settings_from_args(args: argparse.Namespace, api_key: str) -> EmulatorSettin
         slow_seconds=args.slow_seconds,
         rpm=args.rpm,
         max_in_flight=args.max_in_flight,
+        overload=args.overload_burst,
         faults=faults,
     )
 

@@ -84,6 +84,33 @@ class FaultConfig(_StrictSettings):
         return self
 
 
+class OverloadBursts(_StrictSettings):
+    """Periodic overload: for the first `length` seconds of every `every` of the emulator's clock, every
+    generation is refused with `status` (429 or 503) and a `Retry-After` until the burst ends. A fault
+    of the service's capacity, not of one request: not an attempt, not billed."""
+
+    every: float = Field(gt=0)
+    length: float = Field(gt=0)
+    status: Literal[429, 503] = 503
+
+    @model_validator(mode="after")
+    def _shorter_than_the_period(self) -> OverloadBursts:
+        if self.length >= self.every:
+            raise ValueError("an overload burst must be shorter than its period")
+        return self
+
+
+def parse_bursts(text: str) -> OverloadBursts:
+    """`EVERY:LENGTH[:STATUS]` seconds, e.g. `60:5` or `30:2:429`."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise ValueError(f"expected EVERY:LENGTH[:STATUS], not {text!r}")
+    fields: dict[str, Any] = {"every": float(parts[0]), "length": float(parts[1])}
+    if len(parts) == 3:
+        fields["status"] = int(parts[2])
+    return OverloadBursts(**fields)
+
+
 class EmulatorSettings(BaseModel):
     """Settings of one emulator app. Immutable: change them with `model_copy(update=...)`."""
 
@@ -113,6 +140,8 @@ class EmulatorSettings(BaseModel):
     None: no limit (the default)."""
     max_in_flight: int | None = Field(default=None, ge=1)
     """Concurrency limit: generations in flight at once for the key; over it, 429 `Retry-After: 1`."""
+    overload: OverloadBursts | None = None
+    """Periodic overload bursts (off by default)."""
     clock: Callable[[], float] = time.monotonic
     """The clock of the rate limit's window (tests pass a fake one)."""
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep

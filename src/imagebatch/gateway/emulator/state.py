@@ -44,7 +44,7 @@ class RequestLogEntry:
     ended: float | None = None
     """When the answer was sent (or the connection dropped), same clock as `time`; None while in flight."""
     limit: str | None = None
-    """`rpm` or `max_in_flight` when a limit refused the request (429)."""
+    """`rpm` or `max_in_flight` when a limit refused the request (429); `overload 503` (or 429) in a burst."""
     drop: bool = field(default=False, repr=False)
     holds_slot: bool = field(default=False, repr=False)
     """It counts towards `max_in_flight` until its answer is sent."""
@@ -104,6 +104,11 @@ class EmulatorState:
         settings = self.settings
         with self._lock:
             now = settings.clock()
+            burst = settings.overload
+            if burst is not None:
+                into = now % burst.every  # periods of the emulator's clock
+                if into < burst.length:
+                    return f"overload {burst.status}", max(1, math.ceil(burst.length - into))
             while self._starts and self._starts[0] <= now - 60.0:
                 self._starts.popleft()
             if settings.max_in_flight is not None and self._in_flight >= settings.max_in_flight:
