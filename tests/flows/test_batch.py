@@ -337,3 +337,23 @@ def test_the_run_summary_is_a_prefect_artifact(service_env: Any, examples: Path,
     assert artifact["type"] == "markdown"
     assert info["out"] in artifact["data"]
     assert f"| succeeded | {info['counts']['succeeded']} |" in artifact["data"]
+
+
+def test_progress_and_usage_are_prefect_artifacts_keyed_for_a_history(
+    service_env: Any, examples: Path, tmp_path: Path
+) -> None:
+    from prefect.client.orchestration import get_client
+
+    info, _ = run(examples / "mixed.json", tmp_path / "out")
+    run_id = info["prefect"]["flow_run_id"]
+    with get_client(sync_client=True) as client:
+        found = client.request("POST", "/artifacts/filter", json={"flow_runs": {"id": {"any_": [run_id]}}})
+    artifacts = {a["key"]: a for a in found.json()}
+    assert {"imagebatch-progress", "imagebatch-usage", "imagebatch-run-summary"} <= artifacts.keys()
+    assert artifacts["imagebatch-progress"]["type"] == "progress"
+    assert artifacts["imagebatch-progress"]["data"] == 100.0  # every request settled
+    table = artifacts["imagebatch-usage"]
+    assert table["type"] == "table"
+    rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
+    assert sum(row["succeeded"] for row in rows) == info["counts"]["succeeded"]
+    assert {row["route"] for row in rows} >= {"native", "messages"}

@@ -23,7 +23,12 @@ from typing import Any
 import httpx
 import prefect
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -182,7 +187,9 @@ def generate_from_manifest(
         with client, hooks.signals() if hooks.signals else contextlib.nullcontext():
             if rpm:
                 ctx.pacer = Pacer(60.0 / rpm, sleep=hooks.sleep)
-            tasks = dispatch(ctx, units, concurrency, hooks.control, hooks.on_progress, adaptive, max_images)
+            progress = ProgressArtifact(hooks.on_progress)
+            tasks = dispatch(ctx, units, concurrency, hooks.control, progress, adaptive, max_images)
+            progress.close()
         records = [r for unit in units for r in ctx.results[unit.index]]
         by_job = {job.id: job for job in checked.manifest.jobs}
         rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
@@ -215,9 +222,67 @@ def generate_from_manifest(
     create_markdown_artifact(
         key="imagebatch-run-summary", markdown=summary_markdown(info), description="imagebatch run"
     )
+    create_table_artifact(
+        key="imagebatch-usage",
+        table=usage_table(records, info["usage"]),
+        description="requests by route, model and status, with the usage summary (all runs into the folder)",
+    )
     with contextlib.suppress(Exception):  # best effort: the output folder is the record, not Prefect's
         settle_prefect_records(info)
     return info
+
+
+class ProgressArtifact:
+    """A Prefect progress artifact (`imagebatch-progress`) moved as the run goes, at most every
+    `interval` seconds (each update is a call to Prefect's API), and to 100 % at the end; passes every
+    snapshot on to `forward` (the command's progress bar)."""
+
+    def __init__(
+        self,
+        forward: Callable[[ProgressSnapshot], None] | None,
+        interval: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.forward = forward
+        self.interval = interval
+        self.clock = clock
+        self.artifact_id: Any = create_progress_artifact(  # a UUID here (sync context)
+            0.0, key="imagebatch-progress", description="imagebatch: requests settled"
+        )
+        self._last = clock()
+        self._percent = 0.0
+
+    def __call__(self, snap: ProgressSnapshot) -> None:
+        if self.forward is not None:
+            self.forward(snap)
+        self._percent = 100.0 * snap.done / snap.planned if snap.planned else 100.0
+        if self.clock() - self._last >= self.interval:
+            self._update()
+
+    def _update(self) -> None:
+        self._last = self.clock()
+        with contextlib.suppress(Exception):  # a progress display must never fail the run
+            update_progress_artifact(self.artifact_id, self._percent)
+
+    def close(self) -> None:
+        self._update()
+
+
+def usage_table(records: list[Any], usage: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (route, model): this run's requests by status, then the folder's usage summary."""
+    by: dict[tuple[str, str], Counter[str]] = {}
+    for r in records:
+        by.setdefault((r.route, r.model), Counter())[r.status] += 1
+    summary = {(u["route"], u["model"]): u for u in usage}
+    rows = []
+    for route, model in sorted(by.keys() | summary.keys()):
+        counts = by.get((route, model), Counter())
+        row: dict[str, Any] = {"route": route, "model": model}
+        row |= {status: counts.get(status, 0) for status in STATUSES}
+        u = summary.get((route, model), {})
+        row |= {k: u.get(k) for k in ("attempts", "images", "total_tokens", "latency_p50_s", "latency_p95_s")}
+        rows.append(row)
+    return rows
 
 
 def run_info(
