@@ -47,6 +47,7 @@ from imagebatch.flows.config import (
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
+from imagebatch.report import build_report
 from imagebatch.tasks.context import Pacer, RunContext, group_units
 from imagebatch.tasks.records import storage_message
 from imagebatch.tasks.store import STATUSES, OutputLockedError, OutputStore
@@ -217,6 +218,10 @@ def generate_from_manifest(
             store.write_run(info)
         except OSError as exc:
             unwritten.append(f"run.json not written: {storage_message(store.root, exc)}")
+        try:
+            info["report"] = str(build_report(store.root))
+        except Exception as exc:  # the report is a view of the records, never a reason to fail the run
+            unwritten.append(f"report.html not written: {exc}")
         if unwritten:
             info["unwritten"] = unwritten  # the command prints them; the records above are all there is
     create_markdown_artifact(

@@ -3,6 +3,7 @@
     imagebatch validate MANIFEST [--format F] [--keys]    check a manifest, print its plan; sends nothing
     imagebatch run MANIFEST --out DIR [options]           generate everything it asks for (Prefect flow)
     imagebatch emulator [options]                         serve the emulated gateway on loopback
+    imagebatch report OUT                                 (re)build OUT/report.html, the contact sheet
 
 Exit codes (`imagebatch.flows.exits`): 0 done (or valid), 1 some requests did not succeed, 2 an invalid
 manifest or a usage error (nothing sent), 130 stopped with Ctrl-C, 143 with SIGTERM.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
 from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
@@ -38,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     _run_arguments(sub.add_parser("run", help="generate everything a manifest asks for"))
     _validate_arguments(sub.add_parser("validate", help="check a manifest and print its plan; sends nothing"))
     _emulator_arguments(sub.add_parser("emulator", help="serve the emulated gateway on loopback"))
+    report = sub.add_parser("report", help="(re)build the contact sheet report.html of an output folder")
+    report.add_argument("out", type=Path, help="an output folder of `imagebatch run`")
     return parser
 
 
@@ -47,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from imagebatch.manifest import validate_main
 
         return validate_main(args)
+    if args.command == "report":
+        return _report(args.out)
     if args.command == "emulator":
         from imagebatch.gateway.emulator.serve import serve
 
@@ -54,6 +60,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from imagebatch.flows.terminal import run_main
 
     return run_main(args)
+
+
+def _report(out: Path) -> int:
+    from imagebatch.report import build_report
+
+    if not (out / "results.csv").is_file():
+        print(
+            f"imagebatch report: {out} has no results.csv (not an output folder of a finished run)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    print(build_report(out))
+    return EXIT_OK
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,8 +121,6 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate_arguments(parser: argparse.ArgumentParser) -> None:
-    from pathlib import Path
-
     parser.add_argument("manifest", type=Path, help="the manifest: .csv, .json or .jsonl")
     parser.add_argument(
         "--format",

@@ -141,6 +141,8 @@ def run_main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     _print_summary(out, info)
     _print_usage(out, info.get("usage", []))
+    if info.get("report"):
+        out.print(f"report: {info['report']}", markup=False, highlight=False)
     if info.get("stopped"):
         err.print(f"Stopped early: {info['stopped']}. A rerun picks up where this one stopped.", markup=False)
     counts: dict[str, int] = info["counts"]
@@ -203,7 +205,7 @@ def _print_usage(console: Console, usage: list[dict[str, Any]]) -> None:
     names = ("route", "model", "requests", "attempts", "images", "unknown", "total_tokens", "latency_p50_s")
     heads = ("route", "model", "requests", "attempts", "images", "unknown", "tokens", "p50 s")
     for name, head in zip(names, heads, strict=True):
-        table.add_column(head, justify="left" if name in ("route", "model") else "right")
+        table.add_column(head, justify="left" if name in ("route", "model") else "right", overflow="fold")
     for row in usage:
         table.add_row(*("" if row[n] is None else f"{row[n]:.2f}" if n == "latency_p50_s" else str(row[n])
                         for n in names))  # fmt: skip

@@ -1,0 +1,200 @@
+"""Build the contact sheet: thumbnails (made once each, into `out/thumbs/`), then pages of cards."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import html
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+PAGE_SIZE = 500
+"""Cards per page: a 100,000-request run makes 200 pages, none of them heavy."""
+THUMB_SIDE = 256
+REASONS = {
+    "unknown": "sent, but no usable answer was recorded: it may have been made and billed. Check the "
+    "service's usage history; rerun with --retry-unknown if it was not made.",
+    "not_attempted": "not sent: the run stopped first (see run.json). A rerun sends it.",
+}
+
+
+@dataclass
+class Card:
+    row: dict[str, str]
+    prompt: str = ""
+    references: list[Path] = field(default_factory=list)
+    mask: Path | None = None
+
+
+def _thumb(out: Path, source: Path, name: str) -> str | None:
+    """A JPEG thumbnail of `source` under out/thumbs/ (made once, remade if the source is newer);
+    its path relative to `out`, or None if `source` is not a readable image."""
+    target = out / "thumbs" / f"{name}.jpg"
+    try:
+        if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with Image.open(source) as im:
+                im.thumbnail((THUMB_SIDE, THUMB_SIDE))
+                im.convert("RGB").save(target, "JPEG", quality=80)
+    except OSError:
+        return None
+    return target.relative_to(out).as_posix()
+
+
+def _manifest_details(out: Path, run: dict[str, Any]) -> dict[str, Any]:
+    """Prompts and files by idempotency key, from the manifest run.json names if it is unchanged."""
+    from imagebatch.manifest import load_manifest, plan
+
+    path = Path(str(run.get("manifest", "")))
+    try:
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != run.get("manifest_sha256"):
+            return {}
+        return {r.idempotency_key: r for r in plan(load_manifest(path))}
+    except Exception:  # a manifest that no longer loads only costs the report its prompts
+        return {}
+
+
+def _read_cards(out: Path) -> tuple[list[Card], dict[str, Any]]:
+    run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+    with (out / "results.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    details = _manifest_details(out, run)
+    cards = []
+    for row in rows:
+        req = details.get(row["idempotency_key"])
+        card = Card(row)
+        if req is not None:
+            card.prompt, card.references, card.mask = req.prompt, list(req.reference_images), req.mask
+        cards.append(card)
+    return cards, run
+
+
+def _esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _card_html(out: Path, card: Card) -> str:
+    row = card.row
+    status = row["status"]
+    media: list[str] = []
+    texts: list[str] = []
+    for rel in filter(None, row.get("paths", "").split(";")):
+        source = out / rel
+        if rel.endswith((".png", ".jpg", ".jpeg")):
+            thumb = _thumb(out, source, rel.removeprefix("images/").replace("/", "__"))
+            if thumb:
+                media.append(
+                    f'<a href="{_esc(rel)}"><img loading="lazy" src="{_esc(thumb)}" alt="image"></a>'
+                )
+        elif rel.endswith(".txt") and source.is_file():
+            texts.append(source.read_text(errors="replace")[:2000])
+        elif rel.endswith(".no_image.json") and source.is_file():
+            said = json.loads(source.read_text()).get("text")
+            texts.append(f"no image; the service said: {said}" if said else "no image")
+    for i, ref in enumerate([*card.references, *([card.mask] if card.mask else [])]):
+        name = "ref-" + hashlib.sha256(str(ref).encode()).hexdigest()[:16]
+        thumb = _thumb(out, Path(ref), name)
+        label = "mask" if card.mask is not None and i == len(card.references) else "reference"
+        if thumb:
+            media.append(
+                f'<img class="ref" loading="lazy" src="{_esc(thumb)}" alt="{label}" title="{label}">'
+            )
+    reason = row.get("error") or ""
+    if status == "no_image" and row.get("finish_reason") and row["finish_reason"] not in reason:
+        reason = f"finishReason {row['finish_reason']}. {reason}"
+    reason = reason or REASONS.get(status, "")
+    size = f"{row['width']}x{row['height']}" if row.get("width") else ""
+    turn = f" turn {row['turn_index']}" if row.get("turn_index") not in ("", "0") else ""
+    facts = " · ".join(
+        _esc(x) for x in (row["route"], row["model"], size, f"attempts {row.get('attempts') or 0}") if x
+    )
+    return (
+        f'<div class="card s-{_esc(status)}" data-status="{_esc(status)}" data-route="{_esc(row["route"])}" '
+        f'data-model="{_esc(row["model"])}">'
+        f'<div class="media">{"".join(media)}</div>'
+        f'<div class="id">{_esc(row["job_id"])} #{_esc(row["request_index"])}{_esc(turn)} '
+        f'<span class="st">{_esc(status)}</span></div>'
+        f'<div class="prompt">{_esc(card.prompt)}</div><div class="facts">{facts} · key '
+        f"{_esc(row['idempotency_key'][:16])}</div>"
+        + "".join(f'<pre class="text">{_esc(t)}</pre>' for t in texts)
+        + (f'<div class="reason">{_esc(reason)}</div>' if reason and status != "succeeded" else "")
+        + "</div>"
+    )
+
+
+STYLE = """body{font:14px system-ui,sans-serif;margin:1em;background:#fafafa}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:10px}
+.card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px}.card[hidden]{display:none}
+.media img{max-width:100%;max-height:256px;margin:2px}.media img.ref{max-height:64px;border:1px dashed #999}
+.st{float:right;font-weight:bold}.s-succeeded .st,.s-skipped .st{color:#080}
+.s-failed .st,.s-unknown .st{color:#b00}
+.prompt{margin:4px 0}.facts{color:#666;font-size:12px}.reason{color:#b00;margin-top:4px}
+pre.text{white-space:pre-wrap;max-height:12em;overflow:auto;background:#f4f4f4;padding:4px}
+nav a{margin-right:8px}"""
+SCRIPT = """const f={};function apply(){let n=0;for(const c of document.querySelectorAll('.card')){
+const ok=['status','route','model'].every(k=>!f[k]||c.dataset[k]===f[k]);c.hidden=!ok;if(ok)n++;}
+document.getElementById('shown').textContent=n;}
+for(const s of document.querySelectorAll('select')){
+s.addEventListener('change',()=>{f[s.name]=s.value;apply();});}
+for(const [k,v] of new URLSearchParams(location.hash.slice(1))){f[k]=v;
+const s=document.querySelector(`select[name=${k}]`);if(s)s.value=v;}
+apply();window.addEventListener('load',()=>{const imgs=[...document.images];
+document.body.dataset.images=imgs.length;document.body.dataset.loaded=imgs.filter(i=>i.complete&&i.naturalWidth>0).length;});"""
+
+
+def _page(title: str, summary: str, nav: str, cards: list[str], options: dict[str, list[str]]) -> str:
+    selects = "".join(
+        f'<label>{name} <select name="{name}"><option value="">all</option>'
+        + "".join(f'<option value="{_esc(v)}">{_esc(v)}</option>' for v in values)
+        + "</select></label> "
+        for name, values in options.items()
+    )
+    csp = "default-src 'none'; img-src 'self' file: data:; style-src 'unsafe-inline'; "
+    csp += "script-src 'unsafe-inline'"
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" '
+        f'content="{csp}"><title>{_esc(title)}</title><style>{STYLE}</style></head><body>'
+        f"<h1>{_esc(title)}</h1>{summary}<p>{selects} <span id=shown></span> shown on this page</p>"
+        f'<nav>{nav}</nav><div class="cards">{"".join(cards)}</div><nav>{nav}</nav>'
+        f"<script>{SCRIPT}</script></body></html>"
+    )
+
+
+def build_report(out: Path, page_size: int = PAGE_SIZE) -> Path:
+    """Write `report.html` (and further pages) into the output folder `out`; return the first page."""
+    out = Path(out)
+    cards, run = _read_cards(out)
+    counts = Counter(c.row["status"] for c in cards)
+    images = sum(int(c.row.get("images") or 0) for c in cards if c.row["status"] in ("succeeded", "skipped"))
+    by_model = Counter(c.row["model"] for c in cards)
+    summary = (
+        f"<p>{len(cards)} requests · {images} images · "
+        + " · ".join(f"{_esc(s)} {n}" for s, n in sorted(counts.items()))
+        + "</p><p>by model: "
+        + " · ".join(f"{_esc(m)} {n}" for m, n in sorted(by_model.items()))
+        + f"</p><p>run: {_esc(run.get('state', '?'))} {_esc(run.get('stopped') or '')}</p>"
+    )
+    options = {
+        "status": sorted(counts),
+        "route": sorted({c.row["route"] for c in cards}),
+        "model": sorted(by_model),
+    }
+    pages = [cards[i : i + page_size] for i in range(0, len(cards), page_size)] or [[]]
+    names = ["report.html"] + [f"report-{n}.html" for n in range(2, len(pages) + 1)]
+    nav = (
+        "".join(f'<a href="{name}">page {i}</a>' for i, name in enumerate(names, 1)) if len(names) > 1 else ""
+    )
+    for name, page in zip(names, pages, strict=True):
+        title = f"imagebatch report: {out.name}" + (
+            f" (page {names.index(name) + 1})" if len(names) > 1 else ""
+        )
+        (out / name).write_text(_page(title, summary, nav, [_card_html(out, c) for c in page], options))
+    for stale in out.glob("report-*.html"):
+        if stale.name not in names:
+            stale.unlink()
+    return out / names[0]

@@ -1,0 +1,104 @@
+"""The contact sheet over a real run with every route and the statuses a catalog run meets (succeeded, a
+chain, a masked edit, text outputs, a `no_image`, an `unknown`), opened in a real headless Chromium (the
+system's package; `.ci/run` installs it): every thumbnail loads, the filters change what is shown, and
+the page can fetch nothing from the network."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flow_helpers import cli, read_results
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+
+
+def dom(page: Path, tmp_path: Path, fragment: str = "") -> str:
+    """The page's DOM after its scripts ran, in headless Chromium (a window tall enough for every lazy
+    thumbnail to load)."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run does)")
+    profile = tmp_path / f"chromium-{len(list(tmp_path.glob('chromium-*')))}"
+    done = subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--window-size=1400,6000",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri() + fragment],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.fixture
+def finished_run(service_env: Any, examples: Path, tmp_path: Path, capsys: Any) -> Path:
+    """`imagebatch run` over the mixed example (every route, a chain, a masked edit, text relays), with
+    one answer refused for safety (`no_image`) and one connection dropped (`unknown`)."""
+    service_env.set_faults(scripts=[{"outcomes": ["no_image"], "match": "lighthouse"},
+                                    {"outcomes": ["drop"], "match": "teapot"}])  # fmt: skip
+    manifest = json.loads((examples / "mixed.json").read_text())
+    jobs = manifest["jobs"] if isinstance(manifest, dict) else manifest
+    jobs += [{"id": "refused", "prompt": "a lighthouse"}, {"id": "dropped", "prompt": "a teapot"}]
+    (examples / "mixed.json").write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    _, stdout, err = cli(capsys, "run", str(examples / "mixed.json"), "--out", str(out))
+    assert f"report: {out.resolve() / 'report.html'}" in stdout, err
+    return out
+
+
+def test_the_report_shows_every_request_with_its_images_and_reasons(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    out = finished_run
+    rows = read_results(out)
+    statuses = {r["status"] for r in rows}
+    assert {"succeeded", "no_image", "unknown"} <= statuses
+    page = (out / "report.html").read_text()
+    assert page.count('class="card ') == len(rows)
+    assert "http://" not in page and "https://" not in page and "default-src 'none'" in page
+    assert "the service said" in page and "it may have been billed" in page and "SAFETY" in page
+    thumbs = list((out / "thumbs").glob("*.jpg"))
+    assert len(thumbs) >= sum(int(r["images"] or 0) for r in rows if r["status"] == "succeeded")
+
+    shown = dom(out / "report.html", tmp_path)
+    body = re.search(r'<body data-images="(\d+)" data-loaded="(\d+)"', shown)
+    assert body and int(body[1]) > 0 and body[1] == body[2], "every thumbnail loads"
+
+    only_unknown = dom(out / "report.html", tmp_path, "#status=unknown")
+    tags = re.findall(r'<div class="card [^>]*>', only_unknown)
+    visible = [re.search(r'data-status="(\w+)"', t)[1] for t in tags if "hidden" not in t]  # type: ignore[index]
+    assert len(tags) == len(rows) and visible == ["unknown"]
+
+
+def test_the_report_command_rebuilds_it_and_makes_each_thumbnail_once(
+    finished_run: Path, capsys: Any
+) -> None:
+    first = {p: p.stat().st_mtime_ns for p in (finished_run / "thumbs").glob("*.jpg")}
+    (finished_run / "report.html").unlink()
+    assert cli(capsys, "report", str(finished_run))[0] == 0
+    assert (finished_run / "report.html").is_file()
+    assert {p: p.stat().st_mtime_ns for p in (finished_run / "thumbs").glob("*.jpg")} == first
+
+
+def test_the_report_of_a_folder_without_results_is_a_usage_error(tmp_path: Path, capsys: Any) -> None:
+    code, _, err = cli(capsys, "report", str(tmp_path))
+    assert code == 2 and "no results.csv" in err
+
+
+def test_large_runs_are_paged(tmp_path: Path) -> None:
+    from imagebatch.report import build_report
+
+    header = "job_id,request_index,turn_index,status,paths,images,width,height,mime_type,model,route,"
+    header += "idempotency_key,attempts,finish_reason,error,request_id\n"
+    lines = [f"j{i},0,0,failed,,0,,,,native-image-2,native,ib1-{i:032x},1,,HTTP 503,\n" for i in range(1201)]
+    (tmp_path / "results.csv").write_text(header + "".join(lines))
+    first = build_report(tmp_path, page_size=500)
+    pages = sorted(p.name for p in tmp_path.glob("report*.html"))
+    assert pages == ["report-2.html", "report-3.html", "report.html"]
+    assert first.read_text().count('class="card ') == 500
+    assert (tmp_path / "report-3.html").read_text().count('class="card ') == 201
