@@ -293,3 +293,40 @@ def test_max_images_sends_exactly_up_to_the_cap_and_a_rerun_goes_on(
     assert summary_counts(stdout) == {"succeeded": 10, "skipped": 5, "not_attempted": 5}, err
     keys = [e["idempotency_key"] for e in service_env.ledger()]
     assert len(keys) == len(set(keys)) == 15
+
+
+PRICES = 'currency = "USD"\n[images]\n"native-image-2.1" = 0.25\n'
+
+
+def test_validate_with_prices_prints_the_most_it_can_cost(tmp_path: Path, capsys: Any) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(
+        '{"id": "a", "prompt": "cup", "count": 3}\n{"id": "b", "prompt": "x", "max_images": 2}\n'
+    )
+    prices = tmp_path / "prices.toml"
+    prices.write_text(PRICES)
+    code, out, _ = cli(capsys, "validate", str(manifest), "--prices", str(prices))
+    assert code == EXIT_OK
+    assert "native-image-2.1         1.25 USD" in out  # (3 x 1 + 1 x 2) images at most x 0.25
+
+
+def test_max_spend_stops_at_the_exact_boundary(service_env: Any, tmp_path: Path, capsys: Any) -> None:
+    """At 0.25 an image, --max-spend 1.00 allows exactly four one-image requests of twenty."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(f'{{"id": "s{i:02d}", "prompt": "bowl {i}"}}\n' for i in range(20)))
+    prices = tmp_path / "prices.toml"
+    prices.write_text(PRICES)
+    out = tmp_path / "out"
+    argv = ["run", str(manifest), "--out", str(out), "--prices", str(prices)]
+    code, stdout, err = cli(capsys, *argv, "--max-spend", "1.00")
+    assert code == EXIT_INCOMPLETE, err
+    assert summary_counts(stdout) == {"succeeded": 4, "not_attempted": 16}, err
+    assert "--max-spend 1.00 USD reached" in err and len(service_env.ledger()) == 4
+    assert "estimated spend this run: 1.00 USD" in stdout
+
+
+def test_max_spend_without_prices_is_a_usage_error(examples: Path, tmp_path: Path, capsys: Any) -> None:
+    code, _, err = cli(
+        capsys, "run", str(examples / "catalog.csv"), "--out", str(tmp_path / "o"), "--max-spend", "5"
+    )
+    assert code == EXIT_USAGE and "needs a price table" in err

@@ -44,11 +44,12 @@ from imagebatch.flows.config import (
     preflight,
     resolve_api_key,
 )
-from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
+from imagebatch.flows.dispatch import Budget, ProgressSnapshot, RunControl, dispatch
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
 from imagebatch.report import build_report
-from imagebatch.tasks.context import Pacer, RunContext, group_units
+from imagebatch.tasks.context import Pacer, RunContext, Unit, group_units
+from imagebatch.tasks.prices import PriceTable
 from imagebatch.tasks.records import storage_message
 from imagebatch.tasks.store import STATUSES, OutputLockedError, OutputStore
 from imagebatch.tasks.usage import usage_summary, write_usage_summary
@@ -154,6 +155,8 @@ def generate_from_manifest(
     rpm: int | None = None,
     adaptive: bool = True,
     max_images: int | None = None,
+    max_spend: float | None = None,
+    prices: str | None = None,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
@@ -168,7 +171,9 @@ def generate_from_manifest(
     checked = hooks.checked or preflight(
         manifest, out, concurrency=concurrency, base_url=base_url,
         api_key_secret_block=api_key_secret_block, rpm=rpm, max_images=max_images,
+        max_spend=max_spend, prices=prices,
     )  # fmt: skip
+    price_table = checked.prices
     units = group_units(plan(checked.manifest))
     store = OutputStore(checked.out)
     planned = sum(len(unit.requests) for unit in units)
@@ -189,7 +194,8 @@ def generate_from_manifest(
             if rpm:
                 ctx.pacer = Pacer(60.0 / rpm, sleep=hooks.sleep)
             progress = ProgressArtifact(hooks.on_progress)
-            tasks = dispatch(ctx, units, concurrency, hooks.control, progress, adaptive, max_images)
+            caps = budgets(max_images, max_spend, price_table)
+            tasks = dispatch(ctx, units, concurrency, hooks.control, progress, adaptive, caps)
             progress.close()
         records = [r for unit in units for r in ctx.results[unit.index]]
         by_job = {job.id: job for job in checked.manifest.jobs}
@@ -206,6 +212,8 @@ def generate_from_manifest(
             unwritten.append(f"usage-summary.csv not written: {storage_message(store.root, exc)}")
         counts = Counter(r.status for r in records)
         info["usage"] = [row.to_dict() for row in usage]
+        if price_table is not None:
+            info["spend"] = spend(units, ctx, price_table)
         info["rate_limited"] = sum(r.status == "failed" and "HTTP 429" in (r.error or "") for r in records)
         info |= {
             "ended_at": datetime.now(UTC).isoformat(),
@@ -235,6 +243,37 @@ def generate_from_manifest(
     with contextlib.suppress(Exception):  # best effort: the output folder is the record, not Prefect's
         settle_prefect_records(info)
     return info
+
+
+def budgets(max_images: int | None, max_spend: float | None, prices: PriceTable | None) -> list[Budget]:
+    """The run's caps (see `flows.dispatch.Budget`)."""
+    out = []
+    if max_images is not None:
+        out.append(Budget(
+            "--max-images", max_images,
+            most=lambda u: sum(r.images_at_most for r in u.requests),
+            used=lambda _u, recs: sum(r.images for r in recs if r.status == "succeeded"),
+            show=lambda n: f"{n:g}",
+        ))  # fmt: skip
+    if max_spend is not None and prices is not None:
+        out.append(Budget(
+            "--max-spend", max_spend,
+            most=lambda u: sum(prices.most(r) for r in u.requests),
+            used=lambda u, recs: sum(prices.spent(q, r) for q, r in zip(u.requests, recs, strict=False)),
+            show=prices.money,
+        ))  # fmt: skip
+    return out
+
+
+def spend(units: list[Unit], ctx: RunContext, prices: PriceTable) -> dict[str, Any]:
+    """This run's estimated spend: what succeeded cost, and what `unknown` requests may have cost."""
+    spent = doubt = 0.0
+    for unit in units:
+        for req, rec in zip(unit.requests, ctx.results[unit.index], strict=False):
+            spent += prices.spent(req, rec)
+            doubt += prices.most(req) if rec.status == "unknown" else 0.0
+    plan = [r for u in units for r in u.requests]
+    return {"spent": spent, "in_doubt": doubt, "currency": prices.currency, "unpriced": prices.unpriced(plan)}
 
 
 class ProgressArtifact:

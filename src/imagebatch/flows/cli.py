@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "validate":
         from imagebatch.manifest import validate_main
 
-        return validate_main(args)
+        code = validate_main(args)
+        return _estimate(args.manifest, args.prices) if code == EXIT_OK and args.prices else code
     if args.command == "report":
         return _report(args.out)
     if args.command == "emulator":
@@ -60,6 +61,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     from imagebatch.flows.terminal import run_main
 
     return run_main(args)
+
+
+def _estimate(manifest: Path, prices: str) -> int:
+    """`validate --prices`: the most the manifest can cost, by model (images at most x price)."""
+    from imagebatch.manifest import load_manifest, plan
+    from imagebatch.tasks.prices import PriceError, PriceTable, estimate
+
+    try:
+        table = PriceTable.load(prices)
+    except PriceError as exc:
+        print(f"imagebatch validate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    requests = plan(load_manifest(manifest))
+    by_model = estimate(requests, table)
+    print("\nmost it can cost (images at most x price):")
+    for model, amount in by_model.items():
+        print(f"  {model:<24} {table.money(amount)}")
+    print(f"  {'total':<24} {table.money(sum(by_model.values()))}")
+    if unpriced := table.unpriced(requests):
+        print(f"  no price for {', '.join(unpriced)}: counted as 0")
+    return EXIT_OK
 
 
 def _report(out: Path) -> int:
@@ -102,6 +124,17 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop before a request that could take this run past N images (the rest wait for a rerun)",
     )
     parser.add_argument(
+        "--max-spend",
+        type=float,
+        default=None,
+        help="stop before a request that could take this run's estimated spend past AMOUNT (needs --prices)",
+    )
+    parser.add_argument(
+        "--prices",
+        default=None,
+        help="price table (TOML or JSON; default: $IMAGEBATCH_PRICES; none: no estimate)",
+    )
+    parser.add_argument(
         "--no-adaptive",
         dest="adaptive",
         action="store_false",
@@ -130,6 +163,9 @@ def _validate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--keys", action="store_true", help="also list every planned request with its idempotency key"
+    )
+    parser.add_argument(
+        "--prices", default=None, help="price table: also print the most the manifest can cost, by model"
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from imagebatch.gateway.client import normalise_base_url
 from imagebatch.gateway.errors import ConfigurationError
 from imagebatch.manifest import Manifest, load_manifest
+from imagebatch.tasks.prices import ENV_PRICES, PriceError, PriceTable
 from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 MAX_CONCURRENCY = 32
@@ -100,6 +101,7 @@ class Preflight:
     manifest: Manifest
     out: Path
     base_url: str | None
+    prices: PriceTable | None = None
 
 
 def preflight(
@@ -111,6 +113,8 @@ def preflight(
     api_key_secret_block: str | None,
     rpm: int | None = None,
     max_images: int | None = None,
+    max_spend: float | None = None,
+    prices: str | None = None,
 ) -> Preflight:
     """Every check that needs neither Prefect nor the service: the manifest and its files, the options, the
     output folder, the base URL and the key's presence and form. Raises `ManifestError` or `UsageError`."""
@@ -121,6 +125,14 @@ def preflight(
         raise UsageError(f"--rpm must be at least 1, not {rpm}")
     if max_images is not None and max_images < 0:
         raise UsageError(f"--max-images must be 0 or more, not {max_images}")
+    try:
+        table = PriceTable.from_option(prices)
+    except PriceError as exc:
+        raise UsageError(str(exc)) from None
+    if max_spend is not None and (max_spend < 0 or table is None):
+        raise UsageError(
+            f"--max-spend {max_spend:g} needs a price table (--prices FILE or ${ENV_PRICES}) and 0 or more"
+        )
     url = resolve_base_url(base_url)
     if url and not api_key_secret_block:
         key = os.environ.get(ENV_API_KEY)
@@ -128,4 +140,4 @@ def preflight(
             raise UsageError(f"{url} needs an API key: set {ENV_API_KEY} (or --api-key-block NAME)")
         check_api_key(key)
     check_output_folder(Path(out))
-    return Preflight(loaded, Path(out), url)
+    return Preflight(loaded, Path(out), url, table)

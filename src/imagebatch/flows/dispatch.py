@@ -10,13 +10,14 @@ from __future__ import annotations
 import itertools
 import queue
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from imagebatch.tasks.context import RunContext, Unit
 from imagebatch.tasks.generate import generate, run_unit, run_unit_safely
+from imagebatch.tasks.store import RequestRecord
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,37 @@ class Window:
             self._credit = 0
 
 
+@dataclass
+class Budget:
+    """A cap on what this run may deliver (`--max-images`) or spend (`--max-spend`): a unit is not sent if
+    what finished units used, plus the most the units in flight can use, plus the most it can use, would
+    pass `cap`."""
+
+    name: str
+    cap: float
+    most: Callable[[Unit], float]
+    """The most a unit can use (images at most, or their price)."""
+    used: Callable[[Unit, list[RequestRecord]], float]
+    """What a finished unit used."""
+    show: Callable[[float], str] = str
+    spent: float = 0.0
+    reserved: dict[int, float] = field(default_factory=dict)
+
+    def refuses(self, unit: Unit) -> str | None:
+        held = sum(self.reserved.values())
+        if self.spent + held + self.most(unit) > self.cap + 1e-9:
+            return (
+                f"{self.name} {self.show(self.cap)} reached ({self.show(self.spent)} used, "
+                f"{self.show(held)} at most in flight); rerun with a higher cap to go on"
+            )
+        self.reserved[unit.index] = self.most(unit)
+        return None
+
+    def finished(self, unit: Unit, records: list[RequestRecord]) -> None:
+        self.reserved.pop(unit.index, None)
+        self.spent += self.used(unit, records)
+
+
 class Progress:
     """Counts of finished units for `on_progress`."""
 
@@ -125,19 +157,18 @@ def dispatch(
     control: RunControl,
     on_progress: Callable[[ProgressSnapshot], None] | None = None,
     adaptive: bool = True,
-    max_images: int | None = None,
+    budgets: Sequence[Budget] = (),
 ) -> int:
     """Run every unit, submitted in manifest order, at most `window.size` (at most `concurrency`) at once;
     after a halt, the units not yet submitted are recorded without sending. Returns the number of tasks
     submitted.
 
-    `max_images` is this run's budget: a unit is not sent if the images delivered so far, plus the most
-    the units in flight can deliver, plus the most it can deliver, would pass it; the run stops there
-    (the rest `not_attempted`, the reason naming the cap) and a rerun with a higher cap goes on."""
+    `budgets` cap this run (see `Budget`): at the first unit one would refuse, no more is submitted, what
+    is in flight finishes, and the run stops there (the rest `not_attempted`, the reason naming the cap);
+    a rerun with a higher cap goes on."""
     progress = Progress(sum(len(u.requests) for u in units), on_progress)
     window = Window(concurrency, adaptive)
     seen_429 = 0
-    reserved: dict[int, int] = {}  # unit index -> the most images it can deliver, while in flight
     capped: str | None = None  # why no more units are submitted (the budget), once they would pass it
     todo: list[Unit] = []
     for unit in units:
@@ -158,16 +189,10 @@ def dispatch(
             nxt = next(pending, None)
             if nxt is None:
                 break
-            most = sum(r.images_at_most for r in nxt.requests)
-            if max_images is not None and progress.images + sum(reserved.values()) + most > max_images:
-                # Not a halt yet: what is already submitted must still be sent (it fits the budget).
-                capped = (
-                    f"--max-images {max_images} reached ({progress.images} delivered, "
-                    f"{sum(reserved.values())} at most in flight); rerun with a higher cap to go on"
-                )
+            capped = next((why for b in budgets if (why := b.refuses(nxt))), None)
+            if capped is not None:  # not a halt yet: what is already submitted fits, and is sent
                 pending = itertools.chain([nxt], pending)
                 break
-            reserved[nxt.index] = most
             # No `tags(...)` here: a context manager around each submit serialises dispatch (measured).
             future = generate.submit(ctx, nxt)
             future.add_done_callback(partial(_put, done_q, nxt))
@@ -184,7 +209,8 @@ def dispatch(
         progress.in_flight -= 1
         if finished.index not in ctx.results:  # the task itself failed in Prefect, outside our code
             ctx.results[finished.index] = run_unit_safely(ctx, finished)
-        reserved.pop(finished.index, None)
+        for budget in budgets:
+            budget.finished(finished, ctx.results[finished.index])
         window.finished(rate_limited=ctx.rate_limited > seen_429)
         seen_429 = ctx.rate_limited
         progress.finished(ctx, finished)

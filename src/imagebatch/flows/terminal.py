@@ -99,6 +99,8 @@ def run_main(args: argparse.Namespace) -> int:
             api_key_secret_block=args.api_key_block,
             rpm=args.rpm,
             max_images=args.max_images,
+            max_spend=args.max_spend,
+            prices=args.prices,
         )
     except ManifestError as exc:
         for problem in exc.problems:
@@ -135,12 +137,23 @@ def run_main(args: argparse.Namespace) -> int:
                 rpm=args.rpm,
                 adaptive=args.adaptive,
                 max_images=args.max_images,
+                max_spend=args.max_spend,
+                prices=args.prices,
             )
     except UsageError as exc:
         err.print(f"{exc}; nothing was sent.", markup=False)
         return EXIT_USAGE
     _print_summary(out, info)
     _print_usage(out, info.get("usage", []))
+    if info.get("spend"):
+        s = info["spend"]
+        money = f"{s['spent']:,.2f} {s['currency']}".strip()
+        line = f"estimated spend this run: {money}"
+        if s["in_doubt"]:
+            line += f" (up to {s['spent'] + s['in_doubt']:,.2f} if the unknown requests were billed)"
+        if s["unpriced"]:
+            line += f"; no price for {', '.join(s['unpriced'])} (counted as 0)"
+        out.print(line, markup=False, highlight=False)
     if info.get("report"):
         out.print(f"report: {info['report']}", markup=False, highlight=False)
     if info.get("stopped"):
