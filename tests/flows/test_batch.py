@@ -349,7 +349,13 @@ def test_progress_and_usage_are_prefect_artifacts_keyed_for_a_history(
     with get_client(sync_client=True) as client:
         found = client.request("POST", "/artifacts/filter", json={"flow_runs": {"id": {"any_": [run_id]}}})
     artifacts = {a["key"]: a for a in found.json()}
-    assert {"imagebatch-progress", "imagebatch-usage", "imagebatch-run-summary"} <= artifacts.keys()
+    assert {
+        "imagebatch-progress",
+        "imagebatch-usage",
+        "imagebatch-run-summary",
+        "imagebatch-report",
+    } <= artifacts.keys()
+    assert artifacts["imagebatch-report"]["data"].startswith("[report.html](file://")
     assert artifacts["imagebatch-progress"]["type"] == "progress"
     assert artifacts["imagebatch-progress"]["data"] == 100.0  # every request settled
     table = artifacts["imagebatch-usage"]

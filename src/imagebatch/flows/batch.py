@@ -18,12 +18,14 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import prefect
 from prefect import flow
 from prefect.artifacts import (
+    create_link_artifact,
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
@@ -235,6 +237,11 @@ def generate_from_manifest(
     create_markdown_artifact(
         key="imagebatch-run-summary", markdown=summary_markdown(info), description="imagebatch run"
     )
+    if info.get("report"):
+        create_link_artifact(
+            Path(info["report"]).resolve().as_uri(), link_text="report.html", key="imagebatch-report",
+            description="the run's contact sheet (a file on the machine that ran it)",
+        )  # fmt: skip
     create_table_artifact(
         key="imagebatch-usage",
         table=usage_table(records, info["usage"]),
