@@ -1,0 +1,305 @@
+"""Real Prefect components for tests and benchmarks: a `prefect server start` process (SQLite or PostgreSQL),
+the local PostgreSQL cluster, and `prefect worker start` processes.
+
+    with running_prefect_server(tmp / "prefect") as server:          # SQLite in tmp/prefect
+        env = {"IMAGEBATCH_API_KEY": key}                              # the worker's env reaches its runs
+        with running_worker(server.api_url, "pool", env, tmp / "worker.log") as worker:
+            ...
+
+    url = postgres_database_url("imagebatch_test")                     # None when PostgreSQL is absent
+    with running_prefect_server(tmp / "pg", database_url=url) as server: ...
+
+Every process is started in its own session (so a Ctrl-C of the test run does not reach it first) and is
+stopped as a whole process group (SIGTERM, then SIGKILL) in a `finally`. Such a process survives a
+`kill -9` of its parent, so a killed test run can leave one: `ps -eo pid,args | grep -E 'prefect
+(server|worker)'` finds it. No child is given `IMAGEBATCH_API_KEY` unless the caller passes it (to a
+worker, on purpose); no child inherits our `PREFECT_*` settings (the test harness's temporary server,
+profiles): each gets exactly the Prefect settings it needs. Everything binds 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+__all__ = [
+    "PG_PASSWORD",
+    "PG_ROLE",
+    "PrefectServer",
+    "free_port",
+    "postgres_database_url",
+    "running_prefect_server",
+    "running_worker",
+    "start_worker",
+    "stop_process_group",
+]
+
+PG_ROLE = "imagebatch"
+PG_PASSWORD = "imagebatch-local-test"  # loopback only, a throwaway cluster's test role
+"""The password of the `imagebatch` role `postgres_database_url` creates (TCP on 127.0.0.1 asks for one)."""
+
+# Never passed on to a child unless the caller adds it explicitly.
+_WITHHELD = ("IMAGEBATCH_API_KEY",)
+# Quiet and offline: these machines cannot reach Prefect's telemetry host.
+_QUIET = {"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+@dataclass(frozen=True)
+class PrefectServer:
+    """A running `prefect server start`: its API (`http://127.0.0.1:PORT/api`), pid, PREFECT_HOME, log."""
+
+    api_url: str
+    pid: int
+    home: Path
+    log_path: Path
+
+    @property
+    def ui_url(self) -> str:
+        return self.api_url.removesuffix("/api")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def base_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Our environment without the API key and without any `PREFECT_*` setting, plus telemetry off and
+    `extra` (which may name the key on purpose)."""
+    env = {k: v for k, v in os.environ.items() if k not in _WITHHELD and not k.startswith("PREFECT_")}
+    env.update(_QUIET)
+    env.update(extra or {})
+    return env
+
+
+def _prefect_command(*args: str) -> list[str]:
+    """`prefect ARGS` through this interpreter's installation (the venv's), whatever PATH says."""
+    return [sys.executable, "-m", "prefect", *args]
+
+
+def stop_process_group(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM the process's whole group (it leads its own session), SIGKILL it after `grace` s, reap."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:  # the group is gone already
+            break
+        try:
+            process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; its children (uvicorn, flow runs) may not be: finish them off.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        break
+    if process.poll() is None:
+        process.wait(timeout=10)
+
+
+def _wait_healthy(api_url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2.0) as client:
+        while True:
+            if process.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
+                raise RuntimeError(f"prefect server exited with {process.returncode}:\n{tail}")
+            try:
+                if client.get(f"{api_url}/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
+                raise TimeoutError(f"prefect server not healthy at {api_url} after {timeout} s:\n{tail}")
+            time.sleep(0.2)
+
+
+@contextmanager
+def running_prefect_server(
+    home: Path,
+    database_url: str | None = None,
+    timeout: float = 120,
+    *,
+    extra_env: Mapping[str, str] | None = None,
+) -> Iterator[PrefectServer]:
+    """Start `prefect server start` on a free loopback port with PREFECT_HOME=`home` (SQLite in `home`
+    unless `database_url` names another database), wait for `/health`, yield it, stop its process group.
+
+    The UI is off (faster to start; the API is all a test needs). `extra_env` adds Prefect settings, e.g.
+    `{"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}`. Its stdout and stderr go to
+    `home/server.log`.
+    """
+    home = Path(home).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / "server.log"
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = base_environment(
+        {
+            "PREFECT_HOME": str(home),
+            "PREFECT_SERVER_UI_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false",
+            "PREFECT_SERVER_API_HOST": "127.0.0.1",
+            "PREFECT_SERVER_API_PORT": str(port),
+            **({"PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url} if database_url else {}),
+            **(extra_env or {}),
+        }
+    )
+    cmd = _prefect_command("server", "start", "--host", "127.0.0.1", "--port", str(port), "--analytics-off")
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        _wait_healthy(api_url, process, log_path, timeout)
+        yield PrefectServer(api_url=api_url, pid=process.pid, home=home, log_path=log_path)
+    finally:
+        stop_process_group(process)
+
+
+def start_worker(
+    api_url: str,
+    pool: str,
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    query_seconds: float = 1.0,
+    extra_args: tuple[str, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """Start `prefect worker start --pool POOL --type process` against `api_url`, in its own session.
+
+    `env` is added to the worker's environment (our environment without the key and without `PREFECT_*`);
+    the flow runs it starts inherit it, so `{"IMAGEBATCH_API_KEY": key}` is how a key reaches them without
+    being a parameter. The worker polls every `query_seconds` (Prefect's default is 10 s) and creates the
+    pool if it does not exist. Stop it with `stop_process_group` (or use `running_worker`).
+    """
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    worker_env = base_environment(
+        {
+            "PREFECT_API_URL": api_url,
+            "PREFECT_WORKER_QUERY_SECONDS": str(query_seconds),
+            "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+            **env,
+        }
+    )
+    cmd = _prefect_command("worker", "start", "--pool", pool, "--type", "process", *extra_args)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            cmd,
+            env=worker_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+@contextmanager
+def running_worker(
+    api_url: str,
+    pool: str,
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    query_seconds: float = 1.0,
+    extra_args: tuple[str, ...] = (),
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`start_worker`, stopped (its whole process group, flow runs included) on exit."""
+    process = start_worker(api_url, pool, env, log_path, query_seconds=query_seconds, extra_args=extra_args)
+    try:
+        yield process
+    finally:
+        stop_process_group(process)
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------------------
+
+
+def _cluster() -> tuple[str, str, int, str] | None:
+    """(version, name, port, status) of the first cluster `pg_lsclusters` lists, or None."""
+    if not (shutil.which("pg_lsclusters") and shutil.which("pg_ctlcluster")):
+        return None
+    out = subprocess.run(
+        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2].isdigit():
+            return fields[0], fields[1], int(fields[2]), fields[3]
+    return None
+
+
+def _psql(sql: str, database: str = "postgres") -> None:
+    """Run `sql` as the `postgres` superuser over the socket (PostgreSQL's tools refuse to run as root)."""
+    cmd = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", database]
+    if os.geteuid() == 0:
+        cmd = ["su", "postgres", "-c", " ".join(cmd)]
+    elif os.environ.get("USER") != "postgres":
+        cmd = ["sudo", "-n", "-u", "postgres", *cmd]
+    done = subprocess.run(cmd, input=sql, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"psql failed ({done.returncode}): {done.stderr.strip()}")
+
+
+def postgres_database_url(dbname: str) -> str | None:
+    """A fresh, empty database `dbname` on the machine's PostgreSQL, for a Prefect server, as an asyncpg URL.
+
+    Starts the packaged cluster when it is down (`pg_ctlcluster --skip-systemctl-redirect VERSION NAME
+    start`), creates or updates the role `imagebatch` (password `PG_PASSWORD`), drops and recreates
+    `dbname` owned by it. Returns None when PostgreSQL is not installed (callers skip, saying so); raises
+    when it is installed but cannot be started or set up (a real failure, not a skip).
+    """
+    if not dbname.replace("_", "").isalnum():
+        raise ValueError(f"database name must be letters, digits and _: {dbname!r}")
+    cluster = _cluster()
+    if cluster is None:
+        return None
+    version, name, port, status = cluster
+    if status != "online":
+        done = subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", version, name, "start"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode != 0 and (_cluster() or ("", "", 0, ""))[3] != "online":
+            raise RuntimeError(f"could not start PostgreSQL {version}/{name}: {done.stderr.strip()}")
+    _psql(
+        f"""
+        DO $$ BEGIN
+          IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{PG_ROLE}') THEN
+            CREATE ROLE {PG_ROLE} LOGIN PASSWORD '{PG_PASSWORD}';
+          ELSE
+            ALTER ROLE {PG_ROLE} LOGIN PASSWORD '{PG_PASSWORD}';
+          END IF;
+        END $$;
+        DROP DATABASE IF EXISTS {dbname} WITH (FORCE);
+        CREATE DATABASE {dbname} OWNER {PG_ROLE};
+        """
+    )
+    return f"postgresql+asyncpg://{PG_ROLE}:{PG_PASSWORD}@127.0.0.1:{port}/{dbname}"
