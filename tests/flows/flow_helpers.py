@@ -40,3 +40,13 @@ def summary_counts(out: str) -> dict[str, int]:
         if len(cells) == 2 and cells[1].isdigit():
             counts[cells[0]] = int(cells[1])
     return counts
+
+
+def peak_in_flight(requests: list[dict[str, Any]]) -> int:
+    """The most requests the emulator was answering at once, from its request log's start and end times."""
+    edges = [(r["time"], 1) for r in requests] + [(r["ended"], -1) for r in requests]
+    peak = now = 0
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):  # an end before a start at the same instant
+        now += step
+        peak = max(peak, now)
+    return peak

@@ -240,7 +240,7 @@ def test_embedded_emulator_is_the_default(
     assert "embedded emulator" in caplog.text and "placeholders" in caplog.text
 
 
-@pytest.mark.parametrize("concurrency", [0, 33])
+@pytest.mark.parametrize("concurrency", [0, 257])
 def test_concurrency_is_bounded(service_env: Any, examples: Path, tmp_path: Path, concurrency: int) -> None:
     from imagebatch.flows.batch import UsageError
 

@@ -75,7 +75,7 @@ def test_run_with_an_address_but_no_key_exits_2_and_sends_nothing(
     assert not out_dir.exists()
 
 
-@pytest.mark.parametrize("concurrency", ["0", "33", "-1"])
+@pytest.mark.parametrize("concurrency", ["0", "257", "-1"])
 def test_run_concurrency_out_of_range_exits_2(
     service_env: Any, examples: Path, tmp_path: Path, capsys: Any, concurrency: str
 ) -> None:
@@ -84,7 +84,7 @@ def test_run_concurrency_out_of_range_exits_2(
         capsys, "run", str(examples / "catalog.csv"), "--out", str(out_dir), "--concurrency", concurrency
     )
     assert code == EXIT_USAGE
-    assert "--concurrency must be from 1 to 32" in err
+    assert "--concurrency must be from 1 to 256" in err
     assert service_env.requests() == []
     assert not out_dir.exists()
 

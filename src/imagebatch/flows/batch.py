@@ -140,7 +140,8 @@ def forward_logs_to_prefect(*names: str) -> Iterator[None]:
 
 @flow(
     name="generate_from_manifest",
-    task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENCY),  # type: ignore[arg-type]  # Prefect's own generics
+    # At most one batch per unit in flight, plus the one being admitted (see flows.dispatch).
+    task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENCY + 1),  # type: ignore[arg-type]  # Prefect's own generics
     log_prints=False,
     validate_parameters=True,
 )
@@ -185,7 +186,9 @@ def generate_from_manifest(
     ):
         store.prepare()
         store.write_run(info)  # a crash leaves a run.json that says the run never ended
-        client = GatewayClient(url, key, sleep=hooks.sleep, transport=hooks.transport)
+        client = GatewayClient(
+            url, key, sleep=hooks.sleep, transport=hooks.transport, max_connections=concurrency
+        )
         ctx = RunContext(
             client, store, store.load_state(),
             force=force, retry_unknown=retry_unknown, key_source=key_source(api_key_secret_block),

@@ -19,7 +19,7 @@ from imagebatch.manifest import Manifest, load_manifest
 from imagebatch.tasks.prices import ENV_PRICES, PriceError, PriceTable
 from imagebatch.tasks.store import OutputLockedError, OutputStore
 
-MAX_CONCURRENCY = 32
+MAX_CONCURRENCY = 256
 DEFAULT_CONCURRENCY = 4
 ENV_BASE_URL = "IMAGEBATCH_BASE_URL"
 ENV_API_KEY = "IMAGEBATCH_API_KEY"

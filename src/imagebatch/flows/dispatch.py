@@ -1,22 +1,28 @@
-"""Dispatch: which units become Prefect tasks, how many are in flight, and when to stop submitting.
+"""Dispatch: which units are sent, how many are in flight, and when to stop admitting more.
 
-At most `concurrency` tasks are in flight; new ones are submitted as old ones finish, so a 100,000-row
+At most `concurrency` units are in flight; new ones are admitted as old ones finish, so a 100,000-row
 manifest never holds 100,000 futures, and a 401 or 402 (or Ctrl-C, through `RunControl`) stops the run
-before the rest is sent. Units this run sends nothing for never become tasks.
+before the rest is sent. Units are sent in batches, one Prefect task run each (not one per request: the
+server's cost per task run capped a run near 50 requests a second); units this run sends nothing for
+never reach a task.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from imagebatch.tasks.context import RunContext, Unit
-from imagebatch.tasks.generate import generate, run_unit, run_unit_safely
+from prefect.futures import PrefectFuture
+
+from imagebatch.tasks.context import Batch, RunContext, Unit, group_batches
+from imagebatch.tasks.generate import generate, run_unit, run_unit_safely, settle
 from imagebatch.tasks.store import RequestRecord
 
 
@@ -159,17 +165,23 @@ def dispatch(
     adaptive: bool = True,
     budgets: Sequence[Budget] = (),
 ) -> int:
-    """Run every unit, submitted in manifest order, at most `window.size` (at most `concurrency`) at once;
-    after a halt, the units not yet submitted are recorded without sending. Returns the number of tasks
-    submitted.
+    """Run every unit, admitted in manifest order, at most `window.size` (at most `concurrency`) at once;
+    after a halt, the units not yet admitted are recorded without sending. Returns the number of Prefect
+    task runs (batches) started.
 
-    `budgets` cap this run (see `Budget`): at the first unit one would refuse, no more is submitted, what
+    The units to send are cut into consecutive batches (`tasks.context.Batch`), one Prefect task run each.
+    This thread alone admits units: a unit takes one of the run's slots when the window has room, its batch's
+    task is started with its first unit and closed after its last, and the unit is sent on the run's own
+    request threads (`concurrency` of them, shared by every batch). So the window, the budgets, a halt and
+    Ctrl-C act on single requests as before, while Prefect's server records one task run per batch.
+
+    `budgets` cap this run (see `Budget`): at the first unit one would refuse, no more is admitted, what
     is in flight finishes, and the run stops there (the rest `not_attempted`, the reason naming the cap);
     a rerun with a higher cap goes on."""
     progress = Progress(sum(len(u.requests) for u in units), on_progress)
     window = Window(concurrency, adaptive)
     seen_429 = 0
-    capped: str | None = None  # why no more units are submitted (the budget), once they would pass it
+    capped: str | None = None  # why no more units are admitted (the budget), once they would pass it
     todo: list[Unit] = []
     for unit in units:
         if any(ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
@@ -177,48 +189,87 @@ def dispatch(
         else:  # done, or left alone: recorded without a task or a request
             ctx.results[unit.index] = run_unit(ctx, unit)
             progress.finished(ctx, unit)
-    done_q: queue.Queue[Unit | None] = queue.Queue()
+    batches = group_batches(todo)
+    batch_of = {unit.index: batch for batch in batches for unit in batch.units}
+    done_q: queue.Queue[Unit | Batch | None] = queue.Queue()
     control.attach(lambda: done_q.put(None))
     pending: Iterator[Unit] = iter(todo)
-    submitted = 0
-    while True:
-        if control.reason:
-            ctx.stop_dispatch(control.reason)
-        progress.window, progress.rate_limited = window.size, ctx.rate_limited
-        while progress.in_flight < window.size and not ctx.halt.is_set() and capped is None:
-            nxt = next(pending, None)
-            if nxt is None:
+    open_batches: dict[int, tuple[Batch, PrefectFuture[None]]] = {}
+    started: list[PrefectFuture[None]] = []
+    ended: set[int] = set()  # batches whose task run has ended
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="imagebatch-request") as slots:
+
+        def send_here(unit: Unit) -> None:
+            slots.submit(settle, ctx, unit).add_done_callback(partial(_put, done_q, unit))
+
+        def admit(unit: Unit) -> None:
+            batch = batch_of[unit.index]
+            if batch.index in ended:  # its task run failed in Prefect before its last unit
+                send_here(unit)
+                return
+            if batch.index not in open_batches:
+                # No `tags(...)` here: a context manager around each submit serialises dispatch (measured).
+                future = generate.submit(ctx, batch, slots, done_q.put)
+                future.add_done_callback(partial(_put, done_q, batch))
+                open_batches[batch.index] = (batch, future)
+                started.append(future)
+            batch.admit(unit)
+            if unit is batch.units[-1]:
+                batch.close()
+
+        while True:
+            if control.reason:
+                ctx.stop_dispatch(control.reason)
+            progress.window, progress.rate_limited = window.size, ctx.rate_limited
+            while progress.in_flight < window.size and not ctx.halt.is_set() and capped is None:
+                nxt = next(pending, None)
+                if nxt is None:
+                    break
+                capped = next((why for b in budgets if (why := b.refuses(nxt))), None)
+                if capped is not None:  # not a halt yet: what is already admitted fits, and is sent
+                    pending = itertools.chain([nxt], pending)
+                    break
+                admit(nxt)
+                progress.in_flight += 1
+            if ctx.halt.is_set() or capped is not None:
+                for batch, _future in open_batches.values():
+                    batch.close()  # admitted units are sent; the rest are recorded below
+            progress.report()
+            if progress.in_flight == 0:
+                if capped is not None:
+                    ctx.stop_dispatch(capped)  # only now: the rest are recorded not_attempted below
                 break
-            capped = next((why for b in budgets if (why := b.refuses(nxt))), None)
-            if capped is not None:  # not a halt yet: what is already submitted fits, and is sent
-                pending = itertools.chain([nxt], pending)
-                break
-            # No `tags(...)` here: a context manager around each submit serialises dispatch (measured).
-            future = generate.submit(ctx, nxt)
-            future.add_done_callback(partial(_put, done_q, nxt))
-            progress.in_flight += 1
-            submitted += 1
-        progress.report()
-        if progress.in_flight == 0:
-            if capped is not None:
-                ctx.stop_dispatch(capped)  # only now: the rest are recorded not_attempted below
-            break
-        finished = done_q.get()
-        if finished is None:  # woken by RunControl.stop: stop submitting, keep waiting for what is in flight
-            continue
-        progress.in_flight -= 1
-        if finished.index not in ctx.results:  # the task itself failed in Prefect, outside our code
-            ctx.results[finished.index] = run_unit_safely(ctx, finished)
-        for budget in budgets:
-            budget.finished(finished, ctx.results[finished.index])
-        window.finished(rate_limited=ctx.rate_limited > seen_429)
-        seen_429 = ctx.rate_limited
-        progress.finished(ctx, finished)
+            finished = done_q.get()
+            if finished is None:  # woken by RunControl.stop: stop admitting, wait for what is in flight
+                continue
+            if isinstance(finished, Batch):  # its task run ended: units it never took are sent from here
+                ended.add(finished.index)
+                for unit in finished.untaken():
+                    send_here(unit)
+                continue
+            progress.in_flight -= 1
+            if finished.index not in ctx.results:  # the unit's thread died outside our code
+                ctx.results[finished.index] = run_unit_safely(ctx, finished)
+            for budget in budgets:
+                budget.finished(finished, ctx.results[finished.index])
+            window.finished(rate_limited=ctx.rate_limited > seen_429)
+            seen_429 = ctx.rate_limited
+            progress.finished(ctx, finished)
+        for batch, _future in open_batches.values():
+            batch.close()
+    wait_for_tasks(started)
     for unit in pending:  # only left after a halt: records without sending (run_unit sends nothing now)
         ctx.results[unit.index] = run_unit(ctx, unit)
         progress.finished(ctx, unit)
-    return submitted
+    return len(started)
 
 
-def _put(q: queue.Queue[Unit | None], unit: Unit, _future: Any) -> None:
-    q.put(unit)
+def wait_for_tasks(futures: list[PrefectFuture[None]]) -> None:
+    """Let every batch's task run reach its final state (their units have all finished by now)."""
+    for future in futures:
+        with contextlib.suppress(Exception):  # the records are ours; a task run's own failure is Prefect's
+            future.wait()
+
+
+def _put(q: queue.Queue[Unit | Batch | None], item: Unit | Batch, _future: Any) -> None:
+    q.put(item)

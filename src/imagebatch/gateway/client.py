@@ -108,6 +108,7 @@ class GatewayClient:
         sleep: Callable[[float], None] = time.sleep,
         transport: httpx.BaseTransport | None = None,
         policies: Mapping[Route, RetryPolicy] | None = None,
+        max_connections: int = 100,
     ) -> None:
         self.base_url = normalise_base_url(base_url)
         if native_auth not in ("x-native-api-key", "bearer"):
@@ -122,7 +123,12 @@ class GatewayClient:
         self._connect_timeout = connect_timeout
         self._sleep = sleep
         self._policies = dict(policies or {})
-        self._http = httpx.Client(base_url=self.base_url, transport=transport, follow_redirects=False)
+        # One connection per request in flight (httpx keeps 20 idle by default: a run at --concurrency 256
+        # would otherwise open and close connections all the time).
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = httpx.Client(
+            base_url=self.base_url, transport=transport, follow_redirects=False, limits=limits
+        )
 
     def __repr__(self) -> str:  # never show the key
         return f"GatewayClient(base_url={self.base_url!r})"

@@ -1,12 +1,17 @@
-"""The Prefect task that sends the request(s) of one unit, and the plain function it wraps.
+"""The Prefect task that sends one batch of units, and the plain functions it wraps.
 
 A unit is one request, or for an edit chain the ordered turns of one request (each turn is its own billed
-request with its own key and results row). Records go to the run context, never back through Prefect.
+request with its own key and results row). A batch is consecutive units, one Prefect task run (see
+`context.Batch`). Records go to the run context, never back through Prefect.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, wait
+from functools import partial
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -14,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from . import records
 from .build import build_request
 from .chain import run_chain
-from .context import RunContext, Unit
+from .context import Batch, RunContext, Unit
 from .records import UNKNOWN_HINT
 from .send import send_and_record
 from .store import RequestRecord
@@ -61,10 +66,26 @@ def run_unit_safely(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
 
 @task(
     name="generate",
-    task_run_name="{unit.name}",
+    task_run_name="{batch.name}",
     cache_policy=NO_CACHE,
     retries=0,  # the spec's schedule is applied per route by the client, not by re-running the task
 )
-def generate(ctx: RunContext, unit: Unit) -> None:
-    """Send one unit's request(s); the records go to `ctx.results`, never bytes."""
+def generate(ctx: RunContext, batch: Batch, slots: Executor, on_done: Callable[[Unit], None]) -> None:
+    """Send the units of `batch` as the dispatcher admits them, each on `slots` (the run's request threads,
+    shared by every batch, so a batch's tail never idles a slot), and wait for them. The records go to
+    `ctx.results`, never bytes. Each unit runs in this task run's context: its log lines are the task's."""
+    futures: list[Future[None]] = []
+    for unit in batch:
+        future = slots.submit(contextvars.copy_context().run, settle, ctx, unit)
+        future.add_done_callback(partial(_done, on_done, unit))
+        futures.append(future)
+    wait(futures)
+
+
+def settle(ctx: RunContext, unit: Unit) -> None:
+    """Send one unit and keep its records in `ctx.results` (never raises for our own errors)."""
     ctx.results[unit.index] = run_unit_safely(ctx, unit)
+
+
+def _done(on_done: Callable[[Unit], None], unit: Unit, _future: Future[None]) -> None:
+    on_done(unit)

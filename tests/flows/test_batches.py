@@ -1,0 +1,92 @@
+"""Batched dispatch (issue 9): Prefect records one task run per batch of units, not per request, while the
+run's one limit on requests in flight is shared by every batch, so the tail of one batch never idles a
+slot; every request keeps its own key, journal lines and record."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from flow_helpers import peak_in_flight, read_jsonl, read_results
+
+from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+from imagebatch.tasks.context import Batch, Unit, batch_size, group_batches
+
+
+def catalog(path: Path, rows: int) -> Path:
+    lines = ["id,prompt"] + [f"sku-{i:04d},studio photo of product {i}" for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def task_run_names(flow_run_id: str) -> list[str]:
+    """The names of a flow run's task runs, as Prefect's server recorded them."""
+    from prefect.client.orchestration import get_client
+
+    body = {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200, "sort": "NAME_ASC"}
+    with get_client(sync_client=True) as client:
+        return [run["name"] for run in client.request("POST", "/task_runs/filter", json=body).json()]
+
+
+def test_batch_size_is_one_for_small_runs_and_bounded_for_large_ones() -> None:
+    assert [batch_size(n) for n in (0, 1, 100, 101, 250, 10_000, 100_000, 1_000_000)] == [
+        1, 1, 1, 2, 3, 100, 1000, 1000,
+    ]  # fmt: skip
+
+
+def test_batches_cut_units_in_order_and_keep_every_unit_once() -> None:
+    units = [Unit(i, None, []) for i in range(250)]  # type: ignore[arg-type]
+    batches = group_batches(units)
+    assert len(batches) == 84 and [len(b.units) for b in batches][-2:] == [3, 1]
+    assert [u.index for b in batches for u in b.units] == list(range(250))
+
+
+def test_a_batch_yields_what_was_admitted_until_closed_and_gives_back_what_nobody_took() -> None:
+    units = [Unit(i, None, []) for i in range(3)]  # type: ignore[arg-type]
+    batch = Batch(0, units)
+    batch.admit(units[0])
+    batch.admit(units[1])
+    batch.close()
+    batch.close()  # closing twice is harmless
+    assert [u.index for u in batch] == [0, 1]
+    other = Batch(1, units)
+    other.admit(units[2])
+    assert [u.index for u in other.untaken()] == [2]
+
+
+def test_a_large_run_records_one_task_run_per_batch_and_shares_its_slots(
+    service_env: Any, tmp_path: Path
+) -> None:
+    rows, concurrency = 250, 8  # 84 batches of at most 3 units: wider than one batch
+    service_env.configure(latency=0.03)
+    out = tmp_path / "out"
+    with run_hooks(RunHooks(sleep=lambda _s: None)):
+        info = generate_from_manifest(
+            manifest=str(catalog(tmp_path / "m.csv", rows)), out=str(out),
+            concurrency=concurrency, adaptive=False,
+        )  # fmt: skip
+
+    assert info["counts"]["succeeded"] == rows
+    keys = Counter(r["idempotency_key"] for r in service_env.requests())
+    assert len(keys) == rows and set(keys.values()) == {1}  # each request sent once, with its own key
+    assert {r["idempotency_key"] for r in read_results(out)} == set(keys)
+    started = Counter(
+        e["idempotency_key"] for e in read_jsonl(out / "journal.jsonl") if e["event"] == "attempt_started"
+    )
+    assert started == keys  # every request journaled before it was sent, as before
+
+    batches = math.ceil(rows / batch_size(rows))
+    assert info["prefect"]["task_runs"] == batches
+    names = task_run_names(info["prefect"]["flow_run_id"])
+    assert len(names) == batches
+    assert "sku-0000#0 .. sku-0002#0 (3)" in names
+    # One limit for the whole run: more requests in flight than one batch holds, never more than asked.
+    assert batch_size(rows) < peak_in_flight(service_env.requests()) <= concurrency
+
+
+def test_a_small_run_keeps_one_task_run_per_request(service_env: Any, tmp_path: Path) -> None:
+    with run_hooks(RunHooks(sleep=lambda _s: None)):
+        info = generate_from_manifest(manifest=str(catalog(tmp_path / "m.csv", 5)), out=str(tmp_path / "out"))
+    assert task_run_names(info["prefect"]["flow_run_id"]) == [f"sku-{i:04d}#0" for i in range(5)]
