@@ -3,6 +3,7 @@ outliving the run (issue 13: a `kill -9` of the run used to leave it listening f
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,28 +13,28 @@ from pathlib import Path
 
 import pytest
 
-from imagebatch.flows.prefect_server import detach_ephemeral_prefect_server, server_environment
+from imagebatch.flows.prefect_server import TemporaryServer, prefect_api_configured, server_environment
 
 KEY = "sk-imagebatch-test-key-0123456789"
 
-# Starts the detached server as `imagebatch run` does, prints the server's pid as soon as it exists
+# Starts the temporary server as `imagebatch run` does, prints the server's pid as soon as it exists
 # (`during-start`) or once it is healthy (`ready`), then waits to be killed.
 SCRIPT = """
-import os, sys, threading, time
+import os, sys, threading
 import imagebatch.flows
-from imagebatch.flows.prefect_server import detach_ephemeral_prefect_server
-server = detach_ephemeral_prefect_server()
-when = sys.argv[1]
-if when == "ready":
-    server.start(timeout=120)
-    print(server.server_process.pid, os.getsid(server.server_process.pid) != os.getsid(0), flush=True)
-else:
-    threading.Thread(target=server.start, kwargs={"timeout": 120}, daemon=True).start()
-    while getattr(server, "server_process", None) is None:
-        time.sleep(0.005)
-    print(server.server_process.pid, True, flush=True)
+from imagebatch.flows.prefect_server import TemporaryServer
+server = TemporaryServer().start()
+if sys.argv[1] == "ready":
+    server.wait_ready(timeout=120)
+print(server.process.pid, os.getsid(server.process.pid) != os.getsid(0), "prefect" in sys.modules, flush=True)
 threading.Event().wait()
 """
+
+
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A throwaway Prefect home (and database) for this module's servers: migrated once, by the first."""
+    return tmp_path_factory.mktemp("prefect-home")
 
 
 def _alive(pid: int) -> bool:
@@ -58,9 +59,9 @@ def _wait_gone(pid: int, timeout: float) -> bool:
 
 
 @pytest.mark.parametrize("when", ["during-start", "ready"])
-def test_a_killed_run_leaves_no_prefect_server(tmp_path: Path, when: str) -> None:
+def test_a_killed_run_leaves_no_prefect_server(prefect_home: Path, when: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # a throwaway database for this server
+    env["PREFECT_HOME"] = str(prefect_home)
     env["IMAGEBATCH_API_KEY"] = KEY
     parent = subprocess.Popen(
         [sys.executable, "-c", SCRIPT, when],
@@ -74,8 +75,9 @@ def test_a_killed_run_leaves_no_prefect_server(tmp_path: Path, when: str) -> Non
         assert parent.stdout is not None
         line = parent.stdout.readline()
         assert line, parent.stderr.read() if parent.stderr else ""
-        server_pid, own_session = int(line.split()[0]), line.split()[1] == "True"
+        server_pid, own_session, imported = int(line.split()[0]), line.split()[1] == "True", line.split()[2]
         assert own_session  # Ctrl-C in the terminal reaches only imagebatch
+        assert imported == "False"  # started without importing Prefect in the run's own process
         assert _alive(server_pid)
         # The key never reaches the server's environment (where /proc/PID/environ would show it).
         environ = Path(f"/proc/{server_pid}/environ").read_bytes()
@@ -108,5 +110,76 @@ def test_the_server_gets_prefects_settings_and_the_basics_only() -> None:
     assert KEY not in "".join(env.values())
 
 
-def test_no_detached_server_when_a_prefect_api_is_configured() -> None:
-    assert detach_ephemeral_prefect_server() is None  # the session harness sets PREFECT_API_URL
+def test_prefect_already_imported_is_asked_itself() -> None:
+    assert prefect_api_configured()  # the session harness sets PREFECT_API_URL in Prefect's settings
+
+
+def test_a_configured_prefect_api_is_found_without_importing_prefect(tmp_path: Path) -> None:
+    home, cwd = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    cwd.mkdir()
+    env = {"PREFECT_HOME": str(home)}
+    assert not prefect_api_configured(env, cwd)  # nothing anywhere: start a temporary server
+    assert prefect_api_configured({**env, "PREFECT_API_URL": "http://127.0.0.1:4200/api"}, cwd)
+    profiles = home / "profiles.toml"
+    profiles.write_text('active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://127.0.0.1:4200/api"\n')
+    assert prefect_api_configured(env, cwd)
+    assert not prefect_api_configured({**env, "PREFECT_PROFILE": "ephemeral"}, cwd)
+    profiles.write_text("not toml [")
+    assert not prefect_api_configured(env, cwd)
+    (cwd / ".env").write_text("PREFECT_API_URL=http://127.0.0.1:4200/api\n")
+    assert prefect_api_configured(env, cwd)
+
+
+def test_the_temporary_server_answers_and_stops(prefect_home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(prefect_home)
+    env["IMAGEBATCH_API_KEY"] = KEY
+    server = TemporaryServer(env).start()
+    try:
+        url = server.wait_ready(timeout=120)
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/api")
+        pid = server.process.pid if server.process else 0
+        assert KEY.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+    finally:
+        server.stop()
+    assert server.process is None and _wait_gone(pid, timeout=10)
+
+
+def test_a_run_without_a_prefect_api_starts_its_own_server_and_leaves_none(
+    prefect_home: Path, tmp_path: Path
+) -> None:
+    """The quick start's path: `imagebatch run` with no Prefect API configured, as its own process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "IMAGEBATCH_"))}
+    env["PREFECT_HOME"] = str(prefect_home)
+    examples = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        "-m",
+        "imagebatch.flows.cli",
+        "run",
+        str(examples / "catalog.csv"),
+        "--out",
+        str(out),
+    ]
+    before = set(_servers())
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    run = json.loads((out / "run.json").read_text())
+    assert run["state"] == "finished" and run["prefect"]["flow_run_id"]
+    assert set(_servers()) <= before  # its temporary server stopped with it
+
+
+def _servers() -> list[int]:
+    """Pids of the temporary servers running now (`python -m imagebatch.flows.prefect_server ...`)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                args = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"imagebatch.flows.prefect_server" in args and _alive(int(proc.name)):
+                pids.append(int(proc.name))
+    return pids

@@ -22,6 +22,7 @@ from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, exit_co
 if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
     from imagebatch.flows.batch import RunHooks
     from imagebatch.flows.dispatch import ProgressSnapshot
+    from imagebatch.flows.prefect_server import TemporaryServer
 
 
 def _quiet_prefect() -> None:
@@ -35,7 +36,7 @@ SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
 @contextlib.contextmanager
-def interrupts(hooks: RunHooks, err: Console, server: Any) -> Iterator[list[int]]:
+def interrupts(hooks: RunHooks, err: Console, server: TemporaryServer | None) -> Iterator[list[int]]:
     """First Ctrl-C or SIGTERM: stop gracefully (no new request; those in flight finish and are saved).
     Second: abandon what is in flight (the journal already marks it sent, so it will be `unknown`) and
     exit. Yields the list of signals received (the exit code follows the first).
@@ -57,10 +58,10 @@ def interrupts(hooks: RunHooks, err: Console, server: Any) -> Iterator[list[int]
             )
             return
         err.print("Abandoned the requests in flight: a rerun reports them as 'unknown'.", markup=False)
-        if server is not None and server.server_process is not None:
-            # SIGKILL, not Prefect's SIGTERM: a terminated server prints tracebacks for the writes it
-            # was making; SQLite rolls an interrupted write back either way.
-            server.server_process.kill()
+        if server is not None:
+            # SIGKILL, not SIGTERM: a terminated server prints tracebacks for the writes it was
+            # making; SQLite rolls an interrupted write back either way.
+            server.kill()
         os._exit(exit_code_for(received[0]))
 
     hooks.signals = lambda: handling(on_signal)
@@ -83,7 +84,21 @@ def handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
 
 
 def run_main(args: argparse.Namespace) -> int:
-    """`imagebatch run`: every check first (exit 2 before anything is sent), then the flow."""
+    """`imagebatch run`: every check first (exit 2 before anything is sent), then the flow.
+
+    Without a configured Prefect API, Prefect's temporary server is started first of all, so that it
+    starts while this process imports Prefect and checks the manifest (see `prefect_server`)."""
+    from imagebatch.flows.prefect_server import TemporaryServer, prefect_api_configured
+
+    server = None if prefect_api_configured() else TemporaryServer().start()
+    try:
+        return _run(args, server)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
     from imagebatch.flows.config import UsageError, preflight
     from imagebatch.manifest import ManifestError
 
@@ -112,8 +127,10 @@ def run_main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     _quiet_prefect()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
-    from imagebatch.flows.prefect_server import detach_ephemeral_prefect_server
+    from imagebatch.flows.prefect_server import TemporaryServer
 
     if not checked.base_url:
         err.print(
@@ -123,9 +140,23 @@ def run_main(args: argparse.Namespace) -> int:
         )
     progress, on_progress = _progress_bar(err)
     hooks = RunHooks(on_progress=on_progress, checked=checked)
-    server = detach_ephemeral_prefect_server()
+    if PREFECT_API_URL.value():
+        if server is not None:  # configured in a way the quick look missed: Prefect's own settings win
+            server.stop()
+            server = None
+    elif server is None:
+        server = TemporaryServer().start()
     try:
-        with interrupts(hooks, err, server) as signals, progress, run_hooks(hooks):
+        api = (
+            temporary_settings({PREFECT_API_URL: server.wait_ready()}) if server else contextlib.nullcontext()
+        )
+    except RuntimeError as exc:
+        err.print(
+            f"{exc}; nothing was sent. Set PREFECT_API_URL to use a running Prefect server.", markup=False
+        )
+        return EXIT_INCOMPLETE
+    try:
+        with api, interrupts(hooks, err, server) as signals, progress, run_hooks(hooks):
             info = generate_from_manifest(
                 manifest=str(args.manifest),
                 out=str(args.out),
