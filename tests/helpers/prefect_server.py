@@ -37,6 +37,7 @@ __all__ = [
     "PG_PASSWORD",
     "PG_ROLE",
     "PrefectServer",
+    "base_environment",
     "free_port",
     "postgres_database_url",
     "running_prefect_server",
@@ -139,6 +140,7 @@ def running_prefect_server(
     timeout: float = 120,
     *,
     extra_env: Mapping[str, str] | None = None,
+    stop_grace: float = 5.0,
 ) -> Iterator[PrefectServer]:
     """Start `prefect server start` on a free loopback port with PREFECT_HOME=`home` (SQLite in `home`
     unless `database_url` names another database), wait for `/health`, yield it, stop its process group.
@@ -177,7 +179,7 @@ def running_prefect_server(
         _wait_healthy(api_url, process, log_path, timeout)
         yield PrefectServer(api_url=api_url, pid=process.pid, home=home, log_path=log_path)
     finally:
-        stop_process_group(process)
+        stop_process_group(process, stop_grace)
 
 
 def start_worker(
@@ -227,13 +229,15 @@ def running_worker(
     *,
     query_seconds: float = 1.0,
     extra_args: tuple[str, ...] = (),
+    stop_grace: float = 5.0,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """`start_worker`, stopped (its whole process group, flow runs included) on exit."""
+    """`start_worker`, stopped (its whole process group, flow runs included) on exit: SIGTERM (which a
+    worker turns into its graceful SIGINT: no new runs, those running go on), SIGKILL after `stop_grace`."""
     process = start_worker(api_url, pool, env, log_path, query_seconds=query_seconds, extra_args=extra_args)
     try:
         yield process
     finally:
-        stop_process_group(process)
+        stop_process_group(process, stop_grace)
 
 
 # --- PostgreSQL ---------------------------------------------------------------------------------------
