@@ -4,14 +4,16 @@
     imagebatch run MANIFEST --out DIR [options]           generate everything it asks for (Prefect flow)
     imagebatch emulator [options]                         serve the emulated gateway on loopback
     imagebatch report OUT                                 (re)build OUT/report.html, the contact sheet
+    imagebatch deploy MANIFEST --out DIR --name NAME ...  a scheduled deployment on a Prefect server
+    imagebatch serve MANIFEST --out DIR --name NAME ...   the same, its runs served from this process
 
 Exit codes (`imagebatch.flows.exits`): 0 done (or valid), 1 some requests did not succeed, 2 an invalid
 manifest or a usage error (nothing sent), 130 stopped with Ctrl-C, 143 with SIGTERM.
 
 argparse rather than Typer: it is in the standard library (no dependency and nothing more to import at
 start-up, where Prefect already costs seconds), and the options are few and flat. The handlers live next
-to what they drive (`terminal.run_main`, `emulator.serve.serve`, `manifest` validate); the parser imports
-none of them (nor Prefect), so `imagebatch --help` stays quick.
+to what they drive (`terminal.run_main`, `emulator.serve.serve`, `manifest` validate, `deploy.deploy_main`);
+the parser imports none of them (nor Prefect), so `imagebatch --help` stays quick.
 """
 
 from __future__ import annotations
@@ -42,6 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
     _emulator_arguments(sub.add_parser("emulator", help="serve the emulated gateway on loopback"))
     report = sub.add_parser("report", help="(re)build the contact sheet report.html of an output folder")
     report.add_argument("out", type=Path, help="an output folder of `imagebatch run`")
+    _deploy_arguments(
+        sub.add_parser(
+            "deploy",
+            help="create or update a (scheduled) Prefect deployment of the flow, run by a pool's workers",
+        ),
+        work_pool=True,
+    )
+    _deploy_arguments(
+        sub.add_parser(
+            "serve", help="create or update the deployment and serve its runs from here until Ctrl-C"
+        ),
+        work_pool=False,
+    )
     return parser
 
 
@@ -58,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from imagebatch.gateway.emulator.serve import serve
 
         return serve(args)
+    if args.command in ("deploy", "serve"):
+        from imagebatch.flows.deploy import deploy_main, serve_main
+
+        return deploy_main(args) if args.command == "deploy" else serve_main(args)
     from imagebatch.flows.terminal import run_main
 
     return run_main(args)
@@ -150,6 +169,61 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         "--api-key-block",
         default=None,
         help="name of a Prefect Secret block holding the API key (default: $IMAGEBATCH_API_KEY)",
+    )
+
+
+def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> None:
+    """`deploy` and `serve`: the deployment's name, schedule and runner, and `run`'s options that a
+    scheduled run may take (not --force nor --retry-unknown: no one is there to decide)."""
+    parser.add_argument("manifest", help="CSV, JSON or JSON Lines manifest (its absolute path is deployed)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="output folder, the same for every run: each sends only new and changed rows",
+    )
+    parser.add_argument(
+        "--name", required=True, help="the deployment's name: runs are 'generate_from_manifest/NAME'"
+    )
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--cron", default=None, help='cron schedule, e.g. "0 2 * * *" (default: no schedule)')
+    when.add_argument("--interval", type=float, default=None, help="schedule: a run every SECONDS")
+    parser.add_argument(
+        "--timezone", default=None, help="time zone of the schedule, e.g. Europe/Paris (default: UTC)"
+    )
+    if work_pool:
+        parser.add_argument(
+            "--work-pool",
+            default=None,
+            help="the process work pool whose workers run it "
+            "(default: $PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME)",
+        )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help=f"requests in flight at once in a run, 1 to {MAX_CONCURRENCY} (default {DEFAULT_CONCURRENCY})",
+    )
+    parser.add_argument(
+        "--base-url",
+        default=None,
+        help="service root (default: $IMAGEBATCH_BASE_URL where it runs; without, the embedded emulator)",
+    )
+    parser.add_argument(
+        "--api-key-block",
+        default=None,
+        help="a Prefect Secret block holding the API key (default: $IMAGEBATCH_API_KEY where the run runs)",
+    )
+    parser.add_argument("--rpm", type=int, default=None, help="space request starts to at most N a minute")
+    parser.add_argument("--max-images", type=int, default=None, help="each run's budget in images")
+    parser.add_argument(
+        "--max-spend", type=float, default=None, help="each run's budget in money (needs --prices)"
+    )
+    parser.add_argument("--prices", default=None, help="price table (TOML or JSON)")
+    parser.add_argument(
+        "--no-adaptive",
+        dest="adaptive",
+        action="store_false",
+        help="open --concurrency requests at once instead of adapting to HTTP 429s",
     )
 
 
