@@ -25,3 +25,18 @@ def test_a_png_or_jpeg_is_read_by_its_bytes(fmt: str, mode: str, mime: str, alph
 def test_what_is_not_an_image_says_why(data: bytes, message: str) -> None:
     with pytest.raises(NotAnImageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         inspect_image(data)
+
+
+def test_an_image_cut_short_or_damaged_is_refused() -> None:
+    jpeg, png = encode("JPEG", 64, 48, (10, 120, 200), "RGB"), encode("PNG", 64, 48, (10, 120, 200), "RGB")
+    assert inspect_image(jpeg + b"\0\0").width == 64  # padding after the end marker is tolerated
+    with pytest.raises(NotAnImageError, match="damaged image/jpeg"):
+        inspect_image(jpeg[: len(jpeg) // 2])
+    with pytest.raises(NotAnImageError, match="damaged image/jpeg file: no end-of-image marker"):
+        inspect_image(jpeg[:-2])  # the header whole, the end cut
+    with pytest.raises(NotAnImageError, match="damaged image/png"):
+        inspect_image(png[: len(png) - 20])
+    flipped = bytearray(png)
+    flipped[40] ^= 0xFF  # inside a chunk: its checksum no longer matches
+    with pytest.raises(NotAnImageError, match="damaged image/png"):
+        inspect_image(bytes(flipped))
