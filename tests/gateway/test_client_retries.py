@@ -5,6 +5,8 @@ the client's `sleep` records the delays it was asked for."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -520,3 +522,42 @@ def test_a_429_on_the_single_attempt_routes_is_not_retried_whatever_retry_after_
     with pytest.raises(RateLimitError):
         ROUTES[name](service.reply(too_many("5")).client())
     assert len(service.requests) == 1 and service.delays == []
+
+
+# === the account-wide slot ==============================================================================
+
+
+@pytest.mark.parametrize("name", RETRYING_ROUTES)
+def test_a_slot_is_held_on_the_wire_and_never_during_a_retry_wait(service: FakeService, name: str) -> None:
+    @contextmanager
+    def slot() -> Iterator[None]:
+        service.log.append("slot taken")
+        try:
+            yield
+        finally:
+            service.log.append("slot given back")
+
+    client = service.reply(Reply(503), Reply(429), ROUTES[name].ok).client(slot=slot)
+    ROUTES[name](client)
+    steps = [e if isinstance(e, str) else e[0] for e in service.log if isinstance(e, str | tuple)]
+    assert steps == ["slot taken", "sent", "slot given back", "sleep"] * 2 + [
+        "slot taken",
+        "sent",
+        "slot given back",
+    ]
+
+
+def test_a_slot_is_given_back_when_the_attempt_fails_for_good(service: FakeService) -> None:
+    held: list[int] = []
+
+    @contextmanager
+    def slot() -> Iterator[None]:
+        held.append(1)
+        try:
+            yield
+        finally:
+            held.pop()
+
+    with pytest.raises(BadRequestError):
+        ROUTES["native"](service.reply(Reply(400, json={"error": {"message": "no"}})).client(slot=slot))
+    assert held == [] and len(service.requests) == 1

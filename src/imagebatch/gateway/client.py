@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -89,7 +90,9 @@ class GatewayClient:
 
     `base_url` is the service root (no `/v1` or `/v1beta`: those are added per route, and a base URL that
     ends in one is refused with a clear error rather than silently rewritten, since it usually means the
-    user copied an SDK setting). `sleep` and `transport` are injectable for tests.
+    user copied an SDK setting). `sleep` and `transport` are injectable for tests. `slot` is entered around
+    each attempt while it is on the wire (not during a retry's wait): a run passes a slot of a Prefect
+    global concurrency limit shared by every run and machine of an account (`flows.limits`).
 
     Build a request with `imagebatch.gateway.requests` and `send` it; the route methods below take a body
     given whole (as an SDK user would write it) and do the same.
@@ -109,6 +112,7 @@ class GatewayClient:
         transport: httpx.BaseTransport | None = None,
         policies: Mapping[Route, RetryPolicy] | None = None,
         max_connections: int = 100,
+        slot: Callable[[], AbstractContextManager[object]] = nullcontext,
     ) -> None:
         self.base_url = normalise_base_url(base_url)
         if native_auth not in ("x-native-api-key", "bearer"):
@@ -123,6 +127,7 @@ class GatewayClient:
         self._connect_timeout = connect_timeout
         self._sleep = sleep
         self._policies = dict(policies or {})
+        self._slot = slot
         # One connection per request in flight (httpx keeps 20 idle by default: a run at --concurrency 256
         # would otherwise open and close connections all the time).
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
@@ -250,66 +255,73 @@ class GatewayClient:
         files = [(name, (up.filename, up.data, up.mime_type)) for name, up in request.files] or None
         unanswered = False  # some attempt got no answer: it may have been generated and billed
         for attempt in range(1, policy.max_attempts + 1):
-            started_at, t0 = datetime.now(UTC), time.monotonic()
-            notify(AttemptStarted(route, model, idempotency_key, attempt, started_at))
+            # The account-wide limit's slot (if any) is held while the attempt is on the wire, never
+            # during a retry's wait.
+            with self._slot():
+                started_at, t0 = datetime.now(UTC), time.monotonic()
+                notify(AttemptStarted(route, model, idempotency_key, attempt, started_at))
 
-            def finished(status: int | None, outcome: Any, retry_in: float | None = None, **kw: Any) -> None:
-                # Called within this iteration only, so the loop variables it reads are this attempt's.
-                ids = (route, model, idempotency_key, attempt, started_at)  # noqa: B023
-                duration = time.monotonic() - t0  # noqa: B023
-                event = AttemptFinished(*ids, duration, status, outcome, retry_in=retry_in, **kw)
-                notify(event)
-                if retry_in is not None:
-                    _log_retry(event)
+                def finished(
+                    status: int | None, outcome: Any, retry_in: float | None = None, **kw: Any
+                ) -> None:
+                    # Called within this iteration only, so the loop variables it reads are this attempt's.
+                    ids = (route, model, idempotency_key, attempt, started_at)  # noqa: B023
+                    duration = time.monotonic() - t0  # noqa: B023
+                    event = AttemptFinished(*ids, duration, status, outcome, retry_in=retry_in, **kw)
+                    notify(event)
+                    if retry_in is not None:
+                        _log_retry(event)
 
-            error: GatewayError
-            try:
-                response = self._http.post(
-                    request.path,
-                    headers=headers,
-                    json=request.json,
-                    data=request.form,
-                    files=files,
-                    timeout=timeout,
-                )
-            except _NOT_SENT as exc:
-                message = f"could not send to {self.base_url}: {_transport_reason(exc)}"
-                delay = policy.delay_before_retry(attempt, None)
-                finished(None, "not_sent", delay, error_message=message)
-                error = ServiceUnreachableError(message, attempts=attempt)
-                error.may_have_been_billed = unanswered
-            except httpx.TransportError as exc:
-                message = f"no answer from the service ({type(exc).__name__}); it may have been billed"
-                delay = policy.delay_before_retry(attempt, None)
-                unanswered = True
-                finished(None, "no_answer", delay, error_message=message)
-                error = OutcomeUnknownError(message, attempts=attempt)
-            else:
-                status = response.status_code
-                request_id, body, failure = self._answer(response, attempt)
-                if failure is None:
-                    try:
-                        result = read_result(route, body, request_id, attempt)
-                    except ResponseFormatError as exc:
-                        failure = ResponseFormatError(exc.message, request_id=request_id, attempts=attempt)
-                    else:
-                        images = len(getattr(result, "images", []))
-                        finished(status, "ok", request_id=request_id, images=images, usage=result.usage)
-                        return result
-                if isinstance(failure, ResponseFormatError):  # a success status we cannot read: final
+                error: GatewayError
+                try:
+                    response = self._http.post(
+                        request.path,
+                        headers=headers,
+                        json=request.json,
+                        data=request.form,
+                        files=files,
+                        timeout=timeout,
+                    )
+                except _NOT_SENT as exc:
+                    message = f"could not send to {self.base_url}: {_transport_reason(exc)}"
+                    delay = policy.delay_before_retry(attempt, None)
+                    finished(None, "not_sent", delay, error_message=message)
+                    error = ServiceUnreachableError(message, attempts=attempt)
+                    error.may_have_been_billed = unanswered
+                except httpx.TransportError as exc:
+                    message = f"no answer from the service ({type(exc).__name__}); it may have been billed"
+                    delay = policy.delay_before_retry(attempt, None)
+                    unanswered = True
+                    finished(None, "no_answer", delay, error_message=message)
+                    error = OutcomeUnknownError(message, attempts=attempt)
+                else:
+                    status = response.status_code
+                    request_id, body, failure = self._answer(response, attempt)
+                    if failure is None:
+                        try:
+                            result = read_result(route, body, request_id, attempt)
+                        except ResponseFormatError as exc:
+                            failure = ResponseFormatError(
+                                exc.message, request_id=request_id, attempts=attempt
+                            )
+                        else:
+                            images = len(getattr(result, "images", []))
+                            finished(status, "ok", request_id=request_id, images=images, usage=result.usage)
+                            return result
+                    if isinstance(failure, ResponseFormatError):  # a success status we cannot read: final
+                        finished(
+                            status, "error", request_id=request_id,
+                            error_code="bad_response", error_message=failure.message,
+                        )  # fmt: skip
+                        raise failure
+                    error = failure
+                    retry_after = parse_retry_after(response.headers.get("retry-after"))
+                    delay = policy.delay_before_retry(attempt, status, retry_after)
                     finished(
-                        status, "error", request_id=request_id,
-                        error_code="bad_response", error_message=failure.message,
+                        status, "error", delay, request_id=request_id,
+                        error_code=failure.code, error_message=failure.message,
                     )  # fmt: skip
-                    raise failure
-                error = failure
-                retry_after = parse_retry_after(response.headers.get("retry-after"))
-                delay = policy.delay_before_retry(attempt, status, retry_after)
-                finished(
-                    status, "error", delay, request_id=request_id,
-                    error_code=failure.code, error_message=failure.message,
-                )  # fmt: skip
-                error.may_have_been_billed = unanswered or status == 500
+                    error.may_have_been_billed = unanswered or status == 500
             if delay is None:
                 raise error
             self._sleep(delay)
