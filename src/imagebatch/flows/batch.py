@@ -46,6 +46,7 @@ from imagebatch.flows.config import (
     resolve_api_key,
 )
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
+from imagebatch.flows.limits import request_slot
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
 from imagebatch.report import build_report
@@ -158,6 +159,7 @@ def generate_from_manifest(
     max_images: int | None = None,
     max_spend: float | None = None,
     prices: str | None = None,
+    global_limit: str | None = None,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
@@ -165,7 +167,8 @@ def generate_from_manifest(
     `IMAGEBATCH_API_KEY`; with no `base_url` (and no `IMAGEBATCH_BASE_URL`) the embedded emulator is used.
     `rpm` spaces request starts (60 / rpm seconds apart); `adaptive` (default) starts with a few requests
     in flight and adapts to the service's 429s (see `flows.dispatch.Window`), never above `concurrency`.
-    `max_images` caps the images this run may deliver (see `flows.dispatch.dispatch`).
+    `max_images` caps the images this run may deliver (see `flows.dispatch.dispatch`). `global_limit` names
+    a Prefect global concurrency limit whose slot each request holds on the wire (`flows.limits`).
     Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
     """
     hooks = _hooks.get() or RunHooks()
@@ -175,10 +178,12 @@ def generate_from_manifest(
         max_spend=max_spend, prices=prices,
     )  # fmt: skip
     price_table = checked.prices
+    slot = request_slot(global_limit) if global_limit else contextlib.nullcontext
     units = group_units(plan(checked.manifest))
     store = OutputStore(checked.out)
     planned = sum(len(unit.requests) for unit in units)
     info = run_info(checked, planned, concurrency, force, retry_unknown, api_key_secret_block)
+    info["options"]["global_limit"] = global_limit
     with (
         forward_logs_to_prefect("imagebatch"),
         service(checked.base_url, api_key_secret_block, hooks) as (url, key),
@@ -187,7 +192,7 @@ def generate_from_manifest(
         store.prepare()
         store.write_run(info)  # a crash leaves a run.json that says the run never ended
         client = GatewayClient(
-            url, key, sleep=hooks.sleep, transport=hooks.transport, max_connections=concurrency
+            url, key, sleep=hooks.sleep, transport=hooks.transport, max_connections=concurrency, slot=slot
         )
         ctx = RunContext(
             client, store, store.load_state(),

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
 from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from imagebatch.flows.limits import limits_arguments
 
 __all__ = ["EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -57,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         work_pool=False,
     )
+    limits = sub.add_parser("limits", help="create or update the account-wide limits on the Prefect server")
+    limits_arguments(limits)
     return parser
 
 
@@ -69,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _estimate(args.manifest, args.prices) if code == EXIT_OK and args.prices else code
     if args.command == "report":
         return _report(args.out)
+    if args.command == "limits":
+        from imagebatch.flows.limits import limits_main
+
+        return limits_main(args)
     if args.command == "emulator":
         from imagebatch.gateway.emulator.serve import serve
 
@@ -170,6 +177,17 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="name of a Prefect Secret block holding the API key (default: $IMAGEBATCH_API_KEY)",
     )
+    _global_limit_argument(parser)
+
+
+def _global_limit_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--global-limit",
+        default=None,
+        metavar="NAME",
+        help="a Prefect global concurrency limit each request holds while on the wire, shared by every run "
+        "and machine (`imagebatch limits`; needs a Prefect server)",
+    )
 
 
 def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> None:
@@ -225,6 +243,7 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
         action="store_false",
         help="open --concurrency requests at once instead of adapting to HTTP 429s",
     )
+    _global_limit_argument(parser)
 
 
 def _validate_arguments(parser: argparse.ArgumentParser) -> None:

@@ -137,6 +137,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
         "max_images": args.max_images,
         "max_spend": args.max_spend,
         "prices": prices,
+        "global_limit": args.global_limit,
     }
     block = args.api_key_block if serve else args.api_key_block or _KEY_AT_RUN_TIME
     try:
