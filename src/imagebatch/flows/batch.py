@@ -191,9 +191,7 @@ def generate_from_manifest(
     ):
         store.prepare()
         store.write_run(info)  # a crash leaves a run.json that says the run never ended
-        client = GatewayClient(
-            url, key, sleep=hooks.sleep, transport=hooks.transport, max_connections=concurrency, slot=slot
-        )
+        client = GatewayClient(url, key, sleep=hooks.sleep, transport=hooks.transport, slot=slot)
         ctx = RunContext(
             client, store, store.load_state(),
             force=force, retry_unknown=retry_unknown, key_source=key_source(api_key_secret_block),

@@ -9,6 +9,8 @@ request ids) is cleared of it in one place (`_answer`) before anyone reads it.
 from __future__ import annotations
 
 import logging
+import ssl
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -111,7 +113,6 @@ class GatewayClient:
         sleep: Callable[[float], None] = time.sleep,
         transport: httpx.BaseTransport | None = None,
         policies: Mapping[Route, RetryPolicy] | None = None,
-        max_connections: int = 100,
         slot: Callable[[], AbstractContextManager[object]] = nullcontext,
     ) -> None:
         self.base_url = normalise_base_url(base_url)
@@ -128,18 +129,42 @@ class GatewayClient:
         self._sleep = sleep
         self._policies = dict(policies or {})
         self._slot = slot
-        # One connection per request in flight (httpx keeps 20 idle by default: a run at --concurrency 256
-        # would otherwise open and close connections all the time).
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._http = httpx.Client(
-            base_url=self.base_url, transport=transport, follow_redirects=False, limits=limits
-        )
+        self._transport = transport
+        self._ssl: ssl.SSLContext | None = None
+        self._local = threading.local()
+        self._clients: list[httpx.Client] = []
+        self._clients_lock = threading.Lock()
 
     def __repr__(self) -> str:  # never show the key
         return f"GatewayClient(base_url={self.base_url!r})"
 
     def close(self) -> None:
-        self._http.close()
+        with self._clients_lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+
+    @property
+    def _http(self) -> httpx.Client:
+        """This thread's connection to the service: a thread sends one request at a time, so each keeps
+        its own (kept alive between its requests). One pool shared by hundreds of threads spends more CPU
+        on its bookkeeping than on the requests (httpcore's pool scans every connection for every request:
+        at 64 connections most of a run's CPU, bench/README.md). One TLS context serves them all (making one
+        costs ~50 ms)."""
+        client: httpx.Client | None = getattr(self._local, "http", None)
+        if client is None:
+            with self._clients_lock:
+                if self._ssl is None:
+                    self._ssl = httpx.create_ssl_context()
+                client = httpx.Client(
+                    base_url=self.base_url,
+                    transport=self._transport,
+                    follow_redirects=False,
+                    verify=self._ssl,
+                )
+                self._clients.append(client)
+            self._local.http = client
+        return client
 
     def __enter__(self) -> GatewayClient:
         return self
