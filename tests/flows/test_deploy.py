@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO / "manifests" / "examples" / "catalog.csv"
 CATALOG_REQUESTS = 6  # one image per row
 POOL = "imagebatch-test-pool"  # has a worker
+YAML_POOL = "imagebatch"  # prefect.yaml's (no worker here)
 IDLE_POOL = "imagebatch-idle-pool"  # has none: scheduled runs of its deployments stay scheduled
 FLOW = "generate_from_manifest"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -52,6 +54,9 @@ BACKENDS = ("sqlite", "postgres")
 # statement": FlowRun.state is a hybrid property without a bulk setter); 2.0 works.
 SCHEDULER_BROKEN = "Can't evaluate bulk DML statement"
 SQLALCHEMY_2_1 = tuple(int(p) for p in version("sqlalchemy").split(".")[:2]) >= (2, 1)
+# From FastAPI 0.151 on, Prefect 3.8.8's server refuses the explicit `"limit": null` its own client sends
+# in some filters (422): `prefect deploy` fails after creating the deployment, `prefect deployment ls` too.
+FASTAPI_REFUSES_NULLS = tuple(int(p) for p in version("fastapi").split(".")[:2]) >= (0, 151)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -92,12 +97,12 @@ class Stack:
     def deployment(self, name: str) -> dict[str, Any]:
         return dict(self.get(f"/deployments/name/{FLOW}/{name}"))
 
-    def deploy(self, *argv: str) -> int:
-        """`imagebatch deploy ARGV` in this process, against this stack's server."""
+    def deploy(self, arguments: str) -> int:
+        """`imagebatch deploy ARGUMENTS` (shell-quoted) in this process, against this stack's server."""
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: self.api}):
-            return main(["deploy", *argv])
+            return main(["deploy", *shlex.split(arguments)])
 
     def run(self, deployment_id: str) -> str:
         return str(self.post(f"/deployments/{deployment_id}/create_flow_run")["id"])
@@ -128,7 +133,7 @@ def running_stack(backend: str, home: Path) -> Iterator[Stack | None]:
         EmulatorServer(settings) as emulator,
         running_prefect_server(home / "server", database_url, stop_grace=3) as server,
     ):
-        for pool in (POOL, IDLE_POOL):
+        for pool in (POOL, IDLE_POOL, YAML_POOL):
             _create_process_pool(server.api_url, pool)
         worker_env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(home / "worker")}
         worker_log = home / "worker.log"
@@ -201,17 +206,8 @@ def worker_runs(
             continue
         out = tmp_path_factory.mktemp(f"worker-out-{backend}")
         code = stack.deploy(
-            str(CATALOG),
-            "--out",
-            str(out),
-            "--name",
-            "on-pool",
-            "--work-pool",
-            POOL,
-            "--base-url",
-            stack.emulator.url,
-            "--cron",
-            "0 2 * * *",
+            f"{CATALOG} --out {out} --name on-pool --work-pool {POOL} --base-url {stack.emulator.url} "
+            "--cron '0 2 * * *'"
         )
         assert code == 0
         deployment_id = stack.deployment("on-pool")["id"]
@@ -226,26 +222,15 @@ def test_deploy_with_a_cron_schedule_is_on_the_server(
     stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    out = tmp_path / "nightly"
+    out = tmp_path / "cron"
     code = stack.deploy(
-        "manifests/examples/catalog.csv",
-        "--out",
-        str(out),
-        "--name",
-        "nightly",
-        "--cron",
-        "0 2 * * *",
-        "--timezone",
-        "Europe/Paris",
-        "--work-pool",
-        IDLE_POOL,
-        "--concurrency",
-        "8",
+        f"manifests/examples/catalog.csv --out {out} --name cron --cron '0 2 * * *' --timezone Europe/Paris "
+        f"--work-pool {IDLE_POOL} --concurrency 8"
     )
     assert code == 0, capsys.readouterr().err
-    assert "deployed generate_from_manifest/nightly" in capsys.readouterr().out
+    assert "deployed generate_from_manifest/cron" in capsys.readouterr().out
 
-    deployment = stack.deployment("nightly")
+    deployment = stack.deployment("cron")
     [schedule] = deployment["schedules"]
     assert schedule["schedule"]["cron"] == "0 2 * * *"
     assert schedule["schedule"]["timezone"] == "Europe/Paris"
@@ -258,30 +243,18 @@ def test_deploy_with_a_cron_schedule_is_on_the_server(
     assert parameters["out"] == str(out.resolve())
     assert parameters["concurrency"] == 8
     assert parameters["api_key_secret_block"] is None
+    assert parameters["global_limit"] is None
     assert not any("key" in name for name in parameters if name != "api_key_secret_block")
     assert stack.emulator.api_key not in str(deployment)
     assert deployment["global_concurrency_limit"]["limit"] == 1
     assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
 
     # Deploying again updates it: the new schedule replaces the old, and no schedule removes it.
-    assert (
-        stack.deploy(
-            str(CATALOG),
-            "--out",
-            str(out),
-            "--name",
-            "nightly",
-            "--work-pool",
-            IDLE_POOL,
-            "--interval",
-            "3600",
-        )
-        == 0
-    )
-    [schedule] = stack.deployment("nightly")["schedules"]
+    assert stack.deploy(f"{CATALOG} --out {out} --name cron --work-pool {IDLE_POOL} --interval 3600") == 0
+    [schedule] = stack.deployment("cron")["schedules"]
     assert schedule["schedule"]["interval"] == 3600
-    assert stack.deploy(str(CATALOG), "--out", str(out), "--name", "nightly", "--work-pool", IDLE_POOL) == 0
-    assert stack.deployment("nightly")["schedules"] == []
+    assert stack.deploy(f"{CATALOG} --out {out} --name cron --work-pool {IDLE_POOL}") == 0
+    assert stack.deployment("cron")["schedules"] == []
 
 
 @pytest.mark.xfail(
@@ -291,17 +264,8 @@ def test_deploy_with_a_cron_schedule_is_on_the_server(
 )
 def test_the_servers_scheduler_creates_the_runs_of_the_schedule(stack: Stack, tmp_path: Path) -> None:
     code = stack.deploy(
-        str(CATALOG),
-        "--out",
-        str(tmp_path / "out"),
-        "--name",
-        "scheduled",
-        "--cron",
-        "0 2 * * *",
-        "--timezone",
-        "Europe/Paris",
-        "--work-pool",
-        IDLE_POOL,
+        f"{CATALOG} --out {tmp_path / 'out'} --name scheduled --cron '0 2 * * *' --timezone Europe/Paris "
+        f"--work-pool {IDLE_POOL}"
     )
     assert code == 0
     deployment_id = stack.deployment("scheduled")["id"]
@@ -323,19 +287,16 @@ def test_deploy_refuses_what_run_refuses_before_deploying(
     out = str(tmp_path / "out")
     bad = tmp_path / "bad.csv"
     bad.write_text("id,prompt,image_size\nx,a cat,1k\n")
-    assert stack.deploy(str(bad), "--out", out, "--name", "bad", "--work-pool", POOL) == 2
+    assert stack.deploy(f"{bad} --out {out} --name bad --work-pool {POOL}") == 2
     assert "did you mean" in capsys.readouterr().err
-    assert (
-        stack.deploy(
-            str(CATALOG), "--out", out, "--name", "bad", "--cron", "every night", "--work-pool", POOL
-        )
-        == 2
-    )
+    assert stack.deploy(f"{CATALOG} --out {out} --name bad --cron 'every night' --work-pool {POOL}") == 2
     assert "--cron 'every night' is not a cron expression" in capsys.readouterr().err
-    assert stack.deploy(str(CATALOG), "--out", out, "--name", "bad", "--work-pool", "no-such-pool") == 2
+    assert stack.deploy(f"{CATALOG} --out {out} --name bad --work-pool no-such-pool") == 2
     assert "prefect work-pool create no-such-pool --type process" in capsys.readouterr().err
-    assert stack.deploy(str(CATALOG), "--out", out, "--name", "bad") == 2
+    assert stack.deploy(f"{CATALOG} --out {out} --name bad") == 2
     assert "imagebatch serve" in capsys.readouterr().err
+    assert stack.deploy(f"{CATALOG} --out {out} --name bad --work-pool {POOL} --global-limit no-such") == 2
+    assert "imagebatch limits --name no-such" in capsys.readouterr().err
     with pytest.raises(httpx.HTTPStatusError):
         stack.deployment("bad")
 
@@ -409,3 +370,33 @@ def test_deploy_refuses_without_a_prefect_server(tmp_path: Path) -> None:
     assert "`prefect server start`" in lines[0]
     assert "export PREFECT_API_URL=http://127.0.0.1:4200/api" in lines[0]
     assert done.stdout == ""
+
+
+def test_prefect_yaml_makes_the_same_deployment(stacks: dict[str, Stack | None], tmp_path: Path) -> None:
+    """`prefect deploy --name nightly` with the repository's prefect.yaml (SQLite stack only)."""
+    stack = stacks["sqlite"]
+    assert stack is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "IMAGEBATCH_API_KEY"}
+    env |= {"PREFECT_API_URL": stack.api, "PREFECT_HOME": str(tmp_path / "home"), "PWD": str(REPO)}
+    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "nightly"]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+    deployment = stack.deployment("nightly")
+    assert deployment["entrypoint"] == "imagebatch.flows.batch.generate_from_manifest"
+    assert deployment["pull_steps"] == []
+    assert deployment["work_pool_name"] == YAML_POOL
+    assert deployment["parameters"] == {
+        "manifest": str(CATALOG),
+        "out": str(REPO / "out" / "nightly"),
+        "concurrency": 4,
+    }
+    [schedule] = deployment["schedules"]
+    assert schedule["schedule"]["cron"] == "0 2 * * *"
+    assert deployment["global_concurrency_limit"]["limit"] == 1
+    assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+    if FASTAPI_REFUSES_NULLS:
+        assert "422 Unprocessable Entity" in done.stdout + done.stderr
+        pytest.xfail(
+            "prefect deploy fails after deploying: FastAPI >= 0.151 refuses its null limit (pin <0.151)"
+        )
+    assert done.returncode == 0, done.stdout + done.stderr

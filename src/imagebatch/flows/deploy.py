@@ -96,6 +96,10 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
     try:
         if args.api_key_block:
             check_secret_block(args.api_key_block)
+        if args.global_limit:
+            from imagebatch.flows.limits import request_slot
+
+            request_slot(args.global_limit)  # refuses a limit the server does not have
         if pool:
             check_work_pool(pool)
         deployment = build_deployment(args.name, parameters, schedule, pool)
@@ -137,7 +141,6 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
         "max_images": args.max_images,
         "max_spend": args.max_spend,
         "prices": prices,
-        "global_limit": args.global_limit,
     }
     block = args.api_key_block if serve else args.api_key_block or _KEY_AT_RUN_TIME
     try:
@@ -153,6 +156,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
         **options,
         "api_key_secret_block": args.api_key_block,
         "adaptive": args.adaptive,
+        "global_limit": args.global_limit,
     }
 
 
