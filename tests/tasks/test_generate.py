@@ -239,6 +239,17 @@ def test_success_writes_files_and_journals_in_the_crash_safe_order(
     assert ctx.results == {} and not ctx.halt.is_set()
 
 
+def test_an_image_gets_its_report_thumbnail_as_it_arrives(h: Harness) -> None:
+    from PIL import Image
+
+    (rec,) = run_unit(h.context(), h.unit(CAT))
+    assert rec.status == "succeeded"
+    (image,) = rec.paths
+    thumb = h.out / "thumbs" / (image.removeprefix("images/").replace("/", "__") + ".jpg")
+    with Image.open(thumb) as im, Image.open(h.out / image) as full:
+        assert im.format == "JPEG" and im.size == full.size  # small images keep their size
+
+
 def test_text_route_saves_text_and_the_raw_answer(h: Harness) -> None:
     (rec,) = run_unit(h.context(), h.unit(TEXT))
     assert rec.status == "succeeded"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import html
+import io
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,16 +32,38 @@ class Card:
     mask: Path | None = None
 
 
+def thumb_name(rel: str) -> str:
+    """The thumbnail's name of an output image (`images/<job>/<file>` -> `<job>__<file>`)."""
+    return rel.removeprefix("images/").replace("/", "__")
+
+
+def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
+    """Make the thumbnail of an image just written to `out/rel` from its bytes, still in memory: a run
+    makes each one as its image arrives (while the service works on the next), so the report at the end
+    reads no image again. Best effort: the report makes any that is missing."""
+    try:
+        _save_thumbnail(io.BytesIO(data), out / "thumbs" / f"{thumb_name(rel)}.jpg")
+    except (OSError, ValueError, Image.DecompressionBombError):
+        pass
+
+
+def _save_thumbnail(source: Path | io.BytesIO, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with Image.open(source) as im:
+        im.draft("RGB", (THUMB_SIDE, THUMB_SIDE))  # a JPEG decodes at the smallest scale that will do
+        im.thumbnail((THUMB_SIDE, THUMB_SIDE), reducing_gap=2.0)
+        buf = io.BytesIO()
+        im.convert("RGB").save(buf, "JPEG", quality=80)
+    target.write_bytes(buf.getvalue())
+
+
 def _thumb(out: Path, source: Path, name: str) -> str | None:
     """A JPEG thumbnail of `source` under out/thumbs/ (made once, remade if the source is newer);
     its path relative to `out`, or None if `source` is not a readable image."""
     target = out / "thumbs" / f"{name}.jpg"
     try:
         if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with Image.open(source) as im:
-                im.thumbnail((THUMB_SIDE, THUMB_SIDE))
-                im.convert("RGB").save(target, "JPEG", quality=80)
+            _save_thumbnail(source, target)
     except OSError:
         return None
     return target.relative_to(out).as_posix()
@@ -86,7 +109,7 @@ def _card_html(out: Path, card: Card) -> str:
     for rel in filter(None, row.get("paths", "").split(";")):
         source = out / rel
         if rel.endswith((".png", ".jpg", ".jpeg")):
-            thumb = _thumb(out, source, rel.removeprefix("images/").replace("/", "__"))
+            thumb = _thumb(out, source, thumb_name(rel))
             if thumb:
                 media.append(
                     f'<a href="{_esc(rel)}"><img loading="lazy" src="{_esc(thumb)}" alt="image"></a>'

@@ -18,6 +18,7 @@ from imagebatch.gateway.errors import GatewayError
 from imagebatch.gateway.requests import GatewayRequest
 from imagebatch.gateway.results import AttemptEvent, AttemptFinished
 from imagebatch.manifest import PlannedRequest
+from imagebatch.report import make_thumbnail
 
 from . import records
 from .context import RunContext
@@ -66,16 +67,21 @@ def send_and_record(
         return record, None
     record, files = records.plan_files(req, result, chain)
     record.attempts += earlier
+    written: list[tuple[str, bytes]] = []
     try:
         store.journal("answered", **asdict(record))
         if on_answer is not None:
             on_answer(result)
         for name, data in files:
-            store.write_file(name, data)
+            written.append((store.write_file(name, data), data))
     except OSError as exc:
         record = records.unsaved(req, result, exc)
         record.attempts += earlier
     _record_outcome(ctx, record)
+    if record.status == "succeeded":  # the report's thumbnails, from the bytes still in memory
+        for rel, data in written:
+            if rel.endswith((".png", ".jpg")):
+                make_thumbnail(store.root, rel, data)
     return record, result
 
 
