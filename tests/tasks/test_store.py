@@ -6,11 +6,13 @@ import csv
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from imagebatch.tasks import store as store_module
 from imagebatch.tasks.store import RESULT_COLUMNS, OutputStore, RequestRecord, read_jsonl, write_atomic
 
 KEY = "ib1-0123456789abcdef0123456789abcdef"
@@ -525,3 +527,41 @@ def test_outputs_are_readable_by_others(store: OutputStore) -> None:
         os.umask(old)
     for path in (store.root / "a.bin", store.images_dir / "mug" / "0-0123.png", store.chain_path("mug", 0)):
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+
+
+def test_journal_lines_written_together_share_an_fsync_and_each_returns_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: threads whose lines one fsync covers do not each sync; none returns before an fsync
+    that began after its line was written."""
+    store = OutputStore(tmp_path)
+    store.prepare()
+    first_sync = threading.Event()
+    lines_at_fsync: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if not lines_at_fsync:  # hold the first fsync until every thread's line is written
+            first_sync.wait(timeout=30)
+        lines_at_fsync.append(len(store.journal_path.read_bytes().splitlines()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(store_module.os, "fsync", fsync)
+    returned: list[int] = []
+
+    def write(i: int) -> None:
+        store.journal("attempt_started", idempotency_key=f"k{i}")
+        returned.append(lines_at_fsync[-1])  # what the last fsync covered when this call returned
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while store._written.get(store.journal_path, 0) < 8 and time.monotonic() < deadline:
+        time.sleep(0.001)  # real threads: wait (bounded) until all eight lines are written
+    first_sync.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(returned) == 8 and all(n == 8 for n in returned)
+    assert len(lines_at_fsync) <= 2  # one fsync (plus at most the first, already begun) for eight lines
+    assert len(store.journal_path.read_bytes().splitlines()) == 8
