@@ -102,3 +102,16 @@ def test_large_runs_are_paged(tmp_path: Path) -> None:
     assert pages == ["report-2.html", "report-3.html", "report.html"]
     assert first.read_text().count('class="card ') == 500
     assert (tmp_path / "report-3.html").read_text().count('class="card ') == 201
+
+
+def test_a_run_without_report_makes_no_thumbnail_and_the_command_makes_them_later(
+    service_env: Any, examples: Path, tmp_path: Path, capsys: Any
+) -> None:
+    out = tmp_path / "out"
+    code, stdout, _ = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(out), "--no-report")
+    assert code == 0 and "report:" not in stdout
+    assert not (out / "report.html").exists() and not list(out.glob("thumbs/*"))
+    assert json.loads((out / "run.json").read_text())["options"]["report"] is False
+    assert cli(capsys, "report", str(out))[0] == 0
+    images = [p for row in read_results(out) for p in row["paths"].split(";")]
+    assert len(list(out.glob("thumbs/*.jpg"))) == len(images) > 0 and (out / "report.html").is_file()

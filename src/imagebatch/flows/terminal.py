@@ -171,6 +171,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
                 max_spend=args.max_spend,
                 prices=args.prices,
                 global_limit=args.global_limit,
+                report=args.report,
             )
     except UsageError as exc:
         err.print(f"{exc}; nothing was sent.", markup=False)

@@ -120,6 +120,7 @@ class RunContext:
         force: bool = False,
         retry_unknown: bool = False,
         key_source: str = "IMAGEBATCH_API_KEY",
+        thumbnails: bool = True,
     ) -> None:
         self.client = client
         self.store = store
@@ -127,6 +128,8 @@ class RunContext:
         self.force = force
         self.retry_unknown = retry_unknown
         self.key_source = key_source
+        self.thumbnails = thumbnails
+        """Make each image's report thumbnail as it arrives."""
         """Where the API key came from, for the message of a 401."""
         self.halt = threading.Event()
         self.halt_reason: str | None = None

@@ -78,7 +78,7 @@ def send_and_record(
         record = records.unsaved(req, result, exc)
         record.attempts += earlier
     _record_outcome(ctx, record)
-    if record.status == "succeeded":  # the report's thumbnails, from the bytes still in memory
+    if record.status == "succeeded" and ctx.thumbnails:  # the report's, from the bytes still in memory
         for rel, data in written:
             if rel.endswith((".png", ".jpg")):
                 make_thumbnail(store.root, rel, data)
