@@ -12,9 +12,9 @@ from typing import Any
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from imagebatch.flows.dispatch import Budget, ProgressSnapshot
-from imagebatch.tasks.context import RunContext, Unit
+from imagebatch.tasks.context import Unit
 from imagebatch.tasks.prices import PriceTable
-from imagebatch.tasks.store import STATUSES
+from imagebatch.tasks.store import STATUSES, RequestRecord
 
 
 def budgets(max_images: int | None, max_spend: float | None, prices: PriceTable | None) -> list[Budget]:
@@ -37,11 +37,11 @@ def budgets(max_images: int | None, max_spend: float | None, prices: PriceTable 
     return out
 
 
-def spend(units: list[Unit], ctx: RunContext, prices: PriceTable) -> dict[str, Any]:
+def spend(units: list[Unit], results: dict[int, list[RequestRecord]], prices: PriceTable) -> dict[str, Any]:
     """This run's estimated spend: what succeeded cost, and what `unknown` requests may have cost."""
     spent = doubt = 0.0
     for unit in units:
-        for req, rec in zip(unit.requests, ctx.results[unit.index], strict=False):
+        for req, rec in zip(unit.requests, results[unit.index], strict=False):
             spent += prices.spent(req, rec)
             doubt += prices.most(req) if rec.status == "unknown" else 0.0
     plan = [r for u in units for r in u.requests]

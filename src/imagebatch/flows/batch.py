@@ -47,12 +47,13 @@ from imagebatch.flows.config import (
 )
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.flows.limits import request_slot
+from imagebatch.flows.shards import records_after, run_shards, shard_name, shard_of
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
 from imagebatch.report import build_report
-from imagebatch.tasks.context import Pacer, RunContext, group_units
+from imagebatch.tasks.context import Pacer, RunContext, Unit, group_units
 from imagebatch.tasks.records import storage_message
-from imagebatch.tasks.store import STATUSES, OutputLockedError, OutputStore
+from imagebatch.tasks.store import STATUSES, OutputLockedError, OutputStore, RequestRecord
 from imagebatch.tasks.usage import usage_summary, write_usage_summary
 
 
@@ -114,7 +115,7 @@ def service(base_url: str | None, secret_block: str | None, hooks: RunHooks) -> 
 def held(store: OutputStore) -> Iterator[None]:
     """The output folder's lock for this run (a second run into it would send twice)."""
     try:
-        with store.exclusive():
+        with store.shard_hold() if store.shard else store.exclusive():
             yield
     except OutputLockedError as exc:
         raise locked(exc) from None
@@ -161,6 +162,9 @@ def generate_from_manifest(
     prices: str | None = None,
     global_limit: str | None = None,
     report: bool = True,
+    shards: int = 1,
+    shard: int | None = None,
+    shard_deployment: str | None = None,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
@@ -172,28 +176,58 @@ def generate_from_manifest(
     a Prefect global concurrency limit whose slot each request holds on the wire (`flows.limits`). With
     `report=False` no thumbnail is made and no `report.html` written (`imagebatch report OUT` makes them
     later): a thumbnail costs ~15 ms of CPU per 1K image, as much as the rest of a request's work.
+    With `shards` > 1 the run starts that many runs of `shard_deployment` (each `shard` I of them sends
+    its share) on a work pool's workers, waits, and writes the records (see `flows.shards`).
     Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
     """
     hooks = _hooks.get() or RunHooks()
     checked = hooks.checked or preflight(
         manifest, out, concurrency=concurrency, base_url=base_url,
         api_key_secret_block=api_key_secret_block, rpm=rpm, max_images=max_images,
-        max_spend=max_spend, prices=prices,
+        max_spend=max_spend, prices=prices, shard=shard is not None,
     )  # fmt: skip
-    price_table = checked.prices
+    if shards < 1 or (shard is not None and not 0 <= shard < shards):
+        raise UsageError(f"shard {shard} of {shards}: shards must be 1 or more, and a shard 0 to shards - 1")
     slot = request_slot(global_limit) if global_limit else contextlib.nullcontext
     units = group_units(plan(checked.manifest))
-    store = OutputStore(checked.out)
     planned = sum(len(unit.requests) for unit in units)
     info = run_info(checked, planned, concurrency, force, retry_unknown, api_key_secret_block)
-    info["options"] |= {"global_limit": global_limit, "report": report}
+    info["options"] |= {"global_limit": global_limit, "report": report, "shards": shards, "shard": shard}
+    if shards > 1 and shard is None:
+        if not shard_deployment:
+            raise UsageError(f"{shards} shards need the deployment their runs use (shard_deployment)")
+        parameters = {
+            "manifest": str(checked.manifest.path), "out": str(checked.out.resolve()),
+            "concurrency": concurrency, "base_url": base_url, "force": force,
+            "retry_unknown": retry_unknown, "api_key_secret_block": api_key_secret_block, "rpm": rpm,
+            "adaptive": adaptive, "prices": prices, "global_limit": global_limit, "report": report,
+        }  # fmt: skip
+        store = OutputStore(checked.out)
+        with held(store):  # nothing else runs into the folder; the last sharded run's files are merged
+            before = store.load_state()
+        runs = run_shards(shard_deployment, parameters, shards, sleep=hooks.sleep)
+        with held(store):  # every shard has ended: merge their journals, then the records
+            after = store.load_state()
+            failed = [
+                f"shard {i}: {r['state']} ({r['message']})"
+                for i, r in enumerate(runs)
+                if r["state"] != "COMPLETED"
+            ]
+            results = records_after(units, before, after, "; ".join(failed) or "no shard sent it")
+            info["shard_runs"] = runs
+            return _record(checked, store, units, results, info, "; ".join(failed) or None, len(runs), report)
+    if shard is not None:
+        units = [u for u in units if shard_of(u, shards) == shard]
+        info["requests"] = sum(len(unit.requests) for unit in units)
+    store = OutputStore(checked.out, shard_name(shard, shards) if shard is not None else None)
     with (
         forward_logs_to_prefect("imagebatch"),
         service(checked.base_url, api_key_secret_block, hooks) as (url, key),
         held(store),
     ):
         store.prepare()
-        store.write_run(info)  # a crash leaves a run.json that says the run never ended
+        if shard is None:
+            store.write_run(info)  # a crash leaves a run.json that says the run never ended
         client = GatewayClient(url, key, sleep=hooks.sleep, transport=hooks.transport, slot=slot)
         ctx = RunContext(
             client, store, store.load_state(),
@@ -204,45 +238,65 @@ def generate_from_manifest(
             if rpm:
                 ctx.pacer = Pacer(60.0 / rpm, sleep=hooks.sleep)
             progress = ProgressArtifact(hooks.on_progress)
-            caps = budgets(max_images, max_spend, price_table)
+            caps = budgets(max_images, max_spend, checked.prices)
             tasks = dispatch(ctx, units, concurrency, hooks.control, progress, adaptive, caps)
             progress.close()
-        records = [r for unit in units for r in ctx.results[unit.index]]
-        by_job = {job.id: job for job in checked.manifest.jobs}
-        rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
-        unwritten: list[str] = []
-        try:
-            store.write_results(rows, list(checked.manifest.metadata_columns))
-        except OSError as exc:
-            unwritten.append(f"results.csv not written: {storage_message(store.root, exc)}")
-        usage = usage_summary(store.root, records)
-        try:
-            write_usage_summary(store.root, usage)
-        except OSError as exc:
-            unwritten.append(f"usage-summary.csv not written: {storage_message(store.root, exc)}")
-        counts = Counter(r.status for r in records)
-        info["usage"] = [row.to_dict() for row in usage]
-        if price_table is not None:
-            info["spend"] = spend(units, ctx, price_table)
-        info["rate_limited"] = sum(r.status == "failed" and "HTTP 429" in (r.error or "") for r in records)
-        info |= {
-            "ended_at": datetime.now(UTC).isoformat(),
-            "state": "stopped" if ctx.halt_reason else "finished",
-            "counts": {s: counts.get(s, 0) for s in STATUSES},
-            "stopped": ctx.halt_reason,
-            "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
-        }
-        try:
-            store.write_run(info)
-        except OSError as exc:
-            unwritten.append(f"run.json not written: {storage_message(store.root, exc)}")
-        try:
-            if report:
-                info["report"] = str(build_report(store.root))
-        except Exception as exc:  # the report is a view of the records, never a reason to fail the run
-            unwritten.append(f"report.html not written: {exc}")
-        if unwritten:
-            info["unwritten"] = unwritten  # the command prints them; the records above are all there is
+        if shard is not None:  # the parent writes the run's records once every shard has ended
+            counts = Counter(r.status for unit in units for r in ctx.results[unit.index])
+            info |= {"ended_at": datetime.now(UTC).isoformat(), "stopped": ctx.halt_reason, "counts": counts}
+            return info
+        return _record(checked, store, units, ctx.results, info, ctx.halt_reason, tasks, report)
+
+
+def _record(
+    checked: Preflight,
+    store: OutputStore,
+    units: list[Unit],
+    results: dict[int, list[RequestRecord]],
+    info: dict[str, Any],
+    halt_reason: str | None,
+    tasks: int,
+    report: bool,
+) -> dict[str, Any]:
+    """Write the run's records (results.csv, usage-summary.csv, run.json, report.html) and its Prefect
+    artifacts; return the run summary."""
+    price_table = checked.prices
+    records = [r for unit in units for r in results[unit.index]]
+    by_job = {job.id: job for job in checked.manifest.jobs}
+    rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
+    unwritten: list[str] = []
+    try:
+        store.write_results(rows, list(checked.manifest.metadata_columns))
+    except OSError as exc:
+        unwritten.append(f"results.csv not written: {storage_message(store.root, exc)}")
+    usage = usage_summary(store.root, records)
+    try:
+        write_usage_summary(store.root, usage)
+    except OSError as exc:
+        unwritten.append(f"usage-summary.csv not written: {storage_message(store.root, exc)}")
+    counts = Counter(r.status for r in records)
+    info["usage"] = [row.to_dict() for row in usage]
+    if price_table is not None:
+        info["spend"] = spend(units, results, price_table)
+    info["rate_limited"] = sum(r.status == "failed" and "HTTP 429" in (r.error or "") for r in records)
+    info |= {
+        "ended_at": datetime.now(UTC).isoformat(),
+        "state": "stopped" if halt_reason else "finished",
+        "counts": {s: counts.get(s, 0) for s in STATUSES},
+        "stopped": halt_reason,
+        "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
+    }
+    try:
+        store.write_run(info)
+    except OSError as exc:
+        unwritten.append(f"run.json not written: {storage_message(store.root, exc)}")
+    try:
+        if report:
+            info["report"] = str(build_report(store.root))
+    except Exception as exc:  # the report is a view of the records, never a reason to fail the run
+        unwritten.append(f"report.html not written: {exc}")
+    if unwritten:
+        info["unwritten"] = unwritten  # the command prints them; the records above are all there is
     create_markdown_artifact(
         key="imagebatch-run-summary", markdown=summary_markdown(info), description="imagebatch run"
     )

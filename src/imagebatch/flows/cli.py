@@ -216,6 +216,12 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     )
     if work_pool:
         parser.add_argument(
+            "--shards",
+            type=int,
+            default=1,
+            help="split each run into N runs on the pool's workers (a second deployment NAME-shards)",
+        )
+        parser.add_argument(
             "--work-pool",
             default=None,
             help="the process work pool whose workers run it "

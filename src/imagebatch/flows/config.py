@@ -78,16 +78,18 @@ def locked(exc: OutputLockedError) -> UsageError:
     return UsageError(f"{exc}: wait for it to finish (two runs into one folder would send twice)")
 
 
-def check_output_folder(out: Path) -> None:
-    """The folder can be created and written, and no other run holds it (the run takes the lock itself)."""
+def check_output_folder(out: Path, lock: bool = True) -> None:
+    """The folder can be created and written, and (`lock`) no other run holds it (the run takes the lock
+    itself; a shard's run does not look: its parent and the other shards hold it, shared)."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
             pass
-        with OutputStore(out).exclusive():
-            pass
+        if lock:
+            with OutputStore(out).exclusive():
+                pass
     except OutputLockedError as exc:
         raise locked(exc) from None
     except OSError as exc:
@@ -115,6 +117,7 @@ def preflight(
     max_images: int | None = None,
     max_spend: float | None = None,
     prices: str | None = None,
+    shard: bool = False,
 ) -> Preflight:
     """Every check that needs neither Prefect nor the service: the manifest and its files, the options, the
     output folder, the base URL and the key's presence and form. Raises `ManifestError` or `UsageError`."""
@@ -139,5 +142,5 @@ def preflight(
         if not key:
             raise UsageError(f"{url} needs an API key: set {ENV_API_KEY} (or --api-key-block NAME)")
         check_api_key(key)
-    check_output_folder(Path(out))
+    check_output_folder(Path(out), lock=not shard)
     return Preflight(loaded, Path(out), url, table)

@@ -102,6 +102,13 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
             request_slot(args.global_limit)  # refuses a limit the server does not have
         if pool:
             check_work_pool(pool)
+        shards = getattr(args, "shards", 1)
+        if shards > 1:  # the parent plans and merges; its shards run as runs of NAME-shards
+            if serve:
+                raise UsageError("--shards needs a work pool's workers: use imagebatch deploy --work-pool")
+            shard_deployment = f"{args.name}-shards"
+            build_deployment(shard_deployment, parameters, None, pool, limit=None).apply(work_pool_name=pool)
+            parameters |= {"shards": shards, "shard_deployment": f"{FLOW_NAME}/{shard_deployment}"}
         deployment = build_deployment(args.name, parameters, schedule, pool)
         if schedule is None:
             clear_schedules(f"{FLOW_NAME}/{args.name}")
@@ -272,9 +279,10 @@ def clear_schedules(full_name: str) -> None:
 
 
 def build_deployment(
-    name: str, parameters: dict[str, Any], schedule: Any, pool: str | None
+    name: str, parameters: dict[str, Any], schedule: Any, pool: str | None, limit: int | None = 1
 ) -> RunnerDeployment:
-    """The deployment of `generate_from_manifest` (module-path entrypoint, concurrency 1, CANCEL_NEW)."""
+    """The deployment of `generate_from_manifest` (module-path entrypoint, concurrency 1, CANCEL_NEW; a
+    shard deployment has no limit of its own: its parent's is what keeps runs apart)."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.types.entrypoint import EntrypointType
 
@@ -285,8 +293,10 @@ def build_deployment(
         schedules=[schedule] if schedule is not None else None,
         parameters=parameters,
         concurrency_limit=ConcurrencyLimitConfig(
-            limit=1, collision_strategy=ConcurrencyLimitStrategy(COLLISION)
-        ),
+            limit=limit, collision_strategy=ConcurrencyLimitStrategy(COLLISION)
+        )
+        if limit
+        else None,
         tags=["imagebatch"],
         work_pool_name=pool,
         entrypoint_type=EntrypointType.MODULE_PATH,

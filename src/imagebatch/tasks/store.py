@@ -166,12 +166,15 @@ class KeyState:
 class OutputStore:
     """Reads and writes one output directory. Safe to share between the threads of one run."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, shard: str | None = None) -> None:
         self.root = Path(root)
+        self.shard = shard
+        """`I-of-N` for one shard of a sharded run (its own journal and usage file), else None."""
+        suffix = f".shard-{shard}" if shard else ""
         self.images_dir = self.root / "images"
         self.chains_dir = self.root / "chains"
-        self.journal_path = self.root / "journal.jsonl"
-        self.usage_path = self.root / "usage.jsonl"
+        self.journal_path = self.root / f"journal{suffix}.jsonl"
+        self.usage_path = self.root / f"usage{suffix}.jsonl"
         self.results_path = self.root / "results.csv"
         self.run_path = self.root / "run.json"
         self._lock = threading.Lock()
@@ -200,18 +203,58 @@ class OutputStore:
             raise
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Hold the output folder for one run: a second run into it at the same time would send twice."""
+    def _flock(self, name: str, mode: int, what: str) -> Iterator[None]:
         self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / ".imagebatch.lock").open("a") as fh:
+        with (self.root / name).open("a") as fh:
             try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fh.fileno(), mode | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise OutputLockedError(f"another imagebatch run is using {self.root}") from None
+                raise OutputLockedError(f"{what} is using {self.root}") from None
             try:
                 yield
             finally:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the output folder for one run: a second run into it at the same time would send twice.
+
+        A shard of a sharded run holds it shared (`shard_hold`), so no run holds it alone while a shard
+        runs. Holding it alone, the journals and usage files shards left (a sharded run that was killed
+        before it merged them) are merged first: every later line goes after theirs."""
+        with self._flock(".imagebatch.lock", fcntl.LOCK_EX, "another imagebatch run"):
+            self.merge_shards()
+            yield
+
+    @contextlib.contextmanager
+    def shard_hold(self) -> Iterator[None]:
+        """Hold the folder as one shard: shared with the other shards of the run, alone for this shard."""
+        with (
+            self._flock(".imagebatch.lock", fcntl.LOCK_SH, "a run that is not sharded"),
+            self._flock(f".imagebatch.shard-{self.shard}.lock", fcntl.LOCK_EX, f"shard {self.shard}"),
+        ):
+            yield
+
+    def merge_shards(self) -> int:
+        """Append the shards' journal and usage lines to the folder's own files, synced, then remove the
+        shards' files (only while the folder is held alone: no shard is writing). Returns the lines
+        merged. A crash between the append and the removal merges them twice next time: a key's events
+        repeat, which only counts its attempts twice."""
+        merged = 0
+        for kind in ("journal", "usage"):
+            for part in sorted(self.root.glob(f"{kind}.shard-*.jsonl")):
+                lines = [line for line in part.read_bytes().splitlines(keepends=True) if line.endswith(b"\n")]
+                if lines:
+                    target = self.root / f"{kind}.jsonl"
+                    with target.open("ab") as fh:
+                        if fh.tell() and _last_byte(target) != b"\n":
+                            fh.write(b"\n")
+                        fh.write(b"".join(lines))
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                merged += len(lines)
+                part.unlink()
+        return merged
 
     def prepare(self) -> None:
         self.images_dir.mkdir(parents=True, exist_ok=True)
@@ -264,7 +307,8 @@ class OutputStore:
         files are gone counts as never done, so a rerun makes them again.
         """
         states: dict[str, KeyState] = {}
-        for ev in read_jsonl(self.journal_path):
+        journals = [self.root / "journal.jsonl", *sorted(self.root.glob("journal.shard-*.jsonl"))]
+        for ev in (ev for path in journals for ev in read_jsonl(path)):
             key = ev.get("idempotency_key")
             if not isinstance(key, str):
                 continue
