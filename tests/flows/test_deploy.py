@@ -12,6 +12,7 @@ add its start-up to this module's run on its own.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -82,7 +83,7 @@ class Stack:
         """One REST call; a 503 (SQLite busy under the worker's writes) is retried, like Prefect's client."""
         deadline = time.monotonic() + 30
         while True:
-            response = httpx.request(method, f"{self.api}{path}", json=body, timeout=10)
+            response = httpx.request(method, f"{self.api}{path}", json=body, timeout=60)
             if response.status_code not in (502, 503) or time.monotonic() > deadline:
                 response.raise_for_status()
                 return response.json()
@@ -384,3 +385,54 @@ def test_prefect_yaml_makes_the_same_deployment(stacks: dict[str, Stack | None],
     assert deployment["global_concurrency_limit"]["limit"] == 1
     assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_once(
+    stacks: dict[str, Stack | None], tmp_path: Path
+) -> None:
+    """Issue 11, item 4: the parent plans, two shard runs share the work on the pool's two workers, all
+    under one global limit of 4, every key sent once; the parent merges and writes the records; a rerun
+    sends nothing."""
+    from collections import Counter
+
+    from flow_helpers import peak_in_flight, read_results
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    key = stack.emulator.api_key
+    manifest = tmp_path / "big.csv"
+    manifest.write_text("id,prompt\n" + "".join(f"s{i:03d},product {i}\n" for i in range(40)))
+    out = tmp_path / "out"
+    settings = EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2)
+    second = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "worker-2")}
+    with (
+        EmulatorServer(settings) as emulator,
+        running_worker(stack.api, POOL, second, tmp_path / "worker-2.log", stop_grace=3),
+    ):
+        with temporary_settings({PREFECT_API_URL: stack.api}):
+            assert main(["limits", "--name", "t-shards", "--concurrency", "4"]) == 0
+        code = stack.deploy(
+            f"{manifest} --out {out} --name sharded --work-pool {POOL} --shards 2 --concurrency 16 "
+            f"--global-limit t-shards --base-url {emulator.url}"
+        )
+        assert code == 0
+        assert stack.deployment("sharded-shards")["global_concurrency_limit"] is None
+        parent = stack.wait(stack.run(stack.deployment("sharded")["id"]), timeout=240)
+        assert parent["state_type"] == "COMPLETED", parent["state"]
+
+        run = json.loads((out / "run.json").read_text())
+        assert [s["state"] for s in run["shard_runs"]] == ["COMPLETED", "COMPLETED"]
+        assert {r["status"] for r in read_results(out)} == {"succeeded"} and len(read_results(out)) == 40
+        sent = Counter(r["idempotency_key"] for r in emulator.requests())
+        assert len(sent) == 40 and set(sent.values()) == {1}  # each key once, over both machines
+        assert peak_in_flight(emulator.requests()) <= 4  # the global limit held across both shards
+        assert not list(out.glob("journal.shard-*")) and not list(out.glob("usage.shard-*"))  # merged
+        started = [e for e in map(json.loads, (out / "journal.jsonl").read_text().splitlines())
+                   if e["event"] == "attempt_started"]  # fmt: skip
+        assert len(started) == 40
+
+        rerun = stack.wait(stack.run(stack.deployment("sharded")["id"]), timeout=240)
+        assert rerun["state_type"] == "COMPLETED"
+        assert len(emulator.requests()) == 40  # nothing sent again
+        assert {r["status"] for r in read_results(out)} == {"skipped"}
