@@ -90,3 +90,16 @@ def test_a_small_run_keeps_one_task_run_per_request(service_env: Any, tmp_path: 
     with run_hooks(RunHooks(sleep=lambda _s: None)):
         info = generate_from_manifest(manifest=str(catalog(tmp_path / "m.csv", 5)), out=str(tmp_path / "out"))
     assert task_run_names(info["prefect"]["flow_run_id"]) == [f"sku-{i:04d}#0" for i in range(5)]
+
+
+def test_shards_split_the_units_disjointly_and_alike_on_every_machine(tmp_path: Path) -> None:
+    from imagebatch.flows.shards import shard_of
+    from imagebatch.manifest import load_manifest, plan
+    from imagebatch.tasks.context import group_units
+
+    units = group_units(plan(load_manifest(catalog(tmp_path / "m.csv", 300))))
+    split = [[u.index for u in units if shard_of(u, 3) == i] for i in range(3)]
+    assert sorted(i for part in split for i in part) == list(range(300))  # each unit in exactly one shard
+    assert all(60 < len(part) < 140 for part in split)  # and about evenly
+    again = group_units(plan(load_manifest(tmp_path / "m.csv")))
+    assert [[u.index for u in again if shard_of(u, 3) == i] for i in range(3)] == split

@@ -565,3 +565,26 @@ def test_journal_lines_written_together_share_an_fsync_and_each_returns_durable(
     assert len(returned) == 8 and all(n == 8 for n in returned)
     assert len(lines_at_fsync) <= 2  # one fsync (plus at most the first, already begun) for eight lines
     assert len(store.journal_path.read_bytes().splitlines()) == 8
+
+
+def test_shards_write_their_own_files_and_a_run_holding_the_folder_alone_merges_them(tmp_path: Path) -> None:
+    from imagebatch.tasks.store import OutputLockedError
+
+    one, two = OutputStore(tmp_path, shard="0-of-2"), OutputStore(tmp_path, shard="1-of-2")
+    with one.shard_hold(), two.shard_hold():  # shards share the folder, each holds its own shard
+        with pytest.raises(OutputLockedError):
+            with OutputStore(tmp_path).exclusive():  # a run that is not sharded waits for them
+                pass
+        with pytest.raises(OutputLockedError, match="shard 0-of-2"):
+            with OutputStore(tmp_path, shard="0-of-2").shard_hold():  # the same shard twice: never
+                pass
+        one.record_outcome(record(key=KEY))
+        two.record_outcome(record(key=OTHER, status="failed"))
+        one.append_usage({"idempotency_key": KEY})
+    assert one.journal_path.name == "journal.shard-0-of-2.jsonl"
+    plain = OutputStore(tmp_path)
+    assert {k: s.status for k, s in plain.load_state().items()} == {KEY: "succeeded", OTHER: "failed"}
+    with plain.exclusive():
+        assert not list(tmp_path.glob("*.shard-*.jsonl"))  # merged into the folder's own files
+    assert len(list(read_jsonl(plain.journal_path))) == 2 and len(list(read_jsonl(plain.usage_path))) == 1
+    assert {k: s.status for k, s in plain.load_state().items()} == {KEY: "succeeded", OTHER: "failed"}
