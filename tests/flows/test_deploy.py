@@ -35,6 +35,8 @@ from helpers.prefect_server import (
     postgres_database_url,
     running_prefect_server,
     running_worker,
+    start_worker,
+    stop_process_group,
 )
 
 from imagebatch.flows.cli import main
@@ -436,3 +438,89 @@ def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_
         assert rerun["state_type"] == "COMPLETED"
         assert len(emulator.requests()) == 40  # nothing sent again
         assert {r["status"] for r in read_results(out)} == {"skipped"}
+
+
+def _kill_machine(worker: subprocess.Popen[bytes], flow_run_ids: set[str]) -> int:
+    """What a machine's death does: its worker and the flow runs it started die at once (SIGKILL), with
+    no chance to report. Returns how many flow-run processes were killed."""
+    import signal
+
+    os.killpg(worker.pid, signal.SIGKILL)
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(e.startswith(b"PREFECT__FLOW_RUN_ID=") and e.split(b"=", 1)[1].decode() in flow_run_ids
+               for e in environ):  # fmt: skip
+            os.kill(int(proc.name), signal.SIGKILL)
+            killed += 1
+    worker.wait(timeout=30)
+    return killed
+
+
+def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finishes_with_no_duplicate(
+    stacks: dict[str, Stack | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from collections import Counter
+
+    from flow_helpers import read_results
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    pool = "imagebatch-kill-pool"
+    _create_process_pool(stack.api, pool)
+    key = stack.emulator.api_key
+    monkeypatch.setenv("IMAGEBATCH_API_KEY", key)  # the parent runs here, in this process
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,prompt\n" + "".join(f"k{i:03d},item {i}\n" for i in range(40)))
+    out = tmp_path / "out"
+    env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
+
+    def parent() -> dict[str, Any]:
+        hooks = RunHooks(shard_grace=8.0)
+        with temporary_settings({PREFECT_API_URL: stack.api}), run_hooks(hooks):
+            return generate_from_manifest(
+                manifest=str(manifest), out=str(out), concurrency=4, base_url=emulator.url, adaptive=False,
+                shards=2, shard_deployment=f"{FLOW}/killable-shards",
+            )  # fmt: skip
+
+    with EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=1.0)) as emulator:
+        worker = start_worker(stack.api, pool, env, tmp_path / "w1.log")
+        try:
+            assert stack.deploy(f"{manifest} --out {out} --name killable --work-pool {pool} --shards 2") == 0
+            with ThreadPoolExecutor(1) as pool_thread:
+                first = pool_thread.submit(parent)
+                deadline = time.monotonic() + 120
+                while len(emulator.requests()) < 6 and time.monotonic() < deadline:
+                    time.sleep(0.05)  # real processes: wait (bounded) until both shards are sending
+                query = {"deployments": {"name": {"any_": ["killable-shards"]}}}
+                running = {
+                    r["id"] for r in stack.post("/flow_runs/filter", query) if r["state_type"] == "RUNNING"
+                }
+                assert _kill_machine(worker, running) >= 1
+                info = first.result(timeout=240)
+        finally:
+            stop_process_group(worker, grace=1)
+        assert {s["state"] for s in info["shard_runs"]} == {"CRASHED"}
+        statuses = Counter(r["status"] for r in read_results(out))
+        assert statuses["unknown"] >= 1 and statuses["not_attempted"] >= 1  # in flight, and never sent
+        assert "succeeded" not in statuses or statuses["succeeded"] < 40
+
+        with running_worker(stack.api, pool, env, tmp_path / "w2.log", stop_grace=3):
+            again = parent()
+        assert [s["state"] for s in again["shard_runs"]] == ["COMPLETED", "COMPLETED"]
+        sent = Counter(r["idempotency_key"] for r in emulator.requests())
+        assert set(sent.values()) == {1}  # no request sent twice, over both runs
+        assert len(sent) == 40  # every request sent once: the unknown ones only before the rerun
+        final = Counter(r["status"] for r in read_results(out))
+        assert (
+            final["not_attempted"] == 0 and final["unknown"] == statuses["unknown"]
+        )  # left for the user to settle, never resent
+        assert final["unknown"] + final["succeeded"] + final["skipped"] == 40

@@ -71,6 +71,8 @@ class RunHooks:
     """Stops the run gracefully from outside (the CLI's Ctrl-C)."""
     checked: Preflight | None = None
     """The command's own preflight of the same run, so the flow does not load the manifest again."""
+    shard_grace: float = 120.0
+    """How long a Running shard's lock may be free before its run counts as crashed (`flows.shards`)."""
     signals: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     """The command's Ctrl-C/SIGTERM handling, installed again around dispatch (Prefect's flow engine
     installs its own SIGTERM handler, which crashes the run instead of stopping it)."""
@@ -205,7 +207,9 @@ def generate_from_manifest(
         store = OutputStore(checked.out)
         with held(store):  # nothing else runs into the folder; the last sharded run's files are merged
             before = store.load_state()
-        runs = run_shards(shard_deployment, parameters, shards, sleep=hooks.sleep)
+        runs = run_shards(
+            shard_deployment, parameters, shards, store, sleep=hooks.sleep, grace=hooks.shard_grace
+        )
         with held(store):  # every shard has ended: merge their journals, then the records
             after = store.load_state()
             failed = [

@@ -21,7 +21,7 @@ from typing import Any
 
 from imagebatch.tasks.context import Unit
 from imagebatch.tasks.records import carried, not_attempted
-from imagebatch.tasks.store import KeyState, RequestRecord
+from imagebatch.tasks.store import KeyState, OutputStore, RequestRecord
 
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -40,13 +40,22 @@ def run_shards(
     deployment: str,
     parameters: dict[str, Any],
     shards: int,
+    store: OutputStore,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
     poll: float = 2.0,
+    grace: float = 120.0,
 ) -> list[dict[str, Any]]:
     """Start the N shard runs of `deployment` (as sub-runs of this flow run) and wait until each ends.
-    Returns, per shard, its flow run's id, final state and message."""
+    Returns, per shard, its flow run's id, final state and message.
+
+    A shard whose worker was killed never reports an end: its run stays Running on the server. Its
+    process held its shard lock while it sent; a Running shard whose lock has been free for `grace`
+    seconds (longer than a shard's start-up, before it takes the lock) is marked Crashed, and the run
+    goes on: what it sent without an answer is `unknown`, what it never sent is sent by the next run."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
+    from prefect.states import Crashed
 
     started = [
         run_deployment(
@@ -59,11 +68,22 @@ def run_shards(
         for i in range(shards)
     ]
     ids = [run.id for run in started]  # type: ignore[union-attr]  # a FlowRun here (sync context)
+    unheld: dict[int, float] = {}  # since when a Running shard's lock has been free
     with get_client(sync_client=True) as client:
         while True:
             runs = [client.read_flow_run(run_id) for run_id in ids]
             if all(run.state is not None and run.state.type.value in FINAL for run in runs):
                 break
+            for i, run in enumerate(runs):
+                if (
+                    run.state is None
+                    or run.state.type.value != "RUNNING"
+                    or store.shard_held(shard_name(i, shards))
+                ):
+                    unheld.pop(i, None)
+                elif clock() - unheld.setdefault(i, clock()) > grace:
+                    gone = f"shard {shard_name(i, shards)}: its process is gone (lock free for {grace:g} s)"
+                    client.set_flow_run_state(run.id, Crashed(message=gone), force=True)
             sleep(poll)
     return [
         {"flow_run_id": str(run.id), "state": run.state.type.value if run.state else None,

@@ -235,6 +235,14 @@ class OutputStore:
         ):
             yield
 
+    def shard_held(self, shard: str) -> bool:
+        """Whether a process holds shard `shard`'s lock now (a shard's process holds it while it sends)."""
+        try:
+            with self._flock(f".imagebatch.shard-{shard}.lock", fcntl.LOCK_EX, f"shard {shard}"):
+                return False
+        except OutputLockedError:
+            return True
+
     def merge_shards(self) -> int:
         """Append the shards' journal and usage lines to the folder's own files, synced, then remove the
         shards' files (only while the folder is held alone: no shard is writing). Returns the lines
