@@ -83,12 +83,15 @@ class EdgeMiddleware:
                 started = True
                 MutableHeaders(scope=message)[REQUEST_ID_HEADER] = record.request_id
                 record.status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                record.ended = time.time()  # before the last byte leaves: a client never sees it unset
             await send(message)
 
         try:
             await self._serve(scope, receive, send_with_id, send, record, lambda: started)
         finally:
-            record.ended = time.time()
+            if record.ended is None:  # no answer (a drop, an error before one)
+                record.ended = time.time()
             self.state.release(record)
 
     async def _serve(
