@@ -255,6 +255,9 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
         action="store_false",
         help="open --concurrency requests at once instead of adapting to HTTP 429s",
     )
+    parser.add_argument(
+        "--no-report", dest="report", action="store_false", help="no thumbnails and no report.html"
+    )
     _global_limit_argument(parser)
 
 

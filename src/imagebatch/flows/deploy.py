@@ -164,6 +164,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
         "api_key_secret_block": args.api_key_block,
         "adaptive": args.adaptive,
         "global_limit": args.global_limit,
+        "report": args.report,
     }
 
 
