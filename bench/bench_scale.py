@@ -6,6 +6,8 @@ and then one JSON line of the figures (`{"bench": ..., ...}`).
 
     uv run python bench/bench_scale.py throughput --requests 640 --latency 1 --concurrency 32
     uv run python bench/bench_scale.py throughput --requests 10000 --latency 0.2 --concurrency 64 256
+    uv run python bench/bench_scale.py throughput --report both          # with and without --no-report
+    uv run python bench/bench_scale.py throughput --requests 640 --latency 0.2 --report off --global-limit 32
     uv run python bench/bench_scale.py start                 # a rerun that sends nothing
     uv run python bench/bench_scale.py memory                # 200 x 4K at 16; RSS at 1,000 vs 10,000
     uv run python bench/bench_scale.py big                   # 100,000 requests, Prefect on PostgreSQL
@@ -371,8 +373,14 @@ def run_imagebatch(
     server: Server | None,
     client_home: Path,
     count_sent: bool = True,
+    extra: Sequence[str] = (),
+    launcher: Sequence[str] = CLI,
 ) -> Measured:
-    """`imagebatch run` as a whole process; with `server`, its CPU and database growth around the run."""
+    """`imagebatch run` as a whole process; with `server`, its CPU and database growth around the run.
+
+    `extra`: more options of `imagebatch run` (`--no-report`, `--global-limit NAME`); `launcher`: the
+    command that starts the CLI (default `python -m imagebatch.flows.cli`; `start` also times `uv run
+    imagebatch` and `.venv/bin/imagebatch`)."""
     emu.reset()
     env = base_env() | {"IMAGEBATCH_API_KEY": KEY, "PREFECT_HOME": str(client_home)}
     if server is not None:
@@ -381,7 +389,7 @@ def run_imagebatch(
         s0, db0 = tree_cpu(server.info.pid), server.db_bytes()
         log_offset = server.info.log_path.stat().st_size
         t0 = time.monotonic()
-    cmd = [*CLI, "run", str(manifest), "--out", str(out), "--base-url", emu.url]
+    cmd = [*launcher, "run", str(manifest), "--out", str(out), "--base-url", emu.url, *extra]
     e0 = emu.cpu()
     m = run_measured(label, [*cmd, "--concurrency", str(concurrency)], env, out.with_suffix(".log"))
     m.emulator_cpu_s = emu.cpu() - e0
@@ -458,6 +466,36 @@ def fail_note(m: Measured) -> None:
 # --- subcommands ----------------------------------------------------------------------------------------
 
 
+LIMIT_NAME = "bench-requests"
+
+
+def create_global_limit(server: Server, concurrency: int, home: Path) -> None:
+    """`imagebatch limits --name bench-requests --concurrency N` on the bench's running Prefect server."""
+    env = base_env() | {"PREFECT_API_URL": server.info.api_url, "PREFECT_HOME": str(home)}
+    cmd = [*CLI, "limits", "--name", LIMIT_NAME, "--concurrency", str(concurrency)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"imagebatch limits failed ({done.returncode}): {done.stdout}{done.stderr}")
+
+
+def variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """The `imagebatch run` settings to measure beside one peer run: (label, extra options)."""
+    reports: dict[str, list[tuple[str, list[str]]]] = {
+        "on": [("", [])],
+        "off": [(" --no-report", ["--no-report"])],
+    }
+    reports["both"] = reports["on"] + reports["off"]
+    out = []
+    for suffix, extra in reports[args.report]:
+        if args.run_arg:
+            suffix, extra = f"{suffix} {' '.join(args.run_arg)}", [*extra, *args.run_arg]
+        out.append((f"imagebatch{suffix}", extra))
+        if args.global_limit:
+            limited = [*extra, "--global-limit", LIMIT_NAME]
+            out.append((f"imagebatch{suffix} --global-limit ({args.global_limit})", limited))
+    return out
+
+
 def cmd_throughput(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp_name:
         tmp = Path(tmp_name)
@@ -465,6 +503,8 @@ def cmd_throughput(args: argparse.Namespace) -> None:
         write_manifest(manifest, args.requests, distinct=args.distinct_prompts)
         server_cm = nullcontext() if args.skip_imagebatch else prefect_server(tmp / "prefect", args.database)
         with emulator(args, args.latency, tmp) as emu, server_cm as server:
+            if args.global_limit and server is not None:
+                create_global_limit(server, args.global_limit, tmp / "client")
             for concurrency in args.concurrency:
                 throughput_one(args, tmp, manifest, emu, server, concurrency)
 
@@ -481,11 +521,21 @@ def throughput_one(
     ideal = n * args.latency / concurrency
     tag = f"c{concurrency}"
     peer = None if args.skip_peer else run_peer("peer", manifest, tmp / f"peer-{tag}", emu, concurrency)
-    ib = None
+    runs: list[Measured] = []
     if not args.skip_imagebatch:
-        ib = run_imagebatch(
-            "imagebatch", manifest, tmp / f"ib-{tag}", emu, concurrency, server, tmp / "client"
-        )
+        for i, (label, extra) in enumerate(variants(args)):
+            runs.append(
+                run_imagebatch(
+                    label,
+                    manifest,
+                    tmp / f"ib-{tag}-{i}",
+                    emu,
+                    concurrency,
+                    server,
+                    tmp / "client",
+                    extra=extra,
+                )
+            )
     peer_loop = peer.body_s if peer else None
     rows = []
 
@@ -509,12 +559,13 @@ def throughput_one(
         name = "peer (asyncio + httpx)" + (f", {PEER_CLIENTS} clients" if PEER_CLIENTS > 1 else "")
         rows.append(row(f"{name}, whole process", peer, peer.wall_s, True))
         rows.append(row("peer, loop", peer, peer.body_s, False))
-    if ib:
-        rows.append(row("imagebatch run, whole process", ib, ib.wall_s, True))
-        rows.append(row("imagebatch run, flow body", ib, ib.body_s, False))
+    for ib in runs:
+        rows.append(row(f"{ib.label}, whole process", ib, ib.wall_s, True))
+        rows.append(row(f"{ib.label}, flow body", ib, ib.body_s, False))
     print(
         f"\nthroughput: {n} requests, latency {args.latency} s, concurrency {concurrency}, "
-        f"ideal {ideal:.1f} s; Prefect server on {args.database}"
+        f"ideal {ideal:.1f} s; Prefect server on {args.database}; load average at the end "
+        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     header = [
         "runner",
@@ -529,13 +580,13 @@ def throughput_one(
         "ok",
     ]
     print(table(header, rows))
-    for m in (peer, ib):
+    for m in (peer, *runs):
         if m is not None:
             emu_ms = per_request_ms(m.emulator_cpu_s, n)
-            extra = (
+            settled = (
                 f", server settled {m.server_settle_s:.1f} s after" if m.server_settle_s is not None else ""
             )
-            print(f"  {m.label}: emulator CPU {emu_ms} ms/req{extra}")
+            print(f"  {m.label}: emulator CPU {emu_ms} ms/req{settled}")
             fail_note(m)
     emit(
         {
@@ -546,9 +597,10 @@ def throughput_one(
             "database": args.database,
             "ideal_s": ideal,
             "peer_clients": PEER_CLIENTS,
+            "global_limit": args.global_limit,
             "machine": machine(),
             "peer": figures_of(peer) if peer else None,
-            "imagebatch": figures_of(ib) if ib else None,
+            "imagebatch": [figures_of(m) for m in runs],
         }
     )
 
@@ -579,6 +631,36 @@ def cmd_start(args: argparse.Namespace) -> None:
                     )
 
                 results[f"imagebatch, running server ({args.database})"] = reruns(args, running, emu)
+                for name, launcher in launchers(args):
+
+                    def running_via(i: int, launcher: Sequence[str] = launcher) -> Measured:
+                        return run_imagebatch(
+                            f"running-{i}",
+                            manifest,
+                            tmp / "ib-running",
+                            emu,
+                            16,
+                            server,
+                            tmp / "c",
+                            launcher=launcher,
+                        )
+
+                    results[f"{name}, running server ({args.database})"] = reruns(args, running_via, emu)
+            for name, launcher in launchers(args):
+
+                def temporary_via(i: int, launcher: Sequence[str] = launcher) -> Measured:
+                    return run_imagebatch(
+                        f"temporary-{i}",
+                        manifest,
+                        tmp / "ib-temporary",
+                        emu,
+                        16,
+                        None,
+                        home,
+                        launcher=launcher,
+                    )
+
+                results[f"{name}, temporary server"] = reruns(args, temporary_via, emu)
         rows = []
         for label, r in results.items():
             target = {"peer": ""}.get(label, "6 s" if "temporary" in label else "3 s")
@@ -596,7 +678,8 @@ def cmd_start(args: argparse.Namespace) -> None:
             )
         print(
             f"\nstart: a rerun that sends nothing ({args.requests if not args.manifest else args.manifest} "
-            f"requests done by the first run), {args.repeat} reruns each"
+            f"requests done by the first run), {args.repeat} reruns each; load average at the end "
+            f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}"
         )
         print(
             table(
@@ -613,6 +696,18 @@ def cmd_start(args: argparse.Namespace) -> None:
             )
         )
         emit({"bench": "start", "requests": args.requests, "machine": machine(), "results": results})
+
+
+def launchers(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """With --launchers, the rerun is also timed as a user starts it: `uv run imagebatch` (which, with
+    `compile-bytecode = true`, compiles the environment's bytecode again on every call: uv issue 12202)
+    and the environment's own script `.venv/bin/imagebatch`."""
+    if not args.launchers:
+        return []
+    return [
+        ("uv run imagebatch", ["uv", "run", "--project", str(ROOT), "imagebatch"]),
+        (".venv/bin/imagebatch", [str(ROOT / ".venv" / "bin" / "imagebatch")]),
+    ]
 
 
 def reruns(args: argparse.Namespace, run: Any, emu: Emulator) -> dict[str, Any]:
@@ -657,6 +752,7 @@ def cmd_memory(args: argparse.Namespace) -> None:
         ):
             big = tmp / "big.csv"
             write_manifest(big, args.big_requests, image_size=args.image_size)
+            extra = ["--no-report"] if args.no_report else []
             rows = []
             pairs = []
             for label, runner in (("peer", run_peer), ("imagebatch run", None)):
@@ -665,7 +761,9 @@ def cmd_memory(args: argparse.Namespace) -> None:
                 m = (
                     run_peer(label, big, tmp / "peer-big", emu, args.concurrency)
                     if runner is run_peer
-                    else run_imagebatch(label, big, tmp / "ib-big", emu, args.concurrency, server, tmp / "c")
+                    else run_imagebatch(
+                        label, big, tmp / "ib-big", emu, args.concurrency, server, tmp / "c", extra=extra
+                    )
                 )
                 fail_note(m)
                 rows.append(
@@ -689,7 +787,7 @@ def cmd_memory(args: argparse.Namespace) -> None:
                     else:
                         out = tmp / f"ib-{n}"
                         m = run_imagebatch(
-                            label, manifest, out, emu, args.scale_concurrency, server, tmp / "c"
+                            label, manifest, out, emu, args.scale_concurrency, server, tmp / "c", extra=extra
                         )
                     fail_note(m)
                     pairs.append((label, n, m.maxrss_mib))
@@ -703,9 +801,13 @@ def cmd_memory(args: argparse.Namespace) -> None:
                         ]
                     )
                     figures[f"{label} {n}"] = figures_of(m)
-        print(f"\nmemory: peak RSS of the runner's process (wait4), latency {args.latency} s")
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(
+            f"\nmemory: peak RSS of the runner's process (wait4), latency {args.latency} s"
+            f"{', imagebatch --no-report' if args.no_report else ''}; load {load}"
+        )
         print(table(["runner", "requests", "peak RSS MiB", "wall s", "ok"], rows))
-        lo, hi = min(args.counts), max(args.counts)
+        lo, hi = min(args.counts, default=0), max(args.counts, default=0)
         for label in ("peer", "imagebatch run"):
             rss = {n: r for lab, n, r in pairs if lab == label}
             if lo in rss and hi in rss and lo != hi:
@@ -726,7 +828,15 @@ def cmd_big(args: argparse.Namespace) -> None:
             prefect_server(tmp / "prefect", args.database) as server,
         ):
             ib = run_imagebatch(
-                "imagebatch", manifest, tmp / "ib", emu, args.concurrency, server, tmp / "c", count_sent=False
+                "imagebatch",
+                manifest,
+                tmp / "ib",
+                emu,
+                args.concurrency,
+                server,
+                tmp / "c",
+                count_sent=False,
+                extra=["--no-report"] if args.no_report else [],
             )
             peer = None if args.skip_peer else run_peer("peer", manifest, tmp / "peer", emu, args.concurrency)
             log_lines = server.info.log().splitlines()
@@ -752,7 +862,8 @@ def cmd_big(args: argparse.Namespace) -> None:
             )
         print(
             f"\nbig: {n} requests, latency {args.latency} s, concurrency {args.concurrency}, "
-            f"Prefect server on {args.database}"
+            f"Prefect server on {args.database}{', --no-report' if args.no_report else ''}; load average at "
+            f"the end {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
         )
         print(
             table(
@@ -819,6 +930,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="a prompt per row (the emulator renders every image; default: 8 prompts cycled)",
     )
     p.add_argument("--skip-imagebatch", action="store_true")
+    p.add_argument(
+        "--report",
+        choices=["on", "off", "both"],
+        default="on",
+        help="imagebatch with report thumbnails (on, its default), with --no-report (off: like the peer, "
+        "which writes no report), or one run of each beside the same peer run (both)",
+    )
+    p.add_argument(
+        "--run-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="one more option for every `imagebatch run` (repeatable), e.g. --run-arg=--no-adaptive",
+    )
+    p.add_argument(
+        "--global-limit",
+        type=int,
+        metavar="N",
+        help=f"also run imagebatch with --global-limit {LIMIT_NAME}, a limit of N created on the bench's "
+        "Prefect server, after the same run without it (what a slot costs per request)",
+    )
     p.set_defaults(func=cmd_throughput)
 
     p = sub.add_parser("start", help="a rerun that sends nothing: temporary and running server")
@@ -826,6 +958,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3, help="reruns timed per setting")
     p.add_argument("--manifest", help="rerun this manifest instead (e.g. manifests/examples/catalog.csv)")
+    p.add_argument(
+        "--launchers",
+        action="store_true",
+        help="also time the reruns started by `uv run imagebatch` and by `.venv/bin/imagebatch`",
+    )
     p.set_defaults(func=cmd_start)
 
     p = sub.add_parser("memory", help="peak RSS: 4K images; 1,000 vs 10,000 requests")
@@ -833,7 +970,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--big-requests", type=int, default=200)
     p.add_argument("--image-size", default="4K")
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--counts", type=int, nargs="+", default=[1000, 10000])
+    p.add_argument("--counts", type=int, nargs="*", default=[1000, 10000], help="none: the 4K run only")
+    p.add_argument("--no-report", action="store_true", help="imagebatch run --no-report (as the peer)")
     p.add_argument("--scale-concurrency", type=int, default=32)
     p.set_defaults(func=cmd_memory)
 
@@ -841,6 +979,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, 0.05, database="postgres")
     p.add_argument("--requests", type=int, default=100_000)
     p.add_argument("--concurrency", type=int, default=128)
+    p.add_argument("--no-report", action="store_true", help="imagebatch run --no-report (as the peer)")
     p.set_defaults(func=cmd_big)
     return parser
 
