@@ -142,3 +142,13 @@ def test_top_level_message_is_redacted() -> None:
 )
 def test_redact(text: str, secret: str | None, expected: str) -> None:
     assert redact(text, secret) == expected
+
+
+def test_redaction_leaves_base64_image_data_whole_even_for_a_short_key() -> None:
+    from imagebatch.gateway.errors import redact_json
+
+    body = {"parts": [{"inlineData": {"mimeType": "image/png", "data": "iVBORk9g"}, "text": "k9 said"}],
+            "data": [{"b64_json": "AAk9BB"}]}  # fmt: skip
+    clean = redact_json(body, "k9")
+    assert clean["parts"][0]["inlineData"]["data"] == "iVBORk9g" and clean["data"][0]["b64_json"] == "AAk9BB"
+    assert "k9" not in clean["parts"][0]["text"]

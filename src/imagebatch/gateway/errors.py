@@ -152,8 +152,18 @@ def redact_json(value: Any, secret: str | None) -> Any:
     if isinstance(value, list):
         return [redact_json(v, secret) for v in value]
     if isinstance(value, dict):
-        return {redact(k, secret): redact_json(v, secret) for k, v in value.items()}
+        return {
+            redact(k, secret): v if _is_image_data(value, k, v) else redact_json(v, secret)
+            for k, v in value.items()
+        }
     return value
+
+
+def _is_image_data(parent: dict[str, Any], key: str, value: Any) -> bool:
+    """Base64 image bytes (an `inlineData.data`, a `b64_json`): never the key's echo, and cutting a short key
+    out of them would break the image. They are decoded and checked as images, never shown as text."""
+    image = key == "b64_json" or (key == "data" and ("mimeType" in parent or "mime_type" in parent))
+    return image and isinstance(value, str)
 
 
 class _Lenient(BaseModel):
