@@ -183,3 +183,32 @@ def _servers() -> list[int]:
             if b"imagebatch.flows.prefect_server" in args and _alive(int(proc.name)):
                 pids.append(int(proc.name))
     return pids
+
+
+def test_a_run_on_the_temporary_server_sends_no_heartbeats() -> None:
+    """Nothing reads a temporary server's heartbeats; with them on, a run's end waits up to 1 s for them."""
+    from prefect.settings import get_current_settings, temporary_settings
+
+    from imagebatch.flows.terminal import _temporary_server_settings
+
+    assert get_current_settings().flows.heartbeat_frequency is not None  # Prefect's default: on
+    with temporary_settings(_temporary_server_settings("http://127.0.0.1:1/api")):
+        settings = get_current_settings()
+        assert settings.api.url == "http://127.0.0.1:1/api"
+        assert settings.flows.heartbeat_frequency is None
+
+
+def test_the_wait_for_the_temporary_server_imports_what_the_flow_will_need() -> None:
+    code = (
+        "import sys\n"
+        "from imagebatch.flows.terminal import _warm_imports\n"
+        "wanted = {'prefect.flow_engine', 'fastapi.encoders', 'uvicorn.server', 'PIL.ImageDraw'}\n"
+        "before = wanted & set(sys.modules)\n"
+        "_warm_imports(emulator=True, report=True)\n"
+        "after = wanted - set(sys.modules)\n"
+        "print(sorted(before), sorted(after))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["[]", "[]"]  # none imported before; all of them after
