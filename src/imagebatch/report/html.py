@@ -7,10 +7,8 @@ import hashlib
 import html
 import io
 import json
-import threading
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,36 +38,12 @@ def thumb_name(rel: str) -> str:
     return rel.removeprefix("images/").replace("/", "__")
 
 
-class DecodeBudget:
-    """At most `limit` bytes of decoded pixels at once across threads; one image larger than the limit
-    still runs, alone. A run makes each thumbnail in the request thread that received the image: 16
-    threads decoding 4096 x 4096 PNGs at once held 16 x 48 MiB (a 1.2 GB peak, bench/README.md "Memory").
-    Small images are not held back: 1024 x 1024 RGB is 3 MiB, so 32 of them decode side by side."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.in_use = 0
-        self.waiting = 0
-        self.changed = threading.Condition()
-
-    @contextmanager
-    def hold(self, nbytes: int) -> Iterator[None]:
-        with self.changed:
-            self.waiting += 1
-            self.changed.notify_all()
-            self.changed.wait_for(lambda: self.in_use == 0 or self.in_use + nbytes <= self.limit)
-            self.waiting -= 1
-            self.in_use += nbytes
-        try:
-            yield
-        finally:
-            with self.changed:
-                self.in_use -= nbytes
-                self.changed.notify_all()
-
-
-DECODES = DecodeBudget(96 << 20)
-"""Two 4096 x 4096 RGB images (48 MiB each) decoding at once; the report's own pass is one at a time."""
+THUMBNAIL_THREADS = 2
+_thumbnailer = ThreadPoolExecutor(THUMBNAIL_THREADS, thread_name_prefix="imagebatch-thumbnail")
+"""Where a run's thumbnails are decoded: two threads of their own, not the request threads. A 4096 x 4096
+image decodes to 48 MiB; freed in a request thread, that memory stays in the thread's malloc arena, so
+16 request threads held about 1 GB after a 4K run (bench/README.md "Memory", measured: 1,118 MiB peak
+decoding in 16 threads, 271 MiB in these 2). Two decodes at once also keep two cores busy."""
 
 
 def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
@@ -77,7 +51,9 @@ def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
     makes each one as its image arrives (while the service works on the next), so the report at the end
     reads no image again. Best effort: the report makes any that is missing."""
     try:
-        _save_thumbnail(io.BytesIO(data), out / "thumbs" / f"{thumb_name(rel)}.jpg")
+        _thumbnailer.submit(
+            _save_thumbnail, io.BytesIO(data), out / "thumbs" / f"{thumb_name(rel)}.jpg"
+        ).result()
     except (OSError, ValueError, Image.DecompressionBombError):
         pass
 
@@ -86,9 +62,7 @@ def _save_thumbnail(source: Path | io.BytesIO, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with Image.open(source) as im:
         im.draft("RGB", (THUMB_SIDE, THUMB_SIDE))  # a JPEG decodes at the smallest scale that will do
-        width, height = im.size  # read from the header (after the draft's scale): nothing decoded yet
-        with DECODES.hold(width * height * max(len(im.getbands()), 3)):
-            im.thumbnail((THUMB_SIDE, THUMB_SIDE), reducing_gap=2.0)
+        im.thumbnail((THUMB_SIDE, THUMB_SIDE), reducing_gap=2.0)
         buf = io.BytesIO()
         im.convert("RGB").save(buf, "JPEG", quality=80)
     target.write_bytes(buf.getvalue())
