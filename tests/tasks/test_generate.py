@@ -293,6 +293,65 @@ def test_crash_after_the_files_before_the_outcome_counts_as_done(
     assert rec.status == "skipped" and rec.paths == paths
 
 
+def test_a_power_cut_keeps_what_the_journal_fsyncs_covered_and_a_rerun_resends_nothing_done(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A success syncs the journal twice (before sending, and `answered` before its files); its
+    `attempt_finished` and `outcome` ride on those fsyncs. A power cut loses what no fsync covered: cut
+    the journal at its last fsync and the rerun still finds the success done and the failure failed."""
+    import os
+
+    from imagebatch.tasks import store as store_module
+
+    ok, bad = h.units(CAT, {"id": "b", "prompt": "dog"})
+    synced: list[int] = []  # the journal's size at each of its fsyncs
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("journal.jsonl"):
+            synced.append(os.fstat(fd).st_size)
+        real_fsync(fd)
+
+    monkeypatch.setattr(store_module.os, "fsync", fsync)
+    ctx = h.context()
+    (done,) = run_unit(ctx, ok)
+    assert done.status == "succeeded" and len(synced) == 2  # attempt_started, answered
+    journal = h.out / "journal.jsonl"
+    whole = journal.read_bytes()
+    cut = whole[: synced[-1]]  # a power cut now: what no fsync covered is gone (the success's outcome)
+    assert len(cut) < len(whole)
+    assert [json.loads(line)["event"] for line in cut.splitlines()] == [
+        "attempt_started",
+        "attempt_finished",
+        "answered",
+    ]
+    h.service.reply(error(503, "service_unavailable"))
+    (failed,) = run_unit(ctx, bad)
+    assert failed.status == "failed" and len(synced) == 5  # attempt_started, attempt_finished, outcome
+    assert synced[-1] == journal.stat().st_size  # a failure's lines are all synced
+    journal.write_bytes(cut)
+    rerun = h.context()
+    assert rerun.states[done.idempotency_key].status == "succeeded"
+    assert [r.status for r in run_unit(rerun, ok)] == ["skipped"] and h.service.count == 2
+
+
+def test_the_end_of_a_run_syncs_the_lines_that_rode_on_later_fsyncs(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from imagebatch.tasks import store as store_module
+
+    store = h.context().store
+    store.journal("outcome", sync=False, idempotency_key="k")
+    calls: list[str] = []
+    monkeypatch.setattr(store_module.os, "fsync", lambda fd: calls.append(os.readlink(f"/proc/self/fd/{fd}")))
+    store.sync()
+    assert calls == [str(store.journal_path)]
+    store.sync()
+    assert len(calls) == 1  # nothing new to sync
+
+
 def test_crash_after_the_files_with_the_files_gone_is_unknown_and_not_resent(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:

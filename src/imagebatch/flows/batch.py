@@ -270,6 +270,8 @@ def _record(
     by_job = {job.id: job for job in checked.manifest.jobs}
     rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
     unwritten: list[str] = []
+    with contextlib.suppress(OSError):  # what a replay needs was synced as it was written; this is the rest
+        store.sync()
     try:
         store.write_results(rows, list(checked.manifest.metadata_columns))
     except OSError as exc:

@@ -202,17 +202,26 @@ def dispatch(
         def send_here(unit: Unit) -> None:
             slots.submit(settle, ctx, unit).add_done_callback(partial(_put, done_q, unit))
 
+        def start_task(batch: Batch) -> None:
+            if batch.index in open_batches or batch.index in ended:
+                return
+            # No `tags(...)` here: a context manager around each submit serialises dispatch (measured).
+            future = generate.submit(ctx, batch, slots, done_q.put)
+            future.add_done_callback(partial(_put, done_q, batch))
+            open_batches[batch.index] = (batch, future)
+            started.append(future)
+
         def admit(unit: Unit) -> None:
             batch = batch_of[unit.index]
             if batch.index in ended:  # its task run failed in Prefect before its last unit
                 send_here(unit)
                 return
-            if batch.index not in open_batches:
-                # No `tags(...)` here: a context manager around each submit serialises dispatch (measured).
-                future = generate.submit(ctx, batch, slots, done_q.put)
-                future.add_done_callback(partial(_put, done_q, batch))
-                open_batches[batch.index] = (batch, future)
-                started.append(future)
+            start_task(batch)
+            if batch.index + 1 < len(batches):
+                # The next batch's task run starts now, one batch ahead: a task run takes tens of ms to
+                # start (more on a busy server), and a unit admitted to a batch not yet running waited for
+                # it with its slot idle (640 @ 1 s @ 32: a slot idle 24 ms p50, 131 ms p90 between requests).
+                start_task(batches[batch.index + 1])
             batch.admit(unit)
             if unit is batch.units[-1]:
                 batch.close()
