@@ -446,7 +446,7 @@ class AttemptJournal:
         }
 
     def __call__(self, event: AttemptEvent) -> None:
-        common = {
+        common: dict[str, Any] = {
             **self.ids,
             "route": str(event.route),
             "model": event.model,
