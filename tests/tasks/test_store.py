@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import threading
@@ -235,7 +236,9 @@ def test_a_torn_journal_line_is_ignored(store: OutputStore) -> None:
     started(store)
     finished(store, 200, "ok")
     with store.journal_path.open("ab") as fh:
-        fh.write(json.dumps({"event": "outcome", **record().__dict__}).encode()[:40])  # kill -9 mid-write
+        fh.write(
+            json.dumps({"event": "outcome", **dataclasses.asdict(record())}).encode()[:40]
+        )  # kill -9 mid-write
     assert store.load_state()[KEY].status == "unknown"
 
 

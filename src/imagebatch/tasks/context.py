@@ -20,7 +20,7 @@ from .store import KeyState, OutputStore, RequestRecord
 Decision = Literal["send", "skip", "carry"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Unit:
     """The requests one task sends: one, or the turns of one chain in order."""
 

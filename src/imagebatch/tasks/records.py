@@ -40,7 +40,7 @@ def record(req: PlannedRequest, status: str, **fields: Any) -> RequestRecord:
         turn_index=req.turn_index,
         status=status,  # type: ignore[arg-type]
         model=req.model,
-        route=str(req.route),
+        route=req.route.value,  # the enum's own string: str() makes a copy per record
         idempotency_key=req.idempotency_key,
         **fields,
     )

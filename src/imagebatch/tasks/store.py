@@ -70,7 +70,7 @@ class OutputLockedError(RuntimeError):
     """The output folder is held by another run."""
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
     """The outcome of one request: a results.csv row without the manifest's metadata. Small by design."""
 
