@@ -10,8 +10,11 @@ never reach a task.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import itertools
 import queue
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -128,8 +131,35 @@ class Budget:
         self.spent += self.used(unit, records)
 
 
+TRIM_EVERY = 1000
+"""Requests finished between two `release_free_memory` calls."""
+
+
+def release_free_memory() -> bool:
+    """Give the C heap's free pages back to the system (glibc's `malloc_trim`; elsewhere nothing); return
+    whether it could. Each request thread frees its answer's megabytes into its own malloc arena, which
+    keeps much of it: a 10,000-request run's RSS grew 0.6-0.8 KB a request that a trim gives back
+    (bench/README.md "Memory"). A trim costs about a millisecond; the dispatcher asks for one every
+    `TRIM_EVERY` requests."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc; musl has none
+    except (OSError, AttributeError):
+        return None
+
+
 class Progress:
-    """Counts of finished units for `on_progress`."""
+    """Counts of finished units for `on_progress`; frees memory every `TRIM_EVERY` requests."""
 
     def __init__(self, planned: int, on_progress: Callable[[ProgressSnapshot], None] | None) -> None:
         self.planned = planned
@@ -151,7 +181,10 @@ class Progress:
 
     def finished(self, ctx: RunContext, unit: Unit) -> None:
         records = ctx.results[unit.index]
+        before = self.counts.total()
         self.counts.update(r.status for r in records)
+        if before // TRIM_EVERY != self.counts.total() // TRIM_EVERY:
+            release_free_memory()
         self.images += sum(r.images for r in records if r.status == "succeeded")
         self.report()
 

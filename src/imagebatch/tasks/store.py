@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from imagebatch.gateway import AttemptEvent, AttemptStarted
 
@@ -104,12 +104,19 @@ class RequestRecord:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to `path` so that a reader sees either the old file or the whole new one."""
+    with atomic_file(path) as fh:
+        fh.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file to write that replaces `path` whole when the block ends (synced), or never if it raises."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600; outputs are ordinary files others may read
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -407,13 +414,16 @@ class OutputStore:
         return json.loads(path.read_bytes())
 
     def write_results(self, rows: Iterable[dict[str, Any]], metadata_columns: list[str]) -> None:
+        """Write results.csv atomically, row by row (no copy of the whole table in memory)."""
         columns = list(RESULT_COLUMNS) + [c for c in metadata_columns if c not in RESULT_COLUMNS]
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(row)
-        write_atomic(self.results_path, buf.getvalue().encode())
+        with atomic_file(self.results_path) as fh:
+            text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
+            writer = csv.DictWriter(text, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+            writer.writeheader()
+            for row in rows:
+                writer.writerow(row)
+            text.flush()
+            text.detach()  # `atomic_file` syncs and closes the file itself
 
     def write_run(self, info: dict[str, Any]) -> None:
         write_atomic(self.run_path, (json.dumps(info, indent=2, default=str) + "\n").encode())
