@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -102,6 +103,13 @@ def test_large_runs_are_paged(tmp_path: Path) -> None:
     assert pages == ["report-2.html", "report-3.html", "report.html"]
     assert first.read_text().count('class="card ') == 500
     assert (tmp_path / "report-3.html").read_text().count('class="card ') == 201
+    assert "1201 requests" in first.read_text() and "failed 1201" in first.read_text()
+    # A run gives its own plan (no manifest loaded again): each card shows its request's prompt.
+    plan = {f"ib1-{i:032x}": SimpleNamespace(prompt=f"prompt number {i}", reference_images=[], mask=None)
+            for i in range(1201)}  # fmt: skip
+    build_report(tmp_path, page_size=500, details=plan)
+    assert "prompt number 1200" in (tmp_path / "report-3.html").read_text()
+    assert "prompt number 0<" in first.read_text() and "prompt number 500<" not in first.read_text()
 
 
 def test_a_run_without_report_makes_no_thumbnail_and_the_command_makes_them_later(

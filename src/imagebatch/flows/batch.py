@@ -299,7 +299,8 @@ def _record(
         unwritten.append(f"run.json not written: {storage_message(store.root, exc)}")
     try:
         if report:
-            info["report"] = str(build_report(store.root))
+            plan = {req.idempotency_key: req for unit in units for req in unit.requests}  # not loaded again
+            info["report"] = str(build_report(store.root, details=plan))
     except Exception as exc:  # the report is a view of the records, never a reason to fail the run
         unwritten.append(f"report.html not written: {exc}")
     if unwritten:

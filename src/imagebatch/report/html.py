@@ -6,14 +6,20 @@ import csv
 import hashlib
 import html
 import io
+import itertools
 import json
+import math
 from collections import Counter
+from collections.abc import Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
+
+if TYPE_CHECKING:
+    from imagebatch.manifest import PlannedRequest
 
 PAGE_SIZE = 500
 """Cards per page: a 100,000-request run makes 200 pages, none of them heavy."""
@@ -93,19 +99,17 @@ def _manifest_details(out: Path, run: dict[str, Any]) -> dict[str, Any]:
         return {}
 
 
-def _read_cards(out: Path) -> tuple[list[Card], dict[str, Any]]:
-    run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+def _rows(out: Path) -> Generator[dict[str, str], None, None]:
     with (out / "results.csv").open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    details = _manifest_details(out, run)
-    cards = []
-    for row in rows:
-        req = details.get(row["idempotency_key"])
-        card = Card(row)
-        if req is not None:
-            card.prompt, card.references, card.mask = req.prompt, list(req.reference_images), req.mask
-        cards.append(card)
-    return cards, run
+        yield from csv.DictReader(fh)
+
+
+def _card(row: dict[str, str], details: Mapping[str, Any]) -> Card:
+    card = Card(row)
+    req = details.get(row["idempotency_key"])
+    if req is not None:
+        card.prompt, card.references, card.mask = req.prompt, list(req.reference_images), req.mask
+    return card
 
 
 def _esc(text: object) -> str:
@@ -199,35 +203,46 @@ def _page(title: str, summary: str, nav: str, cards: list[str], options: dict[st
     )
 
 
-def build_report(out: Path, page_size: int = PAGE_SIZE) -> Path:
-    """Write `report.html` (and further pages) into the output folder `out`; return the first page."""
+def build_report(
+    out: Path, page_size: int = PAGE_SIZE, details: Mapping[str, PlannedRequest] | None = None
+) -> Path:
+    """Write `report.html` (and further pages) into the output folder `out`; return the first page.
+
+    `details`: the planned requests by idempotency key (prompts, references), when the caller has them
+    (a run does); otherwise the manifest run.json names is loaded again, if it is unchanged. results.csv
+    is read twice, for the summary and then a page at a time, so memory holds one page of cards, not the
+    run's (a 10,000-request run's report had held every row and a second copy of the plan)."""
     out = Path(out)
-    cards, run = _read_cards(out)
-    counts = Counter(c.row["status"] for c in cards)
-    images = sum(int(c.row.get("images") or 0) for c in cards if c.row["status"] in ("succeeded", "skipped"))
-    by_model = Counter(c.row["model"] for c in cards)
+    run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+    details = _manifest_details(out, run) if details is None else details
+    counts: Counter[str] = Counter()
+    by_model: Counter[str] = Counter()
+    routes: set[str] = set()
+    images = 0
+    for row in _rows(out):
+        counts[row["status"]] += 1
+        by_model[row["model"]] += 1
+        routes.add(row["route"])
+        images += int(row.get("images") or 0) if row["status"] in ("succeeded", "skipped") else 0
+    total = counts.total()
     summary = (
-        f"<p>{len(cards)} requests · {images} images · "
+        f"<p>{total} requests · {images} images · "
         + " · ".join(f"{_esc(s)} {n}" for s, n in sorted(counts.items()))
         + "</p><p>by model: "
         + " · ".join(f"{_esc(m)} {n}" for m, n in sorted(by_model.items()))
         + f"</p><p>run: {_esc(run.get('state', '?'))} {_esc(run.get('stopped') or '')}</p>"
     )
-    options = {
-        "status": sorted(counts),
-        "route": sorted({c.row["route"] for c in cards}),
-        "model": sorted(by_model),
-    }
-    pages = [cards[i : i + page_size] for i in range(0, len(cards), page_size)] or [[]]
-    names = ["report.html"] + [f"report-{n}.html" for n in range(2, len(pages) + 1)]
+    options = {"status": sorted(counts), "route": sorted(routes), "model": sorted(by_model)}
+    names = ["report.html"] + [f"report-{n}.html" for n in range(2, max(1, math.ceil(total / page_size)) + 1)]
     nav = (
         "".join(f'<a href="{name}">page {i}</a>' for i, name in enumerate(names, 1)) if len(names) > 1 else ""
     )
-    for name, page in zip(names, pages, strict=True):
-        title = f"imagebatch report: {out.name}" + (
-            f" (page {names.index(name) + 1})" if len(names) > 1 else ""
-        )
+    rows = _rows(out)
+    for number, name in enumerate(names, 1):
+        page = [_card(row, details) for row in itertools.islice(rows, page_size)]
+        title = f"imagebatch report: {out.name}" + (f" (page {number})" if len(names) > 1 else "")
         (out / name).write_text(_page(title, summary, nav, [_card_html(out, c) for c in page], options))
+    rows.close()
     for stale in out.glob("report-*.html"):
         if stale.name not in names:
             stale.unlink()
