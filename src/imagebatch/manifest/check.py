@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,12 @@ def _model_hint(model: str, candidates: tuple[str, ...]) -> str | None:
 
 
 _JOB_FIELDS = set(Job.model_fields)
+
+
+def _shared(value: Any) -> Any:
+    """One string object for a value that repeats across rows (a model, a size): each CSV cell is a new
+    string, and a 100,000-row plan is kept for the whole run."""
+    return sys.intern(value) if isinstance(value, str) else value
 
 
 class JobChecker:
@@ -212,11 +219,11 @@ class JobChecker:
             line=row.line,
             location=r.location,
             prompt=prompt,
-            model=model,
-            route=route,
-            aspect_ratio=given.get("aspect_ratio", DEFAULT_ASPECT_RATIO) if image_route else None,
-            image_size=given.get("image_size", DEFAULT_IMAGE_SIZE) if image_route else None,
-            size=given.get("size", DEFAULT_IMAGES_API_SIZE) if route == "images" else None,
+            model=_shared(model),
+            route=_shared(route),
+            aspect_ratio=_shared(given.get("aspect_ratio", DEFAULT_ASPECT_RATIO)) if image_route else None,
+            image_size=_shared(given.get("image_size", DEFAULT_IMAGE_SIZE)) if image_route else None,
+            size=_shared(given.get("size", DEFAULT_IMAGES_API_SIZE)) if route == "images" else None,
             reference_images=refs,
             reference_sha256=ref_hashes,
             mask=mask_path,
