@@ -4,7 +4,10 @@ Layout::
 
     images/          every image and text output, written atomically (temporary file, then rename)
     chains/          the edit history of each chain, as the service returned it, after each turn
-    journal.jsonl    write-ahead: an attempt is recorded (and fsynced) before it is sent; outcomes follow
+    journal.jsonl    write-ahead: an attempt is recorded (and fsynced) before it is sent; outcomes follow.
+                     Synced: `attempt_started`, a success's `answered` (before its files), and every line of
+                     a request that did not succeed; a success's `attempt_finished` and `outcome` ride on
+                     the next fsync (a power cut that loses them loses nothing `load_state` needs)
     usage.jsonl      one line per HTTP attempt, appended as it finishes
     results.csv      one row per request, rewritten atomically at the end of each run
     run.json         what the last run was asked and what it did
