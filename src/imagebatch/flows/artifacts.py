@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -37,7 +37,9 @@ def budgets(max_images: int | None, max_spend: float | None, prices: PriceTable 
     return out
 
 
-def spend(units: list[Unit], results: dict[int, list[RequestRecord]], prices: PriceTable) -> dict[str, Any]:
+def spend(
+    units: list[Unit], results: Mapping[int, list[RequestRecord]], prices: PriceTable
+) -> dict[str, Any]:
     """This run's estimated spend: what succeeded cost, and what `unknown` requests may have cost."""
     spent = doubt = 0.0
     for unit in units:
@@ -84,7 +86,7 @@ class ProgressArtifact:
         self._update()
 
 
-def usage_table(records: list[Any], usage: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def usage_table(records: Iterable[Any], usage: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (route, model): this run's requests by status, then the folder's usage summary."""
     by: dict[tuple[str, str], Counter[str]] = {}
     for r in records:

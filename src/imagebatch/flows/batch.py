@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -246,18 +246,33 @@ def generate_from_manifest(
             caps = budgets(max_images, max_spend, checked.prices)
             tasks = dispatch(ctx, units, concurrency, hooks.control, progress, adaptive, caps)
             progress.close()
-        if shard is not None:  # the parent writes the run's records once every shard has ended
-            counts = Counter(r.status for unit in units for r in ctx.results[unit.index])
-            info |= {"ended_at": datetime.now(UTC).isoformat(), "stopped": ctx.halt_reason, "counts": counts}
-            return info
-        return _record(checked, store, units, ctx.results, info, ctx.halt_reason, tasks, report)
+        try:
+            if shard is not None:  # the parent writes the run's records once every shard has ended
+                counts = Counter(r.status for unit in units for r in ctx.results[unit.index])
+                ended = datetime.now(UTC).isoformat()
+                info |= {"ended_at": ended, "stopped": ctx.halt_reason, "counts": counts}
+                return info
+            return _record(checked, store, units, ctx.results, info, ctx.halt_reason, tasks, report)
+        finally:
+            ctx.results.close()
+
+
+class _Records:
+    """The run's records in manifest order, read from `results` again on each iteration."""
+
+    def __init__(self, units: list[Unit], results: Mapping[int, list[RequestRecord]]) -> None:
+        self.units, self.results = units, results
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        for unit in self.units:
+            yield from self.results[unit.index]
 
 
 def _record(
     checked: Preflight,
     store: OutputStore,
     units: list[Unit],
-    results: dict[int, list[RequestRecord]],
+    results: Mapping[int, list[RequestRecord]],
     info: dict[str, Any],
     halt_reason: str | None,
     tasks: int,
@@ -266,7 +281,7 @@ def _record(
     """Write the run's records (results.csv, usage-summary.csv, run.json, report.html) and its Prefect
     artifacts; return the run summary."""
     price_table = checked.prices
-    records = [r for unit in units for r in results[unit.index]]
+    records = _Records(units, results)  # read back from the spool on each pass, never all at once
     by_job = {job.id: job for job in checked.manifest.jobs}
     rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
     unwritten: list[str] = []

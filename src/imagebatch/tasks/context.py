@@ -3,12 +3,18 @@ and each unit's records."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import pickle
 import queue
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from imagebatch.gateway import GatewayClient
@@ -108,6 +114,88 @@ def group_batches(units: list[Unit]) -> list[Batch]:
     return [Batch(i, units[start : start + size]) for i, start in enumerate(range(0, len(units), size))]
 
 
+class RecordSpool(MutableMapping[int, list[RequestRecord]]):
+    """Each finished unit's records, by unit index, kept in a nameless temporary file in the output folder
+    instead of in memory: a run keeps a record of every request until it writes results.csv at its end,
+    about 0.8 KB each in memory (10,000 requests: 8 MB; 100,000: 80 MB), 0.1 KB here (an offset and a
+    length). Reading one back costs tens of microseconds.
+
+    Where the file cannot be made or written (a full disk), records are kept in memory instead: they are
+    never lost, and the journal has them anyway. Thread-safe; `close` drops the file."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self._lock = threading.Lock()
+        self._where: dict[int, tuple[int, int]] = {}
+        self._memory: dict[int, list[RequestRecord]] = {}
+        self._end = 0
+        self._fd: int | None = None
+        if folder is not None:
+            with contextlib.suppress(OSError):
+                self._fd = _nameless_file(folder)
+        self._closer = weakref.finalize(self, _close, self._fd)  # a spool nobody closed, once collected
+
+    def __setitem__(self, index: int, records: list[RequestRecord]) -> None:
+        data = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._memory.pop(index, None)
+            self._where.pop(index, None)
+            if self._fd is not None:
+                try:
+                    os.pwrite(self._fd, data, self._end)
+                except OSError:
+                    pass
+                else:
+                    self._where[index] = (self._end, len(data))
+                    self._end += len(data)
+                    return
+            self._memory[index] = records
+
+    def __getitem__(self, index: int) -> list[RequestRecord]:
+        with self._lock:
+            if index in self._memory:
+                return self._memory[index]
+            offset, size = self._where[index]  # KeyError: no records for this unit
+            assert self._fd is not None
+            data = os.pread(self._fd, size, offset)
+        records: list[RequestRecord] = pickle.loads(data)  # our own bytes, written above
+        return records
+
+    def __delitem__(self, index: int) -> None:
+        with self._lock:
+            if self._memory.pop(index, None) is None:
+                del self._where[index]
+
+    def __contains__(self, index: object) -> bool:
+        return index in self._where or index in self._memory
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([*self._where, *self._memory])
+
+    def __len__(self) -> int:
+        return len(self._where) + len(self._memory)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closer()
+            self._fd = None
+            self._where.clear()
+
+
+def _nameless_file(folder: Path) -> int:
+    """A file in `folder` with no name (it is gone when closed, or when the process dies)."""
+    try:
+        return os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except (AttributeError, OSError):  # no O_TMPFILE here (not Linux, or its file system has none)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".imagebatch-records-")
+        os.unlink(name)
+        return fd
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
 class RunContext:
     """What every task of one run shares. A plain class, so Prefect does not walk it as task input."""
 
@@ -133,7 +221,7 @@ class RunContext:
         """Where the API key came from, for the message of a 401."""
         self.halt = threading.Event()
         self.halt_reason: str | None = None
-        self.results: dict[int, list[RequestRecord]] = {}
+        self.results = RecordSpool(store.root if store.root.is_dir() else None)
         """Records of each finished unit, by unit index (tasks return nothing: Prefect keeps results)."""
         self.started_keys: set[str] = set()
         """Keys with an attempt started in this run."""
