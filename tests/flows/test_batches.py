@@ -106,18 +106,14 @@ def test_shards_split_the_units_disjointly_and_alike_on_every_machine(tmp_path: 
 
 
 def test_the_dispatcher_gives_freed_memory_back_every_so_many_requests(monkeypatch: Any) -> None:
-    from types import SimpleNamespace
-
     from imagebatch.flows import dispatch
     from imagebatch.tasks.store import RequestRecord
 
     trims: list[int] = []
     monkeypatch.setattr(dispatch, "TRIM_EVERY", 3)
     monkeypatch.setattr(dispatch, "release_free_memory", lambda: trims.append(progress.counts.total()))
-    units = [Unit(i, None, []) for i in range(5)]  # type: ignore[arg-type]
     record = RequestRecord("j", 0, 0, "succeeded", "m", "native", "k")
-    ctx = SimpleNamespace(results={0: [record], 1: [record, record], 2: [record], 3: [record], 4: [record]})
     progress = dispatch.Progress(6, None)
-    for unit in units:
-        progress.finished(ctx, unit)  # type: ignore[arg-type]
+    for records in ([record], [record, record], [record], [record], [record]):
+        progress.finished(records)
     assert trims == [3, 6]  # after the unit that reached 3 requests, and 6

@@ -179,8 +179,7 @@ class Progress:
             )  # fmt: skip
             self.on_progress(snap)
 
-    def finished(self, ctx: RunContext, unit: Unit) -> None:
-        records = ctx.results[unit.index]
+    def finished(self, records: list[RequestRecord]) -> None:
         before = self.counts.total()
         self.counts.update(r.status for r in records)
         if before // TRIM_EVERY != self.counts.total() // TRIM_EVERY:
@@ -220,8 +219,8 @@ def dispatch(
         if any(ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
             todo.append(unit)
         else:  # done, or left alone: recorded without a task or a request
-            ctx.results[unit.index] = run_unit(ctx, unit)
-            progress.finished(ctx, unit)
+            ctx.results[unit.index] = records = run_unit(ctx, unit)
+            progress.finished(records)
     batches = group_batches(todo)
     batch_of = {unit.index: batch for batch in batches for unit in batch.units}
     done_q: queue.Queue[Unit | Batch | None] = queue.Queue()
@@ -292,17 +291,18 @@ def dispatch(
             progress.in_flight -= 1
             if finished.index not in ctx.results:  # the unit's thread died outside our code
                 ctx.results[finished.index] = run_unit_safely(ctx, finished)
+            records = ctx.results[finished.index]  # read back once (the spool keeps them on disk)
             for budget in budgets:
-                budget.finished(finished, ctx.results[finished.index])
+                budget.finished(finished, records)
             window.finished(rate_limited=ctx.rate_limited > seen_429)
             seen_429 = ctx.rate_limited
-            progress.finished(ctx, finished)
+            progress.finished(records)
         for batch, _future in open_batches.values():
             batch.close()
     wait_for_tasks(started)
     for unit in pending:  # only left after a halt: records without sending (run_unit sends nothing now)
-        ctx.results[unit.index] = run_unit(ctx, unit)
-        progress.finished(ctx, unit)
+        ctx.results[unit.index] = records = run_unit(ctx, unit)
+        progress.finished(records)
     return len(started)
 
 

@@ -1,7 +1,7 @@
 """The checker: a raw manifest's rows to Jobs, in small steps (header, id, route and model, fields,
 templates, files), every problem collected with its line or item, field and hint.
 
-About 500 lines, over the project's 400, on purpose: it is one class whose steps share the manifest's
+About 520 lines, over the project's 400, on purpose: it is one class whose steps share the manifest's
 state (its defaults, the ids seen, the look-alike names reported, the file cache); the tables, templates,
 input model and file checks it uses are already in their own modules."""
 

@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -114,7 +114,7 @@ def group_batches(units: list[Unit]) -> list[Batch]:
     return [Batch(i, units[start : start + size]) for i, start in enumerate(range(0, len(units), size))]
 
 
-class RecordSpool(MutableMapping[int, list[RequestRecord]]):
+class RecordSpool(Mapping[int, list[RequestRecord]]):
     """Each finished unit's records, by unit index, kept in a nameless temporary file in the output folder
     instead of in memory: a run keeps a record of every request until it writes results.csv at its end,
     about 0.8 KB each in memory (10,000 requests: 8 MB; 100,000: 80 MB), 0.1 KB here (an offset and a
@@ -159,11 +159,6 @@ class RecordSpool(MutableMapping[int, list[RequestRecord]]):
             data = os.pread(self._fd, size, offset)
         records: list[RequestRecord] = pickle.loads(data)  # our own bytes, written above
         return records
-
-    def __delitem__(self, index: int) -> None:
-        with self._lock:
-            if self._memory.pop(index, None) is None:
-                del self._where[index]
 
     def __contains__(self, index: object) -> bool:
         return index in self._where or index in self._memory
@@ -221,7 +216,7 @@ class RunContext:
         """Where the API key came from, for the message of a 401."""
         self.halt = threading.Event()
         self.halt_reason: str | None = None
-        self.results = RecordSpool(store.root if store.root.is_dir() else None)
+        self.results = RecordSpool(store.root)
         """Records of each finished unit, by unit index (tasks return nothing: Prefect keeps results)."""
         self.started_keys: set[str] = set()
         """Keys with an attempt started in this run."""

@@ -15,7 +15,7 @@ Layout::
 A rerun reads the journal, not Prefect's database, so a copied output directory resumes correctly. A line
 cut short by a crash (kill -9 in the middle of a write) is ignored when the journal is read.
 
-One module on purpose (a little over 450 lines): the journal's write order, its replay (`load_state`), the
+One module on purpose (about 490 lines): the journal's write order, its replay (`load_state`), the
 locks and the shards' merge are one protocol; split, each half would have to restate the other's rules.
 """
 
