@@ -46,7 +46,7 @@ from imagebatch.flows.config import (
     resolve_api_key,
 )
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
-from imagebatch.flows.limits import request_slot
+from imagebatch.flows.limits import SlotBroker, check_limit
 from imagebatch.flows.shards import records_after, run_shards, shard_name, shard_of
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
@@ -190,7 +190,7 @@ def generate_from_manifest(
     )  # fmt: skip
     if shards < 1 or (shard is not None and not 0 <= shard < shards):
         raise UsageError(f"shard {shard} of {shards}: shards must be 1 or more, and a shard 0 to shards - 1")
-    slot = request_slot(global_limit) if global_limit else contextlib.nullcontext
+    rate_limit = check_limit(global_limit) if global_limit else None  # a missing limit is refused here
     units = group_units(plan(checked.manifest))
     planned = sum(len(unit.requests) for unit in units)
     info = run_info(checked, planned, concurrency, force, retry_unknown, api_key_secret_block)
@@ -233,13 +233,20 @@ def generate_from_manifest(
         store.prepare()
         if shard is None:
             store.write_run(info)  # a crash leaves a run.json that says the run never ended
-        client = GatewayClient(url, key, sleep=hooks.sleep, transport=hooks.transport, slot=slot)
+        slots = SlotBroker(global_limit, rate_limit) if global_limit else None
+        client = GatewayClient(
+            url, key, sleep=hooks.sleep, transport=hooks.transport, slot=slots or contextlib.nullcontext
+        )
         ctx = RunContext(
             client, store, store.load_state(),
             force=force, retry_unknown=retry_unknown, key_source=key_source(api_key_secret_block),
             thumbnails=report,
         )  # fmt: skip
-        with client, hooks.signals() if hooks.signals else contextlib.nullcontext():
+        with (
+            client,
+            slots or contextlib.nullcontext(),
+            hooks.signals() if hooks.signals else contextlib.nullcontext(),
+        ):
             if rpm:
                 ctx.pacer = Pacer(60.0 / rpm, sleep=hooks.sleep)
             progress = ProgressArtifact(hooks.on_progress)

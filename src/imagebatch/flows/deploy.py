@@ -97,9 +97,9 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
         if args.api_key_block:
             check_secret_block(args.api_key_block)
         if args.global_limit:
-            from imagebatch.flows.limits import request_slot
+            from imagebatch.flows.limits import check_limit
 
-            request_slot(args.global_limit)  # refuses a limit the server does not have
+            check_limit(args.global_limit)  # refuses a limit the server does not have
         if pool:
             check_work_pool(pool)
         shards = getattr(args, "shards", 1)
