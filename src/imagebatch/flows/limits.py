@@ -1,7 +1,8 @@
 """The account-wide limit: one service account is shared by every run and every machine, so each request
 takes a slot of a Prefect global concurrency limit while it is on the wire (never while it waits out a
 retry's backoff), and, when one is set, a slot of a rate limit (requests a minute, through Prefect's slot
-decay). Prefect's server keeps the count for every run, every worker and every machine.
+decay). Prefect's server keeps the count for every run, every worker and every machine; a run passes its
+slots from one of its requests to the next without asking the server each time (`SlotBroker`).
 
     imagebatch limits --concurrency 8 [--per-minute 120] [--name imagebatch-requests]
     imagebatch run ... --global-limit imagebatch-requests      (or a deployment's `global_limit`)
@@ -86,7 +87,7 @@ class SlotBroker:
 
     Prefect's `concurrency()` costs about 60 ms of the run's CPU a slot (a client, a lease-renewal thread
     and events each time) and capped a run near 2.7 requests a second; each slot the server grants costs
-    it 5-20 ms of CPU (an increment and a decrement, bench/README.md "Global concurrency limit"). So:
+    it 10-20 ms of CPU (an increment and a decrement, bench/README.md "Global concurrency limit"). So:
 
     - one lease per slot, granted by Prefect's server (`increment-with-lease`) and asked for by one thread
       of the run (on 423, again after the server's `Retry-After`, or as soon as this run gives one back);
@@ -120,11 +121,9 @@ class SlotBroker:
         self.name, self.rate = name, rate
         self.keeper = keeper
         """Whether a thread calls `tend` every `linger_seconds` (tests with a clock of their own call it)."""
-        self.lease_seconds, self.reuse_seconds, self.linger_seconds = (
-            lease_seconds,
-            reuse_seconds,
-            linger_seconds,
-        )
+        self.lease_seconds = lease_seconds
+        self.reuse_seconds = reuse_seconds
+        self.linger_seconds = linger_seconds
         self.clock = clock
         self.granted = 0
         """Leases the server granted that an attempt of this run took (granted + passed_on = slots taken)."""
