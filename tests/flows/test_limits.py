@@ -168,3 +168,25 @@ def test_a_limit_deleted_during_a_run_fails_the_request_instead_of_running_it_un
         with pytest.raises(UsageError, match="no longer has the global concurrency limit 't-gone'"):
             with broker():
                 pass
+
+
+def test_a_refusal_from_the_server_reaches_every_waiting_request_and_none_hangs() -> None:
+    """A limit of 0 makes Prefect's server refuse each ask (422: more slots asked than the limit): every
+    request waiting for a slot gets the error, and the next request asks again."""
+    import httpx
+
+    set_limits("t-zero", 0, None)
+    with SlotBroker("t-zero") as broker:
+        errors: list[httpx.HTTPStatusError] = []
+
+        def one(_: int) -> None:
+            try:
+                with broker():
+                    pass
+            except httpx.HTTPStatusError as exc:
+                errors.append(exc)
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(one, range(8)))
+    assert len(errors) == 8 and {e.response.status_code for e in errors} == {422}
+    assert broker.granted == broker.passed_on == 0

@@ -250,19 +250,18 @@ class SlotBroker:
                     response = self._client.increment_concurrency_slots_with_lease(
                         names=[self.name], slots=1, mode="concurrency", lease_duration=self.lease_seconds
                     )
+                answer, now = response.json(), self.clock()
+                lease = _Lease(UUID(answer["lease_id"]), now, now)
             except httpx.HTTPStatusError as exc:
                 if exc.response.status_code == 423:  # every slot taken: ask again later
                     self._given_back.wait(_retry_after(exc.response))
                     continue
                 self._fail_waiting(exc)
                 return
-            except Exception as exc:
+            except Exception as exc:  # whatever it is, the waiting requests hear of it (none waits forever)
                 self._fail_waiting(exc)
                 return
-            now = self.clock()
-            answer = response.json()
-            lease = _Lease(UUID(answer["lease_id"]), now, now)
-            if not answer["limits"]:  # the limit was deleted: the server grants a slot of nothing
+            if not answer.get("limits"):  # the limit was deleted: the server grants a slot of nothing
                 self._release(lease)
                 gone = UsageError(
                     f"Prefect's server no longer has the global concurrency limit {self.name!r}"
