@@ -8,9 +8,11 @@ same output folder (what a rerun does).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -142,9 +144,15 @@ class Harness:
         (unit,) = self.units(row)
         return unit
 
-    def context(self, **options: Any) -> RunContext:
+    def context(
+        self, slot: Callable[[], AbstractContextManager[object]] = nullcontext, **options: Any
+    ) -> RunContext:
         client = GatewayClient(
-            "http://svc", API_KEY, transport=httpx.MockTransport(self.service), sleep=self.delays.append
+            "http://svc",
+            API_KEY,
+            transport=httpx.MockTransport(self.service),
+            sleep=self.delays.append,
+            slot=slot,
         )
         self.clients.append(client)
         store = OutputStore(self.out)
@@ -494,6 +502,35 @@ def test_account_and_address_errors_stop_the_run(h: Harness, reply: Any, reason:
     assert other.status == "not_attempted" and other.error == ctx.halt_reason
     assert [r.status for r in run_unit(ctx, chain)] == ["not_attempted"] * 3
     assert h.service.count == 1  # nothing sent after the halt
+
+
+def test_a_request_that_waited_for_its_slot_while_the_run_stopped_is_not_sent(h: Harness) -> None:
+    """Ctrl-C (or a 401/402 elsewhere) while a request waits for a slot of the account-wide limit: once it
+    has the slot, it is not sent and not journaled, and is `not_attempted`. A retry of a request already
+    sent is still sent: the requests in flight finish."""
+    first, retried = h.units(CAT, IMAGES)  # the images route retries a 503; the native route does not
+
+    def stopping_at(wait: int) -> Callable[[], AbstractContextManager[object]]:
+        """A slot whose `wait`-th wait sees the run stop (as Ctrl-C would)."""
+        waits = iter(range(1, 100))
+
+        @contextlib.contextmanager
+        def slot() -> Iterator[None]:
+            if next(waits) == wait:
+                ctx.stop_dispatch("stopped by Ctrl-C")
+            yield
+
+        return slot
+
+    ctx = h.context(slot=stopping_at(1))
+    (rec,) = run_unit(ctx, first)
+    assert rec.status == "not_attempted" and rec.error == "stopped by Ctrl-C"
+    assert h.service.count == 0 and h.events() == []  # neither sent nor journaled
+
+    h.service.reply(error(503, "service_unavailable"))
+    ctx = h.context(slot=stopping_at(2))  # the run stops while the retry waits for its slot
+    (rec,) = run_unit(ctx, retried)
+    assert ctx.halt.is_set() and rec.status == "succeeded" and rec.attempts == 2 and h.service.count == 2
 
 
 def test_a_404_for_an_unknown_model_does_not_stop_the_run(h: Harness) -> None:

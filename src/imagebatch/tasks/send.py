@@ -16,7 +16,7 @@ from dataclasses import asdict
 
 from imagebatch.gateway.errors import GatewayError
 from imagebatch.gateway.requests import GatewayRequest
-from imagebatch.gateway.results import AttemptEvent, AttemptFinished
+from imagebatch.gateway.results import AttemptEvent, AttemptFinished, AttemptStarted
 from imagebatch.manifest import PlannedRequest
 from imagebatch.report import make_thumbnail
 
@@ -24,6 +24,10 @@ from . import records
 from .context import RunContext
 from .records import Result
 from .store import AttemptJournal, NotJournaledError, RequestRecord
+
+
+class _StoppedBeforeSending(Exception):
+    """Raised by the attempt observer: the run stopped before this request's first attempt was sent."""
 
 
 def send_and_record(
@@ -44,6 +48,11 @@ def send_and_record(
     journal = AttemptJournal(store, req, ctx.started_keys, earlier)
 
     def observe(event: AttemptEvent) -> None:
+        if isinstance(event, AttemptStarted) and event.attempt == 1 and ctx.halt.is_set():
+            # It waited (for a slot of the account's limit, or for --rpm's pacing) while the run stopped:
+            # a request not yet sent is not sent. (A retry of one sent before the stop still is: the
+            # requests in flight finish.)
+            raise _StoppedBeforeSending
         journal(event)
         if isinstance(event, AttemptFinished) and event.status == 429:
             ctx.saw_429()
@@ -52,6 +61,8 @@ def send_and_record(
         ctx.pacer.wait()
     try:
         result = ctx.client.send(request, idempotency_key=req.idempotency_key, observer=observe)
+    except _StoppedBeforeSending:
+        return records.not_attempted(req, ctx.halt_reason or "the run was stopped"), None
     except NotJournaledError as exc:  # a failed write stopped it before (this) attempt was sent
         record = records.not_journaled(req, exc.attempt, ctx.halt_reason or str(exc))
         record.attempts += earlier if record.attempts else 0
