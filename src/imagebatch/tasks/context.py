@@ -161,13 +161,16 @@ class RecordSpool(Mapping[int, list[RequestRecord]]):
         return records
 
     def __contains__(self, index: object) -> bool:
-        return index in self._where or index in self._memory
+        with self._lock:
+            return index in self._where or index in self._memory
 
     def __iter__(self) -> Iterator[int]:
-        return iter([*self._where, *self._memory])
+        with self._lock:  # a snapshot: other threads may add units meanwhile
+            return iter([*self._where, *self._memory])
 
     def __len__(self) -> int:
-        return len(self._where) + len(self._memory)
+        with self._lock:
+            return len(self._where) + len(self._memory)
 
     def close(self) -> None:
         with self._lock:

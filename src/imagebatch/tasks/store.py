@@ -302,13 +302,18 @@ class OutputStore:
                 fh.write(line)
                 fh.flush()
                 written = self._written[path] = self._written.get(path, 0) + 1
-                syncing = self._sync_locks.setdefault(path, threading.Lock())
             if sync:
-                with syncing:
-                    if self._synced.get(path, 0) < written:
-                        upto = self._written[path]  # every line counted here was written before the fsync
-                        os.fsync(fh.fileno())  # of the file: the lines other threads wrote are synced too
-                        self._synced[path] = upto
+                self._sync_through(path, fh, written)
+
+    def _sync_through(self, path: Path, fh: BinaryIO, written: int) -> None:
+        """Make `path`'s first `written` lines durable, unless an fsync already did (group commit)."""
+        with self._lock:
+            syncing = self._sync_locks.setdefault(path, threading.Lock())
+        with syncing:
+            if self._synced.get(path, 0) < written:
+                upto = self._written[path]  # every line counted here was written before the fsync
+                os.fsync(fh.fileno())  # of the file: the lines other threads wrote are synced too
+                self._synced[path] = upto
 
     def journal(self, event: str, *, sync: bool = True, **fields: Any) -> None:
         """Append an event to the write-ahead journal and make it durable before returning.
@@ -325,11 +330,9 @@ class OutputStore:
         for path in (self.journal_path, self.usage_path):
             with self._lock:
                 written = self._written.get(path, 0)
-                syncing = self._sync_locks.setdefault(path, threading.Lock())
             if self._synced.get(path, 0) < written:
-                with syncing, path.open("ab") as fh:
-                    os.fsync(fh.fileno())
-                    self._synced[path] = max(self._synced.get(path, 0), written)
+                with path.open("ab") as fh:
+                    self._sync_through(path, fh, written)
 
     def append_usage(self, record: dict[str, Any]) -> None:
         self._append(self.usage_path, record, sync=False)
