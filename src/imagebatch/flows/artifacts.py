@@ -1,5 +1,6 @@
 """What a run shows beside its output folder: its caps (`--max-images`, `--max-spend`), its estimated
-spend, and its Prefect artifacts (progress, the usage table, the summary)."""
+spend, and its Prefect bookkeeping: the artifacts (progress, the usage table, the summary, the report's
+link) and the wait for Prefect's server to record every task run's final state (`settle_prefect_records`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,16 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 from imagebatch.flows.dispatch import Budget, ProgressSnapshot
 from imagebatch.tasks.context import Unit
@@ -117,3 +125,62 @@ def summary_markdown(info: dict[str, Any]) -> str:
     lines += [f"| {s} | {counts.get(s, 0)} |" for s in STATUSES]
     lines += [f"| **total** | {sum(counts.values())} |"]
     return "\n".join(lines)
+
+
+def publish(info: dict[str, Any], records: Iterable[RequestRecord]) -> None:
+    """The finished run's Prefect artifacts (summary, report link, usage table), then wait for Prefect's
+    server to record its task runs' final states (best effort: the output folder is the record)."""
+    create_markdown_artifact(
+        key="imagebatch-run-summary", markdown=summary_markdown(info), description="imagebatch run"
+    )
+    if info.get("report"):
+        create_link_artifact(
+            Path(info["report"]).resolve().as_uri(), link_text="report.html", key="imagebatch-report",
+            description="the run's contact sheet (a file on the machine that ran it)",
+        )  # fmt: skip
+    create_table_artifact(
+        key="imagebatch-usage",
+        table=usage_table(records, info["usage"]),
+        description="requests by route, model and status, with the usage summary (all runs into the folder)",
+    )
+    with contextlib.suppress(Exception):  # best effort: the output folder is the record, not Prefect's
+        settle_prefect_records(info)
+
+
+TERMINAL_STATES = ["COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
+
+
+def settle_prefect_records(
+    info: dict[str, Any],
+    *,
+    timeout: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
+    """Wait until Prefect's server has recorded the final state of every task run of a finished flow run.
+
+    Task-run states reach Prefect's server as events, which it writes to its database in batches, a
+    moment after the flow has returned. A process that exits at once stops the ephemeral server in the
+    middle of such a write (`CancelledError` tracebacks, "Error flushing events", on the user's terminal
+    after a successful run, and the UI loses those states). Returns True once the server's count of
+    finished task runs matches `info`, or False on timeout (the output folder is the record either way).
+    """
+    from prefect.client.orchestration import get_client
+
+    meta = info.get("prefect") or {}
+    run_id, expected = meta.get("flow_run_id"), meta.get("task_runs", 0)
+    if not run_id or not expected:
+        return True
+    body = {
+        "flow_runs": {"id": {"any_": [run_id]}},
+        "task_runs": {"state": {"type": {"any_": TERMINAL_STATES}}},
+    }
+    deadline = clock() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            response = client.request("POST", "/task_runs/count", json=body)
+            if response.status_code == 200 and int(response.json()) >= expected:
+                return True
+            if clock() >= deadline:
+                return False
+            sleep(0.2)

@@ -1,9 +1,10 @@
 """The batch flow: check -> plan -> skip what is done -> dispatch -> records.
 
-`generate_from_manifest` only orchestrates: requests are sent by the `generate` task
-(`imagebatch.tasks.generate`), dispatch is `flows/dispatch.py`, the files are kept by
-`imagebatch.tasks.store`. Tasks return nothing (their records go to the run context), so Prefect keeps no
-per-task results in memory.
+`generate_from_manifest` only orchestrates, in one of three modes: a run here (`run_here`), one shard of a
+sharded run (`run_shard`), or the shards' parent (`run_parent`, with `flows.shards`). Dispatch is
+`flows/dispatch.py` (with the `generate` task of `imagebatch.tasks.generate`), the end of the run (its
+records and Prefect artifacts) `flows/finish.py`, the files are kept by `imagebatch.tasks.store`. Tasks
+return nothing (their records go to the run context), so Prefect keeps no per-task results in memory.
 """
 
 from __future__ import annotations
@@ -13,28 +14,19 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
-import prefect
 from prefect import flow
-from prefect.artifacts import (
-    create_link_artifact,
-    create_markdown_artifact,
-    create_table_artifact,
-)
 from prefect.logging import get_run_logger
-from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-import imagebatch
-from imagebatch.flows.artifacts import ProgressArtifact, budgets, spend, summary_markdown, usage_table
+from imagebatch.flows.artifacts import ProgressArtifact, budgets
 from imagebatch.flows.config import (
     DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
@@ -46,15 +38,13 @@ from imagebatch.flows.config import (
     resolve_api_key,
 )
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
+from imagebatch.flows.finish import run_info, write_records
 from imagebatch.flows.limits import SlotBroker, check_limit
 from imagebatch.flows.shards import records_after, run_shards, shard_name, shard_of
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
-from imagebatch.report import build_report
 from imagebatch.tasks.context import Pacer, RunContext, Unit, group_units
-from imagebatch.tasks.records import storage_message
-from imagebatch.tasks.store import STATUSES, OutputLockedError, OutputStore, RequestRecord
-from imagebatch.tasks.usage import usage_summary, write_usage_summary
+from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 
 @dataclass
@@ -142,6 +132,41 @@ def forward_logs_to_prefect(*names: str) -> Iterator[None]:
             target.removeHandler(handler)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """The flow's parameters after the manifest and the output folder, for the functions of each mode."""
+
+    concurrency: int
+    base_url: str | None
+    force: bool
+    retry_unknown: bool
+    api_key_secret_block: str | None
+    rpm: int | None
+    adaptive: bool
+    max_images: int | None
+    max_spend: float | None
+    prices: str | None
+    global_limit: str | None
+    report: bool
+    shards: int
+    shard: int | None
+    shard_deployment: str | None
+
+
+@dataclass
+class Run:
+    """One run, checked and planned: what each mode (`run_here`, `run_shard`, `run_parent`) works from."""
+
+    checked: Preflight
+    options: RunOptions
+    hooks: RunHooks
+    units: list[Unit]
+    info: dict[str, Any]
+    """What `run.json` says (`flows.finish.run_info`), completed as the run ends."""
+    rate_limit: str | None
+    """The name of the global limit's rate limit (`flows.limits.check_limit`), when it has one."""
+
+
 @flow(
     name="generate_from_manifest",
     # At most one batch per unit in flight, plus the one being admitted (see flows.dispatch).
@@ -174,14 +199,20 @@ def generate_from_manifest(
     `IMAGEBATCH_API_KEY`; with no `base_url` (and no `IMAGEBATCH_BASE_URL`) the embedded emulator is used.
     `rpm` spaces request starts (60 / rpm seconds apart); `adaptive` (default) starts with a few requests
     in flight and adapts to the service's 429s (see `flows.dispatch.Window`), never above `concurrency`.
-    `max_images` caps the images this run may deliver (see `flows.dispatch.dispatch`). `global_limit` names
-    a Prefect global concurrency limit whose slot each request holds on the wire (`flows.limits`). With
-    `report=False` no thumbnail is made and no `report.html` written (`imagebatch report OUT` makes them
-    later): a thumbnail costs ~15 ms of CPU per 1K image, as much as the rest of a request's work.
+    `max_images` caps the images this run may deliver (see `flows.dispatch.Dispatcher`). `global_limit`
+    names a Prefect global concurrency limit whose slot each request holds on the wire (`flows.limits`).
+    With `report=False` no thumbnail is made and no `report.html` written (`imagebatch report OUT` makes
+    them later): a thumbnail costs ~15 ms of CPU per 1K image, as much as the rest of a request's work.
     With `shards` > 1 the run starts that many runs of `shard_deployment` (each `shard` I of them sends
     its share) on a work pool's workers, waits, and writes the records (see `flows.shards`).
     Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
     """
+    options = RunOptions(
+        concurrency=concurrency, base_url=base_url, force=force, retry_unknown=retry_unknown,
+        api_key_secret_block=api_key_secret_block, rpm=rpm, adaptive=adaptive, max_images=max_images,
+        max_spend=max_spend, prices=prices, global_limit=global_limit, report=report, shards=shards,
+        shard=shard, shard_deployment=shard_deployment,
+    )  # fmt: skip
     hooks = _hooks.get() or RunHooks()
     checked = hooks.checked or preflight(
         manifest, out, concurrency=concurrency, base_url=base_url,
@@ -195,219 +226,121 @@ def generate_from_manifest(
     planned = sum(len(unit.requests) for unit in units)
     info = run_info(checked, planned, concurrency, force, retry_unknown, api_key_secret_block)
     info["options"] |= {"global_limit": global_limit, "report": report, "shards": shards, "shard": shard}
+    run = Run(checked, options, hooks, units, info, rate_limit)
     if shards > 1 and shard is None:
-        if not shard_deployment:
-            raise UsageError(f"{shards} shards need the deployment their runs use (shard_deployment)")
-        parameters = {
-            "manifest": str(checked.manifest.path), "out": str(checked.out.resolve()),
-            "concurrency": concurrency, "base_url": base_url, "force": force,
-            "retry_unknown": retry_unknown, "api_key_secret_block": api_key_secret_block, "rpm": rpm,
-            "adaptive": adaptive, "prices": prices, "global_limit": global_limit, "report": report,
-        }  # fmt: skip
-        store = OutputStore(checked.out)
-        with held(store):  # nothing else runs into the folder; the last sharded run's files are merged
-            before = store.load_state()
-        runs = run_shards(
-            shard_deployment, parameters, shards, store, sleep=hooks.sleep, grace=hooks.shard_grace
-        )
-        with held(store):  # every shard has ended: merge their journals, then the records
-            after = store.load_state()
-            failed = [
-                f"shard {i}: {r['state']} ({r['message']})"
-                for i, r in enumerate(runs)
-                if r["state"] != "COMPLETED"
-            ]
-            results = records_after(units, before, after, "; ".join(failed) or "no shard sent it")
-            info["shard_runs"] = runs
-            # No task runs of its own to wait for at the end (the shards record theirs).
-            return _record(checked, store, units, results, info, "; ".join(failed) or None, 0, report)
+        return run_parent(run)  # start the shards' runs, wait for them, write the records
     if shard is not None:
-        units = [u for u in units if shard_of(u, shards) == shard]
-        info["requests"] = sum(len(unit.requests) for unit in units)
-    store = OutputStore(checked.out, shard_name(shard, shards) if shard is not None else None)
-    with (
-        forward_logs_to_prefect("imagebatch"),
-        service(checked.base_url, api_key_secret_block, hooks) as (url, key),
-        held(store),
-    ):
-        store.prepare()
-        if shard is None:
-            store.write_run(info)  # a crash leaves a run.json that says the run never ended
-        slots = SlotBroker(global_limit, rate_limit) if global_limit else None
-        client = GatewayClient(
-            url, key, sleep=hooks.sleep, transport=hooks.transport, slot=slots or contextlib.nullcontext
-        )
-        ctx = RunContext(
-            client, store, store.load_state(),
-            force=force, retry_unknown=retry_unknown, key_source=key_source(api_key_secret_block),
-            thumbnails=report,
-        )  # fmt: skip
-        with (
-            client,
-            slots or contextlib.nullcontext(),
-            hooks.signals() if hooks.signals else contextlib.nullcontext(),
-        ):
-            if rpm:
-                ctx.pacer = Pacer(60.0 / rpm, sleep=hooks.sleep)
-            progress = ProgressArtifact(hooks.on_progress)
-            caps = budgets(max_images, max_spend, checked.prices)
-            tasks = dispatch(ctx, units, concurrency, hooks.control, progress, adaptive, caps)
-            progress.close()
+        return run_shard(run)  # send this shard's units; the parent writes the records
+    return run_here(run)  # send every unit, write the records
+
+
+def run_here(run: Run) -> dict[str, Any]:
+    """A run in this process: send its units, then write its records (`flows.finish`)."""
+    checked, options = run.checked, run.options
+    store = OutputStore(checked.out)
+    with _output(run, store) as (url, key):
+        store.write_run(run.info)  # a crash leaves a run.json that says the run never ended
+        ctx, tasks = _send(run, store, run.units, url, key)
         try:
-            if shard is not None:  # the parent writes the run's records once every shard has ended
-                counts = Counter(r.status for unit in units for r in ctx.results[unit.index])
-                ended = datetime.now(UTC).isoformat()
-                info |= {"ended_at": ended, "stopped": ctx.halt_reason, "counts": counts}
-                return info
-            return _record(checked, store, units, ctx.results, info, ctx.halt_reason, tasks, report)
+            return write_records(
+                checked, store, run.units, ctx.results, run.info, ctx.halt_reason, tasks, options.report
+            )
         finally:
             ctx.results.close()
 
 
-class _Records:
-    """The run's records in manifest order, read from `results` again on each iteration."""
+def run_shard(run: Run) -> dict[str, Any]:
+    """One shard of a sharded run: send its share of the units into its own journal; the parent writes the
+    run's records once every shard has ended (`run_parent`)."""
+    options, info = run.options, run.info
+    assert options.shard is not None
+    units = [u for u in run.units if shard_of(u, options.shards) == options.shard]
+    info["requests"] = sum(len(unit.requests) for unit in units)
+    store = OutputStore(run.checked.out, shard_name(options.shard, options.shards))
+    with _output(run, store) as (url, key):
+        ctx, _tasks = _send(run, store, units, url, key)
+        try:
+            counts = Counter(r.status for unit in units for r in ctx.results[unit.index])
+            ended = datetime.now(UTC).isoformat()
+            info |= {"ended_at": ended, "stopped": ctx.halt_reason, "counts": counts}
+            return info
+        finally:
+            ctx.results.close()
 
-    def __init__(self, units: list[Unit], results: Mapping[int, list[RequestRecord]]) -> None:
-        self.units, self.results = units, results
 
-    def __iter__(self) -> Iterator[RequestRecord]:
-        for unit in self.units:
-            yield from self.results[unit.index]
-
-
-def _record(
-    checked: Preflight,
-    store: OutputStore,
-    units: list[Unit],
-    results: Mapping[int, list[RequestRecord]],
-    info: dict[str, Any],
-    halt_reason: str | None,
-    tasks: int,
-    report: bool,
-) -> dict[str, Any]:
-    """Write the run's records (results.csv, usage-summary.csv, run.json, report.html) and its Prefect
-    artifacts; return the run summary."""
-    price_table = checked.prices
-    records = _Records(units, results)  # read back from the spool on each pass, never all at once
-    by_job = {job.id: job for job in checked.manifest.jobs}
-    rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
-    unwritten: list[str] = []
-    with contextlib.suppress(OSError):  # what a replay needs was synced as it was written; this is the rest
-        store.sync()
-    try:
-        store.write_results(rows, list(checked.manifest.metadata_columns))
-    except OSError as exc:
-        unwritten.append(f"results.csv not written: {storage_message(store.root, exc)}")
-    usage = usage_summary(store.root, records)
-    try:
-        write_usage_summary(store.root, usage)
-    except OSError as exc:
-        unwritten.append(f"usage-summary.csv not written: {storage_message(store.root, exc)}")
-    counts = Counter(r.status for r in records)
-    info["usage"] = [row.to_dict() for row in usage]
-    if price_table is not None:
-        info["spend"] = spend(units, results, price_table)
-    info["rate_limited"] = sum(r.status == "failed" and "HTTP 429" in (r.error or "") for r in records)
-    info |= {
-        "ended_at": datetime.now(UTC).isoformat(),
-        "state": "stopped" if halt_reason else "finished",
-        "counts": {s: counts.get(s, 0) for s in STATUSES},
-        "stopped": halt_reason,
-        "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
-    }
-    try:
-        store.write_run(info)
-    except OSError as exc:
-        unwritten.append(f"run.json not written: {storage_message(store.root, exc)}")
-    try:
-        if report:
-            plan = {req.idempotency_key: req for unit in units for req in unit.requests}  # not loaded again
-            info["report"] = str(build_report(store.root, details=plan))
-    except Exception as exc:  # the report is a view of the records, never a reason to fail the run
-        unwritten.append(f"report.html not written: {exc}")
-    if unwritten:
-        info["unwritten"] = unwritten  # the command prints them; the records above are all there is
-    create_markdown_artifact(
-        key="imagebatch-run-summary", markdown=summary_markdown(info), description="imagebatch run"
+def run_parent(run: Run) -> dict[str, Any]:
+    """The parent of a sharded run: start `shards` runs of `shard_deployment` (`flows.shards`), wait for
+    them, merge their journals and write the run's records."""
+    checked, options, hooks, info = run.checked, run.options, run.hooks, run.info
+    if not options.shard_deployment:
+        raise UsageError(f"{options.shards} shards need the deployment their runs use (shard_deployment)")
+    parameters = {
+        "manifest": str(checked.manifest.path), "out": str(checked.out.resolve()),
+        "concurrency": options.concurrency, "base_url": options.base_url, "force": options.force,
+        "retry_unknown": options.retry_unknown, "api_key_secret_block": options.api_key_secret_block,
+        "rpm": options.rpm, "adaptive": options.adaptive, "prices": options.prices,
+        "global_limit": options.global_limit, "report": options.report,
+    }  # fmt: skip
+    store = OutputStore(checked.out)
+    with held(store):  # nothing else runs into the folder; the last sharded run's files are merged
+        before = store.load_state()
+    runs = run_shards(
+        options.shard_deployment,
+        parameters,
+        options.shards,
+        store,
+        sleep=hooks.sleep,
+        grace=hooks.shard_grace,
     )
-    if info.get("report"):
-        create_link_artifact(
-            Path(info["report"]).resolve().as_uri(), link_text="report.html", key="imagebatch-report",
-            description="the run's contact sheet (a file on the machine that ran it)",
-        )  # fmt: skip
-    create_table_artifact(
-        key="imagebatch-usage",
-        table=usage_table(records, info["usage"]),
-        description="requests by route, model and status, with the usage summary (all runs into the folder)",
+    with held(store):  # every shard has ended: merge their journals, then the records
+        after = store.load_state()
+        failed = [
+            f"shard {i}: {r['state']} ({r['message']})"
+            for i, r in enumerate(runs)
+            if r["state"] != "COMPLETED"
+        ]
+        results = records_after(run.units, before, after, "; ".join(failed) or "no shard sent it")
+        info["shard_runs"] = runs
+        # No task runs of its own to wait for at the end (the shards record theirs).
+        halt_reason = "; ".join(failed) or None
+        return write_records(checked, store, run.units, results, info, halt_reason, 0, options.report)
+
+
+@contextlib.contextmanager
+def _output(run: Run, store: OutputStore) -> Iterator[tuple[str, str]]:
+    """The run's service (its base URL and API key) and its output folder, held and prepared; our log
+    lines go to Prefect's run log meanwhile."""
+    with (
+        forward_logs_to_prefect("imagebatch"),
+        service(run.checked.base_url, run.options.api_key_secret_block, run.hooks) as (url, key),
+        held(store),
+    ):
+        store.prepare()
+        yield url, key
+
+
+def _send(run: Run, store: OutputStore, units: list[Unit], url: str, key: str) -> tuple[RunContext, int]:
+    """Send `units` (`flows.dispatch`) with the run's client, limit, pacing, caps and signal handling;
+    return the run context (its records) and the number of Prefect task runs started."""
+    options, hooks = run.options, run.hooks
+    slots = SlotBroker(options.global_limit, run.rate_limit) if options.global_limit else None
+    client = GatewayClient(
+        url, key, sleep=hooks.sleep, transport=hooks.transport, slot=slots or contextlib.nullcontext
     )
-    with contextlib.suppress(Exception):  # best effort: the output folder is the record, not Prefect's
-        settle_prefect_records(info)
-    return info
-
-
-def run_info(
-    checked: Preflight,
-    planned: int,
-    concurrency: int,
-    force: bool,
-    retry_unknown: bool,
-    secret_block: str | None,
-) -> dict[str, Any]:
-    """What `run.json` says of a run when it starts (`state: running` until it ends)."""
-    return {
-        "manifest": str(checked.manifest.path),
-        "manifest_sha256": checked.manifest.sha256,
-        "out": str(checked.out.resolve()),
-        "service": checked.base_url or "embedded emulator",
-        "options": {
-            "concurrency": concurrency,
-            "force": force,
-            "retry_unknown": retry_unknown,
-            "base_url": checked.base_url,
-            "api_key_secret_block": secret_block,
-        },
-        "versions": {"imagebatch": imagebatch.__version__, "prefect": prefect.__version__},
-        "started_at": datetime.now(UTC).isoformat(),
-        "ended_at": None,
-        "state": "running",
-        "requests": planned,
-    }
-
-
-TERMINAL_STATES = ["COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
-
-
-def settle_prefect_records(
-    info: dict[str, Any],
-    *,
-    timeout: float = 30.0,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> bool:
-    """Wait until Prefect's server has recorded the final state of every task run of a finished flow run.
-
-    Task-run states reach Prefect's server as events, which it writes to its database in batches, a
-    moment after the flow has returned. A process that exits at once stops the ephemeral server in the
-    middle of such a write (`CancelledError` tracebacks, "Error flushing events", on the user's terminal
-    after a successful run, and the UI loses those states). Returns True once the server's count of
-    finished task runs matches `info`, or False on timeout (the output folder is the record either way).
-    """
-    from prefect.client.orchestration import get_client
-
-    meta = info.get("prefect") or {}
-    run_id, expected = meta.get("flow_run_id"), meta.get("task_runs", 0)
-    if not run_id or not expected:
-        return True
-    body = {
-        "flow_runs": {"id": {"any_": [run_id]}},
-        "task_runs": {"state": {"type": {"any_": TERMINAL_STATES}}},
-    }
-    deadline = clock() + timeout
-    with get_client(sync_client=True) as client:
-        while True:
-            response = client.request("POST", "/task_runs/count", json=body)
-            if response.status_code == 200 and int(response.json()) >= expected:
-                return True
-            if clock() >= deadline:
-                return False
-            sleep(0.2)
+    ctx = RunContext(
+        client, store, store.load_state(),
+        force=options.force, retry_unknown=options.retry_unknown,
+        key_source=key_source(options.api_key_secret_block), thumbnails=options.report,
+    )  # fmt: skip
+    with (
+        client,
+        slots or contextlib.nullcontext(),
+        hooks.signals() if hooks.signals else contextlib.nullcontext(),
+    ):
+        if options.rpm:
+            ctx.pacer = Pacer(60.0 / options.rpm, sleep=hooks.sleep)
+        progress = ProgressArtifact(hooks.on_progress)
+        caps = budgets(options.max_images, options.max_spend, run.checked.prices)
+        tasks = dispatch(ctx, units, options.concurrency, hooks.control, progress, options.adaptive, caps)
+        progress.close()
+    return ctx, tasks

@@ -5,11 +5,34 @@ manifest never holds 100,000 futures, and a 401 or 402 (or Ctrl-C, through `RunC
 before the rest is sent. Units are sent in batches, one Prefect task run each (not one per request: the
 server's cost per task run capped a run near 50 requests a second); units this run sends nothing for
 never reach a task.
+
+How a unit is sent: the flow's part (`Dispatcher`, here) and the task's part (`tasks.generate.generate`)::
+
+    flow thread: Dispatcher.run          task run: generate(batch, pool)      request thread (RequestPool)
+    ---------------------------          -------------------------------      ----------------------------
+    _admit(unit): window, budgets
+      _start_task(batch) --submit-->     for unit in batch:   (blocks until
+      batch.admit(unit) ----queue--->      admitted; ends when batch closed)
+                                           pool.send(unit, task's context) --> settle(ctx, unit): send it,
+                                         wait for its units                      keep its records in
+                                                                                 ctx.results
+    finished.get() <------------------------------------------- unit done ----+
+      _unit_finished: window, budgets, progress
+    finished.get() <--- task run ended --+
+      _task_ended: units it never took (its task run failed in Prefect) -> pool.send(unit) from here
+
+The dispatcher alone decides what is sent and when; the task only takes what was admitted to its batch
+and hands each unit to `RequestPool.send` (the flow's request threads, `concurrency` of them shared by
+every batch, so a batch's tail never idles a slot) in the task run's context, so that the unit's log
+lines are the task's. `RequestPool.send` is the one call from the task back up into the flow: the
+`RequestPool` protocol of `tasks.generate` names it. The records never pass through Prefect: they go to
+`ctx.results`, and the dispatcher learns of a finished unit from its `finished` queue.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import functools
 import itertools
@@ -17,10 +40,9 @@ import queue
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 from prefect.futures import PrefectFuture
 
@@ -197,113 +219,171 @@ def dispatch(
     adaptive: bool = True,
     budgets: Sequence[Budget] = (),
 ) -> int:
-    """Run every unit, admitted in manifest order, at most `window.size` (at most `concurrency`) at once;
-    after a halt, the units not yet admitted are recorded without sending. Returns the number of Prefect
-    task runs (batches) started.
+    """Run every unit (see `Dispatcher`); return the number of Prefect task runs (batches) started."""
+    return Dispatcher(ctx, units, concurrency, control, on_progress, adaptive, budgets).run()
+
+
+class RequestThreads:
+    """The run's request threads (`concurrency` of them, shared by every batch): `tasks.generate.RequestPool`.
+
+    `send` runs `settle(ctx, unit)` on one of them and puts the unit on the dispatcher's `finished` queue
+    once it is done; the task calls it for each unit it takes, the dispatcher for the units no task took."""
+
+    def __init__(self, ctx: RunContext, pool: Executor, finished: queue.Queue[Unit | Batch | None]) -> None:
+        self.ctx, self.pool, self.finished = ctx, pool, finished
+
+    def send(self, unit: Unit, context: contextvars.Context | None = None) -> Future[None]:
+        if context is None:
+            future = self.pool.submit(settle, self.ctx, unit)
+        else:  # the task run's: the unit's log lines are the task's
+            future = self.pool.submit(context.run, settle, self.ctx, unit)
+        future.add_done_callback(partial(_put, self.finished, unit))
+        return future
+
+
+class Dispatcher:
+    """Runs every unit, admitted in manifest order, at most `window.size` (at most `concurrency`) at once;
+    after a halt, the units not yet admitted are recorded without sending (see the module's picture).
 
     The units to send are cut into consecutive batches (`tasks.context.Batch`), one Prefect task run each.
     This thread alone admits units: a unit takes one of the run's slots when the window has room, its batch's
-    task is started with its first unit and closed after its last, and the unit is sent on the run's own
-    request threads (`concurrency` of them, shared by every batch). So the window, the budgets, a halt and
-    Ctrl-C act on single requests as before, while Prefect's server records one task run per batch.
+    task is started with its first unit and closed after its last, and the unit is sent on the run's
+    `RequestThreads`. So the window, the budgets, a halt and Ctrl-C act on single requests, while Prefect's
+    server records one task run per batch.
 
     `budgets` cap this run (see `Budget`): at the first unit one would refuse, no more is admitted, what
     is in flight finishes, and the run stops there (the rest `not_attempted`, the reason naming the cap);
     a rerun with a higher cap goes on."""
-    progress = Progress(sum(len(u.requests) for u in units), on_progress)
-    window = Window(concurrency, adaptive)
-    seen_429 = 0
-    capped: str | None = None  # why no more units are admitted (the budget), once they would pass it
-    todo: list[Unit] = []
-    for unit in units:
-        if any(ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
-            todo.append(unit)
-        else:  # done, or left alone: recorded without a task or a request
-            ctx.results[unit.index] = records = run_unit(ctx, unit)
-            progress.finished(records)
-    batches = group_batches(todo)
-    batch_of = {unit.index: batch for batch in batches for unit in batch.units}
-    done_q: queue.Queue[Unit | Batch | None] = queue.Queue()
-    control.attach(lambda: done_q.put(None))
-    pending: Iterator[Unit] = iter(todo)
-    open_batches: dict[int, tuple[Batch, PrefectFuture[None]]] = {}
-    started: list[PrefectFuture[None]] = []
-    ended: set[int] = set()  # batches whose task run has ended
-    with ThreadPoolExecutor(concurrency, thread_name_prefix="imagebatch-request") as slots:
 
-        def send_here(unit: Unit) -> None:
-            slots.submit(settle, ctx, unit).add_done_callback(partial(_put, done_q, unit))
+    def __init__(
+        self,
+        ctx: RunContext,
+        units: list[Unit],
+        concurrency: int,
+        control: RunControl,
+        on_progress: Callable[[ProgressSnapshot], None] | None = None,
+        adaptive: bool = True,
+        budgets: Sequence[Budget] = (),
+    ) -> None:
+        self.ctx, self.units, self.concurrency, self.control = ctx, units, concurrency, control
+        self.budgets = budgets
+        self.progress = Progress(sum(len(u.requests) for u in units), on_progress)
+        self.window = Window(concurrency, adaptive)
+        self.seen_429 = 0
+        self.capped: str | None = None  # why no more units are admitted (the budget), once they would pass it
+        self.finished: queue.Queue[Unit | Batch | None] = queue.Queue()
+        """Finished units, ended task runs (their batch), and None for a wake-up by `RunControl.stop`."""
+        self.pending: Iterator[Unit] = iter(())
+        self.batches: list[Batch] = []
+        self.batch_of: dict[int, Batch] = {}
+        self.open_batches: dict[int, Batch] = {}
+        self.started: list[PrefectFuture[None]] = []
+        self.ended: set[int] = set()  # batches whose task run has ended
+        self.threads: RequestThreads  # set by `run`, while its threads exist
 
-        def start_task(batch: Batch) -> None:
-            if batch.index in open_batches or batch.index in ended:
-                return
-            # No `tags(...)` here: a context manager around each submit serialises dispatch (measured).
-            future = generate.submit(ctx, batch, slots, done_q.put)
-            future.add_done_callback(partial(_put, done_q, batch))
-            open_batches[batch.index] = (batch, future)
-            started.append(future)
-
-        def admit(unit: Unit) -> None:
-            batch = batch_of[unit.index]
-            if batch.index in ended:  # its task run failed in Prefect before its last unit
-                send_here(unit)
-                return
-            start_task(batch)
-            if batch.index + 1 < len(batches):
-                # The next batch's task run starts now, one batch ahead: a task run takes tens of ms to
-                # start (more on a busy server), and a unit admitted to a batch not yet running waited for
-                # it with its slot idle (640 @ 1 s @ 32: a slot idle 24 ms p50, 131 ms p90 between requests).
-                start_task(batches[batch.index + 1])
-            batch.admit(unit)
-            if unit is batch.units[-1]:
+    def run(self) -> int:
+        """Send what is to be sent; return the number of Prefect task runs (batches) started."""
+        todo: list[Unit] = []
+        for unit in self.units:
+            if any(self.ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
+                todo.append(unit)
+            else:  # done, or left alone: recorded without a task or a request
+                self._record_here(unit)
+        self.batches = group_batches(todo)
+        self.batch_of = {unit.index: batch for batch in self.batches for unit in batch.units}
+        self.control.attach(lambda: self.finished.put(None))
+        self.pending = iter(todo)
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="imagebatch-request") as pool:
+            self.threads = RequestThreads(self.ctx, pool, self.finished)
+            while True:
+                self._admit_while_room()
+                if self.progress.in_flight == 0:
+                    if self.capped is not None:
+                        self.ctx.stop_dispatch(
+                            self.capped
+                        )  # only now: the rest are recorded not_attempted below
+                    break
+                self._take(self.finished.get())
+            for batch in self.open_batches.values():
                 batch.close()
+        wait_for_tasks(self.started)
+        for (
+            unit
+        ) in self.pending:  # only left after a halt: records without sending (run_unit sends nothing now)
+            self._record_here(unit)
+        return len(self.started)
 
-        while True:
-            if control.reason:
-                ctx.stop_dispatch(control.reason)
-            progress.window, progress.rate_limited = window.size, ctx.rate_limited
-            while progress.in_flight < window.size and not ctx.halt.is_set() and capped is None:
-                nxt = next(pending, None)
-                if nxt is None:
-                    break
-                capped = next((why for b in budgets if (why := b.refuses(nxt))), None)
-                if capped is not None:  # not a halt yet: what is already admitted fits, and is sent
-                    pending = itertools.chain([nxt], pending)
-                    break
-                admit(nxt)
-                progress.in_flight += 1
-            if ctx.halt.is_set() or capped is not None:
-                for batch, _future in open_batches.values():
-                    batch.close()  # admitted units are sent; the rest are recorded below
-            progress.report()
-            if progress.in_flight == 0:
-                if capped is not None:
-                    ctx.stop_dispatch(capped)  # only now: the rest are recorded not_attempted below
+    def _record_here(self, unit: Unit) -> None:
+        """Record a unit this run sends nothing for, in this thread, without a task or a request."""
+        self.ctx.results[unit.index] = records = run_unit(self.ctx, unit)
+        self.progress.finished(records)
+
+    def _admit_while_room(self) -> None:
+        """Admit units while the window has room and nothing stops the run; once it stops, close the open
+        batches (admitted units are sent, the rest are recorded at the end)."""
+        ctx, progress = self.ctx, self.progress
+        if self.control.reason:
+            ctx.stop_dispatch(self.control.reason)
+        progress.window, progress.rate_limited = self.window.size, ctx.rate_limited
+        while progress.in_flight < self.window.size and not ctx.halt.is_set() and self.capped is None:
+            nxt = next(self.pending, None)
+            if nxt is None:
                 break
-            finished = done_q.get()
-            if finished is None:  # woken by RunControl.stop: stop admitting, wait for what is in flight
-                continue
-            if isinstance(finished, Batch):  # its task run ended: units it never took are sent from here
-                ended.add(finished.index)
-                for unit in finished.untaken():
-                    send_here(unit)
-                continue
-            progress.in_flight -= 1
-            if finished.index not in ctx.results:  # the unit's thread died outside our code
-                ctx.results[finished.index] = run_unit_safely(ctx, finished)
-            records = ctx.results[finished.index]  # read back once (the spool keeps them on disk)
-            for budget in budgets:
-                budget.finished(finished, records)
-            window.finished(rate_limited=ctx.rate_limited > seen_429)
-            seen_429 = ctx.rate_limited
-            progress.finished(records)
-        for batch, _future in open_batches.values():
+            self.capped = next((why for b in self.budgets if (why := b.refuses(nxt))), None)
+            if self.capped is not None:  # not a halt yet: what is already admitted fits, and is sent
+                self.pending = itertools.chain([nxt], self.pending)
+                break
+            self._admit(nxt)
+            progress.in_flight += 1
+        if ctx.halt.is_set() or self.capped is not None:
+            for batch in self.open_batches.values():
+                batch.close()
+        progress.report()
+
+    def _admit(self, unit: Unit) -> None:
+        """Give `unit` to its batch's task run (started now if need be), or send it from here if that task
+        run has already ended."""
+        batch = self.batch_of[unit.index]
+        if batch.index in self.ended:  # its task run failed in Prefect before its last unit
+            self.threads.send(unit)
+            return
+        self._start_task(batch)
+        if batch.index + 1 < len(self.batches):
+            # The next batch's task run starts now, one batch ahead: a task run takes tens of ms to
+            # start (more on a busy server), and a unit admitted to a batch not yet running waited for
+            # it with its slot idle (640 @ 1 s @ 32: a slot idle 24 ms p50, 131 ms p90 between requests).
+            self._start_task(self.batches[batch.index + 1])
+        batch.admit(unit)
+        if unit is batch.units[-1]:
             batch.close()
-    wait_for_tasks(started)
-    for unit in pending:  # only left after a halt: records without sending (run_unit sends nothing now)
-        ctx.results[unit.index] = records = run_unit(ctx, unit)
-        progress.finished(records)
-    return len(started)
+
+    def _start_task(self, batch: Batch) -> None:
+        if batch.index in self.open_batches or batch.index in self.ended:
+            return
+        # No `tags(...)` here: a context manager around each submit serialises dispatch (measured).
+        future = generate.submit(batch, self.threads)
+        future.add_done_callback(partial(_put, self.finished, batch))
+        self.open_batches[batch.index] = batch
+        self.started.append(future)
+
+    def _take(self, finished: Unit | Batch | None) -> None:
+        """Act on what the `finished` queue gave: a finished unit, an ended task run, or a wake-up."""
+        if finished is None:  # woken by RunControl.stop: stop admitting, wait for what is in flight
+            return
+        if isinstance(finished, Batch):  # its task run ended: units it never took are sent from here
+            self.ended.add(finished.index)
+            for unit in finished.untaken():
+                self.threads.send(unit)
+            return
+        self.progress.in_flight -= 1
+        if finished.index not in self.ctx.results:  # the unit's thread died outside our code
+            self.ctx.results[finished.index] = run_unit_safely(self.ctx, finished)
+        records = self.ctx.results[finished.index]  # read back once (the spool keeps them on disk)
+        for budget in self.budgets:
+            budget.finished(finished, records)
+        self.window.finished(rate_limited=self.ctx.rate_limited > self.seen_429)
+        self.seen_429 = self.ctx.rate_limited
+        self.progress.finished(records)
 
 
 def wait_for_tasks(futures: list[PrefectFuture[None]]) -> None:
@@ -313,5 +393,5 @@ def wait_for_tasks(futures: list[PrefectFuture[None]]) -> None:
             future.wait()
 
 
-def _put(q: queue.Queue[Unit | Batch | None], item: Unit | Batch, _future: Any) -> None:
+def _put(q: queue.Queue[Unit | Batch | None], item: Unit | Batch, _future: object) -> None:
     q.put(item)

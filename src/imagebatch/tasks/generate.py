@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable
-from concurrent.futures import Executor, Future, wait
-from functools import partial
+from concurrent.futures import Future, wait
+from typing import Protocol
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -64,28 +63,30 @@ def run_unit_safely(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
         ]
 
 
+class RequestPool(Protocol):
+    """The run's request threads, which the flow owns (`flows.dispatch.RequestThreads`; the picture of the
+    task's part and the flow's part of sending a unit is in `flows/dispatch.py`).
+
+    `send` runs `settle(ctx, unit)` on one of them, in `context`, and tells the flow's dispatcher once the
+    unit has finished: it is the one call from a task back up into the flow."""
+
+    def send(self, unit: Unit, context: contextvars.Context | None = None) -> Future[None]: ...
+
+
 @task(
     name="generate",
     task_run_name="{batch.name}",
     cache_policy=NO_CACHE,
     retries=0,  # the spec's schedule is applied per route by the client, not by re-running the task
 )
-def generate(ctx: RunContext, batch: Batch, slots: Executor, on_done: Callable[[Unit], None]) -> None:
-    """Send the units of `batch` as the dispatcher admits them, each on `slots` (the run's request threads,
+def generate(batch: Batch, pool: RequestPool) -> None:
+    """Send the units of `batch` as the dispatcher admits them, each on `pool` (the run's request threads,
     shared by every batch, so a batch's tail never idles a slot), and wait for them. The records go to
-    `ctx.results`, never bytes. Each unit runs in this task run's context: its log lines are the task's."""
-    futures: list[Future[None]] = []
-    for unit in batch:
-        future = slots.submit(contextvars.copy_context().run, settle, ctx, unit)
-        future.add_done_callback(partial(_done, on_done, unit))
-        futures.append(future)
-    wait(futures)
+    the run context's `results`, never bytes. Each unit runs in this task run's context: its log lines
+    are the task's."""
+    wait([pool.send(unit, contextvars.copy_context()) for unit in batch])
 
 
 def settle(ctx: RunContext, unit: Unit) -> None:
     """Send one unit and keep its records in `ctx.results` (never raises for our own errors)."""
     ctx.results[unit.index] = run_unit_safely(ctx, unit)
-
-
-def _done(on_done: Callable[[Unit], None], unit: Unit, _future: Future[None]) -> None:
-    on_done(unit)

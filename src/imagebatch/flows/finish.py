@@ -1,0 +1,122 @@
+"""The end of a run: its records in the output folder (results.csv, usage-summary.csv, run.json,
+report.html), then its Prefect artifacts (`flows.artifacts`). Also what `run.json` says when a run starts.
+
+The folder is the record: a file that cannot be written is named in `unwritten` (the command prints it),
+and neither the report nor Prefect's bookkeeping can fail the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import prefect
+from prefect.runtime import flow_run
+
+import imagebatch
+from imagebatch.flows.artifacts import publish, spend
+from imagebatch.flows.config import Preflight
+from imagebatch.report import build_report
+from imagebatch.tasks.context import Unit
+from imagebatch.tasks.records import storage_message
+from imagebatch.tasks.store import STATUSES, OutputStore, RequestRecord
+from imagebatch.tasks.usage import usage_summary, write_usage_summary
+
+
+class RunRecords:
+    """The run's records in manifest order, read from `results` again on each iteration."""
+
+    def __init__(self, units: list[Unit], results: Mapping[int, list[RequestRecord]]) -> None:
+        self.units, self.results = units, results
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        for unit in self.units:
+            yield from self.results[unit.index]
+
+
+def write_records(
+    checked: Preflight,
+    store: OutputStore,
+    units: list[Unit],
+    results: Mapping[int, list[RequestRecord]],
+    info: dict[str, Any],
+    halt_reason: str | None,
+    tasks: int,
+    report: bool,
+) -> dict[str, Any]:
+    """Write the run's records (results.csv, usage-summary.csv, run.json, report.html) and its Prefect
+    artifacts; return the run summary."""
+    price_table = checked.prices
+    records = RunRecords(units, results)  # read back from the spool on each pass, never all at once
+    by_job = {job.id: job for job in checked.manifest.jobs}
+    rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
+    unwritten: list[str] = []
+    with contextlib.suppress(OSError):  # what a replay needs was synced as it was written; this is the rest
+        store.sync()
+    try:
+        store.write_results(rows, list(checked.manifest.metadata_columns))
+    except OSError as exc:
+        unwritten.append(f"results.csv not written: {storage_message(store.root, exc)}")
+    usage = usage_summary(store.root, records)
+    try:
+        write_usage_summary(store.root, usage)
+    except OSError as exc:
+        unwritten.append(f"usage-summary.csv not written: {storage_message(store.root, exc)}")
+    counts = Counter(r.status for r in records)
+    info["usage"] = [row.to_dict() for row in usage]
+    if price_table is not None:
+        info["spend"] = spend(units, results, price_table)
+    info["rate_limited"] = sum(r.status == "failed" and "HTTP 429" in (r.error or "") for r in records)
+    info |= {
+        "ended_at": datetime.now(UTC).isoformat(),
+        "state": "stopped" if halt_reason else "finished",
+        "counts": {s: counts.get(s, 0) for s in STATUSES},
+        "stopped": halt_reason,
+        "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
+    }
+    try:
+        store.write_run(info)
+    except OSError as exc:
+        unwritten.append(f"run.json not written: {storage_message(store.root, exc)}")
+    try:
+        if report:
+            plan = {req.idempotency_key: req for unit in units for req in unit.requests}  # not loaded again
+            info["report"] = str(build_report(store.root, details=plan))
+    except Exception as exc:  # the report is a view of the records, never a reason to fail the run
+        unwritten.append(f"report.html not written: {exc}")
+    if unwritten:
+        info["unwritten"] = unwritten  # the command prints them; the records above are all there is
+    publish(info, records)
+    return info
+
+
+def run_info(
+    checked: Preflight,
+    planned: int,
+    concurrency: int,
+    force: bool,
+    retry_unknown: bool,
+    secret_block: str | None,
+) -> dict[str, Any]:
+    """What `run.json` says of a run when it starts (`state: running` until it ends)."""
+    return {
+        "manifest": str(checked.manifest.path),
+        "manifest_sha256": checked.manifest.sha256,
+        "out": str(checked.out.resolve()),
+        "service": checked.base_url or "embedded emulator",
+        "options": {
+            "concurrency": concurrency,
+            "force": force,
+            "retry_unknown": retry_unknown,
+            "base_url": checked.base_url,
+            "api_key_secret_block": secret_block,
+        },
+        "versions": {"imagebatch": imagebatch.__version__, "prefect": prefect.__version__},
+        "started_at": datetime.now(UTC).isoformat(),
+        "ended_at": None,
+        "state": "running",
+        "requests": planned,
+    }
