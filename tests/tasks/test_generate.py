@@ -449,6 +449,25 @@ def test_native_503_is_failed_and_resent_next_run(h: Harness) -> None:
     assert [u["attempt"] for u in read_jsonl(h.out / "usage.jsonl")] == [1, 2]
 
 
+def test_a_rate_limited_failure_is_counted_by_its_status_not_by_its_message(h: Harness) -> None:
+    """run.json's `rate_limited` counts records whose last answer was a 429 (a typed field the journal
+    keeps for a rerun or a sharded run's parent), not messages that happen to say "HTTP 429"."""
+    from imagebatch.flows.finish import rate_limited
+
+    units = h.units(CAT, {"id": "dog", "prompt": "a dog"})
+    h.service.reply(
+        (429, {"error": {"message": "slow down", "code": "rate_limit_exceeded"}}),
+        (503, {"error": {"message": "upstream answered HTTP 429", "code": "service_unavailable"}}),
+    )
+    ctx = h.context()
+    limited, other = (run_unit(ctx, unit)[0] for unit in units)
+    assert (limited.status, limited.http_status) == ("failed", 429)
+    assert (other.status, other.http_status) == ("failed", 503) and "HTTP 429" in (other.error or "")
+    assert rate_limited([limited, other]) == 1
+    replayed = h.context().states[limited.idempotency_key].outcome
+    assert replayed is not None and replayed.http_status == 429
+
+
 def test_a_200_with_a_body_that_is_not_json_is_unknown(h: Harness) -> None:
     unit = h.unit(CAT)
     h.service.reply(b"<html>oops</html>")

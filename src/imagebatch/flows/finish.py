@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,7 +69,7 @@ def write_records(
     info["usage"] = [row.to_dict() for row in usage]
     if price_table is not None:
         info["spend"] = spend(units, results, price_table)
-    info["rate_limited"] = sum(r.status == "failed" and "HTTP 429" in (r.error or "") for r in records)
+    info["rate_limited"] = rate_limited(records)
     info |= {
         "ended_at": datetime.now(UTC).isoformat(),
         "state": "stopped" if halt_reason else "finished",
@@ -91,6 +91,11 @@ def write_records(
         info["unwritten"] = unwritten  # the command prints them; the records above are all there is
     publish(info, records)
     return info
+
+
+def rate_limited(records: Iterable[RequestRecord]) -> int:
+    """How many requests `failed` on the service's rate limit (their last answer an HTTP 429)."""
+    return sum(r.status == "failed" and r.http_status == 429 for r in records)
 
 
 def run_info(

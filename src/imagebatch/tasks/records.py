@@ -104,12 +104,16 @@ def halt_reason(exc: GatewayError, key_source: str) -> str | None:
 def failure(req: PlannedRequest, exc: GatewayError) -> RequestRecord:
     """The record of a request that raised: `unknown` when it may have been billed, else `failed`."""
     request_id = getattr(exc, "request_id", None)
+    status = exc.status_code if isinstance(exc, APIStatusError) else None
     error = str(exc) if isinstance(exc, APIStatusError) else exc.message
     if exc.may_have_been_billed:
+        error = f"{error}; {UNKNOWN_HINT}"
         return record(
-            req, "unknown", attempts=exc.attempts, request_id=request_id, error=f"{error}; {UNKNOWN_HINT}"
+            req, "unknown", attempts=exc.attempts, request_id=request_id, error=error, http_status=status
         )
-    return record(req, "failed", attempts=exc.attempts, request_id=request_id, error=error)
+    return record(
+        req, "failed", attempts=exc.attempts, request_id=request_id, error=error, http_status=status
+    )
 
 
 def carried(req: PlannedRequest, state: KeyState | None) -> RequestRecord:

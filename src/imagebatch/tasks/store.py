@@ -93,6 +93,8 @@ class RequestRecord:
     finish_reason: str | None = None
     error: str | None = None
     request_id: str | None = None
+    http_status: int | None = None
+    """The HTTP status of the answer that made the request `failed` or `unknown` (None: no such answer)."""
 
     def to_row(self) -> dict[str, Any]:
         row = {k: getattr(self, k) for k in RESULT_COLUMNS}
