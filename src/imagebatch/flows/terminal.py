@@ -21,6 +21,7 @@ from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, exit_co
 
 if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
     from imagebatch.flows.batch import RunHooks
+    from imagebatch.flows.config import Preflight
     from imagebatch.flows.dispatch import ProgressSnapshot
     from imagebatch.flows.prefect_server import TemporaryServer
 
@@ -128,38 +129,18 @@ def run_main(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
-    from imagebatch.flows.config import UsageError, preflight
-    from imagebatch.manifest import ManifestError
+    from imagebatch.flows.config import UsageError
 
     err = Console(stderr=True, soft_wrap=True)
     out = Console(soft_wrap=True)
-    try:
-        # Everything that can be checked without Prefect is checked first: a mistake costs no start-up.
-        checked = preflight(
-            args.manifest,
-            args.out,
-            concurrency=args.concurrency,
-            base_url=args.base_url,
-            api_key_secret_block=args.api_key_block,
-            rpm=args.rpm,
-            max_images=args.max_images,
-            max_spend=args.max_spend,
-            prices=args.prices,
-        )
-    except ManifestError as exc:
-        for problem in exc.problems:
-            err.print(str(problem), markup=False, highlight=False)
-        err.print(f"{args.manifest}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
-        return EXIT_USAGE
-    except UsageError as exc:
-        err.print(f"{exc}; nothing was sent.", markup=False)
+    checked = _preflight(args, err)
+    if checked is None:
         return EXIT_USAGE
 
     _quiet_prefect()
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
-    from imagebatch.flows.prefect_server import TemporaryServer
 
     if not checked.base_url:
         err.print(
@@ -169,14 +150,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
         )
     progress, on_progress = _progress_bar(err)
     hooks = RunHooks(on_progress=on_progress, checked=checked)
-    if PREFECT_API_URL.value():
-        if server is not None:  # configured in a way the quick look missed: Prefect's own settings win
-            server.stop()
-            server = None
-    elif server is None:
-        server = TemporaryServer().start()
-    if server is not None:
-        _warm_imports(emulator=not checked.base_url, report=args.report)
+    server = _prefect_server(server, emulator=not checked.base_url, report=args.report)
     try:
         api = (
             temporary_settings(_temporary_server_settings(server.wait_ready()))
@@ -209,6 +183,58 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
     except UsageError as exc:
         err.print(f"{exc}; nothing was sent.", markup=False)
         return EXIT_USAGE
+    return _report(out, err, info, signals)
+
+
+def _preflight(args: argparse.Namespace, err: Console) -> Preflight | None:
+    """Everything that can be checked without Prefect, checked first (a mistake costs no start-up); None,
+    the problems printed, when the run cannot start."""
+    from imagebatch.flows.config import UsageError, preflight
+    from imagebatch.manifest import ManifestError
+
+    try:
+        return preflight(
+            args.manifest,
+            args.out,
+            concurrency=args.concurrency,
+            base_url=args.base_url,
+            api_key_secret_block=args.api_key_block,
+            rpm=args.rpm,
+            max_images=args.max_images,
+            max_spend=args.max_spend,
+            prices=args.prices,
+        )
+    except ManifestError as exc:
+        for problem in exc.problems:
+            err.print(str(problem), markup=False, highlight=False)
+        err.print(f"{args.manifest}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
+        return None
+    except UsageError as exc:
+        err.print(f"{exc}; nothing was sent.", markup=False)
+        return None
+
+
+def _prefect_server(
+    server: TemporaryServer | None, *, emulator: bool, report: bool
+) -> TemporaryServer | None:
+    """The temporary server to run on, or None when Prefect's settings name a running one."""
+    from prefect.settings import PREFECT_API_URL
+
+    from imagebatch.flows.prefect_server import TemporaryServer
+
+    if PREFECT_API_URL.value():
+        if server is not None:  # configured in a way the quick look missed: Prefect's own settings win
+            server.stop()
+            server = None
+    elif server is None:
+        server = TemporaryServer().start()
+    if server is not None:
+        _warm_imports(emulator=emulator, report=report)
+    return server
+
+
+def _report(out: Console, err: Console, info: dict[str, Any], signals: list[int]) -> int:
+    """Print the run's summary, usage, spend and warnings; return the exit code."""
     _print_summary(out, info)
     _print_usage(out, info.get("usage", []))
     if info.get("spend"):
