@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import httpx
 
@@ -85,6 +85,32 @@ def describe_attempt(event: AttemptFinished) -> str:
     if event.status is not None:
         return f"HTTP {event.status} {event.error_code or ''}".strip()
     return event.error_message or event.outcome
+
+
+class _Attempt:
+    """One attempt of a request: reports its start to the observer when made, and its end by `finished`."""
+
+    def __init__(
+        self, notify: AttemptObserver, route: Route, model: str, idempotency_key: str, attempt: int
+    ) -> None:
+        self.notify, self.route, self.attempt = notify, route, attempt
+        started_at, self.t0 = datetime.now(UTC), time.monotonic()
+        self.ids = (route, model, idempotency_key, attempt, started_at)
+        notify(AttemptStarted(*self.ids))
+
+    def finished(self, status: int | None, outcome: Any, retry_in: float | None = None, **kw: Any) -> None:
+        duration = time.monotonic() - self.t0
+        event = AttemptFinished(*self.ids, duration, status, outcome, retry_in=retry_in, **kw)
+        self.notify(event)
+        if retry_in is not None:
+            _log_retry(event)
+
+
+class _Failed(NamedTuple):
+    """An attempt's error, and the wait before the next attempt (None: there is none)."""
+
+    error: GatewayError
+    delay: float | None
 
 
 class GatewayClient:
@@ -283,21 +309,7 @@ class GatewayClient:
             # The account-wide limit's slot (if any) is held while the attempt is on the wire, never
             # during a retry's wait.
             with self._slot():
-                started_at, t0 = datetime.now(UTC), time.monotonic()
-                notify(AttemptStarted(route, model, idempotency_key, attempt, started_at))
-
-                def finished(
-                    status: int | None, outcome: Any, retry_in: float | None = None, **kw: Any
-                ) -> None:
-                    # Called within this iteration only, so the loop variables it reads are this attempt's.
-                    ids = (route, model, idempotency_key, attempt, started_at)  # noqa: B023
-                    duration = time.monotonic() - t0  # noqa: B023
-                    event = AttemptFinished(*ids, duration, status, outcome, retry_in=retry_in, **kw)
-                    notify(event)
-                    if retry_in is not None:
-                        _log_retry(event)
-
-                error: GatewayError
+                tried = _Attempt(notify, route, model, idempotency_key, attempt)
                 try:
                     response = self._http.post(
                         request.path,
@@ -307,50 +319,63 @@ class GatewayClient:
                         files=files,
                         timeout=timeout,
                     )
-                except _NOT_SENT as exc:
-                    message = f"could not send to {self.base_url}: {_transport_reason(exc)}"
-                    delay = policy.delay_before_retry(attempt, None)
-                    finished(None, "not_sent", delay, error_message=message)
-                    error = ServiceUnreachableError(message, attempts=attempt)
-                    error.may_have_been_billed = unanswered
                 except httpx.TransportError as exc:
-                    message = f"no answer from the service ({type(exc).__name__}); it may have been billed"
-                    delay = policy.delay_before_retry(attempt, None)
-                    unanswered = True
-                    finished(None, "no_answer", delay, error_message=message)
-                    error = OutcomeUnknownError(message, attempts=attempt)
+                    unanswered = unanswered or not isinstance(exc, _NOT_SENT)
+                    failed = self._unanswered(exc, tried, policy)
+                    failed.error.may_have_been_billed = unanswered
                 else:
-                    status = response.status_code
-                    request_id, body, failure = self._answer(response, attempt)
-                    if failure is None:
-                        try:
-                            result = read_result(route, body, request_id, attempt)
-                        except ResponseFormatError as exc:
-                            failure = ResponseFormatError(
-                                exc.message, request_id=request_id, attempts=attempt
-                            )
-                        else:
-                            images = len(getattr(result, "images", []))
-                            finished(status, "ok", request_id=request_id, images=images, usage=result.usage)
-                            return result
-                    if isinstance(failure, ResponseFormatError):  # a success status we cannot read: final
-                        finished(
-                            status, "error", request_id=request_id,
-                            error_code="bad_response", error_message=failure.message,
-                        )  # fmt: skip
-                        raise failure
-                    error = failure
-                    retry_after = parse_retry_after(response.headers.get("retry-after"))
-                    delay = policy.delay_before_retry(attempt, status, retry_after)
-                    finished(
-                        status, "error", delay, request_id=request_id,
-                        error_code=failure.code, error_message=failure.message,
-                    )  # fmt: skip
-                    error.may_have_been_billed = unanswered or status == 500
-            if delay is None:
-                raise error
-            self._sleep(delay)
+                    outcome = self._read(response, tried, policy)
+                    if not isinstance(outcome, _Failed):
+                        return outcome
+                    failed = outcome
+                    failed.error.may_have_been_billed = unanswered or response.status_code == 500
+            if failed.delay is None:
+                raise failed.error
+            self._sleep(failed.delay)
         raise AssertionError("unreachable: the last attempt has no retry delay")  # pragma: no cover
+
+    def _unanswered(self, exc: httpx.TransportError, tried: _Attempt, policy: RetryPolicy) -> _Failed:
+        """An attempt that got no answer: never sent (`ServiceUnreachableError`), or sent with no answer
+        back (`OutcomeUnknownError`: it may have been generated and billed)."""
+        delay = policy.delay_before_retry(tried.attempt, None)
+        error: GatewayError
+        if isinstance(exc, _NOT_SENT):
+            message = f"could not send to {self.base_url}: {_transport_reason(exc)}"
+            tried.finished(None, "not_sent", delay, error_message=message)
+            error = ServiceUnreachableError(message, attempts=tried.attempt)
+        else:
+            message = f"no answer from the service ({type(exc).__name__}); it may have been billed"
+            tried.finished(None, "no_answer", delay, error_message=message)
+            error = OutcomeUnknownError(message, attempts=tried.attempt)
+        return _Failed(error, delay)
+
+    def _read(self, response: httpx.Response, tried: _Attempt, policy: RetryPolicy) -> Result | _Failed:
+        """What an answer says: a result, or an error and the wait before the next attempt; a success
+        status whose body cannot be read raises at once (final: it may have been generated)."""
+        status, attempt = response.status_code, tried.attempt
+        request_id, body, failure = self._answer(response, attempt)
+        if failure is None:
+            try:
+                result = read_result(tried.route, body, request_id, attempt)
+            except ResponseFormatError as exc:
+                failure = ResponseFormatError(exc.message, request_id=request_id, attempts=attempt)
+            else:
+                images = len(getattr(result, "images", []))
+                tried.finished(status, "ok", request_id=request_id, images=images, usage=result.usage)
+                return result
+        if isinstance(failure, ResponseFormatError):  # a success status we cannot read: final
+            tried.finished(
+                status, "error", request_id=request_id,
+                error_code="bad_response", error_message=failure.message,
+            )  # fmt: skip
+            raise failure
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        delay = policy.delay_before_retry(attempt, status, retry_after)
+        tried.finished(
+            status, "error", delay, request_id=request_id,
+            error_code=failure.code, error_message=failure.message,
+        )  # fmt: skip
+        return _Failed(failure, delay)
 
     def _answer(
         self, response: httpx.Response, attempt: int
