@@ -8,25 +8,25 @@ never reach a task.
 
 How a unit is sent: the flow's part (`Dispatcher`, here) and the task's part (`tasks.generate.generate`)::
 
-    flow thread: Dispatcher.run          task run: generate(batch, pool)      request thread (RequestPool)
-    ---------------------------          -------------------------------      ----------------------------
-    _admit(unit): window, budgets
-      _start_task(batch) --submit-->     for unit in batch:   (blocks until
-      batch.admit(unit) ----queue--->      admitted; ends when batch closed)
-                                           pool.send(unit, task's context) --> settle(ctx, unit): send it,
-                                         wait for its units                      keep its records in
-                                                                                 ctx.results
-    finished.get() <------------------------------------------- unit done ----+
-      _unit_finished: window, budgets, progress
-    finished.get() <--- task run ended --+
-      _task_ended: units it never took (its task run failed in Prefect) -> pool.send(unit) from here
+    flow thread: Dispatcher.run         task run: generate(batch, pool)       request threads: RequestThreads
+    ---------------------------         -------------------------------       -------------------------------
+    _admit_while_room: window, budgets
+     _admit(unit)
+      _start_task(batch) --submit-->    for unit in batch:  (waits for each
+      batch.admit(unit) ---queue--->      admitted unit; ends once closed)
+                                          pool.send(unit, task's context) --> settle(ctx, unit): send it,
+                                        wait for its units                      ctx.results[unit] = records
+    finished.get() <--------------------------------------------- unit done ---+
+      _take: window, budgets, progress
+    finished.get() <-- task run ended --+
+      _take: units it never took (its task run failed in Prefect) -> RequestThreads.send, from here
 
-The dispatcher alone decides what is sent and when; the task only takes what was admitted to its batch
-and hands each unit to `RequestPool.send` (the flow's request threads, `concurrency` of them shared by
-every batch, so a batch's tail never idles a slot) in the task run's context, so that the unit's log
-lines are the task's. `RequestPool.send` is the one call from the task back up into the flow: the
-`RequestPool` protocol of `tasks.generate` names it. The records never pass through Prefect: they go to
-`ctx.results`, and the dispatcher learns of a finished unit from its `finished` queue.
+The dispatcher alone decides what is sent and when; the task only takes what was admitted to its batch and
+hands each unit to the run's request threads (`concurrency` of them, shared by every batch, so a batch's
+tail never idles a slot) in the task run's context, so that the unit's log lines are the task's.
+`RequestThreads.send` is the one call from the task back up into the flow, named as such by the
+`RequestPool` protocol of `tasks.generate`. Records never pass through Prefect: they go to `ctx.results`
+(`tasks.context.RecordSpool`), and the dispatcher learns that a unit finished from its `finished` queue.
 """
 
 from __future__ import annotations
