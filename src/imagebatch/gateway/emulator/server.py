@@ -94,7 +94,7 @@ class EmulatorServer:
             # connection cap and header timeout extend it (guard.py).
             http=limited_protocol(self.limits),
             h11_max_incomplete_event_size=self.limits.max_header_bytes,
-            timeout_keep_alive=self.limits.idle_timeout,  # type: ignore[arg-type]  # a float works
+            timeout_keep_alive=self.limits.idle_timeout,  # type: ignore[arg-type]  # uvicorn uses call_later: a float works
             backlog=ACCEPT_BATCH,
             loop="asyncio",
             lifespan="off",
