@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PIL import Image
+from PIL import Image, ImageFile, JpegImagePlugin, PngImagePlugin
 
 if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
@@ -64,26 +64,104 @@ def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
         pass
 
 
+THUMB_MAX_PIXELS = 24_000_000
+"""The largest image a thumbnail decodes (a JPEG counted at its draft scale): about 4,900 x 4,900, at most
+4 bytes a pixel, so 96 MB. A PNG has no reduced decode in Pillow: a 13000 x 13000 RGBA reference (a
+660 KB file) took 1.3 GB of RSS and 9 s. A larger image gets a placeholder in the report saying so."""
+
+_HEADER_READERS: dict[bytes, type[ImageFile.ImageFile]] = {
+    b"\x89PNG\r\n\x1a\n": PngImagePlugin.PngImageFile,
+    b"\xff\xd8\xff": JpegImagePlugin.JpegImageFile,
+}
+
+
+class TooLarge(ValueError):
+    """An image over `THUMB_MAX_PIXELS`: not decoded, shown as a placeholder."""
+
+    def __init__(self, size: tuple[int, int] | None) -> None:
+        self.size = size
+        pixels = f"{size[0]} x {size[1]} pixels: " if size else ""
+        super().__init__(f"{pixels}too large to thumbnail (over {THUMB_MAX_PIXELS:,} pixels)")
+
+
+def _open_bounded(source: Path | io.BytesIO) -> Image.Image:
+    """Open `source` reading only its header; a JPEG is set to decode at the smallest scale (1/2 to 1/8)
+    that still covers the thumbnail. Raise `TooLarge` if decoding it would exceed `THUMB_MAX_PIXELS`.
+
+    PNG and JPEG are opened by their plugins directly: `Image.open` would first warn of a decompression
+    bomb (from 89 M pixels) for an image refused here anyway."""
+    if isinstance(source, io.BytesIO):
+        magic = source.read(8)
+        source.seek(0)
+    else:
+        with source.open("rb") as fh:
+            magic = fh.read(8)
+    reader = next((r for m, r in _HEADER_READERS.items() if magic.startswith(m)), None)
+    try:
+        im = reader(source) if reader else Image.open(source)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise TooLarge(None) from exc
+    size = im.size
+    im.draft("RGB", (THUMB_SIDE, THUMB_SIDE))  # a no-op but for JPEG
+    if im.width * im.height > THUMB_MAX_PIXELS:
+        im.close()
+        raise TooLarge(size)
+    return im
+
+
+def _reduced(im: Image.Image) -> Image.Image:
+    """`im` shrunk by a whole factor to about twice the thumbnail's side (as `thumbnail`'s reducing_gap
+    does), a band of rows at a time: `reduce` of a whole RGBA image first makes a premultiplied copy of
+    it, which doubled the cost of a large reference (4096 x 4096: 131 MiB, now 70)."""
+    factor = max(im.size) // (2 * THUMB_SIDE)
+    if factor < 2 or im.mode in ("1", "P", "I;16", "I;16B", "I;16L"):  # modes reduce() refuses
+        return im
+    width, height = im.size
+    rows = factor * max(1, (1 << 20) // (width * factor))  # bands of about a million pixels
+    small = Image.new(im.mode, (-(-width // factor), -(-height // factor)))
+    for top in range(0, height, rows):
+        band = im.crop((0, top, width, min(height, top + rows)))
+        small.paste(band.reduce(factor), (0, top // factor))
+    return small
+
+
 def _save_thumbnail(source: Path | io.BytesIO, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    with Image.open(source) as im:
-        im.draft("RGB", (THUMB_SIDE, THUMB_SIDE))  # a JPEG decodes at the smallest scale that will do
-        im.thumbnail((THUMB_SIDE, THUMB_SIDE), reducing_gap=2.0)
+    with _open_bounded(source) as im:
+        small = _reduced(im)
+        small.thumbnail((THUMB_SIDE, THUMB_SIDE), reducing_gap=2.0)
         buf = io.BytesIO()
-        im.convert("RGB").save(buf, "JPEG", quality=80)
+        small.convert("RGB").save(buf, "JPEG", quality=80)
     target.write_bytes(buf.getvalue())
 
 
 def _thumb(out: Path, source: Path, name: str) -> str | None:
     """A JPEG thumbnail of `source` under out/thumbs/ (made once, remade if the source is newer);
-    its path relative to `out`, or None if `source` is not a readable image."""
+    its path relative to `out`, or None if `source` is not a readable image. `TooLarge` if it is
+    over `THUMB_MAX_PIXELS`."""
     target = out / "thumbs" / f"{name}.jpg"
     try:
         if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
             _save_thumbnail(source, target)
-    except OSError:
+    except TooLarge:
+        raise
+    except (OSError, ValueError):
         return None
     return target.relative_to(out).as_posix()
+
+
+def _thumb_html(out: Path, source: Path, name: str, label: str, link: str | None = None) -> str:
+    """The card's `<img>` of `source`, a placeholder naming its size if it is too large, or nothing."""
+    try:
+        thumb = _thumb(out, source, name)
+    except TooLarge as exc:
+        html_ = f'<div class="big">{_esc(label)} {_esc(exc)}</div>'
+        return f'<a href="{_esc(link)}">{html_}</a>' if link else html_
+    if thumb is None:
+        return ""
+    if link:
+        return f'<a href="{_esc(link)}"><img loading="lazy" src="{_esc(thumb)}" alt="{label}"></a>'
+    return f'<img class="ref" loading="lazy" src="{_esc(thumb)}" alt="{label}" title="{label}">'
 
 
 def _manifest_details(out: Path, run: dict[str, Any]) -> dict[str, Any]:
@@ -124,11 +202,7 @@ def _card_html(out: Path, card: Card) -> str:
     for rel in filter(None, row.get("paths", "").split(";")):
         source = out / rel
         if rel.endswith((".png", ".jpg", ".jpeg")):
-            thumb = _thumb(out, source, thumb_name(rel))
-            if thumb:
-                media.append(
-                    f'<a href="{_esc(rel)}"><img loading="lazy" src="{_esc(thumb)}" alt="image"></a>'
-                )
+            media.append(_thumb_html(out, source, thumb_name(rel), "image", link=rel))
         elif rel.endswith(".txt") and source.is_file():
             texts.append(source.read_text(errors="replace")[:2000])
         elif rel.endswith(".no_image.json") and source.is_file():
@@ -136,12 +210,8 @@ def _card_html(out: Path, card: Card) -> str:
             texts.append(f"no image; the service said: {said}" if said else "no image")
     for i, ref in enumerate([*card.references, *([card.mask] if card.mask else [])]):
         name = "ref-" + hashlib.sha256(str(ref).encode()).hexdigest()[:16]
-        thumb = _thumb(out, Path(ref), name)
         label = "mask" if card.mask is not None and i == len(card.references) else "reference"
-        if thumb:
-            media.append(
-                f'<img class="ref" loading="lazy" src="{_esc(thumb)}" alt="{label}" title="{label}">'
-            )
+        media.append(_thumb_html(out, Path(ref), name, label))
     reason = row.get("error") or ""
     if status == "no_image" and row.get("finish_reason") and row["finish_reason"] not in reason:
         reason = f"finishReason {row['finish_reason']}. {reason}"
@@ -168,21 +238,27 @@ def _card_html(out: Path, card: Card) -> str:
 STYLE = """body{font:14px system-ui,sans-serif;margin:1em;background:#fafafa}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:10px}
 .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px}.card[hidden]{display:none}
-.media img{max-width:100%;max-height:256px;margin:2px}.media img.ref{max-height:64px;border:1px dashed #999}
+.media img{max-width:100%;max-height:256px;margin:2px}
+.media .big{display:inline-block;max-width:240px;margin:2px;padding:6px;border:1px dashed #b00;color:#b00}
+.media img.ref{max-height:64px;border:1px dashed #999}
 .st{float:right;font-weight:bold}.s-succeeded .st,.s-skipped .st{color:#080}
 .s-failed .st,.s-unknown .st{color:#b00}
 .prompt{margin:4px 0}.facts{color:#666;font-size:12px}.reason{color:#b00;margin-top:4px}
 pre.text{white-space:pre-wrap;max-height:12em;overflow:auto;background:#f4f4f4;padding:4px}
 nav a{margin-right:8px}"""
-SCRIPT = """const f={};function apply(){let n=0;for(const c of document.querySelectorAll('.card')){
-const ok=['status','route','model'].every(k=>!f[k]||c.dataset[k]===f[k]);c.hidden=!ok;if(ok)n++;}
-document.getElementById('shown').textContent=n;}
+SCRIPT = """const keys=['status','route','model'],f={};function apply(){let n=0;
+for(const c of document.querySelectorAll('.card')){const ok=keys.every(k=>!f[k]||c.dataset[k]===f[k]);
+c.hidden=!ok;if(ok)n++;}document.getElementById('shown').textContent=n;}
 for(const s of document.querySelectorAll('select')){
 s.addEventListener('change',()=>{f[s.name]=s.value;apply();});}
-for(const [k,v] of new URLSearchParams(location.hash.slice(1))){f[k]=v;
-const s=document.querySelector(`select[name=${k}]`);if(s)s.value=v;}
+try{const p=new URLSearchParams(location.hash.slice(1));
+for(const s of document.querySelectorAll('select')){const v=p.get(s.name);
+if(keys.includes(s.name)&&v&&[...s.options].some(o=>o.value===v)){f[s.name]=v;s.value=v;}}}catch(e){}
 apply();window.addEventListener('load',()=>{const imgs=[...document.images];
 document.body.dataset.images=imgs.length;document.body.dataset.loaded=imgs.filter(i=>i.complete&&i.naturalWidth>0).length;});"""
+"""The filters: a select per key, and the page's `#status=failed&model=...` hash read once at load. Only the
+three keys are read, and a value only when its select offers it (an unknown or malformed hash shows every
+card); the hash never reaches a selector (`#status]=x` had thrown)."""
 
 
 def _page(title: str, summary: str, nav: str, cards: list[str], options: dict[str, list[str]]) -> str:

@@ -19,6 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..constants import IDEMPOTENCY_HEADER, REQUEST_ID_HEADER
 from .errors import error_body
+from .guard import BodyGuard
+from .settings import ServerLimits
 from .state import EmulatorState, RequestLogEntry
 
 logger = logging.getLogger("imagebatch.gateway.emulator")
@@ -62,11 +64,13 @@ async def _close_connection(send: Send) -> bool:
 
 
 class EdgeMiddleware:
-    """Assign a request id, log the request, add `x-request-id` to the answer, carry out drops."""
+    """Assign a request id, log the request, add `x-request-id` to the answer, carry out drops, bound
+    the body (`BodyGuard`)."""
 
-    def __init__(self, app: ASGIApp, state: EmulatorState) -> None:
+    def __init__(self, app: ASGIApp, state: EmulatorState, limits: ServerLimits) -> None:
         self.app = app
         self.state = state
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -87,8 +91,12 @@ class EdgeMiddleware:
                 record.ended = time.time()  # before the last byte leaves: a client never sees it unset
             await send(message)
 
+        guard = BodyGuard(receive, send_with_id, self.limits, headers.get("content-length"))
         try:
-            await self._serve(scope, receive, send_with_id, send, record, lambda: started)
+            if guard.too_large:
+                await guard.refuse_too_large()
+            else:
+                await self._serve(scope, guard.receive, guard.send, send, record, lambda: started)
         finally:
             if record.ended is None:  # no answer (a drop, an error before one)
                 record.ended = time.time()

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..errors import ErrorBody
 
@@ -27,6 +28,7 @@ ERROR_KINDS: dict[int, tuple[str, str]] = {
     405: ("invalid_request_error", "method_not_allowed"),
     408: ("timeout_error", "request_timeout"),
     409: ("conflict_error", "conflict"),
+    413: ("invalid_request_error", "request_too_large"),
     425: ("too_early_error", "too_early"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
     500: ("server_error", "generation_error"),
@@ -89,6 +91,9 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, ClientDisconnect):
+        # The client left mid-body, or BodyGuard refused the body: no one to answer, nothing to log.
+        return error_response(400, "the client disconnected before the request body was complete")
     logger.exception("emulator bug while answering %s %s", request.method, request.url.path)
     return error_response(500, f"emulator internal error: {type(exc).__name__}", "internal_error")
 

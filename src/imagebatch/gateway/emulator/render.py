@@ -96,6 +96,15 @@ def _open_rgb(data: bytes, size: tuple[int, int]) -> Image.Image:
         return img.convert("RGB").resize(size, Image.Resampling.BILINEAR)
 
 
+def prompt_lines(prompt: str, columns: int, max_lines: int) -> list[str]:
+    """The first `max_lines` lines of `prompt` wrapped at `columns`, as `textwrap.wrap` gives them.
+
+    Only a prefix two lines longer than what they can hold is wrapped: `textwrap` breaks a long word by
+    slicing the rest of it once per line, so a 10 MB prompt without spaces took minutes (quadratic)."""
+    text = prompt[: (max_lines + 2) * (columns + 1)]
+    return textwrap.wrap(text or "(no text)", columns)[:max_lines]
+
+
 def draw(spec: RenderSpec) -> Image.Image:
     """Draw the image of `spec` (not encoded)."""
     w, h = spec.width, spec.height
@@ -135,7 +144,7 @@ def draw(spec: RenderSpec) -> Image.Image:
     font = ImageFont.load_default(size=font_size)
     columns = max(8, int(w / (font_size * 0.6)) - 2)
     max_lines = max(1, int(h * 0.6 / (font_size * 1.25)))
-    lines = textwrap.wrap(spec.prompt or "(no text)", columns)[:max_lines]
+    lines = prompt_lines(spec.prompt, columns, max_lines)
     pen.multiline_text(
         (2 * frame, 2 * frame), "\n".join(lines), font=font, fill=ink,
         stroke_width=max(1, font_size // 16), stroke_fill=_contrast(ink),

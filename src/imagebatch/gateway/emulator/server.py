@@ -8,6 +8,7 @@ default of `imagebatch run`, and the `imagebatch emulator` command.
 
 from __future__ import annotations
 
+import resource
 import socket
 import threading
 import time
@@ -17,8 +18,27 @@ from typing import Any, Self
 import uvicorn
 
 from .app import EmulatorApp, create_app
-from .settings import EmulatorSettings, FaultConfig, ScriptedFault
+from .guard import limited_protocol
+from .settings import EmulatorSettings, FaultConfig, ScriptedFault, ServerLimits
 from .state import EmulatorState
+
+LISTEN_BACKLOG = 1024
+"""Connections the kernel queues until the server accepts them."""
+ACCEPT_BATCH = 64
+"""Connections asyncio accepts at once (its `backlog`): under a flood about four batches are accepted
+and not yet counted or closed, each holding a file descriptor."""
+
+
+def _within_descriptors(limits: ServerLimits) -> ServerLimits:
+    """`limits` with `max_connections` at most half of (the process's file-descriptor limit - 64 - four
+    accept batches): then the cap's connections, as many refused ones lingering (guard.py), the batches
+    in flight and 64 others fit, so a connection over the cap is answered 503 instead of failing to be
+    accepted ("Too many open files")."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    room = (soft - 64 - 4 * ACCEPT_BATCH) // 2
+    if soft == resource.RLIM_INFINITY or limits.max_connections <= room:
+        return limits
+    return limits.model_copy(update={"max_connections": max(1, room)})
 
 
 class EmulatorServer:
@@ -35,11 +55,14 @@ class EmulatorServer:
         host: str = "127.0.0.1",
         port: int = 0,
         log_level: str = "warning",
+        limits: ServerLimits | None = None,
     ) -> None:
         self.settings = settings
+        self.limits = _within_descriptors(limits or ServerLimits())
+        """The server's bounds (body size, timeouts, connections); README "Limits"."""
         self.host = host
         self.port = port
-        self.app: EmulatorApp = create_app(settings)
+        self.app: EmulatorApp = create_app(settings, self.limits)
         self._log_level = log_level
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -63,12 +86,16 @@ class EmulatorServer:
         except OSError:
             sock.close()
             raise
-        sock.listen(128)
+        sock.listen(LISTEN_BACKLOG)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app,
-            # Pinned: dropping a connection reaches into the h11 protocol's transport (see edge.py).
-            http="h11",
+            # h11, pinned: dropping a connection reaches into its transport (see edge.py), and the
+            # connection cap and header timeout extend it (guard.py).
+            http=limited_protocol(self.limits),
+            h11_max_incomplete_event_size=self.limits.max_header_bytes,
+            timeout_keep_alive=self.limits.idle_timeout,  # type: ignore[arg-type]  # uvicorn uses call_later: a float works
+            backlog=ACCEPT_BATCH,
             loop="asyncio",
             lifespan="off",
             log_level=self._log_level,
@@ -90,6 +117,8 @@ class EmulatorServer:
                 self.stop()
                 raise RuntimeError("emulator server did not start")
             time.sleep(0.005)
+        # asyncio listened again with its accept batch as the backlog; the kernel's queue is longer.
+        sock.listen(LISTEN_BACKLOG)
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -107,6 +136,11 @@ class EmulatorServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now (refused ones still closing included)."""
+        return len(self._server.server_state.connections) if self._server is not None else 0
 
     @property
     def running(self) -> bool:

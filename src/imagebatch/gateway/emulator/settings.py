@@ -111,6 +111,29 @@ def parse_bursts(text: str) -> OverloadBursts:
     return OverloadBursts(**fields)
 
 
+class ServerLimits(_StrictSettings):
+    """What one client can make the server hold or wait for (issue 21: a 100 MB body read whole, idle
+    connections exhausting file descriptors). Fixed when the server starts; see the README's "Limits"."""
+
+    max_body_bytes: int = Field(default=128 * 2**20, ge=1)
+    """A larger request body gets 413 and the connection is closed: at once by its Content-Length, or as
+    soon as a chunked body passes it. 128 MiB: above the spec's 50 MB per file, so a 50 MB image inline in
+    base64 (67 MB) or an edit's 50 MB source and 50 MB mask fit."""
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)
+    """The request line and headers (h11's limit; over it, 400)."""
+    header_timeout: float = Field(default=10.0, gt=0)
+    """Seconds from a new connection, or from the first byte of a further request on it, to the end of
+    the request's headers; then the connection is closed without an answer."""
+    body_timeout: float = Field(default=120.0, gt=0)
+    """Seconds from the end of the headers to the end of the body; then 408 and the connection closed."""
+    idle_timeout: float = Field(default=5.0, gt=0)
+    """Seconds a kept-alive connection may wait for its next request (uvicorn's `timeout_keep_alive`)."""
+    max_connections: int = Field(default=1000, ge=1)
+    """Open connections at most; one more is answered 503 (`Retry-After: 1`) and closed. The server
+    lowers it to fit the process's file-descriptor limit (`ulimit -n`; see `server._within_descriptors`):
+    352 under the common limit of 1024."""
+
+
 class EmulatorSettings(BaseModel):
     """Settings of one emulator app. Immutable: change them with `model_copy(update=...)`."""
 
