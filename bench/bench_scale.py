@@ -623,6 +623,14 @@ def cmd_start(args: argparse.Namespace) -> None:
                 return run_imagebatch(f"temporary-{i}", manifest, tmp / "ib-temporary", emu, 16, None, home)
 
             results["imagebatch, temporary server"] = reruns(args, temporary, emu)
+
+            def fresh_home(i: int) -> Measured:  # a new machine: no Prefect home, the folder already done
+                fresh = tmp / f"client-fresh-{i}"
+                return run_imagebatch(f"fresh-{i}", manifest, tmp / "ib-temporary", emu, 16, None, fresh)
+
+            results["imagebatch, temporary server, a fresh Prefect home each run"] = reruns(
+                args, fresh_home, emu
+            )
             with prefect_server(tmp / "prefect", args.database) as server:
 
                 def running(i: int) -> Measured:

@@ -27,6 +27,8 @@ import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from imagebatch.flows.prefect_template import seed_database
+
 # What the server process is given of our environment: Prefect's settings and what Python itself needs.
 _PASSED_ON = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TEMP", "TMP",
               "PYTHONPATH", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV", "SSL_CERT_FILE",
@@ -106,6 +108,7 @@ class TemporaryServer:
         if spec is None or spec.origin is None:
             raise RuntimeError("prefect is not installed")
         app_dir = str(Path(spec.origin).parent.parent)
+        seed_database(self.environ)  # an empty Prefect home gets a ready database (`flows.prefect_template`)
         self.port = _free_port()
         cmd = [sys.executable, "-m", __name__, str(os.getpid()), "--app-dir", app_dir, "--factory"]
         cmd += ["prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
