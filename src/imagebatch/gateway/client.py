@@ -40,11 +40,10 @@ from .errors import (
     ResponseFormatError,
     ServiceUnreachableError,
     error_for_status,
-    redact,
-    redact_json,
 )
 from .models import ChatRequest, ImagesRequest, MessagesRequest, NativeRequest, ResponsesRequest
 from .readers import Result, read_result, request_id_of
+from .redaction import redact, redact_json
 from .requests import GatewayRequest
 from .results import (
     AttemptEvent,
