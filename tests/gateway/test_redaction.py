@@ -132,6 +132,14 @@ def test_base64_image_data_is_cleaned_in_its_own_alphabet_and_padding() -> None:
     assert clean_image_b64(urlsafe, KEY) == base64.urlsafe_b64encode(plain).decode().rstrip("=")
 
 
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_cleaned_base64_is_padded_whenever_its_length_needs_it(extra: int) -> None:
+    """Removing a chunk changes the length mod 3: padding follows the new length, not the old text."""
+    tagged, plain = tagged_png(("tEXt", "Comment", KEY + "x" * extra))
+    assert clean_image_b64(b64(tagged), KEY) == b64(plain)
+    assert base64.b64decode(clean_image_b64(b64(tagged), KEY), validate=True) == plain
+
+
 def test_data_that_is_no_image_is_redacted_as_text() -> None:
     fake = base64.b64encode(b"\x89PNG\r\n\x1a\n" + KEY.encode()).decode()  # PNG magic, then no chunks
     assert "[redacted]" in clean_image_b64(fake, KEY)

@@ -148,7 +148,7 @@ def clean_image_b64(data: str, secret: str) -> str:
     encoded = base64.b64encode(cleaned).decode()
     if urlsafe:
         encoded = encoded.translate(_URLSAFE)
-    return encoded if data.endswith("=") else encoded.rstrip("=")
+    return encoded.rstrip("=") if len(data) % 4 else encoded  # unpadded stays so, padded (or exact) too
 
 
 def _views(payload: bytes) -> str:
