@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import pytest
 
 from imagebatch.flows.cli import main
+from imagebatch.tasks.csvcells import read_csv
 
 
 def write_jsonl(path: Path, jobs: list[dict[str, Any]]) -> Path:
@@ -18,8 +18,8 @@ def write_jsonl(path: Path, jobs: list[dict[str, Any]]) -> Path:
 
 
 def read_results(out: Path) -> list[dict[str, str]]:
-    with (out / "results.csv").open(newline="") as fh:
-        return list(csv.DictReader(fh))
+    """results.csv's rows, every cell as it was before the writer neutralised formulas."""
+    return list(read_csv(out / "results.csv"))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -268,6 +268,28 @@ def test_bad_configuration_exits_2_before_prefect_starts(
     assert key.strip() not in out + err  # a key is never echoed, even a malformed one
 
 
+@pytest.mark.parametrize("where", ["option", "environment"])
+def test_a_base_url_with_a_password_exits_2_without_echoing_it(
+    examples: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, where: str
+) -> None:
+    """Issue 21 #6: the URL would be stored in run.json and Prefect's flow-run parameters."""
+    url = "http://robot:Hunter2-PASS@127.0.0.1:9"
+    monkeypatch.setenv("IMAGEBATCH_API_KEY", "valid-key-123")
+    option = ["--base-url", url] if where == "option" else []
+    if where == "environment":
+        monkeypatch.setenv("IMAGEBATCH_BASE_URL", url)
+    started: list[Any] = []
+    import imagebatch.flows.batch as batch
+
+    monkeypatch.setattr(batch, "generate_from_manifest", lambda **kw: started.append(kw))
+    out = tmp_path / "out"
+    code, stdout, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(out), *option)
+    assert code == EXIT_USAGE
+    assert "must not hold a user name or password" in err and "nothing was sent" in err
+    assert "Hunter2-PASS" not in stdout + err and "robot" not in stdout + err
+    assert started == [] and not out.exists()
+
+
 def test_out_that_is_a_file_exits_2(examples: Path, tmp_path: Path, capsys: Any) -> None:
     target = tmp_path / "out"
     target.write_text("not a folder")

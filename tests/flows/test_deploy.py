@@ -293,6 +293,9 @@ def test_deploy_refuses_what_run_refuses_before_deploying(
     bad.write_text("id,prompt,image_size\nx,a cat,1k\n")
     assert stack.deploy(f"{bad} --out {out} --name bad --work-pool {POOL}") == 2
     assert "did you mean" in capsys.readouterr().err
+    assert stack.deploy(f"{CATALOG} --out {out} --name bad --base-url http://u:Hunter2@127.0.0.1:9") == 2
+    assert "must not hold a user name or password" in (err := capsys.readouterr().err)
+    assert "Hunter2" not in err
     assert stack.deploy(f"{CATALOG} --out {out} --name bad --cron 'every night' --work-pool {POOL}") == 2
     assert "--cron 'every night' is not a cron expression" in capsys.readouterr().err
     assert stack.deploy(f"{CATALOG} --out {out} --name bad --work-pool no-such-pool") == 2

@@ -340,6 +340,25 @@ def test_base_url_must_be_http(base_url: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "base_url",
+    [
+        "http://user:s3cret@gw.test",
+        "https://user@gw.test/relay",
+        "user:s3cret@gw.test",
+        "ftp://u:s3cret@gw/v1",
+    ],
+)
+def test_base_url_with_userinfo_is_refused_without_echoing_it(base_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="user name or password") as info:
+        GatewayClient(base_url, KEY)
+    assert "s3cret" not in str(info.value) and "robot" not in str(info.value)
+
+
+def test_an_at_sign_in_the_path_is_no_userinfo() -> None:
+    assert GatewayClient("http://gw.test/a@b", KEY).base_url == "http://gw.test/a@b"
+
+
+@pytest.mark.parametrize(
     ("base_url", "expected"),
     [
         ("http://gateway.test/", "http://gateway.test/v1/responses"),

@@ -145,10 +145,14 @@ def test_redact(text: str, secret: str | None, expected: str) -> None:
 
 
 def test_redaction_leaves_base64_image_data_whole_even_for_a_short_key() -> None:
-    from imagebatch.gateway.errors import redact_json
+    from helpers.images import b64, jpeg, png
 
-    body = {"parts": [{"inlineData": {"mimeType": "image/png", "data": "iVBORk9g"}, "text": "k9 said"}],
-            "data": [{"b64_json": "AAk9BB"}]}  # fmt: skip
-    clean = redact_json(body, "k9")
-    assert clean["parts"][0]["inlineData"]["data"] == "iVBORk9g" and clean["data"][0]["b64_json"] == "AAk9BB"
-    assert "k9" not in clean["parts"][0]["text"]
+    from imagebatch.gateway.redaction import redact_json
+
+    image, photo = b64(png()), b64(jpeg())
+    key = image[-30:-28]  # a short key that the image's base64 happens to contain
+    body = {"parts": [{"inlineData": {"mimeType": "image/png", "data": image}, "text": f"{key} said"}],
+            "data": [{"b64_json": photo}]}  # fmt: skip
+    clean = redact_json(body, key)
+    assert clean["parts"][0]["inlineData"]["data"] == image and clean["data"][0]["b64_json"] == photo
+    assert clean["parts"][0]["text"] == "[redacted] said"

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from imagebatch.tasks.csvcells import read_csv
 from imagebatch.tasks.store import RequestRecord
 from imagebatch.tasks.usage import percentile, summarise_usage, usage_summary, write_usage_summary
 
@@ -64,3 +65,16 @@ def test_the_csv_round_trips(tmp_path: Path) -> None:
         rows = list(csv.DictReader(fh))
     assert [r["route"] for r in rows] == ["images_generations", "messages", "native"]
     assert rows[2]["unknown"] == "0" and rows[1]["latency_p95_s"] == "0.5"
+
+
+def test_a_model_named_like_a_formula_is_neutralised_and_read_back(tmp_path: Path) -> None:
+    """Issue 21 #5: a text route's model name comes from the manifest, and usage-summary.csv is opened in
+    spreadsheets."""
+    model = "=cmd|' /C calc'!A0"
+    ledger = [attempt("a", "messages", model, "ok", duration_s=0.5), attempt("b", "@route", "-m", "ok")]
+    (tmp_path / "usage.jsonl").write_text("".join(json.dumps(line) + "\n" for line in ledger))
+    path = write_usage_summary(tmp_path, usage_summary(tmp_path))
+    with path.open(newline="") as fh:
+        raw = list(csv.DictReader(fh))
+    assert [(r["route"], r["model"]) for r in raw] == [("'@route", "'-m"), ("messages", "'" + model)]
+    assert [(r["route"], r["model"]) for r in read_csv(path)] == [("@route", "-m"), ("messages", model)]

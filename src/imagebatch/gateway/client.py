@@ -9,6 +9,7 @@ request ids) is cleared of it in one place (`_answer`) before anyone reads it.
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 import threading
 import time
@@ -40,11 +41,10 @@ from .errors import (
     ResponseFormatError,
     ServiceUnreachableError,
     error_for_status,
-    redact,
-    redact_json,
 )
 from .models import ChatRequest, ImagesRequest, MessagesRequest, NativeRequest, ResponsesRequest
 from .readers import Result, read_result, request_id_of
+from .redaction import redact, redact_json
 from .requests import GatewayRequest
 from .results import (
     AttemptEvent,
@@ -412,8 +412,21 @@ def _transport_reason(exc: httpx.TransportError) -> str:
     return type(exc).__name__
 
 
+_USERINFO = re.compile(r"^\s*(?:[A-Za-z][A-Za-z0-9+.-]*:)?(?://)?[^/?#]*@")
+"""A user name or password before the host (`http://user:PASS@host`), with or without a scheme."""
+
+
 def normalise_base_url(base_url: str) -> str:
-    """Check and tidy a service root: scheme required, no `/v1` or `/v1beta` suffix, no trailing slash."""
+    """Check and tidy a service root: scheme required, no `/v1` or `/v1beta` suffix, no trailing slash.
+
+    A base URL with a user name or password in it is refused, and the message does not repeat the URL:
+    it would otherwise be stored in run.json and Prefect's flow-run parameters (the key goes in a header,
+    from `IMAGEBATCH_API_KEY` or a Secret block, never in the URL)."""
+    if _USERINFO.match(base_url):
+        raise ConfigurationError(
+            "base URL must not hold a user name or password (user:password@host): give the service root "
+            "alone, and the API key in IMAGEBATCH_API_KEY or a Prefect Secret block"
+        )
     url = base_url.strip().rstrip("/")
     try:
         parsed = httpx.URL(url) if url else None

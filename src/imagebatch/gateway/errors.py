@@ -16,7 +16,8 @@
         └── ServerError                 5xx
 
 Messages are read as the spec says: `error.message`, then top-level `message`, then the status text.
-No message ever carries the API key: `redact` removes it from anything the service sends back.
+No message ever carries the API key: `redact` (redaction.py) removes it, in every form it knows, from
+anything the service sends back.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from http import HTTPStatus
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+
+from .redaction import redact
 
 
 class GatewayError(Exception):
@@ -134,36 +137,6 @@ _BY_STATUS: dict[int, type[APIStatusError]] = {
     404: NotFoundError,
     429: RateLimitError,
 }
-
-
-def redact(text: str, secret: str | None) -> str:
-    """Remove `secret` from `text` (a service that echoes a key must not put it in our logs)."""
-    if secret and secret in text:
-        return text.replace(secret, "[redacted]")
-    return text
-
-
-def redact_json(value: Any, secret: str | None) -> Any:
-    """`value` (a parsed JSON body) with `secret` removed from every string in it, keys included."""
-    if not secret:
-        return value
-    if isinstance(value, str):
-        return redact(value, secret)
-    if isinstance(value, list):
-        return [redact_json(v, secret) for v in value]
-    if isinstance(value, dict):
-        return {
-            redact(k, secret): v if _is_image_data(value, k, v) else redact_json(v, secret)
-            for k, v in value.items()
-        }
-    return value
-
-
-def _is_image_data(parent: dict[str, Any], key: str, value: Any) -> bool:
-    """Base64 image bytes (an `inlineData.data`, a `b64_json`): never the key's echo, and cutting a short key
-    out of them would break the image. They are decoded and checked as images, never shown as text."""
-    image = key == "b64_json" or (key == "data" and ("mimeType" in parent or "mime_type" in parent))
-    return image and isinstance(value, str)
 
 
 class _Lenient(BaseModel):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import html
 import io
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image, ImageFile, JpegImagePlugin, PngImagePlugin
+
+from imagebatch.tasks.csvcells import read_csv
 
 if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
@@ -178,8 +179,7 @@ def _manifest_details(out: Path, run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rows(out: Path) -> Generator[dict[str, str], None, None]:
-    with (out / "results.csv").open(newline="") as fh:
-        yield from csv.DictReader(fh)
+    yield from read_csv(out / "results.csv")
 
 
 def _card(row: dict[str, str], details: Mapping[str, Any]) -> Card:

@@ -22,7 +22,6 @@ locks and the shards' merge are one protocol; split, each half would have to res
 from __future__ import annotations
 
 import contextlib
-import csv
 import fcntl
 import io
 import json
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from imagebatch.gateway import AttemptEvent, AttemptStarted
+
+from .csvcells import write_csv
 
 if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
@@ -422,14 +423,12 @@ class OutputStore:
         return json.loads(path.read_bytes())
 
     def write_results(self, rows: Iterable[dict[str, Any]], metadata_columns: list[str]) -> None:
-        """Write results.csv atomically, row by row (no copy of the whole table in memory)."""
+        """Write results.csv atomically, row by row (no copy of the whole table in memory); cells that a
+        spreadsheet would run as a formula are neutralised (`csv_cell`; `read_csv` reads them back)."""
         columns = list(RESULT_COLUMNS) + [c for c in metadata_columns if c not in RESULT_COLUMNS]
         with atomic_file(self.results_path) as fh:
             text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
-            writer = csv.DictWriter(text, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-            writer.writeheader()
-            for row in rows:
-                writer.writerow(row)
+            write_csv(text, columns, rows)
             text.flush()
             text.detach()  # `atomic_file` syncs and closes the file itself
 

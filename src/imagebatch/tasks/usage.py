@@ -9,7 +9,6 @@ are the service's own, summed where its usage object has them under any of the n
 
 from __future__ import annotations
 
-import csv
 import io
 import math
 from collections.abc import Iterable
@@ -17,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .csvcells import write_csv
 from .store import RequestRecord, read_jsonl, write_atomic
 
 INPUT_TOKENS = ("promptTokenCount", "prompt_tokens", "input_tokens")
@@ -119,12 +119,11 @@ def usage_summary(out: Path, records: Iterable[RequestRecord] = ()) -> list[Usag
 
 
 def write_usage_summary(out: Path, rows: list[UsageRow]) -> Path:
-    """Write `usage-summary.csv` into `out` (atomically) and return its path."""
+    """Write `usage-summary.csv` into `out` (atomically) and return its path. A route or model name a
+    spreadsheet would run as a formula is neutralised (`csvcells.csv_cell`; `csvcells.read_csv` reads
+    it back)."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: "" if v is None else v for k, v in r.to_dict().items()})
+    write_csv(buf, COLUMNS, (r.to_dict() for r in rows))
     path = Path(out) / "usage-summary.csv"
     write_atomic(path, buf.getvalue().encode())
     return path
