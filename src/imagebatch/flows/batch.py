@@ -167,6 +167,7 @@ def generate_from_manifest(
     shards: int = 1,
     shard: int | None = None,
     shard_deployment: str | None = None,
+    files_root: list[str] | None = None,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
@@ -180,13 +181,14 @@ def generate_from_manifest(
     later): a thumbnail costs ~15 ms of CPU per 1K image, as much as the rest of a request's work.
     With `shards` > 1 the run starts that many runs of `shard_deployment` (each `shard` I of them sends
     its share) on a work pool's workers, waits, and writes the records (see `flows.shards`).
+    `files_root` names folders reference images and masks may come from besides the manifest's folder.
     Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
     """
     hooks = _hooks.get() or RunHooks()
     checked = hooks.checked or preflight(
         manifest, out, concurrency=concurrency, base_url=base_url,
         api_key_secret_block=api_key_secret_block, rpm=rpm, max_images=max_images,
-        max_spend=max_spend, prices=prices, shard=shard is not None,
+        max_spend=max_spend, prices=prices, shard=shard is not None, files_root=files_root,
     )  # fmt: skip
     if shards < 1 or (shard is not None and not 0 <= shard < shards):
         raise UsageError(f"shard {shard} of {shards}: shards must be 1 or more, and a shard 0 to shards - 1")
@@ -203,6 +205,7 @@ def generate_from_manifest(
             "concurrency": concurrency, "base_url": base_url, "force": force,
             "retry_unknown": retry_unknown, "api_key_secret_block": api_key_secret_block, "rpm": rpm,
             "adaptive": adaptive, "prices": prices, "global_limit": global_limit, "report": report,
+            "files_root": files_root,
         }  # fmt: skip
         store = OutputStore(checked.out)
         with held(store):  # nothing else runs into the folder; the last sharded run's files are merged

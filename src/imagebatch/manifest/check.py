@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,14 @@ from imagebatch.gateway.models import check_aspect_ratio, check_text_model
 from .fields import (
     KNOWN_FIELDS,
     MISPLACED_HINTS,
+    RESULTS_ONLY_COLUMNS,
     ROUTE_FIELDS,
     ROUTE_SPECIFIC_FIELDS,
+    SETTINGS,
     looks_like_field,
     routes_for,
 )
-from .files import SIZE_HINT, FileChecker, FileFacts, size_fault
+from .files import SIZE_HINT, FileChecker, FileFacts, outside, resolve_reference, size_fault
 from .inputs import JobInput, clean_text, validate_input
 from .models import (
     MANIFEST_ROUTES,
@@ -80,6 +82,41 @@ def _model_hint(model: str, candidates: tuple[str, ...]) -> str | None:
 
 _JOB_FIELDS = set(Job.model_fields)
 
+NUL_MESSAGE = "holds a NUL character (\\0), which no field may hold"
+NUL_HINT = "remove it; broken exports often leave one"
+
+
+def has_nul(value: Any) -> bool:
+    """Whether a row's value (text, or a JSON list or object, at most `read.MAX_DEPTH` deep) holds a NUL."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(has_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    return False
+
+
+def shown(name: str) -> str:
+    """A column or key name as a problem shows it (a NUL character as `\\0`)."""
+    return name.replace("\x00", "\\0")
+
+
+def name_fault(name: str) -> tuple[str, str | None] | None:
+    """Why a column or key that is not a field cannot be metadata, or None when it can."""
+    if "\x00" in name:
+        return "the name " + NUL_MESSAGE, NUL_HINT
+    if name in RESULTS_ONLY_COLUMNS:
+        return (
+            f"{name!r} is also a column of results.csv (each request's own {name}), where this metadata "
+            "would be lost",
+            f"rename the column, e.g. to 'source_{name}'",
+        )
+    if name in SETTINGS:
+        where = "a JSON manifest's defaults, or --files-root"
+        return f"{name} is set for the whole manifest ({where}), not per job", None
+    return None
+
 
 def _shared(value: Any) -> Any:
     """One string object for a value that repeats across rows (a model, a size): each CSV cell is a new
@@ -93,10 +130,16 @@ class JobChecker:
     Every problem of every row is collected in `problems`; `check` returns a Job only for a clean row.
     """
 
-    def __init__(self, raw: RawManifest, base_dir: Path) -> None:
+    def __init__(self, raw: RawManifest, base_dir: Path, roots: Sequence[Path] = ()) -> None:
+        """`roots`: the resolved folders the operator allows files in besides `base_dir` (--files-root)."""
         self.format = raw.format
-        self.files = FileChecker(base_dir)
         self.problems: list[Problem] = []
+        self._nul = raw.may_hold_nul
+        allowed = (base_dir.resolve(), *roots)
+        declared = raw.defaults.get("files_root")
+        self.files = FileChecker(base_dir, self._files_roots(declared, base_dir, allowed))
+        if declared is not None:
+            self.files.outside_hint = "the manifest's defaults.files_root allows only these folders"
         self._ids: dict[str, tuple[str, str]] = {}  # casefolded id -> (id, location)
         self._metadata_columns: dict[str, None] = {}  # an ordered set
         self._reported_keys: set[str] = set()
@@ -115,6 +158,42 @@ class JobChecker:
 
     # -- whole-file checks --------------------------------------------------------------------------
 
+    def _files_roots(self, declared: Any, base_dir: Path, allowed: tuple[Path, ...]) -> tuple[Path, ...]:
+        """The folders every reference image and mask must resolve inside.
+
+        `allowed` (the manifest's folder and the operator's --files-root folders), unless the manifest's
+        `defaults.files_root` names some: then those, each of which must itself lie inside `allowed`. A
+        manifest may so narrow its files root, never widen it: one written by someone else cannot pull in
+        files from elsewhere on the machine.
+        """
+        if declared is None:
+            return allowed
+
+        def refuse(message: str, hint: str | None = None) -> None:
+            self.problems.append(Problem(None, None, "defaults.files_root", message, hint))
+
+        texts = [declared] if isinstance(declared, str) else declared
+        if not (isinstance(texts, list) and texts and all(isinstance(t, str) and t.strip() for t in texts)):
+            refuse("files_root must be a folder or a list of folders, relative to the manifest's folder")
+            return allowed
+        roots: list[Path] = []
+        for text in texts:
+            if "\x00" in text:
+                refuse(f"{shown(text)!r} " + NUL_MESSAGE, NUL_HINT)
+                continue
+            root = resolve_reference(text.strip(), base_dir)
+            if outside(root, allowed):
+                refuse(
+                    f"{text}: resolves to {root}, outside the manifest's folder and every --files-root; "
+                    "a manifest can narrow its files root, never widen it",
+                    f"whoever runs it can allow that folder: --files-root {root}",
+                )
+            elif not root.is_dir():
+                refuse(f"{text}: {root} is not a folder")
+            else:
+                roots.append(root)
+        return tuple(roots) if len(roots) == len(texts) else allowed
+
     def _check_header(self, raw: RawManifest) -> None:
         columns = raw.columns or []
         line = raw.header_line
@@ -128,7 +207,9 @@ class JobChecker:
                 )
         for name in columns:
             self._reported_keys.add(name)
-            if name == "turns":
+            if (fault := name_fault(name)) is not None:
+                self.problems.append(Problem(line, None, shown(name), *fault))
+            elif name == "turns":
                 self.problems.append(
                     Problem(
                         line, None, "turns", "edit chains (turns) can only be written in JSON or JSON Lines"
@@ -140,12 +221,21 @@ class JobChecker:
                 self._metadata_columns[name] = None
 
     def _check_defaults(self, defaults: dict[str, Any]) -> None:
-        self._defaults_raw = defaults
         if not defaults:
             return
 
         def add(field: str, message: str, hint: str | None = None) -> None:
-            self.problems.append(Problem(None, None, f"defaults.{field}", message, hint))
+            self.problems.append(Problem(None, None, f"defaults.{shown(field)}", message, hint))
+
+        faulty: set[str] = set()
+        for key, value in defaults.items():
+            if key in SETTINGS:
+                faulty.add(key)  # a setting of the manifest (`_files_roots`), neither a field nor metadata
+            elif self._nul and (has_nul(key) or has_nul(value)):
+                add(key, "the name " + NUL_MESSAGE if has_nul(key) else NUL_MESSAGE, NUL_HINT)
+                faulty.add(key)
+        defaults = {k: v for k, v in defaults.items() if k not in faulty}
+        self._defaults_raw = defaults
 
         if "id" in defaults:
             add("id", "an id cannot be a default: every job needs its own")
@@ -166,6 +256,8 @@ class JobChecker:
                 self.problems.append(
                     Problem(None, None, f"defaults.{key}", *self._lookalike_text(key, meant))
                 )
+            elif (fault := name_fault(key)) is not None:
+                add(key, *fault)
             elif template_value(value) is None:
                 add(key, "metadata values must be text, numbers or true/false, not a list or object")
             else:
@@ -199,7 +291,7 @@ class JobChecker:
         r.inp, issues = validate_input(r.known)
         for issue in issues:
             r.add(issue.field, issue.message, issue.hint)
-        r.bad = {issue.top for issue in issues}
+        r.bad |= {issue.top for issue in issues}
         job_id = self._check_id(r)
         route, model = self._route_and_model(r)
         given = self._route_fields(r, route, model)
@@ -243,6 +335,10 @@ class JobChecker:
         """The row's state, its known fields split from its metadata (look-alike names reported once)."""
         r = _Row(self, row)
         for key, value in row.values.items():
+            if self._nul and has_nul(value) and not has_nul(key):
+                r.add(key, NUL_MESSAGE, NUL_HINT)
+                r.bad.add(key)  # not checked further, nor kept as metadata
+                continue
             if key in KNOWN_FIELDS:
                 r.known[key] = value
                 continue
@@ -252,6 +348,9 @@ class JobChecker:
                 self._reported_keys.add(key)
                 if (meant := looks_like_field(key)) is not None:
                     r.problems.append(self._lookalike(row.line, row.unit, r.shown_id, key, meant))
+                    continue
+                if (fault := name_fault(key)) is not None:
+                    r.add(shown(key), *fault)
                     continue
                 self._metadata_columns[key] = None
         if self.format == "csv":
@@ -489,7 +588,8 @@ class _Row:
         self.checker = checker
         self.row = row
         raw_id = row.values.get("id")
-        self.shown_id = raw_id.strip() or None if isinstance(raw_id, str) else template_value(raw_id) or None
+        shown_id = raw_id.strip() or None if isinstance(raw_id, str) else template_value(raw_id) or None
+        self.shown_id = shown(shown_id) if shown_id else None
         self.location = f"line {row.line}" if row.unit == "line" else f"job #{row.line}"
         self.problems: list[Problem] = []
         self.from_defaults: set[str] = set()

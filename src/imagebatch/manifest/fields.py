@@ -22,6 +22,15 @@ ROUTE_FIELDS: dict[str, frozenset[str]] = {
     "messages": frozenset({"max_tokens"}),
     "responses": frozenset(),
 }
+RESULTS_ONLY_COLUMNS: tuple[str, ...] = (
+    "job_id", "request_index", "turn_index", "status", "paths", "images", "width", "height", "mime_type",
+    "idempotency_key", "attempts", "finish_reason", "error", "request_id",
+)  # fmt: skip
+"""The columns of results.csv (`tasks.store.RESULT_COLUMNS`) that are not manifest fields. A metadata
+column of one of these names would be overwritten there by the request's own value, so it is refused at
+check time (a test keeps this list equal to the store's)."""
+SETTINGS: tuple[str, ...] = ("files_root",)
+"""Keys of a JSON manifest's `defaults` that set the manifest, not its jobs (see `check.JobChecker`)."""
 ROUTE_SPECIFIC_FIELDS: tuple[str, ...] = tuple(f for f in KNOWN_FIELDS if f not in COMMON_FIELDS)
 # Where each misplaced field should have gone, said the way a user fixes it.
 MISPLACED_HINTS: dict[str, str] = {
