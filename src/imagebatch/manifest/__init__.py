@@ -33,7 +33,7 @@ Fields
     Files root: every reference image and mask must resolve (after ``~``, ``..`` and symlinks) inside the
     manifest's folder or a folder the operator allows (``--files-root``, `load_manifest`'s `files_root`);
     a JSON manifest's ``defaults.files_root`` can only narrow that, never widen it, so a manifest written
-    by someone else cannot pull in files from elsewhere (`check.JobChecker._files_roots`).
+    by someone else cannot pull in files from elsewhere (`files.declared_roots`).
 
     Reference images and masks must be regular files (never a FIFO or a device: `files.read_regular`),
     PNG or JPEG by their bytes and under 50,000,000 bytes, by the bytes actually read. On the

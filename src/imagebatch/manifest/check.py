@@ -1,7 +1,7 @@
 """The checker: a raw manifest's rows to Jobs, in small steps (header, id, route and model, fields,
 templates, files), every problem collected with its line or item, field and hint.
 
-About 520 lines, over the project's 400, on purpose: it is one class whose steps share the manifest's
+About 550 lines, over the project's 400, on purpose: it is one class whose steps share the manifest's
 state (its defaults, the ids seen, the look-alike names reported, the file cache); the tables, templates,
 input model and file checks it uses are already in their own modules."""
 
@@ -33,14 +33,18 @@ from imagebatch.gateway.models import check_aspect_ratio, check_text_model
 from .fields import (
     KNOWN_FIELDS,
     MISPLACED_HINTS,
-    RESULTS_ONLY_COLUMNS,
+    NUL_HINT,
+    NUL_MESSAGE,
     ROUTE_FIELDS,
     ROUTE_SPECIFIC_FIELDS,
     SETTINGS,
+    has_nul,
     looks_like_field,
+    name_fault,
     routes_for,
+    shown,
 )
-from .files import SIZE_HINT, FileChecker, FileFacts, outside, resolve_reference, size_fault
+from .files import SIZE_HINT, FileChecker, FileFacts, declared_roots, size_fault
 from .inputs import JobInput, clean_text, validate_input
 from .models import (
     MANIFEST_ROUTES,
@@ -82,41 +86,6 @@ def _model_hint(model: str, candidates: tuple[str, ...]) -> str | None:
 
 _JOB_FIELDS = set(Job.model_fields)
 
-NUL_MESSAGE = "holds a NUL character (\\0), which no field may hold"
-NUL_HINT = "remove it; broken exports often leave one"
-
-
-def has_nul(value: Any) -> bool:
-    """Whether a row's value (text, or a JSON list or object, at most `read.MAX_DEPTH` deep) holds a NUL."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, list):
-        return any(has_nul(v) for v in value)
-    if isinstance(value, dict):
-        return any(has_nul(k) or has_nul(v) for k, v in value.items())
-    return False
-
-
-def shown(name: str) -> str:
-    """A column or key name as a problem shows it (a NUL character as `\\0`)."""
-    return name.replace("\x00", "\\0")
-
-
-def name_fault(name: str) -> tuple[str, str | None] | None:
-    """Why a column or key that is not a field cannot be metadata, or None when it can."""
-    if "\x00" in name:
-        return "the name " + NUL_MESSAGE, NUL_HINT
-    if name in RESULTS_ONLY_COLUMNS:
-        return (
-            f"{name!r} is also a column of results.csv (each request's own {name}), where this metadata "
-            "would be lost",
-            f"rename the column, e.g. to 'source_{name}'",
-        )
-    if name in SETTINGS:
-        where = "a JSON manifest's defaults, or --files-root"
-        return f"{name} is set for the whole manifest ({where}), not per job", None
-    return None
-
 
 def _shared(value: Any) -> Any:
     """One string object for a value that repeats across rows (a model, a size): each CSV cell is a new
@@ -137,7 +106,9 @@ class JobChecker:
         self._nul = raw.may_hold_nul
         allowed = (base_dir.resolve(), *roots)
         declared = raw.defaults.get("files_root")
-        self.files = FileChecker(base_dir, self._files_roots(declared, base_dir, allowed))
+        roots, faults = declared_roots(declared, base_dir, allowed)
+        self.problems += [Problem(None, None, "defaults.files_root", *fault) for fault in faults]
+        self.files = FileChecker(base_dir, roots)
         if declared is not None:
             self.files.outside_hint = "the manifest's defaults.files_root allows only these folders"
         self._ids: dict[str, tuple[str, str]] = {}  # casefolded id -> (id, location)
@@ -157,42 +128,6 @@ class JobChecker:
         return list(self._metadata_columns)
 
     # -- whole-file checks --------------------------------------------------------------------------
-
-    def _files_roots(self, declared: Any, base_dir: Path, allowed: tuple[Path, ...]) -> tuple[Path, ...]:
-        """The folders every reference image and mask must resolve inside.
-
-        `allowed` (the manifest's folder and the operator's --files-root folders), unless the manifest's
-        `defaults.files_root` names some: then those, each of which must itself lie inside `allowed`. A
-        manifest may so narrow its files root, never widen it: one written by someone else cannot pull in
-        files from elsewhere on the machine.
-        """
-        if declared is None:
-            return allowed
-
-        def refuse(message: str, hint: str | None = None) -> None:
-            self.problems.append(Problem(None, None, "defaults.files_root", message, hint))
-
-        texts = [declared] if isinstance(declared, str) else declared
-        if not (isinstance(texts, list) and texts and all(isinstance(t, str) and t.strip() for t in texts)):
-            refuse("files_root must be a folder or a list of folders, relative to the manifest's folder")
-            return allowed
-        roots: list[Path] = []
-        for text in texts:
-            if "\x00" in text:
-                refuse(f"{shown(text)!r} " + NUL_MESSAGE, NUL_HINT)
-                continue
-            root = resolve_reference(text.strip(), base_dir)
-            if outside(root, allowed):
-                refuse(
-                    f"{text}: resolves to {root}, outside the manifest's folder and every --files-root; "
-                    "a manifest can narrow its files root, never widen it",
-                    f"whoever runs it can allow that folder: --files-root {root}",
-                )
-            elif not root.is_dir():
-                refuse(f"{text}: {root} is not a folder")
-            else:
-                roots.append(root)
-        return tuple(roots) if len(roots) == len(texts) else allowed
 
     def _check_header(self, raw: RawManifest) -> None:
         columns = raw.columns or []
@@ -230,7 +165,7 @@ class JobChecker:
         faulty: set[str] = set()
         for key, value in defaults.items():
             if key in SETTINGS:
-                faulty.add(key)  # a setting of the manifest (`_files_roots`), neither a field nor metadata
+                faulty.add(key)  # a setting of the manifest (`files.declared_roots`), not a field
             elif self._nul and (has_nul(key) or has_nul(value)):
                 add(key, "the name " + NUL_MESSAGE if has_nul(key) else NUL_MESSAGE, NUL_HINT)
                 faulty.add(key)

@@ -11,6 +11,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from imagebatch.gateway.constants import (
     MAX_UPLOAD_BYTES,
@@ -171,6 +172,46 @@ def resolve_reference(text: str, base_dir: Path) -> Path:
 def outside(path: Path, roots: Sequence[Path]) -> bool:
     """Whether the resolved `path` lies outside every one of the resolved folders `roots`."""
     return not any(path.is_relative_to(root) for root in roots)
+
+
+def declared_roots(
+    declared: Any, base_dir: Path, allowed: tuple[Path, ...]
+) -> tuple[tuple[Path, ...], list[tuple[str, str | None]]]:
+    """The folders every reference image and mask of a manifest must resolve inside, and the faults
+    (message, hint) of its `defaults.files_root` (`declared`; None when it has none).
+
+    `allowed` (the manifest's folder and the operator's --files-root folders, resolved), unless the manifest
+    names folders of its own: then those, each of which must itself lie inside `allowed`. A manifest may so
+    narrow its files root, never widen it: one written by someone else cannot pull in files from elsewhere
+    on the machine, however it spells their paths.
+    """
+    if declared is None:
+        return allowed, []
+    texts = [declared] if isinstance(declared, str) else declared
+    if not (isinstance(texts, list) and texts and all(isinstance(t, str) and t.strip() for t in texts)):
+        return allowed, [
+            ("files_root must be a folder or a list of folders, relative to the manifest's folder", None)
+        ]
+    roots: list[Path] = []
+    faults: list[tuple[str, str | None]] = []
+    for text in texts:
+        if "\x00" in text:
+            faults.append(("a folder's name holds a NUL character", "remove it"))
+            continue
+        root = resolve_reference(text.strip(), base_dir)
+        if outside(root, allowed):
+            faults.append(
+                (
+                    f"{text}: resolves to {root}, outside the manifest's folder and every --files-root; "
+                    "a manifest can narrow its files root, never widen it",
+                    f"whoever runs it can allow that folder: --files-root {root}",
+                )
+            )
+        elif not root.is_dir():
+            faults.append((f"{text}: {root} is not a folder", None))
+        else:
+            roots.append(root)
+    return (tuple(roots) if not faults else allowed), faults
 
 
 class FileChecker:
