@@ -363,3 +363,19 @@ def test_progress_and_usage_are_prefect_artifacts_keyed_for_a_history(
     rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
     assert sum(row["succeeded"] for row in rows) == info["counts"]["succeeded"]
     assert {row["route"] for row in rows} >= {"native", "messages"}
+
+
+def test_the_flows_files_root_parameter_reaches_its_preflight(service_env: Any, tmp_path: Path) -> None:
+    """A deployment's run checks the manifest itself: its `files_root` parameter is the operator's choice."""
+    from imagebatch.manifest import ManifestError
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "shared").mkdir()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(tmp_path / "shared" / "x.png")
+    manifest = tmp_path / "m" / "m.csv"
+    manifest.write_text("id,prompt,reference_images\na,edit it,../shared/x.png\n")
+    with pytest.raises(ManifestError, match="outside the files root"):
+        run(manifest, tmp_path / "out")
+    assert service_env.requests() == []
+    info, _ = run(manifest, tmp_path / "out", files_root=[str(tmp_path / "shared")])
+    assert info["counts"]["succeeded"] == 1 and len(service_env.requests()) == 1

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from flow_helpers import cli, read_results, summary_counts
+from PIL import Image
 
 from imagebatch.flows.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, main
+from imagebatch.manifest import ManifestError
 
 
 def invalid_manifest(folder: Path) -> Path:
@@ -352,3 +357,121 @@ def test_max_spend_without_prices_is_a_usage_error(examples: Path, tmp_path: Pat
         capsys, "run", str(examples / "catalog.csv"), "--out", str(tmp_path / "o"), "--max-spend", "5"
     )
     assert code == EXIT_USAGE and "needs a price table" in err
+
+
+# --- hostile files (issue 21): clear lines, exit 2, nothing sent ----------------------------------------
+
+
+def hostile_manifest(folder: Path) -> Path:
+    """A JSON Lines manifest in `folder/m/` whose every line is refused: a FIFO, /dev/zero, a symlink, a
+    `..` path and an absolute path to a real PNG outside the folder, a NUL in a prompt and in a path, a
+    line nested 10,000 deep, and metadata named like a results column."""
+    (folder / "m").mkdir()
+    (folder / "outside").mkdir()
+    Image.new("RGB", (8, 8)).save(folder / "outside" / "x.png")
+    Image.new("RGB", (8, 8)).save(folder / "m" / "ok.png")
+    os.mkfifo(folder / "m" / "pipe.png")
+    os.symlink(folder / "outside" / "x.png", folder / "m" / "link.png")
+    jobs = [
+        {"id": "fifo", "prompt": "x", "reference_images": ["pipe.png"]},
+        {"id": "zero", "prompt": "x", "reference_images": ["/dev/zero"]},
+        {"id": "link", "prompt": "x", "reference_images": ["link.png"]},
+        {"id": "up", "prompt": "x", "reference_images": ["../outside/x.png"]},
+        {"id": "abs", "prompt": "x", "reference_images": [str(folder / "outside" / "x.png")]},
+        {"id": "nulp", "prompt": "a cat\x00"},
+        {"id": "nulf", "prompt": "x", "reference_images": ["ok.png\x00"]},
+        {"id": "meta", "prompt": "x", "status": "approved"},
+    ]
+    lines = [json.dumps(job) for job in jobs]
+    lines.insert(5, '{"id": "deep", "prompt": "x", "tag": ' + "[" * 10_000 + "]" * 10_000 + "}")
+    path = folder / "m" / "m.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+EXPECTED_LINES = {
+    1: "field reference_images: pipe.png: is a FIFO (named pipe), not a regular file",
+    2: "field reference_images: /dev/zero: resolves to /dev/zero, outside the files root",
+    3: "field reference_images: link.png: resolves to {x}, outside the files root",
+    4: "field reference_images: ../outside/x.png: resolves to {x}, outside the files root",
+    5: "field reference_images: {x}: resolves to {x}, outside the files root",
+    6: "lists and objects are nested more than 32 deep",
+    7: "field prompt: holds a NUL character",
+    8: "field reference_images: holds a NUL character",
+    9: "field status: 'status' is also a column of results.csv",
+}
+
+
+def cli_in_thread(capsys: Any, *argv: str) -> tuple[int, str, str]:
+    """`cli`, failing (not hanging) if the command does not return within two minutes."""
+    result: list[tuple[int, str, str]] = []
+    thread = threading.Thread(target=lambda: result.append(cli(capsys, *argv)), daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), f"imagebatch {argv[0]} hangs"
+    return result[0]
+
+
+def test_validate_refuses_hostile_files_with_each_line(tmp_path: Path, capsys: Any) -> None:
+    path = hostile_manifest(tmp_path)
+    code, out, _ = cli_in_thread(capsys, "validate", str(path))
+    assert code == EXIT_USAGE
+    x = str((tmp_path / "outside" / "x.png").resolve())
+    lines = out.splitlines()
+    assert len(lines) == len(EXPECTED_LINES) + 1, out
+    for line, (number, text) in zip(lines, EXPECTED_LINES.items(), strict=False):
+        assert line.startswith(f"line {number}") and text.format(x=x) in line, line
+    assert "\x00" not in out
+    assert lines[-1] == f"{path}: {len(EXPECTED_LINES)} problems; nothing was sent"
+
+
+def test_run_refuses_hostile_files_and_sends_nothing(service_env: Any, tmp_path: Path, capsys: Any) -> None:
+    path = hostile_manifest(tmp_path)
+    out_dir = tmp_path / "out"
+    code, out, err = cli_in_thread(capsys, "run", str(path), "--out", str(out_dir))
+    assert out == ""
+    assert code == EXIT_USAGE
+    for number in EXPECTED_LINES:
+        assert f"line {number} (id=" in err or f"line {number}: " in err
+    assert f"{len(EXPECTED_LINES)} problem(s); nothing was sent" in err
+    assert service_env.requests() == [] and not out_dir.exists()
+
+
+def test_files_root_lets_a_run_send_a_file_from_another_folder(
+    service_env: Any, tmp_path: Path, capsys: Any
+) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "shared").mkdir()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(tmp_path / "shared" / "x.png")
+    path = tmp_path / "m" / "m.csv"
+    path.write_text("id,prompt,reference_images\na,edit it,../shared/x.png\n")
+    out_dir = tmp_path / "out"
+    code, out, _ = cli(capsys, "validate", str(path))
+    assert code == EXIT_USAGE and "outside the files root" in out
+    code, out, _ = cli(capsys, "validate", str(path), "--files-root", str(tmp_path / "shared"))
+    assert code == EXIT_OK, out
+    code, _, err = cli(
+        capsys, "run", str(path), "--out", str(out_dir), "--files-root", str(tmp_path / "shared")
+    )
+    assert code == EXIT_OK, err
+    assert [r["status"] for r in read_results(out_dir)] == ["succeeded"]
+    assert len(service_env.requests()) == 1
+
+
+def test_deploy_passes_the_files_root_as_an_absolute_parameter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from imagebatch.flows.cli import build_parser
+    from imagebatch.flows.deploy import check
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "shared").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "shared" / "x.png")
+    path = tmp_path / "m" / "m.csv"
+    path.write_text("id,prompt,reference_images\na,edit it,../shared/x.png\n")
+    monkeypatch.chdir(tmp_path)
+    argv = ["deploy", str(path), "--out", str(tmp_path / "out"), "--name", "n"]
+    with pytest.raises(ManifestError, match="outside the files root"):
+        check(build_parser().parse_args(argv))
+    parameters = check(build_parser().parse_args([*argv, "--files-root", "shared"]))
+    assert parameters["files_root"] == [str((tmp_path / "shared").resolve())]

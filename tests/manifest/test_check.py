@@ -527,14 +527,14 @@ def test_looks_like_field(name: str, meant: str | None) -> None:
 
 
 def test_unreadable_file(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = Path.read_bytes
+    real = os.open
 
-    def read_bytes(self: Path) -> bytes:
-        if self.name == "ref.png":
+    def refusing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if Path(path).name == "ref.png":
             raise PermissionError(13, "Permission denied")
-        return real(self)
+        return real(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(os, "open", refusing_open)
     assert_one(
         csv_problems(folder, {"reference_images": "images/ref.png"}), "reference_images", "cannot read"
     )

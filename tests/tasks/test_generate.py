@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
@@ -23,6 +25,7 @@ from helpers.images import b64, png
 
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import load_manifest, plan
+from imagebatch.manifest.files import READ_LIMIT
 from imagebatch.tasks import generate, records
 from imagebatch.tasks.context import RunContext, Unit, group_units
 from imagebatch.tasks.generate import run_unit, run_unit_safely
@@ -775,6 +778,74 @@ def test_an_edited_row_writes_a_new_file_and_keeps_the_old_one(h: Harness) -> No
     assert new.paths != old.paths
     assert (h.out / old.paths[0]).read_bytes() == old_bytes
     assert (h.out / new.paths[0]).read_bytes() == answer_png(10)
+
+
+# --- input files that changed after the check ---------------------------------------------------------
+
+
+def with_reference(h: Harness) -> Path:
+    """A PNG reference image, ref.png, next to the manifest."""
+    ref = h.tmp / "ref.png"
+    ref.write_bytes(png(16, 16, (1, 2, 3)))
+    return ref
+
+
+def settle_in_thread(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
+    """`run_unit`, failing (not hanging) if it does not return within a minute."""
+    out: list[list[RequestRecord]] = []
+    thread = threading.Thread(target=lambda: out.append(run_unit(ctx, unit)), daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "run_unit hangs on the input file"
+    return out[0]
+
+
+def replace_with(ref: Path, kind: str) -> None:
+    ref.unlink()
+    if kind == "folder":
+        ref.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(ref)
+    else:  # grown past the most any route takes (sparse: no disk space)
+        with open(ref, "wb") as fh:
+            fh.truncate(READ_LIMIT)
+
+
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        ("folder", "is a folder"),
+        ("fifo", "is a FIFO (named pipe), not a regular file"),
+        ("grown", f"the file is {READ_LIMIT:,} bytes"),
+    ],
+)
+def test_an_input_that_is_no_longer_a_regular_file_fails_that_request_and_sends_nothing(
+    h: Harness, kind: str, why: str
+) -> None:
+    ref = with_reference(h)
+    unit = h.unit({"id": "a", "prompt": "edit", "reference_images": ["ref.png"]})
+    replace_with(ref, kind)
+    try:
+        (rec,) = settle_in_thread(h.context(), unit)
+    finally:
+        if kind == "fifo":  # release a reader stuck on it (the bug), if any
+            with contextlib.suppress(OSError):
+                os.close(os.open(ref, os.O_WRONLY | os.O_NONBLOCK))
+    assert rec.status == "failed"
+    assert f"{ref.resolve()} changed after the manifest was checked ({why}" in (rec.error or "")
+    assert h.service.count == 0 and h.events() == []
+
+
+def test_a_turns_input_that_changed_fails_that_turn_and_stops_the_chain(h: Harness) -> None:
+    ref = with_reference(h)
+    unit = h.unit(
+        {"id": "c", "prompt": "p", "turns": ["t1", {"prompt": "t2", "reference_images": ["ref.png"]}]}
+    )
+    replace_with(ref, "folder")
+    out = run_unit(h.context(), unit)
+    assert [r.status for r in out] == ["succeeded", "succeeded", "failed"]
+    assert "is a folder" in (out[2].error or "")
+    assert h.service.count == 2
 
 
 # --- run_unit_safely -------------------------------------------------------------------------------------

@@ -151,6 +151,7 @@ class RunOptions:
     shards: int
     shard: int | None
     shard_deployment: str | None
+    files_root: list[str] | None = None
 
 
 @dataclass
@@ -193,6 +194,7 @@ def generate_from_manifest(
     shards: int = 1,
     shard: int | None = None,
     shard_deployment: str | None = None,
+    files_root: list[str] | None = None,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
@@ -206,19 +208,20 @@ def generate_from_manifest(
     them later): a thumbnail costs ~15 ms of CPU per 1K image, as much as the rest of a request's work.
     With `shards` > 1 the run starts that many runs of `shard_deployment` (each `shard` I of them sends
     its share) on a work pool's workers, waits, and writes the records (see `flows.shards`).
+    `files_root` names folders reference images and masks may come from besides the manifest's folder.
     Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
     """
     options = RunOptions(
         concurrency=concurrency, base_url=base_url, force=force, retry_unknown=retry_unknown,
         api_key_secret_block=api_key_secret_block, rpm=rpm, adaptive=adaptive, max_images=max_images,
         max_spend=max_spend, prices=prices, global_limit=global_limit, report=report, shards=shards,
-        shard=shard, shard_deployment=shard_deployment,
+        shard=shard, shard_deployment=shard_deployment, files_root=files_root,
     )  # fmt: skip
     hooks = _hooks.get() or RunHooks()
     checked = hooks.checked or preflight(
         manifest, out, concurrency=concurrency, base_url=base_url,
         api_key_secret_block=api_key_secret_block, rpm=rpm, max_images=max_images,
-        max_spend=max_spend, prices=prices, shard=shard is not None,
+        max_spend=max_spend, prices=prices, shard=shard is not None, files_root=files_root,
     )  # fmt: skip
     if shards < 1 or (shard is not None and not 0 <= shard < shards):
         raise UsageError(f"shard {shard} of {shards}: shards must be 1 or more, and a shard 0 to shards - 1")
@@ -226,7 +229,10 @@ def generate_from_manifest(
     units = group_units(plan(checked.manifest))
     planned = sum(len(unit.requests) for unit in units)
     info = run_info(checked, planned, concurrency, force, retry_unknown, api_key_secret_block)
-    info["options"] |= {"global_limit": global_limit, "report": report, "shards": shards, "shard": shard}
+    info["options"] |= {
+        "global_limit": global_limit, "report": report, "shards": shards, "shard": shard,
+        "files_root": files_root,
+    }  # fmt: skip
     run = Run(checked, options, hooks, units, info, rate_limit)
     if shards > 1 and shard is None:
         return run_parent(run)  # start the shards' runs, wait for them, write the records
@@ -280,7 +286,7 @@ def run_parent(run: Run) -> dict[str, Any]:
         "concurrency": options.concurrency, "base_url": options.base_url, "force": options.force,
         "retry_unknown": options.retry_unknown, "api_key_secret_block": options.api_key_secret_block,
         "rpm": options.rpm, "adaptive": options.adaptive, "prices": options.prices,
-        "global_limit": options.global_limit, "report": options.report,
+        "global_limit": options.global_limit, "report": options.report, "files_root": options.files_root,
     }  # fmt: skip
     store = OutputStore(checked.out)
     with held(store):  # nothing else runs into the folder; the last sharded run's files are merged

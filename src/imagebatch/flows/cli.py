@@ -69,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from imagebatch.manifest import validate_main
 
         code = validate_main(args)
-        return _estimate(args.manifest, args.prices) if code == EXIT_OK and args.prices else code
+        if code == EXIT_OK and args.prices:
+            return _estimate(args.manifest, args.prices, args.files_root)
+        return code
     if args.command == "report":
         return _report(args.out)
     if args.command == "limits":
@@ -89,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_main(args)
 
 
-def _estimate(manifest: Path, prices: str) -> int:
+def _estimate(manifest: Path, prices: str, files_root: list[str] | None) -> int:
     """`validate --prices`: the most the manifest can cost, by model (images at most x price)."""
     from imagebatch.manifest import load_manifest, plan
     from imagebatch.tasks.prices import PriceError, PriceTable, estimate
@@ -99,7 +101,7 @@ def _estimate(manifest: Path, prices: str) -> int:
     except PriceError as exc:
         print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    requests = plan(load_manifest(manifest))
+    requests = plan(load_manifest(manifest, files_root=files_root))
     by_model = estimate(requests, table)
     print("\nmost it can cost (images at most x price):")
     for model, amount in by_model.items():
@@ -178,12 +180,24 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="resend requests whose outcome is unknown (check your usage history first)",
     )
+    _files_root_argument(parser)
     parser.add_argument(
         "--api-key-block",
         default=None,
         help="name of a Prefect Secret block holding the API key (default: $IMAGEBATCH_API_KEY)",
     )
     _global_limit_argument(parser)
+
+
+def _files_root_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--files-root",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="a folder reference images and masks may also come from, repeatable (default: only the "
+        "manifest's folder; see README, Security notes)",
+    )
 
 
 def _global_limit_argument(parser: argparse.ArgumentParser) -> None:
@@ -258,6 +272,7 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     parser.add_argument(
         "--no-report", dest="report", action="store_false", help="no thumbnails and no report.html"
     )
+    _files_root_argument(parser)
     _global_limit_argument(parser)
 
 
@@ -275,6 +290,7 @@ def _validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prices", default=None, help="price table: also print the most the manifest can cost, by model"
     )
+    _files_root_argument(parser)
 
 
 def _emulator_arguments(parser: argparse.ArgumentParser) -> None:

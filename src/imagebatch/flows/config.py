@@ -118,10 +118,12 @@ def preflight(
     max_spend: float | None = None,
     prices: str | None = None,
     shard: bool = False,
+    files_root: list[str] | None = None,
 ) -> Preflight:
-    """Every check that needs neither Prefect nor the service: the manifest and its files, the options, the
-    output folder, the base URL and the key's presence and form. Raises `ManifestError` or `UsageError`."""
-    loaded = load_manifest(Path(manifest))
+    """Every check that needs neither Prefect nor the service: the manifest and its files (inside the
+    manifest's folder or `files_root`), the options, the output folder, the base URL and the key's presence
+    and form. Raises `ManifestError` or `UsageError`."""
+    loaded = load_manifest(Path(manifest), files_root=files_root)
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise UsageError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}, not {concurrency}")
     if rpm is not None and rpm < 1:

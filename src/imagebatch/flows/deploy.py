@@ -141,6 +141,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
     manifest = Path(args.manifest).expanduser().resolve()
     out = Path(args.out).expanduser().resolve()
     prices = str(Path(args.prices).expanduser().resolve()) if args.prices else None
+    roots = [str(Path(r).expanduser().resolve()) for r in args.files_root] if args.files_root else None
     options: dict[str, Any] = {
         "concurrency": args.concurrency,
         "base_url": args.base_url,
@@ -148,6 +149,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
         "max_images": args.max_images,
         "max_spend": args.max_spend,
         "prices": prices,
+        "files_root": roots,
     }
     block = args.api_key_block if serve else args.api_key_block or _KEY_AT_RUN_TIME
     try:
@@ -325,6 +327,8 @@ def describe(
         lines.append(f"  schedule: {when} ({schedule.timezone or 'UTC'})")
     lines.append(f"  manifest: {parameters['manifest']}")
     lines.append(f"  out: {parameters['out']} (a run sends only new and changed rows)")
+    if parameters.get("files_root"):
+        lines.append(f"  files root: the manifest's folder and {', '.join(parameters['files_root'])}")
     if pool:
         lines.append(f"  runs on: work pool {pool!r}; a worker: prefect worker start --pool {pool}")
     else:

@@ -179,6 +179,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
                 prices=args.prices,
                 global_limit=args.global_limit,
                 report=args.report,
+                files_root=args.files_root,
             )
     except UsageError as exc:
         err.print(f"{exc}; nothing was sent.", markup=False)
@@ -203,6 +204,7 @@ def _preflight(args: argparse.Namespace, err: Console) -> Preflight | None:
             max_images=args.max_images,
             max_spend=args.max_spend,
             prices=args.prices,
+            files_root=args.files_root,
         )
     except ManifestError as exc:
         for problem in exc.problems:

@@ -24,9 +24,19 @@ Fields
     turn is checked on its own, so one malformed turn does not hide the problems of the others, which
     are named ``turns[2]``, ``turns[0].reference_images`` and so on). Every
     other column is metadata: kept as text and carried into the results. A column that is a near miss of
-    a field name (``Aspect Ratio``, ``imageSize``) is reported rather than silently kept as metadata.
+    a field name (``Aspect Ratio``, ``imageSize``) is reported rather than silently kept as metadata, and
+    one named like a column results.csv has of its own (``status``, ``paths``, ``error``: the list is
+    `fields.RESULTS_ONLY_COLUMNS`) is refused, as its values would be lost there. No field, value or name
+    may hold a NUL character. JSON nests at most `read.MAX_DEPTH` (32) levels, counted over the whole
+    document (a JSON Lines line on its own).
 
-    Reference images and masks must be PNG or JPEG by their bytes and under 50,000,000 bytes. On the
+    Files root: every reference image and mask must resolve (after ``~``, ``..`` and symlinks) inside the
+    manifest's folder or a folder the operator allows (``--files-root``, `load_manifest`'s `files_root`);
+    a JSON manifest's ``defaults.files_root`` can only narrow that, never widen it, so a manifest written
+    by someone else cannot pull in files from elsewhere (`files.declared_roots`).
+
+    Reference images and masks must be regular files (never a FIFO or a device: `files.read_regular`),
+    PNG or JPEG by their bytes and under 50,000,000 bytes, by the bytes actually read. On the
     images route that is the service's limit (the spec's "each under 50 MB", stated for the edits route).
     The spec shows no maximum for inline images on the native route: there the same figure is
     imagebatch's own guard (`MAX_NATIVE_IMAGE_BYTES`), since such a file would travel base64-encoded in

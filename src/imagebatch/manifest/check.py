@@ -1,7 +1,7 @@
 """The checker: a raw manifest's rows to Jobs, in small steps (header, id, route and model, fields,
 templates, files), every problem collected with its line or item, field and hint.
 
-About 520 lines, over the project's 400, on purpose: it is one class whose steps share the manifest's
+About 550 lines, over the project's 400, on purpose: it is one class whose steps share the manifest's
 state (its defaults, the ids seen, the look-alike names reported, the file cache); the tables, templates,
 input model and file checks it uses are already in their own modules."""
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,18 @@ from imagebatch.gateway.models import check_aspect_ratio, check_text_model
 from .fields import (
     KNOWN_FIELDS,
     MISPLACED_HINTS,
+    NUL_HINT,
+    NUL_MESSAGE,
     ROUTE_FIELDS,
     ROUTE_SPECIFIC_FIELDS,
+    SETTINGS,
+    has_nul,
     looks_like_field,
+    name_fault,
     routes_for,
+    shown,
 )
-from .files import SIZE_HINT, FileChecker, FileFacts, size_fault
+from .files import SIZE_HINT, FileChecker, FileFacts, declared_roots, size_fault
 from .inputs import JobInput, clean_text, validate_input
 from .models import (
     MANIFEST_ROUTES,
@@ -93,10 +99,18 @@ class JobChecker:
     Every problem of every row is collected in `problems`; `check` returns a Job only for a clean row.
     """
 
-    def __init__(self, raw: RawManifest, base_dir: Path) -> None:
+    def __init__(self, raw: RawManifest, base_dir: Path, roots: Sequence[Path] = ()) -> None:
+        """`roots`: the resolved folders the operator allows files in besides `base_dir` (--files-root)."""
         self.format = raw.format
-        self.files = FileChecker(base_dir)
         self.problems: list[Problem] = []
+        self._nul = raw.may_hold_nul
+        allowed = (base_dir.resolve(), *roots)
+        declared = raw.defaults.get("files_root")
+        roots, faults = declared_roots(declared, base_dir, allowed)
+        self.problems += [Problem(None, None, "defaults.files_root", *fault) for fault in faults]
+        self.files = FileChecker(base_dir, roots)
+        if declared is not None:
+            self.files.outside_hint = "the manifest's defaults.files_root allows only these folders"
         self._ids: dict[str, tuple[str, str]] = {}  # casefolded id -> (id, location)
         self._metadata_columns: dict[str, None] = {}  # an ordered set
         self._reported_keys: set[str] = set()
@@ -128,7 +142,9 @@ class JobChecker:
                 )
         for name in columns:
             self._reported_keys.add(name)
-            if name == "turns":
+            if (fault := name_fault(name)) is not None:
+                self.problems.append(Problem(line, None, shown(name), *fault))
+            elif name == "turns":
                 self.problems.append(
                     Problem(
                         line, None, "turns", "edit chains (turns) can only be written in JSON or JSON Lines"
@@ -140,12 +156,21 @@ class JobChecker:
                 self._metadata_columns[name] = None
 
     def _check_defaults(self, defaults: dict[str, Any]) -> None:
-        self._defaults_raw = defaults
         if not defaults:
             return
 
         def add(field: str, message: str, hint: str | None = None) -> None:
-            self.problems.append(Problem(None, None, f"defaults.{field}", message, hint))
+            self.problems.append(Problem(None, None, f"defaults.{shown(field)}", message, hint))
+
+        faulty: set[str] = set()
+        for key, value in defaults.items():
+            if key in SETTINGS:
+                faulty.add(key)  # a setting of the manifest (`files.declared_roots`), not a field
+            elif self._nul and (has_nul(key) or has_nul(value)):
+                add(key, "the name " + NUL_MESSAGE if has_nul(key) else NUL_MESSAGE, NUL_HINT)
+                faulty.add(key)
+        defaults = {k: v for k, v in defaults.items() if k not in faulty}
+        self._defaults_raw = defaults
 
         if "id" in defaults:
             add("id", "an id cannot be a default: every job needs its own")
@@ -166,6 +191,8 @@ class JobChecker:
                 self.problems.append(
                     Problem(None, None, f"defaults.{key}", *self._lookalike_text(key, meant))
                 )
+            elif (fault := name_fault(key)) is not None:
+                add(key, *fault)
             elif template_value(value) is None:
                 add(key, "metadata values must be text, numbers or true/false, not a list or object")
             else:
@@ -199,7 +226,7 @@ class JobChecker:
         r.inp, issues = validate_input(r.known)
         for issue in issues:
             r.add(issue.field, issue.message, issue.hint)
-        r.bad = {issue.top for issue in issues}
+        r.bad |= {issue.top for issue in issues}
         job_id = self._check_id(r)
         route, model = self._route_and_model(r)
         given = self._route_fields(r, route, model)
@@ -243,6 +270,10 @@ class JobChecker:
         """The row's state, its known fields split from its metadata (look-alike names reported once)."""
         r = _Row(self, row)
         for key, value in row.values.items():
+            if self._nul and has_nul(value) and not has_nul(key):
+                r.add(key, NUL_MESSAGE, NUL_HINT)
+                r.bad.add(key)  # not checked further, nor kept as metadata
+                continue
             if key in KNOWN_FIELDS:
                 r.known[key] = value
                 continue
@@ -252,6 +283,9 @@ class JobChecker:
                 self._reported_keys.add(key)
                 if (meant := looks_like_field(key)) is not None:
                     r.problems.append(self._lookalike(row.line, row.unit, r.shown_id, key, meant))
+                    continue
+                if (fault := name_fault(key)) is not None:
+                    r.add(shown(key), *fault)
                     continue
                 self._metadata_columns[key] = None
         if self.format == "csv":
@@ -489,7 +523,8 @@ class _Row:
         self.checker = checker
         self.row = row
         raw_id = row.values.get("id")
-        self.shown_id = raw_id.strip() or None if isinstance(raw_id, str) else template_value(raw_id) or None
+        shown_id = raw_id.strip() or None if isinstance(raw_id, str) else template_value(raw_id) or None
+        self.shown_id = shown(shown_id) if shown_id else None
         self.location = f"line {row.line}" if row.unit == "line" else f"job #{row.line}"
         self.problems: list[Problem] = []
         self.from_defaults: set[str] = set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .models import (
     MANIFEST_ROUTES,
@@ -22,6 +23,15 @@ ROUTE_FIELDS: dict[str, frozenset[str]] = {
     "messages": frozenset({"max_tokens"}),
     "responses": frozenset(),
 }
+RESULTS_ONLY_COLUMNS: tuple[str, ...] = (
+    "job_id", "request_index", "turn_index", "status", "paths", "images", "width", "height", "mime_type",
+    "idempotency_key", "attempts", "finish_reason", "error", "request_id",
+)  # fmt: skip
+"""The columns of results.csv (`tasks.store.RESULT_COLUMNS`) that are not manifest fields. A metadata
+column of one of these names would be overwritten there by the request's own value, so it is refused at
+check time (a test keeps this list equal to the store's)."""
+SETTINGS: tuple[str, ...] = ("files_root",)
+"""Keys of a JSON manifest's `defaults` that set the manifest, not its jobs (see `check.JobChecker`)."""
 ROUTE_SPECIFIC_FIELDS: tuple[str, ...] = tuple(f for f in KNOWN_FIELDS if f not in COMMON_FIELDS)
 # Where each misplaced field should have gone, said the way a user fixes it.
 MISPLACED_HINTS: dict[str, str] = {
@@ -64,3 +74,41 @@ def looks_like_field(name: str) -> str | None:
     if name in KNOWN_FIELDS:
         return None
     return _LOOKALIKES.get(_norm(name))
+
+
+# --- names and values that cannot be metadata ----------------------------------------------------------
+
+NUL_MESSAGE = "holds a NUL character (\\0), which no field may hold"
+NUL_HINT = "remove it; broken exports often leave one"
+
+
+def has_nul(value: Any) -> bool:
+    """Whether a row's value (text, or a JSON list or object, at most `read.MAX_DEPTH` deep) holds a NUL."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(has_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    return False
+
+
+def shown(name: str) -> str:
+    """A column or key name as a problem shows it (a NUL character as `\\0`)."""
+    return name.replace("\x00", "\\0")
+
+
+def name_fault(name: str) -> tuple[str, str | None] | None:
+    """Why a column or key that is not a field cannot be metadata, or None when it can."""
+    if "\x00" in name:
+        return "the name " + NUL_MESSAGE, NUL_HINT
+    if name in RESULTS_ONLY_COLUMNS:
+        return (
+            f"{name!r} is also a column of results.csv (each request's own {name}), where this metadata "
+            "would be lost",
+            f"rename the column, e.g. to 'source_{name}'",
+        )
+    if name in SETTINGS:
+        where = "a JSON manifest's defaults, or --files-root"
+        return f"{name} is set for the whole manifest ({where}), not per job", None
+    return None

@@ -1,5 +1,6 @@
-"""Reference images and masks named by a manifest: read once, inspected by their bytes, size-checked per
-route against the spec's limits (`gateway.constants`)."""
+"""Reference images and masks named by a manifest: confined to the files root, read once (regular files
+only, a bounded read), inspected by their bytes, size-checked per route against the spec's limits
+(`gateway.constants`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import difflib
 import hashlib
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from imagebatch.gateway.constants import (
     MAX_UPLOAD_BYTES,
@@ -49,7 +52,9 @@ def _looks_like(data: bytes) -> str | None:
     return None
 
 
-_READ_LIMIT = max(MAX_UPLOAD_BYTES, MAX_NATIVE_IMAGE_BYTES)
+READ_LIMIT = max(MAX_UPLOAD_BYTES, MAX_NATIVE_IMAGE_BYTES)
+"""The most bytes any route takes in one file (exclusive): the bound of every read of a reference image
+or mask, at check time and again at send time. The route's own limit is applied by `size_fault`."""
 SIZE_HINT = "downscale or recompress it"
 
 
@@ -85,51 +90,180 @@ def size_fault(size: int | None, route: str | None) -> str | None:
     )
 
 
-class FileChecker:
-    """Inspects referenced files, each distinct file once (cached by the text and by resolved path)."""
+class InputFileError(Exception):
+    """A reference image or mask that cannot be read as one: not a regular file, too big, or unreadable."""
 
-    def __init__(self, base_dir: Path) -> None:
+    def __init__(self, message: str, size: int | None = None) -> None:
+        super().__init__(message)
+        self.size = size
+        """The file's size (or the bytes read before the limit) when it is too big, else None."""
+
+
+_OPEN_FLAGS = os.O_RDONLY
+for _flag in ("O_NONBLOCK", "O_NOCTTY", "O_NOFOLLOW", "O_CLOEXEC", "O_BINARY"):
+    _OPEN_FLAGS |= getattr(os, _flag, 0)
+_CHUNK = 1 << 20
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    if stat.S_ISFIFO(mode):
+        return "is a FIFO (named pipe), not a regular file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "is a device, not a regular file"
+    if stat.S_ISSOCK(mode):
+        return "is a socket, not a regular file"
+    return "is not a regular file"
+
+
+def _too_big(size: int, limit: int, *, at_least: bool = False) -> InputFileError:
+    more = " or more" if at_least else ""
+    return InputFileError(f"the file is {size:,} bytes{more}; each file must be under {limit:,} bytes", size)
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file at `path`, which must be under `limit` bytes; else `InputFileError`
+    (`FileNotFoundError` when there is no such file).
+
+    Only a regular file is read: the file is opened without blocking (a FIFO would otherwise wait for a
+    writer for ever) and looked at through its open descriptor (`fstat`), so a device, a FIFO, a socket or
+    a folder is refused without a byte read. The size is checked twice: by `fstat` (a 4 GB file named by
+    mistake is not read to be refused) and by the bytes actually read, at most `limit` of them, so a file
+    that grows while it is read (or that reports a size of 0) costs at most `limit` bytes of memory.
+    `path` is a resolved path: a symlink in its last component (one swapped in since) is not followed.
+    """
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise
+    except IsADirectoryError:
+        raise InputFileError("is a folder, not a file") from None
+    except OSError as exc:
+        raise InputFileError(f"cannot read the file: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputFileError(_kind(st.st_mode))
+        if st.st_size >= limit:
+            raise _too_big(st.st_size, limit)
+        chunks: list[bytes] = []
+        total = 0
+        while total < limit and (chunk := os.read(fd, min(_CHUNK, limit - total))):
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise InputFileError(f"cannot read the file: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if total >= limit:
+        raise _too_big(total, limit, at_least=True)
+    return b"".join(chunks)
+
+
+def resolve_reference(text: str, base_dir: Path) -> Path:
+    """The absolute path a manifest's file reference (no NUL character in it) names: relative to
+    `base_dir`, `~` expanded, backslashes read as separators (a manifest written on Windows resolves the
+    same everywhere), `..` and symlinks resolved."""
+    path = Path(os.path.normpath(base_dir / Path(text.replace("\\", "/")).expanduser()))
+    return path.resolve()
+
+
+def outside(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether the resolved `path` lies outside every one of the resolved folders `roots`."""
+    return not any(path.is_relative_to(root) for root in roots)
+
+
+def declared_roots(
+    declared: Any, base_dir: Path, allowed: tuple[Path, ...]
+) -> tuple[tuple[Path, ...], list[tuple[str, str | None]]]:
+    """The folders every reference image and mask of a manifest must resolve inside, and the faults
+    (message, hint) of its `defaults.files_root` (`declared`; None when it has none).
+
+    `allowed` (the manifest's folder and the operator's --files-root folders, resolved), unless the manifest
+    names folders of its own: then those, each of which must itself lie inside `allowed`. A manifest may so
+    narrow its files root, never widen it: one written by someone else cannot pull in files from elsewhere
+    on the machine, however it spells their paths.
+    """
+    if declared is None:
+        return allowed, []
+    texts = [declared] if isinstance(declared, str) else declared
+    if not (isinstance(texts, list) and texts and all(isinstance(t, str) and t.strip() for t in texts)):
+        return allowed, [
+            ("files_root must be a folder or a list of folders, relative to the manifest's folder", None)
+        ]
+    roots: list[Path] = []
+    faults: list[tuple[str, str | None]] = []
+    for text in texts:
+        if "\x00" in text:
+            faults.append(("a folder's name holds a NUL character", "remove it"))
+            continue
+        root = resolve_reference(text.strip(), base_dir)
+        if outside(root, allowed):
+            faults.append(
+                (
+                    f"{text}: resolves to {root}, outside the manifest's folder and every --files-root; "
+                    "a manifest can narrow its files root, never widen it",
+                    f"whoever runs it can allow that folder: --files-root {root}",
+                )
+            )
+        elif not root.is_dir():
+            faults.append((f"{text}: {root} is not a folder", None))
+        else:
+            roots.append(root)
+    return (tuple(roots) if not faults else allowed), faults
+
+
+class FileChecker:
+    """Inspects referenced files, each distinct file once (cached by the text and by resolved path).
+
+    A reference must resolve (after `~`, `..` and symlinks) inside one of `roots` (default: `base_dir`);
+    one outside is refused without being opened, so a manifest cannot even probe for files elsewhere.
+    """
+
+    def __init__(self, base_dir: Path, roots: Sequence[Path] | None = None) -> None:
         self.base_dir = base_dir
+        self.roots: tuple[Path, ...] = tuple(roots) if roots is not None else (base_dir.resolve(),)
         self._by_text: dict[str, FileFacts] = {}
         self._by_path: dict[Path, FileFacts] = {}
         self._listings: dict[Path, list[str]] = {}
+        self.outside_hint = "move it into the manifest's folder, or allow its folder with --files-root DIR"
+        """The hint given with a file outside the roots."""
         self.reads = 0
         """How many files were read (for tests of the cache)."""
 
     def check(self, text: str) -> FileFacts:
         facts = self._by_text.get(text)
         if facts is None:
-            # Backslashes: a manifest written on Windows must resolve the same way everywhere.
-            path = Path(os.path.normpath(self.base_dir / Path(text.replace("\\", "/")).expanduser()))
-            path = path.resolve()
+            if "\x00" in text:
+                facts = FileFacts(self.base_dir, error="the path holds a NUL character", hint="remove it")
+                self._by_text[text] = facts
+                return facts
+            path = resolve_reference(text, self.base_dir)
             facts = self._by_path.get(path)
             if facts is None:
                 facts = self._by_path[path] = self._inspect(path)
             self._by_text[text] = facts
         return facts
 
+    def _outside_message(self, path: Path) -> FileFacts:
+        roots = ", ".join(str(r) for r in self.roots)
+        return FileFacts(
+            path,
+            error=f"resolves to {path}, outside the files root ({roots})",
+            hint=self.outside_hint,
+        )
+
     def _inspect(self, path: Path) -> FileFacts:
+        if outside(path, self.roots):
+            return self._outside_message(path)
         try:
-            st = path.stat()
+            data = read_regular(path, READ_LIMIT)
         except FileNotFoundError:
             return FileFacts(path, error=f"file not found (looked for {path})", hint=self._nearby(path))
-        except OSError as exc:
-            return FileFacts(path, error=f"cannot read the file: {exc.strerror}")
-        if stat.S_ISDIR(st.st_mode):
-            return FileFacts(path, error="is a folder, not a file")
-        # Size first, from stat: a 4 GB file named by mistake must not be read just to be refused. The
-        # route's own limit is applied by `size_fault`; this is only the most any route takes.
-        if st.st_size >= _READ_LIMIT:
-            return FileFacts(
-                path,
-                size=st.st_size,
-                error=f"the file is {st.st_size:,} bytes; each file must be under {_READ_LIMIT:,} bytes",
-                hint=SIZE_HINT,
-            )
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            return FileFacts(path, error=f"cannot read the file: {exc.strerror}")
+        except InputFileError as exc:
+            hint = SIZE_HINT if exc.size is not None else None
+            return FileFacts(path, size=exc.size, error=str(exc), hint=hint)
         self.reads += 1
         try:
             info = inspect_image(data)

@@ -26,7 +26,9 @@ def validate_main(args: argparse.Namespace, *, out: TextIO | None = None) -> int
     out = out if out is not None else sys.stdout
     name = args.manifest
     try:
-        manifest = load_manifest(args.manifest, format=getattr(args, "format", None))
+        manifest = load_manifest(
+            args.manifest, format=getattr(args, "format", None), files_root=getattr(args, "files_root", None)
+        )
     except ManifestError as exc:
         for problem in exc.problems:
             print(problem, file=out)

@@ -173,7 +173,8 @@ def _manifest_details(out: Path, run: dict[str, Any]) -> dict[str, Any]:
     try:
         if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != run.get("manifest_sha256"):
             return {}
-        return {r.idempotency_key: r for r in plan(load_manifest(path))}
+        roots = (run.get("options") or {}).get("files_root")  # the folders the run was allowed to read
+        return {r.idempotency_key: r for r in plan(load_manifest(path, files_root=roots))}
     except Exception:  # a manifest that no longer loads only costs the report its prompts
         return {}
 

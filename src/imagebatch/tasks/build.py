@@ -2,7 +2,9 @@
 its idempotency key was made from, and handed to the route's builder in `imagebatch.gateway.requests`.
 
 A file changed after the manifest was checked would be sent under a key that names other bytes; that is
-refused (`InputChangedError`) rather than sent.
+refused (`InputChangedError`) rather than sent, and so is one that is no longer a regular file or has grown
+past the most any route takes (the read is bounded, as at check time: `manifest.files.read_regular`). The
+request is then recorded `failed` with that message; nothing was sent.
 """
 
 from __future__ import annotations
@@ -17,15 +19,24 @@ from imagebatch.gateway.constants import Route
 from imagebatch.gateway.imagefile import sniff_mime
 from imagebatch.gateway.requests import GatewayRequest
 from imagebatch.manifest import PlannedRequest
+from imagebatch.manifest.files import READ_LIMIT, InputFileError, read_regular
 
 
 class InputChangedError(Exception):
-    """A reference image or mask changed since the manifest was checked (its key names other bytes)."""
+    """A reference image or mask changed since the manifest was checked (its key names other bytes), or
+    can no longer be read as one (gone, not a regular file, grown too big)."""
 
 
 def read_input(path: Path, sha256: str | None) -> ImageUpload:
-    """Read an input image once; refuse it when its bytes are not those the plan hashed."""
-    data = path.read_bytes()
+    """Read an input image once (a bounded read of a regular file); refuse it when its bytes are not those
+    the plan hashed."""
+    try:
+        data = read_regular(path, READ_LIMIT)
+    except (InputFileError, OSError) as exc:
+        why = str(exc) if isinstance(exc, InputFileError) else exc.strerror or type(exc).__name__
+        raise InputChangedError(
+            f"{path} changed after the manifest was checked ({why}): rerun to check it again"
+        ) from None
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise InputChangedError(f"{path} changed after the manifest was checked: rerun to plan it again")
     return ImageUpload(data=data, filename=path.name, mime_type=sniff_mime(data) or "image/png")

@@ -12,7 +12,7 @@ from typing import Any
 from imagebatch.gateway import ImageResult
 
 from . import records
-from .build import build_request
+from .build import InputChangedError, build_request
 from .context import RunContext, Unit
 from .records import Result
 from .send import send_and_record
@@ -48,7 +48,12 @@ def run_chain(ctx: RunContext, unit: Unit, out: list[RequestRecord]) -> list[Req
             blocked = f"turn {req.turn_index} could not be sent"
             continue
         earlier = [c for turn in history[: req.turn_index] for c in turn["contents"]]
-        request = build_request(req, earlier)
+        try:
+            request = build_request(req, earlier)
+        except InputChangedError as exc:
+            out.append(records.record(req, "failed", error=str(exc)))
+            blocked = f"turn {req.turn_index} could not be sent"
+            continue
         sent_turn = request.json["contents"][-1] if request.json else {}
 
         def keep_history(result: Result, req: Any = req, sent_turn: dict[str, Any] = sent_turn) -> None:

@@ -16,7 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from . import records
-from .build import build_request
+from .build import InputChangedError, build_request
 from .chain import run_chain
 from .context import Batch, RunContext, Unit
 from .records import UNKNOWN_HINT
@@ -41,7 +41,12 @@ def run_unit(ctx: RunContext, unit: Unit, out: list[RequestRecord] | None = None
     elif ctx.halt.is_set():
         out.append(records.not_attempted(req, ctx.halt_reason or "the run was stopped"))
     else:
-        out.append(send_and_record(ctx, req, build_request(req))[0])
+        try:
+            request = build_request(req)
+        except InputChangedError as exc:
+            out.append(records.record(req, "failed", error=str(exc)))
+        else:
+            out.append(send_and_record(ctx, req, request)[0])
     return out
 
 
