@@ -28,9 +28,9 @@ from imagebatch.manifest import load_manifest, plan
 from imagebatch.manifest.files import READ_LIMIT
 from imagebatch.tasks import generate, records
 from imagebatch.tasks.context import RunContext, Unit, group_units
-from imagebatch.tasks.generate import run_unit, run_unit_safely
 from imagebatch.tasks.records import UNKNOWN_HINT
 from imagebatch.tasks.store import OutputStore, RequestRecord, read_jsonl
+from imagebatch.tasks.unit import run_unit, run_unit_safely
 
 API_KEY = "secret-key"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ from prefect.artifacts import (
 )
 
 from imagebatch.flows.dispatch import Budget, ProgressSnapshot
-from imagebatch.tasks.context import Unit
 from imagebatch.tasks.prices import PriceTable
 from imagebatch.tasks.store import STATUSES, RequestRecord
 
@@ -43,19 +42,6 @@ def budgets(max_images: int | None, max_spend: float | None, prices: PriceTable 
             show=prices.money,
         ))  # fmt: skip
     return out
-
-
-def spend(
-    units: list[Unit], results: Mapping[int, list[RequestRecord]], prices: PriceTable
-) -> dict[str, Any]:
-    """This run's estimated spend: what succeeded cost, and what `unknown` requests may have cost."""
-    spent = doubt = 0.0
-    for unit in units:
-        for req, rec in zip(unit.requests, results[unit.index], strict=False):
-            spent += prices.spent(req, rec)
-            doubt += prices.most(req) if rec.status == "unknown" else 0.0
-    plan = [r for u in units for r in u.requests]
-    return {"spent": spent, "in_doubt": doubt, "currency": prices.currency, "unpriced": prices.unpriced(plan)}
 
 
 class ProgressArtifact:

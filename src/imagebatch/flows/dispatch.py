@@ -47,8 +47,9 @@ from functools import partial
 from prefect.futures import PrefectFuture
 
 from imagebatch.tasks.context import Batch, RunContext, Unit, group_batches
-from imagebatch.tasks.generate import generate, run_unit, run_unit_safely, settle
+from imagebatch.tasks.generate import generate
 from imagebatch.tasks.store import RequestRecord
+from imagebatch.tasks.unit import run_unit, run_unit_safely, settle
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
 """The end of a run: its records in the output folder (results.csv, usage-summary.csv, run.json,
 report.html), then its Prefect artifacts (`flows.artifacts`). Also what `run.json` says when a run starts.
 
+Prefect is imported only to publish the artifacts, so that a rerun with nothing to send can write its
+records without starting Prefect at all (`flows.settled`).
+
 The folder is the record: a file that cannot be written is named in `unwritten` (the command prints it),
 and neither the report nor Prefect's bookkeeping can fail the run.
 """
@@ -8,19 +11,17 @@ and neither the report nor Prefect's bookkeeping can fail the run.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import prefect
-from prefect.runtime import flow_run
-
 import imagebatch
-from imagebatch.flows.artifacts import publish, spend
 from imagebatch.flows.config import Preflight
 from imagebatch.report import build_report
 from imagebatch.tasks.context import Unit
+from imagebatch.tasks.prices import PriceTable
 from imagebatch.tasks.records import storage_message
 from imagebatch.tasks.store import STATUSES, OutputStore, RequestRecord
 from imagebatch.tasks.usage import usage_summary, write_usage_summary
@@ -49,6 +50,28 @@ def write_records(
 ) -> dict[str, Any]:
     """Write the run's records (results.csv, usage-summary.csv, run.json, report.html) and its Prefect
     artifacts; return the run summary."""
+    from prefect.runtime import flow_run
+
+    from imagebatch.flows.artifacts import publish
+
+    prefect = {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks}
+    info = write_files(checked, store, units, results, info, halt_reason, report, prefect)
+    publish(info, RunRecords(units, results))
+    return info
+
+
+def write_files(
+    checked: Preflight,
+    store: OutputStore,
+    units: list[Unit],
+    results: Mapping[int, list[RequestRecord]],
+    info: dict[str, Any],
+    halt_reason: str | None,
+    report: bool,
+    prefect: dict[str, Any],
+) -> dict[str, Any]:
+    """Write the run's records into its output folder (`prefect`: what run.json says of Prefect's side of
+    the run); return the run summary."""
     price_table = checked.prices
     records = RunRecords(units, results)  # read back from the spool on each pass, never all at once
     by_job = {job.id: job for job in checked.manifest.jobs}
@@ -75,7 +98,7 @@ def write_records(
         "state": "stopped" if halt_reason else "finished",
         "counts": {s: counts.get(s, 0) for s in STATUSES},
         "stopped": halt_reason,
-        "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
+        "prefect": prefect,
     }
     try:
         store.write_run(info)
@@ -89,8 +112,20 @@ def write_records(
         unwritten.append(f"report.html not written: {exc}")
     if unwritten:
         info["unwritten"] = unwritten  # the command prints them; the records above are all there is
-    publish(info, records)
     return info
+
+
+def spend(
+    units: list[Unit], results: Mapping[int, list[RequestRecord]], prices: PriceTable
+) -> dict[str, Any]:
+    """This run's estimated spend: what succeeded cost, and what `unknown` requests may have cost."""
+    spent = doubt = 0.0
+    for unit in units:
+        for req, rec in zip(unit.requests, results[unit.index], strict=False):
+            spent += prices.spent(req, rec)
+            doubt += prices.most(req) if rec.status == "unknown" else 0.0
+    plan = [r for u in units for r in u.requests]
+    return {"spent": spent, "in_doubt": doubt, "currency": prices.currency, "unpriced": prices.unpriced(plan)}
 
 
 def rate_limited(records: Iterable[RequestRecord]) -> int:
@@ -119,7 +154,7 @@ def run_info(
             "base_url": checked.base_url,
             "api_key_secret_block": secret_block,
         },
-        "versions": {"imagebatch": imagebatch.__version__, "prefect": prefect.__version__},
+        "versions": {"imagebatch": imagebatch.__version__, "prefect": importlib.metadata.version("prefect")},
         "started_at": datetime.now(UTC).isoformat(),
         "ended_at": None,
         "state": "running",

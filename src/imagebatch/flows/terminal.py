@@ -136,6 +136,10 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
     checked = _preflight(args, err)
     if checked is None:
         return EXIT_USAGE
+    if server is not None and (info := _settled(args, checked)) is not None:
+        server.kill()  # it was started while we checked; nothing will use it
+        err.print("Nothing to send: every request is done or left alone; Prefect was not started.")
+        return _report(out, err, info, [])
 
     _quiet_prefect()
     from prefect.settings import temporary_settings
@@ -185,6 +189,18 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
         err.print(f"{exc}; nothing was sent.", markup=False)
         return EXIT_USAGE
     return _report(out, err, info, signals)
+
+
+def _settled(args: argparse.Namespace, checked: Preflight) -> dict[str, Any] | None:
+    """The run's summary when it has nothing to send, its records written without Prefect
+    (`flows.settled`); else None."""
+    from imagebatch.flows.settled import settle_without_prefect
+
+    return settle_without_prefect(
+        checked, force=args.force, retry_unknown=args.retry_unknown, report=args.report,
+        concurrency=args.concurrency, api_key_secret_block=args.api_key_block,
+        global_limit=args.global_limit, files_root=args.files_root,
+    )  # fmt: skip
 
 
 def _preflight(args: argparse.Namespace, err: Console) -> Preflight | None:

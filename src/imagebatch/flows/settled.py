@@ -1,0 +1,81 @@
+"""A rerun with nothing to send, settled without Prefect.
+
+Most reruns of a nightly manifest or a catalog find every request done (or left alone: `no_image`, and
+`unknown` without `--retry-unknown`). Starting Prefect for them costs about four seconds (importing it,
+its temporary server) and sends nothing. So `imagebatch run` first asks the output folder: if no request
+of the plan is to be sent, it writes the run's records exactly as the flow would (results.csv,
+usage-summary.csv, run.json, the report: `flows.finish.write_files`, under the folder's lock), prints the
+same summary and exit code, and never starts Prefect.
+
+What Prefect sees of such a run: nothing (no flow run, no artifacts). `run.json` says so: its `prefect`
+entry is `{"flow_run_id": null, "task_runs": 0, "started": false}`. This path is taken only on Prefect's
+temporary server (no `PREFECT_API_URL`): a team's Prefect server records every run, even one that sends
+nothing, and deployments always run the flow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from imagebatch.flows.config import Preflight, key_source
+from imagebatch.flows.finish import run_info, write_files
+from imagebatch.manifest import plan
+from imagebatch.tasks.context import RunContext, group_units
+from imagebatch.tasks.store import OutputLockedError, OutputStore, RequestRecord
+from imagebatch.tasks.unit import run_unit
+
+NOT_STARTED = {"flow_run_id": None, "task_runs": 0, "started": False}
+"""What run.json says of Prefect for a run settled here."""
+
+
+def settle_without_prefect(
+    checked: Preflight,
+    *,
+    force: bool,
+    retry_unknown: bool,
+    report: bool,
+    concurrency: int,
+    api_key_secret_block: str | None,
+    global_limit: str | None,
+    files_root: list[str] | None,
+) -> dict[str, Any] | None:
+    """The run's summary if it has nothing to send (its records written), else None (the flow runs).
+
+    None too when the folder has no journal yet (a first run) or is held by another run (the flow then
+    says so as usual)."""
+    store = OutputStore(checked.out)
+    if force or not store.journal_path.is_file():
+        return None
+    try:
+        with store.exclusive():
+            return _settle(checked, store, retry_unknown, report, concurrency, api_key_secret_block,
+                           global_limit, files_root)  # fmt: skip
+    except OutputLockedError:
+        return None
+
+
+def _settle(
+    checked: Preflight,
+    store: OutputStore,
+    retry_unknown: bool,
+    report: bool,
+    concurrency: int,
+    secret_block: str | None,
+    global_limit: str | None,
+    files_root: list[str] | None,
+) -> dict[str, Any] | None:
+    units = group_units(plan(checked.manifest))
+    ctx = RunContext(None, store, store.load_state(), retry_unknown=retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
+                     key_source=key_source(secret_block), thumbnails=report)  # fmt: skip
+    try:
+        if any(ctx.decision(r.idempotency_key) == "send" for unit in units for r in unit.requests):
+            return None
+        results: dict[int, list[RequestRecord]] = {unit.index: run_unit(ctx, unit) for unit in units}
+    finally:
+        ctx.results.close()
+    planned = sum(len(unit.requests) for unit in units)
+    info = run_info(checked, planned, concurrency, False, retry_unknown, secret_block)
+    info["options"] |= {
+        "global_limit": global_limit, "report": report, "shards": 1, "shard": None, "files_root": files_root,
+    }  # fmt: skip
+    return write_files(checked, store, units, results, info, None, report, dict(NOT_STARTED))
