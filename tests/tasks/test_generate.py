@@ -26,7 +26,8 @@ from helpers.images import b64, png
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.manifest.files import READ_LIMIT
-from imagebatch.tasks import generate, records
+from imagebatch.tasks import records
+from imagebatch.tasks import unit as unit_module
 from imagebatch.tasks.context import RunContext, Unit, group_units
 from imagebatch.tasks.records import UNKNOWN_HINT
 from imagebatch.tasks.store import OutputStore, RequestRecord, read_jsonl
@@ -881,7 +882,7 @@ def test_an_internal_error_before_any_attempt_is_not_attempted(
     def broken(*_args: Any) -> Any:
         raise RuntimeError("bug before sending")
 
-    monkeypatch.setattr(generate, "build_request", broken)
+    monkeypatch.setattr(unit_module, "build_request", broken)
     (rec,) = run_unit_safely(h.context(), unit)
     assert h.service.count == 0
     assert rec.status == "not_attempted" and "bug before sending" in (rec.error or "")
