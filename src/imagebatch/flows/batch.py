@@ -240,7 +240,7 @@ def generate_from_manifest(
         ctx = RunContext(
             client, store, store.load_state(),
             force=force, retry_unknown=retry_unknown, key_source=key_source(api_key_secret_block),
-            thumbnails=report,
+            thumbnails=report, requests=info["requests"],
         )  # fmt: skip
         with (
             client,
@@ -253,6 +253,7 @@ def generate_from_manifest(
             caps = budgets(max_images, max_spend, checked.prices)
             tasks = dispatch(ctx, units, concurrency, hooks.control, progress, adaptive, caps)
             progress.close()
+        ctx.end_dispatch()
         try:
             if shard is not None:  # the parent writes the run's records once every shard has ended
                 counts = Counter(r.status for unit in units for r in ctx.results[unit.index])
