@@ -3,7 +3,7 @@ spend, and its Prefect artifacts (progress, the usage table, the summary)."""
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -11,6 +11,7 @@ from typing import Any
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from imagebatch.flows import prefect_guard
 from imagebatch.flows.dispatch import Budget, ProgressSnapshot
 from imagebatch.tasks.context import Unit
 from imagebatch.tasks.prices import PriceTable
@@ -64,9 +65,8 @@ class ProgressArtifact:
         self.forward = forward
         self.interval = interval
         self.clock = clock
-        self.artifact_id: Any = create_progress_artifact(  # a UUID here (sync context)
-            0.0, key="imagebatch-progress", description="imagebatch: requests settled"
-        )
+        self.artifact_id: Any = None  # a UUID once made (sync context)
+        prefect_guard.current().call(self._create)
         self._last = clock()
         self._percent = 0.0
 
@@ -77,10 +77,17 @@ class ProgressArtifact:
         if self.clock() - self._last >= self.interval:
             self._update()
 
+    def _create(self) -> None:
+        self.artifact_id = create_progress_artifact(
+            0.0, key="imagebatch-progress", description="imagebatch: requests settled"
+        )
+
     def _update(self) -> None:
+        """Move the artifact on the guard's thread: the dispatcher never waits for Prefect's API."""
         self._last = self.clock()
-        with contextlib.suppress(Exception):  # a progress display must never fail the run
-            update_progress_artifact(self.artifact_id, self._percent)
+        if self.artifact_id is not None:
+            call = functools.partial(update_progress_artifact, self.artifact_id, self._percent)
+            prefect_guard.current().later("progress", call)
 
     def close(self) -> None:
         self._update()

@@ -34,6 +34,7 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 import imagebatch
+from imagebatch.flows import prefect_guard
 from imagebatch.flows.artifacts import ProgressArtifact, budgets, spend, summary_markdown, usage_table
 from imagebatch.flows.config import (
     DEFAULT_CONCURRENCY,
@@ -226,6 +227,7 @@ def generate_from_manifest(
         info["requests"] = sum(len(unit.requests) for unit in units)
     store = OutputStore(checked.out, shard_name(shard, shards) if shard is not None else None)
     with (
+        prefect_guard.watching(),
         forward_logs_to_prefect("imagebatch"),
         service(checked.base_url, api_key_secret_block, hooks) as (url, key),
         held(store),
@@ -308,6 +310,7 @@ def _record(
     info["usage"] = [row.to_dict() for row in usage]
     if price_table is not None:
         info["spend"] = spend(units, results, price_table)
+    guard = prefect_guard.current()
     info["rate_limited"] = sum(r.status == "failed" and "HTTP 429" in (r.error or "") for r in records)
     info |= {
         "ended_at": datetime.now(UTC).isoformat(),
@@ -316,6 +319,8 @@ def _record(
         "stopped": halt_reason,
         "prefect": {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks},
     }
+    if guard.note:
+        info["prefect"]["incomplete"] = guard.note
     try:
         store.write_run(info)
     except OSError as exc:
@@ -328,21 +333,22 @@ def _record(
         unwritten.append(f"report.html not written: {exc}")
     if unwritten:
         info["unwritten"] = unwritten  # the command prints them; the records above are all there is
-    create_markdown_artifact(
+    # Prefect's bookkeeping below: bounded, and skipped once its server is lost (flows.prefect_guard).
+    guard.records_written(info, store.write_run)
+    guard.call(lambda: create_markdown_artifact(
         key="imagebatch-run-summary", markdown=summary_markdown(info), description="imagebatch run"
-    )
+    ))  # fmt: skip
     if info.get("report"):
-        create_link_artifact(
+        guard.call(lambda: create_link_artifact(
             Path(info["report"]).resolve().as_uri(), link_text="report.html", key="imagebatch-report",
             description="the run's contact sheet (a file on the machine that ran it)",
-        )  # fmt: skip
-    create_table_artifact(
-        key="imagebatch-usage",
-        table=usage_table(records, info["usage"]),
+        ))  # fmt: skip
+    table = usage_table(records, info["usage"])
+    guard.call(lambda: create_table_artifact(
+        key="imagebatch-usage", table=table,
         description="requests by route, model and status, with the usage summary (all runs into the folder)",
-    )
-    with contextlib.suppress(Exception):  # best effort: the output folder is the record, not Prefect's
-        settle_prefect_records(info)
+    ))  # fmt: skip
+    guard.call(lambda: settle_prefect_records(info), bound=SETTLE_TIMEOUT + prefect_guard.CALL_BOUND)
     return info
 
 
@@ -376,12 +382,13 @@ def run_info(
 
 
 TERMINAL_STATES = ["COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
+SETTLE_TIMEOUT = 30.0
 
 
 def settle_prefect_records(
     info: dict[str, Any],
     *,
-    timeout: float = 30.0,
+    timeout: float = SETTLE_TIMEOUT,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> bool:
