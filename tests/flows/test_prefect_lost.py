@@ -58,7 +58,7 @@ def _server_of(pid: int) -> int:
                 args = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"imagebatch.flows.prefect_server" in args and str(pid).encode() in args:
+            if b"imagebatch.flows.prefect_server" in args and str(pid).encode() in args[3].split(b":"):
                 return int(proc.name)
     raise AssertionError(f"run {pid} has no temporary Prefect server")
 
