@@ -63,6 +63,8 @@ class RunHooks:
     """Injected dependencies of a run: tests pass a recording sleep, the CLI a progress callback."""
 
     sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    """The clock `--rpm`'s pacing reads (tests advance a fake one in `sleep`)."""
     transport: httpx.BaseTransport | None = None
     on_progress: Callable[[ProgressSnapshot], None] | None = None
     """Called from the flow's thread after each dispatch step and each finished unit."""
@@ -250,7 +252,7 @@ def generate_from_manifest(
             hooks.signals() if hooks.signals else contextlib.nullcontext(),
         ):
             if rpm:
-                ctx.pacer = Pacer(60.0 / rpm, sleep=hooks.sleep)
+                ctx.pacer = Pacer(60.0 / rpm, sleep=hooks.sleep, clock=hooks.clock)
             progress = ProgressArtifact(hooks.on_progress)
             caps = budgets(max_images, max_spend, checked.prices)
             tasks = dispatch(ctx, units, concurrency, hooks.control, progress, adaptive, caps)
