@@ -8,7 +8,7 @@ from typing import Any
 
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-from imagebatch.flows.prefect_guard import LOST_NOTE, MISSES, PrefectGuard
+from imagebatch.flows.prefect_guard import MISSES, NOTE, STOPPED_ANSWERING, PrefectGuard
 
 WAIT = 60.0  # generous bounds on events that come at once
 
@@ -56,7 +56,9 @@ def test_a_server_that_stops_answering_is_lost_and_prefect_stops_retrying() -> N
                 probe.answers.put(False)
             assert not guard.lost.wait(0.05)  # a miss or two is not a loss
             probe.answers.put(False)
-            assert guard.lost.wait(WAIT) and guard.note == LOST_NOTE
+            assert (
+                guard.lost.wait(WAIT) and guard.note and guard.note.startswith(f"{NOTE}: {STOPPED_ANSWERING}")
+            )
             caller.join(WAIT)
             assert waiting == [False]  # the waiting call gave up with the server, not after its bound
             assert PREFECT_CLIENT_MAX_RETRIES.value() == 0  # Prefect's own calls: once, no retries
@@ -74,7 +76,8 @@ def test_a_loss_after_run_json_was_written_is_written_there_too() -> None:
     guard.records_written(info, lambda i: saved.append(dict(i)))
     guard.finish()
     assert saved == []  # nothing lost, nothing to add
-    guard.lose("test")
+    guard.lose("a test")
     guard.finish()
     guard.finish()
-    assert len(saved) == 1 and saved[0]["prefect"]["incomplete"] == LOST_NOTE
+    assert len(saved) == 1 and saved[0]["prefect"]["incomplete"] == guard.note
+    assert guard.note == f"{NOTE}: a test; the output folder's records are complete"

@@ -32,10 +32,9 @@ MISSES = 3
 CALL_BOUND = 10.0
 """The longest the end of a run waits for one of its own calls to Prefect's API."""
 
-LOST_NOTE = (
-    "Prefect's server stopped answering during the run: its record of the run (task runs, artifacts, "
-    "logs, final state) is incomplete; the output folder's records are complete"
-)
+NOTE = "Prefect's record of this run (task runs, artifacts, logs, final state) is incomplete"
+"""The start of what the summary and run.json say once Prefect is lost (`PrefectGuard.note`)."""
+STOPPED_ANSWERING = "its server stopped answering"
 
 
 class _Call:
@@ -74,7 +73,9 @@ class PrefectGuard:
     @property
     def note(self) -> str | None:
         """What to tell the user about Prefect's record of the run: nothing, or that it is incomplete."""
-        return LOST_NOTE if self.lost.is_set() else None
+        if not self.lost.is_set():
+            return None
+        return f"{NOTE}: {self.why}; the output folder's records are complete"
 
     def start(self) -> PrefectGuard:
         """Start watching, from the flow's thread (its Prefect settings are the ones `lose` changes)."""
@@ -154,7 +155,7 @@ class PrefectGuard:
         if self.lost.is_set():
             return
         self.why = why
-        self.lost.set()
+        self.lost.set()  # after `why`: `note` reads it
         with self._cond:
             for _key, call in self._queue:
                 call.done.set()
@@ -195,7 +196,7 @@ class PrefectGuard:
         while not self._closed.wait(self.every) and not self.lost.is_set():
             misses = 0 if self.probe() else misses + 1
             if misses >= MISSES:
-                self.lose(f"no answer from {self.api_url} to {MISSES} health checks in a row")
+                self.lose(f"{STOPPED_ANSWERING} ({MISSES} health checks of {self.api_url} in a row)")
 
     def _probe_health(self) -> bool:
         """Whether the server answers at all (any HTTP status: an answer is an answer)."""
