@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +52,24 @@ def peak_in_flight(requests: list[dict[str, Any]]) -> int:
         now += step
         peak = max(peak, now)
     return peak
+
+
+class Rendezvous:
+    """The emulator's latency sleep: holds each generation until `size` are held at once, then lets every
+    one through. A test asserting that requests overlapped waits for the overlap (an event) instead of
+    hoping a latency is long enough on a loaded machine; if they never overlap, it gives up after
+    `bound` seconds and the test's assertion fails."""
+
+    def __init__(self, size: int, bound: float = 60.0) -> None:
+        self.size = size
+        self.bound = bound
+        self.held = 0
+        self.met = threading.Event()
+
+    async def __call__(self, _seconds: float) -> None:
+        self.held += 1  # the emulator's event loop: one thread
+        if self.held >= self.size:
+            self.met.set()
+        if not self.met.is_set():
+            await asyncio.to_thread(self.met.wait, self.bound)
+        self.held -= 1

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from flow_helpers import peak_in_flight, read_jsonl, read_results
+from flow_helpers import Rendezvous, peak_in_flight, read_jsonl, read_results
 
 from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
 from imagebatch.tasks.context import Batch, Unit, batch_size, group_batches
@@ -60,7 +60,7 @@ def test_a_large_run_records_one_task_run_per_batch_and_shares_its_slots(
     service_env: Any, tmp_path: Path
 ) -> None:
     rows, concurrency = 250, 8  # 84 batches of at most 3 units: wider than one batch
-    service_env.configure(latency=0.03)
+    service_env.configure(latency=0.03, sleep=Rendezvous(batch_size(rows) + 1))
     out = tmp_path / "out"
     with run_hooks(RunHooks(sleep=lambda _s: None)):
         info = generate_from_manifest(

@@ -160,3 +160,36 @@ def test_a_stop_signal_stops_gracefully(
     assert received == {r["idempotency_key"] for r in rows if r["status"] == "succeeded"}
     run = json.loads((out / "run.json").read_text())
     assert run["state"] == "stopped" and run["stopped"] == f"interrupted ({name})"
+
+
+def test_a_second_signal_abandons_the_run_and_run_json_says_so(
+    service_env: Any, prefect_harness: str, tmp_path: Path
+) -> None:
+    """Issue 21 #9: Ctrl-C then SIGTERM while requests are held in flight: the run exits at once (130, the
+    first signal's code) and run.json says "abandoned" instead of "running"."""
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl", [{"id": f"job{i:02d}", "prompt": f"drop {i}"} for i in range(12)]
+    )
+    out = tmp_path / "out"
+    gate = Gate(4)
+    service_env.configure(latency=0.001, sleep=gate)
+    child = start_run(service_env, prefect_harness, manifest, out, concurrency=2, text=True)
+    try:
+        assert gate.closed_on_someone.wait(timeout=180)
+        child.send_signal(signal.SIGINT)
+        assert child.stderr is not None
+        while "Stopping" not in (line := child.stderr.readline()):
+            assert line, "the run ended without acknowledging Ctrl-C"
+        child.send_signal(signal.SIGTERM)  # the held requests never finish: only an abandon ends the run
+        _, rest = child.communicate(timeout=120)
+    finally:
+        gate.release.set()
+        if child.poll() is None:
+            child.kill()
+        service_env.configure(sleep=asyncio.sleep, latency=0.0)
+    assert child.returncode == 130, rest
+    assert "Abandoned the requests in flight" in rest and "Traceback" not in rest
+    run = json.loads((out / "run.json").read_text())
+    assert run["state"] == "abandoned" and run["ended_at"]
+    assert run["stopped"] == "abandoned (Ctrl-C, then SIGTERM): requests in flight are unknown"
+    assert OutputStore(out).load_state()  # the journal the rerun reads is intact

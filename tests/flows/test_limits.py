@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import cli, peak_in_flight
+from flow_helpers import Rendezvous, cli, peak_in_flight
 
 from imagebatch.flows.batch import RunHooks, UsageError, generate_from_manifest, run_hooks
 from imagebatch.flows.limits import (
@@ -70,7 +70,7 @@ def test_a_global_limit_bounds_requests_on_the_wire_below_the_runs_concurrency(
     assert read_limit("t-wire").active_slots == 0  # every slot given back
 
     service_env.reset()
-    service_env.configure(latency=0.05, jpeg_rate=0.0)
+    service_env.configure(latency=0.05, jpeg_rate=0.0, sleep=Rendezvous(3))
     run(manifest, tmp_path / "unlimited", concurrency=8)
     assert peak_in_flight(service_env.requests()) > 2  # the same run without it: the limit did the bounding
 

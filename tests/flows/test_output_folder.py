@@ -100,3 +100,28 @@ def test_a_disk_that_fills_mid_run_stops_it_with_one_message_and_a_rerun_finishe
             assert all((out / p).is_file() for p in row["paths"].split(";"))
     assert json.loads((out / "run.json").read_text())["state"] == "finished"
     assert code == (EXIT_OK if not statuses["unknown"] else EXIT_INCOMPLETE)
+
+
+def test_a_disk_full_before_the_end_still_gets_the_runs_records(
+    mounted: Any, tmp_path: Path, capsys: Any, service_env: Any
+) -> None:
+    """Issue 21 #1: 200 requests on a 2 MB disk. The records of the units finished as it filled were cut
+    short in the records spool (a traceback at the end, no results.csv, run.json "running"); now the one
+    line, the summary, and results.csv, usage-summary.csv and run.json ("stopped") in the space the run
+    kept back."""
+    out = mounted("tiny", "size=2m") / "out"
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl", [{"id": f"j{i:03d}", "prompt": f"vase {i}"} for i in range(200)]
+    )
+    code, stdout, err = cli(capsys, "run", str(manifest), "--out", str(out))
+
+    assert code == EXIT_INCOMPLETE, err
+    assert "Traceback" not in err and "not written" not in err, err
+    assert err.count("disk full at") == 1 and f"Stopped early: disk full at {out}" in err, err
+    counts = summary_counts(stdout)
+    assert sum(counts.values()) == 200 and counts.get("not_attempted", 0) > 0, stdout
+    rows = read_results(out)
+    assert len(rows) == 200 and Counter(r["status"] for r in rows) == counts
+    run = json.loads((out / "run.json").read_text())
+    assert run["state"] == "stopped" and run["stopped"].startswith("disk full at")
+    assert (out / "usage-summary.csv").is_file()

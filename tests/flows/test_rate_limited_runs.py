@@ -103,11 +103,16 @@ def test_without_adaptation_most_of_the_overshoot_fails(limited: Any, tmp_path: 
 def test_rpm_paces_the_starts(service_env: Any, tmp_path: Path) -> None:
     manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": f"p{i}", "prompt": f"kite {i}"} for i in range(5)])
     waits: list[float] = []
-    with run_hooks(RunHooks(sleep=waits.append)):
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:  # time passes only in the run's sleeps: a loaded machine's
+        waits.append(seconds)  # slowness between two starts is not counted in the pacing
+        now[0] += seconds
+
+    with run_hooks(RunHooks(sleep=sleep, clock=lambda: now[0])):
         info = generate_from_manifest(
             manifest=str(manifest), out=str(tmp_path / "out"), rpm=30, concurrency=1
         )
     assert info["counts"]["succeeded"] == 5
-    # 30 a minute: starts 2 s apart. The sleep only records (no time passes), so the n-th start is told
-    # to wait about 2n s from the moment it asked.
-    assert len(waits) == 4 and all(2 * n - 0.5 < w <= 2 * n for n, w in enumerate(waits, 1)), waits
+    # 30 a minute: starts 2 s apart. The first starts at once; each later one waits the 2 s left.
+    assert waits == [2.0, 2.0, 2.0, 2.0] and now[0] == 8.0

@@ -4,7 +4,7 @@ link) and the wait for Prefect's server to record every task run's final state (
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -19,6 +19,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from imagebatch.flows import prefect_guard
 from imagebatch.flows.dispatch import Budget, ProgressSnapshot
 from imagebatch.tasks.prices import PriceTable
 from imagebatch.tasks.store import STATUSES, RequestRecord
@@ -58,9 +59,8 @@ class ProgressArtifact:
         self.forward = forward
         self.interval = interval
         self.clock = clock
-        self.artifact_id: Any = create_progress_artifact(  # a UUID here (sync context)
-            0.0, key="imagebatch-progress", description="imagebatch: requests settled"
-        )
+        self.artifact_id: Any = None  # a UUID once made (sync context)
+        prefect_guard.current().call(self._create)
         self._last = clock()
         self._percent = 0.0
 
@@ -71,10 +71,17 @@ class ProgressArtifact:
         if self.clock() - self._last >= self.interval:
             self._update()
 
+    def _create(self) -> None:
+        self.artifact_id = create_progress_artifact(
+            0.0, key="imagebatch-progress", description="imagebatch: requests settled"
+        )
+
     def _update(self) -> None:
+        """Move the artifact on the guard's thread: the dispatcher never waits for Prefect's API."""
         self._last = self.clock()
-        with contextlib.suppress(Exception):  # a progress display must never fail the run
-            update_progress_artifact(self.artifact_id, self._percent)
+        if self.artifact_id is not None:
+            call = functools.partial(update_progress_artifact, self.artifact_id, self._percent)
+            prefect_guard.current().later("progress", call)
 
     def close(self) -> None:
         self._update()
@@ -115,31 +122,33 @@ def summary_markdown(info: dict[str, Any]) -> str:
 
 def publish(info: dict[str, Any], records: Iterable[RequestRecord]) -> None:
     """The finished run's Prefect artifacts (summary, report link, usage table), then wait for Prefect's
-    server to record its task runs' final states (best effort: the output folder is the record)."""
-    create_markdown_artifact(
+    server to record its task runs' final states (best effort: the output folder is the record). Each call
+    is bounded and none is made once the server is lost (`flows.prefect_guard`)."""
+    guard = prefect_guard.current()
+    guard.call(lambda: create_markdown_artifact(
         key="imagebatch-run-summary", markdown=summary_markdown(info), description="imagebatch run"
-    )
+    ))  # fmt: skip
     if info.get("report"):
-        create_link_artifact(
+        guard.call(lambda: create_link_artifact(
             Path(info["report"]).resolve().as_uri(), link_text="report.html", key="imagebatch-report",
             description="the run's contact sheet (a file on the machine that ran it)",
-        )  # fmt: skip
-    create_table_artifact(
-        key="imagebatch-usage",
-        table=usage_table(records, info["usage"]),
+        ))  # fmt: skip
+    table = usage_table(records, info["usage"])
+    guard.call(lambda: create_table_artifact(
+        key="imagebatch-usage", table=table,
         description="requests by route, model and status, with the usage summary (all runs into the folder)",
-    )
-    with contextlib.suppress(Exception):  # best effort: the output folder is the record, not Prefect's
-        settle_prefect_records(info)
+    ))  # fmt: skip
+    guard.call(lambda: settle_prefect_records(info), bound=SETTLE_TIMEOUT + prefect_guard.CALL_BOUND)
 
 
 TERMINAL_STATES = ["COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
+SETTLE_TIMEOUT = 30.0
 
 
 def settle_prefect_records(
     info: dict[str, Any],
     *,
-    timeout: float = 30.0,
+    timeout: float = SETTLE_TIMEOUT,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> bool:

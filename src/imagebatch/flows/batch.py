@@ -26,6 +26,7 @@ from prefect import flow
 from prefect.logging import get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from imagebatch.flows import prefect_guard
 from imagebatch.flows.artifacts import ProgressArtifact, budgets
 from imagebatch.flows.config import (
     DEFAULT_CONCURRENCY,
@@ -52,6 +53,8 @@ class RunHooks:
     """Injected dependencies of a run: tests pass a recording sleep, the CLI a progress callback."""
 
     sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    """The clock `--rpm`'s pacing reads (tests advance a fake one in `sleep`)."""
     transport: httpx.BaseTransport | None = None
     on_progress: Callable[[ProgressSnapshot], None] | None = None
     """Called from the flow's thread after each dispatch step and each finished unit."""
@@ -318,6 +321,7 @@ def _output(run: Run, store: OutputStore) -> Iterator[tuple[str, str]]:
     """The run's service (its base URL and API key) and its output folder, held and prepared; our log
     lines go to Prefect's run log meanwhile."""
     with (
+        prefect_guard.watching(),
         forward_logs_to_prefect("imagebatch"),
         service(run.checked.base_url, run.options.api_key_secret_block, run.hooks) as (url, key),
         held(store),
@@ -338,6 +342,7 @@ def _send(run: Run, store: OutputStore, units: list[Unit], url: str, key: str) -
         client, store, store.load_state(),
         force=options.force, retry_unknown=options.retry_unknown,
         key_source=key_source(options.api_key_secret_block), thumbnails=options.report,
+        requests=sum(len(unit.requests) for unit in units),
     )  # fmt: skip
     with (
         client,
@@ -345,9 +350,10 @@ def _send(run: Run, store: OutputStore, units: list[Unit], url: str, key: str) -
         hooks.signals() if hooks.signals else contextlib.nullcontext(),
     ):
         if options.rpm:
-            ctx.pacer = Pacer(60.0 / options.rpm, sleep=hooks.sleep)
+            ctx.pacer = Pacer(60.0 / options.rpm, sleep=hooks.sleep, clock=hooks.clock)
         progress = ProgressArtifact(hooks.on_progress)
         caps = budgets(options.max_images, options.max_spend, run.checked.prices)
         tasks = dispatch(ctx, units, options.concurrency, hooks.control, progress, options.adaptive, caps)
         progress.close()
+    ctx.end_dispatch()
     return ctx, tasks

@@ -52,10 +52,16 @@ def write_records(
     artifacts; return the run summary."""
     from prefect.runtime import flow_run
 
+    from imagebatch.flows import prefect_guard
     from imagebatch.flows.artifacts import publish
 
-    prefect = {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks}
+    guard = prefect_guard.current()
+    prefect: dict[str, Any] = {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks}
+    if guard.note:
+        prefect["incomplete"] = guard.note
     info = write_files(checked, store, units, results, info, halt_reason, report, prefect)
+    # Prefect's bookkeeping below: bounded, and skipped once its server is lost (flows.prefect_guard).
+    guard.records_written(info, store.write_run)
     publish(info, RunRecords(units, results))
     return info
 

@@ -6,10 +6,13 @@ that it never outlives the run.
   by the same Ctrl-C dies in the middle of writing task states and the run, which can no longer report to
   it, hangs.
 - Its own environment: a copy of ours would put `IMAGEBATCH_API_KEY` into its `/proc/PID/environ`.
-- A watchdog: a process in its own session survives its parent's `kill -9`; this one exits within about
-  half a second of its parent's death, from the first line of its start-up on.
+- Dies with its parent: a process in its own session survives its parent's `kill -9`. On Linux the kernel
+  kills this one at once when the run dies (`PR_SET_PDEATHSIG`, asked for when the run's main thread
+  starts it: the signal follows the thread that started it); elsewhere, and as a fallback, a watchdog
+  thread polling its parent pid exits it within about half a second (a second or two on a machine
+  loaded 6 deep), from the first line of its start-up on.
 
-Run as `python -m imagebatch.flows.prefect_server PARENT_PID UVICORN_ARGS...`.
+Run as `python -m imagebatch.flows.prefect_server PARENT_PID[:die-with-parent] UVICORN_ARGS...`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import atexit
 import contextlib
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -110,7 +114,10 @@ class TemporaryServer:
         app_dir = str(Path(spec.origin).parent.parent)
         seed_database(self.environ)  # an empty Prefect home gets a ready database (`flows.prefect_template`)
         self.port = _free_port()
-        cmd = [sys.executable, "-m", __name__, str(os.getpid()), "--app-dir", app_dir, "--factory"]
+        parent = str(os.getpid())
+        if threading.current_thread() is threading.main_thread():  # it lives as long as the run
+            parent += ":die-with-parent"
+        cmd = [sys.executable, "-m", __name__, parent, "--app-dir", app_dir, "--factory"]
         cmd += ["prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
         cmd += ["--log-level", "error", "--lifespan", "on"]
         self.process = subprocess.Popen(cmd, env=server_environment(self.environ, {}), start_new_session=True)
@@ -182,9 +189,31 @@ def watch_parent(parent_pid: int, interval: float = 0.5) -> threading.Thread:
     return thread
 
 
+def die_with_parent(parent_pid: int) -> bool:
+    """Linux: have the kernel SIGKILL this process as soon as its parent (the thread of it that started
+    this process) dies; return whether it could. Costs nothing while the parent lives."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        done = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent_pid:  # it died before we asked
+        os._exit(0)
+    return done
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def main(argv: list[str]) -> None:
-    """`PARENT_PID UVICORN_ARGS...`: watch the parent, then run uvicorn in this process."""
-    watch_parent(int(argv[0]))
+    """`PARENT_PID[:die-with-parent] UVICORN_ARGS...`: watch the parent, then run uvicorn here."""
+    pid, _, how = argv[0].partition(":")
+    if how == "die-with-parent":
+        die_with_parent(int(pid))
+    watch_parent(int(pid))
     from uvicorn.main import main as uvicorn_main
 
     uvicorn_main(argv[1:])

@@ -72,6 +72,7 @@ def _settle(
             return None
         results: dict[int, list[RequestRecord]] = {unit.index: run_unit(ctx, unit) for unit in units}
     finally:
+        ctx.end_dispatch()
         ctx.results.close()
     planned = sum(len(unit.requests) for unit in units)
     info = run_info(checked, planned, concurrency, False, retry_unknown, secret_block)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -23,6 +27,7 @@ if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads on
     from imagebatch.flows.batch import RunHooks
     from imagebatch.flows.config import Preflight
     from imagebatch.flows.dispatch import ProgressSnapshot
+    from imagebatch.flows.prefect_guard import PrefectGuard
     from imagebatch.flows.prefect_server import TemporaryServer
 
 
@@ -33,14 +38,93 @@ def _quiet_prefect() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
+def _silence_prefect() -> None:
+    """Prefect's server is lost: its loggers' complaints (a traceback for the flow run's final state, one
+    error per event it cannot send) would bury the summary, which says it in one line."""
+    names = [n for n in logging.root.manager.loggerDict if n == "prefect" or n.startswith("prefect.")]
+    for name in ["prefect", *names]:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
 SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
+ENDING_GRACE = 5.0
+"""How long Prefect's engine may take to record a run's end once the records are written and Prefect's
+server is lost, before the command prints the summary and exits without it."""
+
+
+class Ending:
+    """How the command ends when Prefect would hold it after the run's records are written (issue 21 #2):
+    a signal then, or Prefect's server lost then for `ENDING_GRACE` seconds, prints the summary from the
+    records and exits at once; a second signal abandons the run and marks run.json so (issue 21 #9)."""
+
+    def __init__(
+        self, out: Console, err: Console, server: TemporaryServer | None, guard: PrefectGuard
+    ) -> None:
+        self.out, self.err, self.server, self.guard = out, err, server, guard
+        self.signals: list[int] = []
+        self._once = threading.Lock()
+
+    @contextlib.contextmanager
+    def watching(self, signals: list[int]) -> Iterator[None]:
+        """While the flow runs: end without Prefect once it is lost after the records are written."""
+        self.signals = signals
+        done = threading.Event()
+
+        def watch() -> None:
+            self.guard.lost.wait()
+            self.guard.written.wait()
+            if not done.wait(ENDING_GRACE):
+                self.now()
+
+        threading.Thread(target=watch, name="imagebatch-ending", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def now(self) -> None:
+        """Print the summary from the written records and exit (from any thread; once)."""
+        if self.guard.result is None or not self._once.acquire(blocking=False):
+            return
+        if not self.guard.lost.is_set():
+            self.guard.lose("the run was stopped while Prefect recorded its end")
+        self.guard.finish()
+        self.exit(_report(self.out, self.err, self.guard.result, self.signals, self.guard))
+
+    def exit(self, code: int) -> None:
+        """Exit now, past Prefect's exit handlers (they would wait for a lost server)."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        if self.server is not None:
+            self.server.kill()
+        os._exit(code)
+
+    def abandoned(self, run_json: Path, reason: str) -> None:
+        """Mark a run abandoned in its run.json (still "running": the run never wrote its end)."""
+        from imagebatch.tasks.store import write_atomic
+
+        with contextlib.suppress(OSError, ValueError):
+            info = json.loads(run_json.read_text())
+            if info.get("state") == "running":
+                info |= {"state": "abandoned", "ended_at": datetime.now(UTC).isoformat(), "stopped": reason}
+                write_atomic(run_json, (json.dumps(info, indent=2, default=str) + "\n").encode())
+
+
 @contextlib.contextmanager
-def interrupts(hooks: RunHooks, err: Console, server: TemporaryServer | None) -> Iterator[list[int]]:
-    """First Ctrl-C or SIGTERM: stop gracefully (no new request; those in flight finish and are saved).
-    Second: abandon what is in flight (the journal already marks it sent, so it will be `unknown`) and
-    exit. Yields the list of signals received (the exit code follows the first).
+def interrupts(
+    hooks: RunHooks,
+    err: Console,
+    server: TemporaryServer | None,
+    ending: Ending | None = None,
+    run_json: Path | None = None,
+) -> Iterator[list[int]]:
+    """First Ctrl-C or SIGTERM: stop gracefully (no new request; those in flight finish and are saved);
+    once the records are written, exit at once (what is left is Prefect's bookkeeping). Second: abandon
+    what is in flight (the journal already marks it sent, so it will be `unknown`), mark run.json
+    "abandoned", and exit. Yields the list of signals received (the exit code follows the first).
 
     The handler is also given to the flow (`hooks.signals`), which installs it again around dispatch:
     Prefect's flow engine replaces SIGTERM's handler with its own, which would crash the run."""
@@ -52,6 +136,8 @@ def interrupts(hooks: RunHooks, err: Console, server: TemporaryServer | None) ->
         name = SIGNAL_NAMES[signal.Signals(signum)]
         if len(received) == 1:
             control.stop(f"interrupted ({name})")
+            if ending is not None:
+                ending.now()  # only once the records are written
             err.print(
                 f"\nStopping ({name}): no new requests; waiting for those in flight to finish and be saved. "
                 f"{name} again to abandon them (they would be 'unknown').",
@@ -59,6 +145,9 @@ def interrupts(hooks: RunHooks, err: Console, server: TemporaryServer | None) ->
             )
             return
         err.print("Abandoned the requests in flight: a rerun reports them as 'unknown'.", markup=False)
+        if ending is not None and run_json is not None:
+            first = SIGNAL_NAMES[signal.Signals(received[0])]
+            ending.abandoned(run_json, f"abandoned ({first}, then {name}): requests in flight are unknown")
         if server is not None:
             # SIGKILL, not SIGTERM: a terminated server prints tracebacks for the writes it was
             # making; SQLite rolls an interrupted write back either way.
@@ -144,7 +233,8 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
     _quiet_prefect()
     from prefect.settings import temporary_settings
 
-    from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+    from imagebatch.flows.batch import RunHooks, run_hooks
+    from imagebatch.flows.prefect_guard import PrefectGuard, guarding
 
     if not checked.base_url:
         err.print(
@@ -166,29 +256,57 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
             f"{exc}; nothing was sent. Set PREFECT_API_URL to use a running Prefect server.", markup=False
         )
         return EXIT_INCOMPLETE
+    guard = PrefectGuard()
+    guard.on_lost.append(_silence_prefect)
+    ending = Ending(out, err, server, guard)
     try:
-        with api, interrupts(hooks, err, server) as signals, progress, run_hooks(hooks):
-            info = generate_from_manifest(
-                manifest=str(args.manifest),
-                out=str(args.out),
-                concurrency=args.concurrency,
-                base_url=args.base_url,
-                force=args.force,
-                retry_unknown=args.retry_unknown,
-                api_key_secret_block=args.api_key_block,
-                rpm=args.rpm,
-                adaptive=args.adaptive,
-                max_images=args.max_images,
-                max_spend=args.max_spend,
-                prices=args.prices,
-                global_limit=args.global_limit,
-                report=args.report,
-                files_root=args.files_root,
-            )
+        with (
+            api,
+            interrupts(hooks, err, server, ending, checked.out / "run.json") as signals,
+            progress,
+            run_hooks(hooks),
+            guarding(guard),
+            ending.watching(signals),
+        ):
+            info = _generate(args, guard)
     except UsageError as exc:
         err.print(f"{exc}; nothing was sent.", markup=False)
         return EXIT_USAGE
-    return _report(out, err, info, signals)
+    code = _report(out, err, info, signals, guard)
+    guard.finish()
+    if guard.lost.is_set():  # Prefect's exit handlers would try to send its queued events for minutes
+        ending.exit(code)
+    return code
+
+
+def _generate(args: argparse.Namespace, guard: PrefectGuard) -> dict[str, Any]:
+    """Run the flow; its summary. Once the run's records are written, a failure of Prefect's engine to
+    record the run's end (its server lost) does not make the run fail: the records are the run's."""
+    from imagebatch.flows.batch import generate_from_manifest
+
+    try:
+        return generate_from_manifest(
+            manifest=str(args.manifest),
+            out=str(args.out),
+            concurrency=args.concurrency,
+            base_url=args.base_url,
+            force=args.force,
+            retry_unknown=args.retry_unknown,
+            api_key_secret_block=args.api_key_block,
+            rpm=args.rpm,
+            adaptive=args.adaptive,
+            max_images=args.max_images,
+            max_spend=args.max_spend,
+            prices=args.prices,
+            global_limit=args.global_limit,
+            report=args.report,
+            files_root=args.files_root,
+        )
+    except Exception as exc:
+        if guard.result is None:
+            raise
+        guard.lose(f"its flow engine could not record the run's end: {exc!r}")
+        return guard.result
 
 
 def _settled(args: argparse.Namespace, checked: Preflight) -> dict[str, Any] | None:
@@ -251,8 +369,10 @@ def _prefect_server(
     return server
 
 
-def _report(out: Console, err: Console, info: dict[str, Any], signals: list[int]) -> int:
-    """Print the run's summary, usage, spend and warnings; return the exit code."""
+def _report(
+    out: Console, err: Console, info: dict[str, Any], signals: list[int], guard: PrefectGuard | None = None
+) -> int:
+    """Print the run's summary from its records (usage, spend and warnings); return the exit code."""
     _print_summary(out, info)
     _print_usage(out, info.get("usage", []))
     if info.get("spend"):
@@ -283,6 +403,8 @@ def _report(out: Console, err: Console, info: dict[str, Any], signals: list[int]
         )
     for line in info.get("unwritten", []):
         err.print(line, markup=False)
+    if guard is not None and guard.note:
+        err.print(f"{guard.note}.", markup=False)
     if signals:
         return exit_code_for(signals[0])
     incomplete = sum(v for k, v in counts.items() if k not in ("succeeded", "skipped"))

@@ -120,10 +120,15 @@ class RecordSpool(Mapping[int, list[RequestRecord]]):
     about 0.8 KB each in memory (10,000 requests: 8 MB; 100,000: 80 MB), 0.1 KB here (an offset and a
     length). Reading one back costs tens of microseconds.
 
-    Where the file cannot be made or written (a full disk), records are kept in memory instead: they are
-    never lost, and the journal has them anyway. Thread-safe; `close` drops the file."""
+    Where the file cannot be made or written (a full disk: an error, or a write cut short), records are
+    kept in memory instead: they are never lost, and the journal has them anyway. A unit's records are
+    in the file only once all their bytes are. Thread-safe; `close` drops the file. `pwrite` is
+    `os.pwrite` (tests pass one that fails or writes short)."""
 
-    def __init__(self, folder: Path | None = None) -> None:
+    def __init__(
+        self, folder: Path | None = None, pwrite: Callable[[int, bytes, int], int] = os.pwrite
+    ) -> None:
+        self._pwrite = pwrite
         self._lock = threading.Lock()
         self._where: dict[int, tuple[int, int]] = {}
         self._memory: dict[int, list[RequestRecord]] = {}
@@ -139,16 +144,25 @@ class RecordSpool(Mapping[int, list[RequestRecord]]):
         with self._lock:
             self._memory.pop(index, None)
             self._where.pop(index, None)
-            if self._fd is not None:
-                try:
-                    os.pwrite(self._fd, data, self._end)
-                except OSError:
-                    pass
-                else:
-                    self._where[index] = (self._end, len(data))
-                    self._end += len(data)
-                    return
+            if self._fd is not None and self._write_whole(self._fd, data):
+                self._where[index] = (self._end, len(data))
+                self._end += len(data)
+                return
             self._memory[index] = records
+
+    def _write_whole(self, fd: int, data: bytes) -> bool:
+        """Write `data` at the file's end, going on after a short write; False if it cannot all be written
+        (the bytes that were are past `_end`, never read, and the next unit's overwrite them)."""
+        done = 0
+        while done < len(data):
+            try:
+                written = self._pwrite(fd, data[done:] if done else data, self._end + done)
+            except OSError:
+                return False
+            if written <= 0:
+                return False
+            done += written
+        return True
 
     def __getitem__(self, index: int) -> list[RequestRecord]:
         with self._lock:
@@ -179,6 +193,45 @@ class RecordSpool(Mapping[int, list[RequestRecord]]):
             self._where.clear()
 
 
+RESERVE_BASE = 64 * 1024
+RESERVE_PER_REQUEST = 512
+RESERVE_MAX = 64 * 1024 * 1024
+
+
+def reserve_size(requests: int) -> int:
+    """The space a run of `requests` keeps back for its end: run.json and usage-summary.csv (a few KB),
+    and results.csv (about 200 bytes a row, more with metadata columns), up to 64 MiB."""
+    return min(RESERVE_MAX, RESERVE_BASE + RESERVE_PER_REQUEST * requests)
+
+
+class DiskReserve:
+    """Space in the output folder held back (a nameless, preallocated file) while a run sends, and given
+    back when dispatch has ended (`release`), so that a run stopped by a full disk still has room for the
+    records it writes at its end: run.json ("stopped") and usage-summary.csv always, results.csv up to
+    about `reserve_size`'s rows. Where it cannot be made (no room even for it, or no `posix_fallocate`),
+    the run goes on without it and its end says which files were not written."""
+
+    def __init__(self, folder: Path, size: int) -> None:
+        self._fd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):
+            fd = _nameless_file(folder)
+            try:
+                os.posix_fallocate(fd, 0, size)  # blocks of its own: a sparse file would hold nothing
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+        self._closer = weakref.finalize(self, _close, self._fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        self._closer()
+        self._fd = None
+
+
 def _nameless_file(folder: Path) -> int:
     """A file in `folder` with no name (it is gone when closed, or when the process dies)."""
     try:
@@ -207,6 +260,7 @@ class RunContext:
         retry_unknown: bool = False,
         key_source: str = "IMAGEBATCH_API_KEY",
         thumbnails: bool = True,
+        requests: int = 0,
     ) -> None:
         self.client = client
         self.store = store
@@ -219,6 +273,8 @@ class RunContext:
         """Where the API key came from, for the message of a 401."""
         self.halt = threading.Event()
         self.halt_reason: str | None = None
+        self.reserve = DiskReserve(store.root, reserve_size(requests))
+        """Room for the run's end on a full disk: `end_dispatch` gives it back."""
         self.results = RecordSpool(store.root)
         """Records of each finished unit, by unit index (tasks return nothing: Prefect keeps results)."""
         self.started_keys: set[str] = set()
@@ -229,6 +285,11 @@ class RunContext:
         self.pacer: Pacer | None = None
         """Spaces request starts for `--rpm`."""
         self._count_lock = threading.Lock()
+
+    def end_dispatch(self) -> None:
+        """Dispatch has ended (nothing more is sent or saved): give back the space kept for the records
+        written next."""
+        self.reserve.release()
 
     def saw_429(self) -> None:
         with self._count_lock:

@@ -3,6 +3,8 @@ without an image, latency, the billing ledger, the request log and the admin rou
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -110,12 +112,25 @@ def test_first_matching_script_wins(emulator: EmulatorServer) -> None:
 
 
 def test_slow_answer_times_out_the_client_and_is_billed(emulator: EmulatorServer) -> None:
+    """The slow wait is held until the client has timed out (a loaded machine may take longer than the
+    session's 0.5 s to notice a 0.2 s timeout: with a real wait the answer could come first)."""
+    slow = emulator.state.settings.slow_seconds
+    held, release = threading.Event(), threading.Event()
+
+    async def hold_the_slow_wait(seconds: float) -> None:
+        if seconds == slow:
+            held.set()
+            await asyncio.to_thread(release.wait, 120)
+
+    emulator.configure(sleep=hold_the_slow_wait)
     emulator.set_faults(scripts=[["slow"]])
-    started = time.monotonic()
-    with pytest.raises(httpx.ReadTimeout):
-        post(emulator, Route.NATIVE, key="slow-1", timeout=0.2)
-    assert time.monotonic() - started < emulator.state.settings.slow_seconds  # 0.5 s on the session server
-    [entry] = emulator.ledger()  # billed before the wait: visible while the answer is still pending
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            post(emulator, Route.NATIVE, key="slow-1", timeout=0.2)
+        assert held.is_set() and not release.is_set()  # timed out while the answer was still held
+        [entry] = emulator.ledger()  # billed before the wait: visible while the answer is still pending
+    finally:
+        release.set()
     assert (entry["fault"], entry["status"], entry["images"]) == ("slow", 200, 1)
     assert post(emulator, Route.NATIVE, key="slow-1").status_code == 200  # attempt 2: normal
     assert len(emulator.ledger(idempotency_key="slow-1")) == 2
@@ -134,13 +149,16 @@ def test_slow_waits_slow_seconds_with_the_injected_sleep(emulator: EmulatorServe
 
 
 def test_latency_is_slept_per_generation(emulator: EmulatorServer) -> None:
-    emulator.configure(latency=0.15)
-    started = time.monotonic()
+    slept: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:  # recorded, not timed: a loaded machine is slow anyway
+        slept.append(seconds)
+
+    emulator.configure(latency=0.15, sleep=fake_sleep)
     assert post(emulator, Route.RESPONSES).status_code == 200
-    assert time.monotonic() - started >= 0.15
-    started = time.monotonic()
+    assert slept == [0.15]
     assert_error(post(emulator, Route.RESPONSES, auth=False), 401)  # refused requests are not delayed
-    assert time.monotonic() - started < 0.15
+    assert slept == [0.15]
 
 
 @pytest.mark.parametrize("route", ALL_JSON_ROUTES)

@@ -50,7 +50,7 @@ def running(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[sub
 
 def finish(process: subprocess.Popen[str], sig: int) -> tuple[int, str, str]:
     process.send_signal(sig)
-    stdout, stderr = process.communicate(timeout=15)
+    stdout, stderr = process.communicate(timeout=60)  # a clean exit, however loaded the machine
     return process.returncode, stdout, stderr
 
 
