@@ -50,3 +50,12 @@ def peak_in_flight(requests: list[dict[str, Any]]) -> int:
         now += step
         peak = max(peak, now)
     return peak
+
+
+def run_flow(**parameters: Any) -> dict[str, Any]:
+    """Run the flow here and return its run summary, whatever its final state (Completed, Failed,
+    Cancelled); what the flow raised is raised."""
+    from imagebatch.flows.batch import generate_from_manifest
+    from imagebatch.flows.verdict import summary_of
+
+    return summary_of(generate_from_manifest(**parameters, return_state=True))

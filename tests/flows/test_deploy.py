@@ -477,10 +477,10 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
 ) -> None:
     from collections import Counter
 
-    from flow_helpers import read_results
+    from flow_helpers import read_results, run_flow
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+    from imagebatch.flows.batch import RunHooks, run_hooks
 
     stack = stacks["sqlite"]
     assert stack is not None
@@ -496,7 +496,7 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
     def parent() -> dict[str, Any]:
         hooks = RunHooks(shard_grace=8.0)
         with temporary_settings({PREFECT_API_URL: stack.api}), run_hooks(hooks):
-            return generate_from_manifest(
+            return run_flow(
                 manifest=str(manifest), out=str(out), concurrency=4, base_url=emulator.url, adaptive=False,
                 shards=2, shard_deployment=f"{FLOW}/killable-shards",
             )  # fmt: skip

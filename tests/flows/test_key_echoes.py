@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from flow_helpers import read_jsonl, read_results, write_jsonl
+from flow_helpers import read_jsonl, read_results, run_flow, write_jsonl
 
-from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+from imagebatch.flows.batch import RunHooks, run_hooks
 
 
 def echoing_service(upstream: httpx.Client, key: str) -> httpx.MockTransport:
@@ -64,7 +64,7 @@ def test_a_key_the_service_echoes_is_stored_nowhere(service_env: Any, tmp_path: 
             httpx.Client(base_url=service_env.url) as upstream,
             run_hooks(RunHooks(sleep=delays.append, transport=echoing_service(upstream, key))),
         ):
-            info = generate_from_manifest(manifest=str(manifest), out=str(out))
+            info = run_flow(manifest=str(manifest), out=str(out))
     finally:
         logging.getLogger("imagebatch").removeHandler(logged)
 

@@ -52,8 +52,11 @@ def spend(
 
 class ProgressArtifact:
     """A Prefect progress artifact (`imagebatch-progress`) moved as the run goes, at most every
-    `interval` seconds (each update is a call to Prefect's API), and to 100 % at the end; passes every
-    snapshot on to `forward` (the command's progress bar)."""
+    `interval` seconds (each update is a call to Prefect's API), and once at the end; passes every
+    snapshot on to `forward` (the command's progress bar).
+
+    Its percentage is the share of requests *done* (succeeded or skipped), so 100 % means every image is
+    there and a run of failures stays low; its description carries the counts (`progress_text`)."""
 
     def __init__(
         self,
@@ -65,25 +68,39 @@ class ProgressArtifact:
         self.interval = interval
         self.clock = clock
         self.artifact_id: Any = create_progress_artifact(  # a UUID here (sync context)
-            0.0, key="imagebatch-progress", description="imagebatch: requests settled"
+            0.0, key="imagebatch-progress", description="imagebatch: starting"
         )
         self._last = clock()
         self._percent = 0.0
+        self._text = "imagebatch: starting"
 
     def __call__(self, snap: ProgressSnapshot) -> None:
         if self.forward is not None:
             self.forward(snap)
-        self._percent = 100.0 * snap.done / snap.planned if snap.planned else 100.0
+        done = sum(snap.counts.get(s, 0) for s in ("succeeded", "skipped"))
+        self._percent = 100.0 * done / snap.planned if snap.planned else 100.0
+        self._text = progress_text(snap)
         if self.clock() - self._last >= self.interval:
             self._update()
 
     def _update(self) -> None:
         self._last = self.clock()
         with contextlib.suppress(Exception):  # a progress display must never fail the run
-            update_progress_artifact(self.artifact_id, self._percent)
+            update_progress_artifact(self.artifact_id, self._percent, description=self._text)
 
     def close(self) -> None:
         self._update()
+
+
+def progress_text(snap: ProgressSnapshot) -> str:
+    """`done 40 of 60 (38 succeeded, 2 skipped); not done 3 (2 failed, 1 unknown); in flight 4`."""
+    done = {s: snap.counts.get(s, 0) for s in ("succeeded", "skipped")}
+    short = {s: snap.counts.get(s, 0) for s in ("failed", "no_image", "unknown", "not_attempted")}
+    text = f"done {sum(done.values())} of {snap.planned}"
+    text += f" ({', '.join(f'{n} {s}' for s, n in done.items() if n)})" if any(done.values()) else ""
+    if any(short.values()):
+        text += f"; not done {sum(short.values())} ({', '.join(f'{n} {s}' for s, n in short.items() if n)})"
+    return text + (f"; in flight {snap.in_flight}" if snap.in_flight else "")
 
 
 def usage_table(records: Iterable[Any], usage: list[dict[str, Any]]) -> list[dict[str, Any]]:

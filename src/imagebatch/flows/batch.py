@@ -18,17 +18,12 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 import prefect
 from prefect import flow
-from prefect.artifacts import (
-    create_link_artifact,
-    create_markdown_artifact,
-    create_table_artifact,
-)
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -47,7 +42,9 @@ from imagebatch.flows.config import (
 )
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.flows.limits import SlotBroker, check_limit
+from imagebatch.flows.report_artifact import publish_report
 from imagebatch.flows.shards import records_after, run_shards, shard_name, shard_of
+from imagebatch.flows.verdict import concluded, ran_to_end
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
 from imagebatch.report import build_report
@@ -149,6 +146,7 @@ def forward_logs_to_prefect(*names: str) -> Iterator[None]:
     log_prints=False,
     validate_parameters=True,
 )
+@concluded  # the summary becomes the run's final state; a stop under a worker is graceful (flows.verdict)
 def generate_from_manifest(
     manifest: str,
     out: str,
@@ -167,6 +165,7 @@ def generate_from_manifest(
     shards: int = 1,
     shard: int | None = None,
     shard_deployment: str | None = None,
+    allow_failures: str | None = None,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
@@ -180,7 +179,11 @@ def generate_from_manifest(
     later): a thumbnail costs ~15 ms of CPU per 1K image, as much as the rest of a request's work.
     With `shards` > 1 the run starts that many runs of `shard_deployment` (each `shard` I of them sends
     its share) on a work pool's workers, waits, and writes the records (see `flows.shards`).
-    Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
+    `allow_failures` (`3`, or `2.5%` of the requests) lets a run that was not stopped end Completed with
+    that many requests not done (`flows.verdict`).
+    The flow run ends Completed, Failed or Cancelled (`flows.verdict.final_state`), its state's data the run
+    summary (counts by status, paths), which is also written to `out/run.json`: call it with
+    `return_state=True` and read the summary with `flows.verdict.summary_of(state)`.
     """
     hooks = _hooks.get() or RunHooks()
     checked = hooks.checked or preflight(
@@ -215,7 +218,7 @@ def generate_from_manifest(
             failed = [
                 f"shard {i}: {r['state']} ({r['message']})"
                 for i, r in enumerate(runs)
-                if r["state"] != "COMPLETED"
+                if not ran_to_end(r["state"], r["message"])
             ]
             results = records_after(units, before, after, "; ".join(failed) or "no shard sent it")
             info["shard_runs"] = runs
@@ -259,6 +262,7 @@ def generate_from_manifest(
                 ended = datetime.now(UTC).isoformat()
                 info |= {"ended_at": ended, "stopped": ctx.halt_reason, "counts": counts}
                 return info
+            info["sent"] = len(ctx.started_keys)
             return _record(checked, store, units, ctx.results, info, ctx.halt_reason, tasks, report)
         finally:
             ctx.results.close()
@@ -330,11 +334,7 @@ def _record(
     create_markdown_artifact(
         key="imagebatch-run-summary", markdown=summary_markdown(info), description="imagebatch run"
     )
-    if info.get("report"):
-        create_link_artifact(
-            Path(info["report"]).resolve().as_uri(), link_text="report.html", key="imagebatch-report",
-            description="the run's contact sheet (a file on the machine that ran it)",
-        )  # fmt: skip
+    publish_report(info, records)  # this run's own copy of the report, and a markdown artifact about it
     create_table_artifact(
         key="imagebatch-usage",
         table=usage_table(records, info["usage"]),

@@ -172,6 +172,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="no thumbnails and no report.html (~15 ms of CPU an image; `imagebatch report OUT` later)",
     )
+    _allow_failures_argument(parser)
     parser.add_argument("--force", action="store_true", help="regenerate even what is already done")
     parser.add_argument(
         "--retry-unknown",
@@ -184,6 +185,16 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         help="name of a Prefect Secret block holding the API key (default: $IMAGEBATCH_API_KEY)",
     )
     _global_limit_argument(parser)
+
+
+def _allow_failures_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-failures",
+        default=None,
+        metavar="N|P%",
+        help="end Completed (exit 0) with up to N requests (or P%% of them) not done, unless the run was "
+        "stopped early (default: none)",
+    )
 
 
 def _global_limit_argument(parser: argparse.ArgumentParser) -> None:
@@ -258,6 +269,7 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     parser.add_argument(
         "--no-report", dest="report", action="store_false", help="no thumbnails and no report.html"
     )
+    _allow_failures_argument(parser)
     _global_limit_argument(parser)
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from imagebatch.flows.allowance import parse_allowance
 from imagebatch.flows.config import UsageError, locked, preflight
 from imagebatch.flows.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.manifest import ManifestError
@@ -150,6 +151,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
         "prices": prices,
     }
     block = args.api_key_block if serve else args.api_key_block or _KEY_AT_RUN_TIME
+    parse_allowance(args.allow_failures)
     try:
         preflight(manifest, out, api_key_secret_block=block, **options)
     except UsageError as exc:
@@ -165,6 +167,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
         "adaptive": args.adaptive,
         "global_limit": args.global_limit,
         "report": args.report,
+        "allow_failures": args.allow_failures,
     }
 
 

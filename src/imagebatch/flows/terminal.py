@@ -128,6 +128,7 @@ def run_main(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
+    from imagebatch.flows.allowance import parse_allowance
     from imagebatch.flows.config import UsageError, preflight
     from imagebatch.manifest import ManifestError
 
@@ -146,6 +147,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
             max_spend=args.max_spend,
             prices=args.prices,
         )
+        parse_allowance(args.allow_failures)
     except ManifestError as exc:
         for problem in exc.problems:
             err.print(str(problem), markup=False, highlight=False)
@@ -160,6 +162,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
 
     from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
     from imagebatch.flows.prefect_server import TemporaryServer
+    from imagebatch.flows.verdict import summary_of
 
     if not checked.base_url:
         err.print(
@@ -190,7 +193,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
         return EXIT_INCOMPLETE
     try:
         with api, interrupts(hooks, err, server) as signals, progress, run_hooks(hooks):
-            info = generate_from_manifest(
+            state = generate_from_manifest(
                 manifest=str(args.manifest),
                 out=str(args.out),
                 concurrency=args.concurrency,
@@ -205,7 +208,10 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
                 prices=args.prices,
                 global_limit=args.global_limit,
                 report=args.report,
+                allow_failures=args.allow_failures,
+                return_state=True,
             )
+            info = summary_of(state)  # raises what the flow raised
     except UsageError as exc:
         err.print(f"{exc}; nothing was sent.", markup=False)
         return EXIT_USAGE
@@ -241,8 +247,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
         err.print(line, markup=False)
     if signals:
         return exit_code_for(signals[0])
-    incomplete = sum(v for k, v in counts.items() if k not in ("succeeded", "skipped"))
-    return EXIT_INCOMPLETE if incomplete or info.get("unwritten") else EXIT_OK
+    return EXIT_OK if state.is_completed() else EXIT_INCOMPLETE  # the run's Prefect state (flows.verdict)
 
 
 def _progress_bar(err: Console) -> tuple[Progress, Callable[[ProgressSnapshot], None]]:

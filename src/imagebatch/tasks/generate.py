@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, wait
 from functools import partial
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -20,6 +21,7 @@ from . import records
 from .build import build_request
 from .chain import run_chain
 from .context import Batch, RunContext, Unit
+from .outcome import batch_state
 from .records import UNKNOWN_HINT
 from .send import send_and_record
 from .store import RequestRecord
@@ -70,16 +72,21 @@ def run_unit_safely(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
     cache_policy=NO_CACHE,
     retries=0,  # the spec's schedule is applied per route by the client, not by re-running the task
 )
-def generate(ctx: RunContext, batch: Batch, slots: Executor, on_done: Callable[[Unit], None]) -> None:
+def generate(ctx: RunContext, batch: Batch, slots: Executor, on_done: Callable[[Unit], None]) -> Any:
     """Send the units of `batch` as the dispatcher admits them, each on `slots` (the run's request threads,
     shared by every batch, so a batch's tail never idles a slot), and wait for them. The records go to
-    `ctx.results`, never bytes. Each unit runs in this task run's context: its log lines are the task's."""
+    `ctx.results`, never bytes. Each unit runs in this task run's context: its log lines are the task's.
+    Returns the task run's state: Failed with the counts when a request is not done (`outcome.batch_state`),
+    else None (Completed)."""
     futures: list[Future[None]] = []
+    ran: list[Unit] = []
     for unit in batch:
+        ran.append(unit)
         future = slots.submit(contextvars.copy_context().run, settle, ctx, unit)
         future.add_done_callback(partial(_done, on_done, unit))
         futures.append(future)
     wait(futures)
+    return batch_state(r for unit in ran for r in ctx.results.get(unit.index, ()))
 
 
 def settle(ctx: RunContext, unit: Unit) -> None:
