@@ -104,9 +104,7 @@ def test_rpm_paces_the_starts(service_env: Any, tmp_path: Path) -> None:
     manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": f"p{i}", "prompt": f"kite {i}"} for i in range(5)])
     waits: list[float] = []
     with run_hooks(RunHooks(sleep=waits.append)):
-        info = run_flow(
-            manifest=str(manifest), out=str(tmp_path / "out"), rpm=30, concurrency=1
-        )
+        info = run_flow(manifest=str(manifest), out=str(tmp_path / "out"), rpm=30, concurrency=1)
     assert info["counts"]["succeeded"] == 5
     # 30 a minute: starts 2 s apart. The sleep only records (no time passes), so the n-th start is told
     # to wait about 2n s from the moment it asked.

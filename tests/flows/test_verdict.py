@@ -42,7 +42,9 @@ def test_a_401_stop_is_failed_with_its_reason_first() -> None:
     why = "the service refused the API key (HTTP 401): set IMAGEBATCH_API_KEY to a valid key"
     state = final_state(info({"failed": 1, "not_attempted": 5}, stopped=why))
     assert state.is_failed()
-    assert state.message == f"imagebatch: stopped: {why}; 6 of 6 requests not done (1 failed, 5 not_attempted)"
+    assert (
+        state.message == f"imagebatch: stopped: {why}; 6 of 6 requests not done (1 failed, 5 not_attempted)"
+    )
     assert ran_to_end("FAILED", state.message) and not ran_to_end("FAILED", "Flow run encountered an error")
 
 
@@ -83,7 +85,11 @@ def test_the_first_signal_stops_gracefully_and_the_grace_or_a_second_abandons() 
     assert seconds == 25.0
     expire()
     assert abandoned == [
-        ("requests in flight abandoned (not finished 25 s after SIGTERM): a rerun reports them as 'unknown'", 15)
+        (
+            "requests in flight abandoned (not finished 25 s after SIGTERM): "
+            "a rerun reports them as 'unknown'",
+            15,
+        )
     ]
     stopper(signal.SIGTERM)
     assert abandoned[-1][0].startswith("requests in flight abandoned (a second SIGTERM)")
@@ -151,7 +157,9 @@ def _server_logs_and_task_states(flow_run_id: str) -> tuple[list[dict[str, Any]]
 
     with get_client(sync_client=True) as client:
         logs = client.request("POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}})
-        tasks = client.request("POST", "/task_runs/filter", json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
+        tasks = client.request(
+            "POST", "/task_runs/filter", json={"flow_runs": {"id": {"any_": [flow_run_id]}}}
+        )
     return logs.json(), tasks.json()
 
 
@@ -165,8 +173,8 @@ def test_a_run_with_one_no_image_ends_failed_with_its_counts_and_a_warning(
     service_env.configure(faults=FaultConfig(scripts=[parse_script("no_image@noimage")]))
     try:
         with run_hooks(RunHooks(sleep=lambda s: None)):
-            state = generate_from_manifest(manifest=str(_no_image_manifest(tmp_path)), out=str(tmp_path / "out"),
-                                           return_state=True)  # fmt: skip
+            manifest = str(_no_image_manifest(tmp_path))
+            state = generate_from_manifest(manifest=manifest, out=str(tmp_path / "out"), return_state=True)
     finally:
         service_env.configure(faults=FaultConfig())
     summary = summary_of(state)
@@ -193,7 +201,9 @@ def test_the_command_exits_1_then_0_when_the_failure_is_allowed(
     try:
         code, _, _ = cli(capsys, "run", str(manifest), "--out", str(tmp_path / "a"))
         assert code == 1
-        code, _, _ = cli(capsys, "run", str(manifest), "--out", str(tmp_path / "b"), "--allow-failures", "25%")
+        code, _, _ = cli(
+            capsys, "run", str(manifest), "--out", str(tmp_path / "b"), "--allow-failures", "25%"
+        )
         assert code == 0
     finally:
         service_env.configure(faults=FaultConfig())

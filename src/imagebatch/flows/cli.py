@@ -6,6 +6,7 @@
     imagebatch report OUT                                 (re)build OUT/report.html, the contact sheet
     imagebatch deploy MANIFEST --out DIR --name NAME ...  a scheduled deployment on a Prefect server
     imagebatch serve MANIFEST --out DIR --name NAME ...   the same, its runs served from this process
+    imagebatch worker --pool POOL [...]                   Prefect's process worker, stopped gracefully
 
 Exit codes (`imagebatch.flows.exits`): 0 done (or valid), 1 some requests did not succeed, 2 an invalid
 manifest or a usage error (nothing sent), 130 stopped with Ctrl-C, 143 with SIGTERM.
@@ -60,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     limits = sub.add_parser("limits", help="create or update the account-wide limits on the Prefect server")
     limits_arguments(limits)
+    from imagebatch.flows.worker import worker_arguments
+
+    worker_arguments(
+        sub.add_parser(
+            "worker", help="run `prefect worker start`; on SIGTERM, stop its flow runs gracefully first"
+        )
+    )
     return parser
 
 
@@ -80,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from imagebatch.gateway.emulator.serve import serve
 
         return serve(args)
+    if args.command == "worker":
+        from imagebatch.flows.worker import worker_main
+
+        return worker_main(args)
     if args.command in ("deploy", "serve"):
         from imagebatch.flows.deploy import deploy_main, serve_main
 

@@ -63,8 +63,10 @@ class Stopper:
         grace: float = GRACE,
         abandon: Callable[[str, int], None] | None = None,
         timer: Callable[[float, Callable[[], None]], Any] | None = None,
+        log: logging.Logger | logging.LoggerAdapter[Any] = logger,
     ) -> None:
         self.control = control
+        self.log = log
         self.grace = grace
         self.abandon = abandon or abandon_run
         self.timer = timer or _start_timer
@@ -77,7 +79,7 @@ class Stopper:
         if len(self.received) == 1:
             self.control.stop(f"{INTERRUPTED} ({name})")
             # Logging takes locks: never from the handler itself, which may have interrupted a log call.
-            threading.Thread(target=_log_stopping, args=(name, self.grace), daemon=True).start()
+            threading.Thread(target=_log_stopping, args=(self.log, name, self.grace), daemon=True).start()
             late = f"not finished {self.grace:g} s after {name}"
             self._pending = self.timer(self.grace, lambda: self._give_up(late))
             return
@@ -100,8 +102,8 @@ def _start_timer(seconds: float, action: Callable[[], None]) -> threading.Timer:
     return timer
 
 
-def _log_stopping(name: str, grace: float) -> None:
-    logger.warning(
+def _log_stopping(log: logging.Logger | logging.LoggerAdapter[Any], name: str, grace: float) -> None:
+    log.warning(
         "Stopping (%s): no new requests; waiting up to %g s for those in flight to finish and be saved.",
         name,
         grace,
@@ -126,7 +128,7 @@ def abandon_run(reason: str, signum: int) -> None:
 def graceful_stop(control: RunControl, grace: float = GRACE) -> Iterator[Stopper]:
     """Handle SIGTERM and SIGINT with a `Stopper` inside this block (main thread only; elsewhere nothing is
     installed: Python delivers signals to the main thread), then restore the handlers that were there."""
-    stopper = Stopper(control, grace)
+    stopper = Stopper(control, grace, log=_run_logger())
     if threading.current_thread() is not threading.main_thread():
         yield stopper
         return
@@ -137,6 +139,17 @@ def graceful_stop(control: RunControl, grace: float = GRACE) -> Iterator[Stopper
         stopper.cancel()
         for sig, before in previous.items():
             signal.signal(sig, before)
+
+
+def _run_logger() -> logging.Logger | logging.LoggerAdapter[Any]:
+    """The flow run's logger (its lines reach the run's log in Prefect from any thread), else ours."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logger
 
 
 class SafeStream(io.TextIOBase):
