@@ -329,7 +329,7 @@ def describe(
     lines.append(f"  manifest: {parameters['manifest']}")
     lines.append(f"  out: {parameters['out']} (a run sends only new and changed rows)")
     if pool:
-        lines.append(f"  runs on: work pool {pool!r}; a worker: prefect worker start --pool {pool}")
+        lines.append(f"  runs on: work pool {pool!r}; a worker: imagebatch worker --pool {pool}")
     else:
         lines.append("  runs in: this process, until Ctrl-C (the schedule is paused then)")
     where = "the worker's" if pool else "this process's"

@@ -84,10 +84,12 @@ class Drain:
         clock: Callable[[], float] = time.monotonic,
         flow_runs: Callable[[int], list[int]] | None = None,
         kill: Callable[[int, int], None] = os.killpg,
+        alive: Callable[[int], bool] | None = None,
     ) -> None:
         self.worker, self.grace, self.clock = worker, grace, clock
         self.flow_runs = flow_runs or flow_run_processes
         self.kill = kill
+        self.alive = alive or _alive
         self.received: list[int] = []
         self.deadline: float | None = None
         self.draining: list[int] = []
@@ -113,7 +115,7 @@ class Drain:
         """Called every 0.2 s: stop the worker once the drained runs have ended or the grace ran out."""
         if self.deadline is None or self.worker_stopped:
             return
-        self.draining = [pid for pid in self.draining if _alive(pid)]
+        self.draining = [pid for pid in self.draining if self.alive(pid)]
         if not self.draining or self.clock() >= self.deadline:
             self._stop_worker()
 
