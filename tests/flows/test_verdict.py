@@ -152,15 +152,26 @@ def _no_image_manifest(tmp_path: Path) -> Path:
     )
 
 
-def _server_logs_and_task_states(flow_run_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _server_logs_and_task_states(
+    flow_run_id: str, until: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The run's log on the server once it holds a line containing `until` (the last lines reach the server
+    a moment after the run ends: bounded wait), and its task runs."""
+    import time
+
     from prefect.client.orchestration import get_client
 
+    deadline = time.monotonic() + 60
     with get_client(sync_client=True) as client:
-        logs = client.request("POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}})
-        tasks = client.request(
-            "POST", "/task_runs/filter", json={"flow_runs": {"id": {"any_": [flow_run_id]}}}
-        )
-    return logs.json(), tasks.json()
+        while True:
+            body = {"logs": {"flow_run_id": {"any_": [flow_run_id]}}}
+            logs = client.request("POST", "/logs/filter", json=body).json()
+            if any(until in log["message"] for log in logs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        body = {"flow_runs": {"id": {"any_": [flow_run_id]}}}
+        tasks = client.request("POST", "/task_runs/filter", json=body).json()
+    return logs, tasks
 
 
 def test_a_run_with_one_no_image_ends_failed_with_its_counts_and_a_warning(
@@ -180,7 +191,7 @@ def test_a_run_with_one_no_image_ends_failed_with_its_counts_and_a_warning(
     summary = summary_of(state)
     assert state.is_failed()
     assert state.message == "imagebatch: 1 of 4 requests not done (3 succeeded, 1 no_image)"
-    logs, tasks = _server_logs_and_task_states(summary["prefect"]["flow_run_id"])
+    logs, tasks = _server_logs_and_task_states(summary["prefect"]["flow_run_id"], "without an image")
     warnings = [log["message"] for log in logs if log["level"] == logging.WARNING]
     assert any("1 request(s) were answered without an image" in w for w in warnings), warnings
     assert any(log["level"] == logging.INFO and log["message"].startswith("Failed: 1 of 4") for log in logs)
