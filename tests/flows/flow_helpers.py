@@ -73,3 +73,12 @@ class Rendezvous:
         if not self.met.is_set():
             await asyncio.to_thread(self.met.wait, self.bound)
         self.held -= 1
+
+
+def run_flow(**parameters: Any) -> dict[str, Any]:
+    """Run the flow here and return its run summary, whatever its final state (Completed, Failed,
+    Cancelled); what the flow raised is raised."""
+    from imagebatch.flows.batch import generate_from_manifest
+    from imagebatch.flows.verdict import summary_of
+
+    return summary_of(generate_from_manifest(**parameters, return_state=True))

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import read_jsonl, read_results, write_jsonl
+from flow_helpers import read_jsonl, read_results, run_flow, write_jsonl
 from PIL import Image
 
-from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+from imagebatch.flows.batch import RunHooks, run_hooks
 from imagebatch.gateway.constants import RETRY_DELAYS
 
 
@@ -21,7 +21,7 @@ def run(manifest: Path, out: Path, **kw: Any) -> tuple[dict[str, Any], list[floa
     """Run the flow with a recording sleep; return its summary and the waits it asked for."""
     delays: list[float] = []
     with run_hooks(RunHooks(sleep=delays.append)):
-        info = generate_from_manifest(manifest=str(manifest), out=str(out), **kw)
+        info = run_flow(manifest=str(manifest), out=str(out), **kw)
     return info, delays
 
 
@@ -355,9 +355,15 @@ def test_progress_and_usage_are_prefect_artifacts_keyed_for_a_history(
         "imagebatch-run-summary",
         "imagebatch-report",
     } <= artifacts.keys()
-    assert artifacts["imagebatch-report"]["data"].startswith("[report.html](file://")
-    assert artifacts["imagebatch-progress"]["type"] == "progress"
-    assert artifacts["imagebatch-progress"]["data"] == 100.0  # every request settled
+    report = artifacts["imagebatch-report"]
+    assert report["type"] == "markdown"  # the UI shows it; it cannot open a file:// link
+    assert info["run_report"] in report["data"] and Path(info["run_report"]).is_file()
+    assert f"| succeeded | {info['counts']['succeeded']} |" in report["data"]
+    progress = artifacts["imagebatch-progress"]
+    assert progress["type"] == "progress"
+    done = info["counts"]["succeeded"] + info["counts"]["skipped"]
+    assert progress["data"] == pytest.approx(100.0 * done / info["requests"])  # done, not merely settled
+    assert progress["description"].startswith(f"done {done} of {info['requests']}")
     table = artifacts["imagebatch-usage"]
     assert table["type"] == "table"
     rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]

@@ -9,9 +9,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from flow_helpers import Rendezvous, peak_in_flight, read_jsonl, read_results
+from flow_helpers import Rendezvous, peak_in_flight, read_jsonl, read_results, run_flow
 
-from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+from imagebatch.flows.batch import RunHooks, run_hooks
 from imagebatch.tasks.context import Batch, Unit, batch_size, group_batches
 
 
@@ -63,7 +63,7 @@ def test_a_large_run_records_one_task_run_per_batch_and_shares_its_slots(
     service_env.configure(latency=0.03, sleep=Rendezvous(batch_size(rows) + 1))
     out = tmp_path / "out"
     with run_hooks(RunHooks(sleep=lambda _s: None)):
-        info = generate_from_manifest(
+        info = run_flow(
             manifest=str(catalog(tmp_path / "m.csv", rows)), out=str(out),
             concurrency=concurrency, adaptive=False,
         )  # fmt: skip
@@ -88,7 +88,7 @@ def test_a_large_run_records_one_task_run_per_batch_and_shares_its_slots(
 
 def test_a_small_run_keeps_one_task_run_per_request(service_env: Any, tmp_path: Path) -> None:
     with run_hooks(RunHooks(sleep=lambda _s: None)):
-        info = generate_from_manifest(manifest=str(catalog(tmp_path / "m.csv", 5)), out=str(tmp_path / "out"))
+        info = run_flow(manifest=str(catalog(tmp_path / "m.csv", 5)), out=str(tmp_path / "out"))
     assert task_run_names(info["prefect"]["flow_run_id"]) == [f"sku-{i:04d}#0" for i in range(5)]
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import read_results, write_jsonl
+from flow_helpers import read_results, run_flow, write_jsonl
 from PIL import Image
 
-from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+from imagebatch.flows.batch import RunHooks, run_hooks
 from imagebatch.tasks.store import OutputStore, read_jsonl
 
 JOBS = 24
@@ -94,7 +94,7 @@ def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_p
     service_env.configure(sleep=asyncio.sleep, latency=0.0)
     before = Counter(r["idempotency_key"] for r in service_env.requests())
     with run_hooks(RunHooks(sleep=lambda s: None)):
-        info = generate_from_manifest(manifest=str(manifest), out=str(out), concurrency=3)
+        info = run_flow(manifest=str(manifest), out=str(out), concurrency=3)
 
     rows = read_results(out)
     assert len(rows) == JOBS

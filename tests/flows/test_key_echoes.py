@@ -13,10 +13,10 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from flow_helpers import read_jsonl, read_results, write_jsonl
+from flow_helpers import read_jsonl, read_results, run_flow, write_jsonl
 from PIL import Image
 
-from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+from imagebatch.flows.batch import RunHooks, run_hooks
 from imagebatch.gateway.redaction import carries_key
 
 
@@ -71,7 +71,7 @@ def test_a_key_the_service_echoes_is_stored_nowhere(service_env: Any, tmp_path: 
             httpx.Client(base_url=service_env.url) as upstream,
             run_hooks(RunHooks(sleep=delays.append, transport=echoing_service(upstream, key))),
         ):
-            info = generate_from_manifest(manifest=str(manifest), out=str(out))
+            info = run_flow(manifest=str(manifest), out=str(out))
     finally:
         logging.getLogger("imagebatch").removeHandler(logged)
 
@@ -202,7 +202,7 @@ def test_a_key_echoed_encoded_or_in_image_chunks_is_stored_nowhere(service_env: 
         httpx.Client(base_url=service_env.url) as upstream,
         run_hooks(RunHooks(sleep=lambda _: None, transport=encoding_service(upstream, key, originals))),
     ):
-        info = generate_from_manifest(manifest=str(manifest), out=str(out))
+        info = run_flow(manifest=str(manifest), out=str(out))
 
     problems = [(r["job_id"], r["error"]) for r in read_results(out) if r["status"] != "succeeded"]
     assert info["counts"]["succeeded"] == len(jobs) + 1, problems  # the chain is two requests

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import Rendezvous, cli, peak_in_flight
+from flow_helpers import Rendezvous, cli, peak_in_flight, run_flow
 
-from imagebatch.flows.batch import RunHooks, UsageError, generate_from_manifest, run_hooks
+from imagebatch.flows.batch import RunHooks, UsageError, run_hooks
 from imagebatch.flows.limits import (
     LEASE_SECONDS,
     LINGER_SECONDS,
@@ -44,7 +44,7 @@ def catalog(path: Path, rows: int) -> Path:
 
 def run(manifest: Path, out: Path, **kw: Any) -> dict[str, Any]:
     with run_hooks(RunHooks(sleep=lambda _s: None)):
-        return generate_from_manifest(manifest=str(manifest), out=str(out), adaptive=False, **kw)
+        return run_flow(manifest=str(manifest), out=str(out), adaptive=False, **kw)
 
 
 def test_limits_creates_updates_and_removes_the_limits(capsys: Any) -> None:

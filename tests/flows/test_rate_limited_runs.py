@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import read_results, write_jsonl
+from flow_helpers import read_results, run_flow, write_jsonl
 
-from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+from imagebatch.flows.batch import RunHooks, run_hooks
 from imagebatch.flows.dispatch import Window
 from imagebatch.tasks.context import Pacer
 
@@ -54,7 +54,7 @@ def test_the_pacer_spaces_starts() -> None:
 
 def run(manifest: Path, out: Path, **kw: Any) -> dict[str, Any]:
     with run_hooks(RunHooks(sleep=lambda _s: None)):
-        return generate_from_manifest(manifest=str(manifest), out=str(out), **kw)
+        return run_flow(manifest=str(manifest), out=str(out), **kw)
 
 
 @pytest.fixture
@@ -110,9 +110,7 @@ def test_rpm_paces_the_starts(service_env: Any, tmp_path: Path) -> None:
         now[0] += seconds
 
     with run_hooks(RunHooks(sleep=sleep, clock=lambda: now[0])):
-        info = generate_from_manifest(
-            manifest=str(manifest), out=str(tmp_path / "out"), rpm=30, concurrency=1
-        )
+        info = run_flow(manifest=str(manifest), out=str(tmp_path / "out"), rpm=30, concurrency=1)
     assert info["counts"]["succeeded"] == 5
     # 30 a minute: starts 2 s apart. The first starts at once; each later one waits the 2 s left.
     assert waits == [2.0, 2.0, 2.0, 2.0] and now[0] == 8.0

@@ -1,6 +1,6 @@
-"""What a run shows beside its output folder: its caps (`--max-images`, `--max-spend`), its estimated
-spend, and its Prefect bookkeeping: the artifacts (progress, the usage table, the summary, the report's
-link) and the wait for Prefect's server to record every task run's final state (`settle_prefect_records`)."""
+"""What a run shows beside its output folder: its caps (`--max-images`, `--max-spend`), and its Prefect
+bookkeeping: the artifacts (progress, the usage table, the summary, the report) and the wait for Prefect's
+server to record every task run's final state (`settle_prefect_records`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from prefect.artifacts import (
-    create_link_artifact,
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
@@ -21,6 +19,7 @@ from prefect.artifacts import (
 
 from imagebatch.flows import prefect_guard
 from imagebatch.flows.dispatch import Budget, ProgressSnapshot
+from imagebatch.flows.report_artifact import publish_report
 from imagebatch.tasks.prices import PriceTable
 from imagebatch.tasks.store import STATUSES, RequestRecord
 
@@ -47,8 +46,11 @@ def budgets(max_images: int | None, max_spend: float | None, prices: PriceTable 
 
 class ProgressArtifact:
     """A Prefect progress artifact (`imagebatch-progress`) moved as the run goes, at most every
-    `interval` seconds (each update is a call to Prefect's API), and to 100 % at the end; passes every
-    snapshot on to `forward` (the command's progress bar)."""
+    `interval` seconds (each update is a call to Prefect's API), and once at the end; passes every
+    snapshot on to `forward` (the command's progress bar).
+
+    Its percentage is the share of requests *done* (succeeded or skipped), so 100 % means every image is
+    there and a run of failures stays low; its description carries the counts (`progress_text`)."""
 
     def __init__(
         self,
@@ -63,28 +65,44 @@ class ProgressArtifact:
         prefect_guard.current().call(self._create)
         self._last = clock()
         self._percent = 0.0
+        self._text = "imagebatch: starting"
 
     def __call__(self, snap: ProgressSnapshot) -> None:
         if self.forward is not None:
             self.forward(snap)
-        self._percent = 100.0 * snap.done / snap.planned if snap.planned else 100.0
+        done = sum(snap.counts.get(s, 0) for s in ("succeeded", "skipped"))
+        self._percent = 100.0 * done / snap.planned if snap.planned else 100.0
+        self._text = progress_text(snap)
         if self.clock() - self._last >= self.interval:
             self._update()
 
     def _create(self) -> None:
         self.artifact_id = create_progress_artifact(
-            0.0, key="imagebatch-progress", description="imagebatch: requests settled"
+            0.0, key="imagebatch-progress", description="imagebatch: starting"
         )
 
     def _update(self) -> None:
         """Move the artifact on the guard's thread: the dispatcher never waits for Prefect's API."""
         self._last = self.clock()
         if self.artifact_id is not None:
-            call = functools.partial(update_progress_artifact, self.artifact_id, self._percent)
+            call = functools.partial(
+                update_progress_artifact, self.artifact_id, self._percent, description=self._text
+            )
             prefect_guard.current().later("progress", call)
 
     def close(self) -> None:
         self._update()
+
+
+def progress_text(snap: ProgressSnapshot) -> str:
+    """`done 40 of 60 (38 succeeded, 2 skipped); not done 3 (2 failed, 1 unknown); in flight 4`."""
+    done = {s: snap.counts.get(s, 0) for s in ("succeeded", "skipped")}
+    short = {s: snap.counts.get(s, 0) for s in ("failed", "no_image", "unknown", "not_attempted")}
+    text = f"done {sum(done.values())} of {snap.planned}"
+    text += f" ({', '.join(f'{n} {s}' for s, n in done.items() if n)})" if any(done.values()) else ""
+    if any(short.values()):
+        text += f"; not done {sum(short.values())} ({', '.join(f'{n} {s}' for s, n in short.items() if n)})"
+    return text + (f"; in flight {snap.in_flight}" if snap.in_flight else "")
 
 
 def usage_table(records: Iterable[Any], usage: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -128,11 +146,7 @@ def publish(info: dict[str, Any], records: Iterable[RequestRecord]) -> None:
     guard.call(lambda: create_markdown_artifact(
         key="imagebatch-run-summary", markdown=summary_markdown(info), description="imagebatch run"
     ))  # fmt: skip
-    if info.get("report"):
-        guard.call(lambda: create_link_artifact(
-            Path(info["report"]).resolve().as_uri(), link_text="report.html", key="imagebatch-report",
-            description="the run's contact sheet (a file on the machine that ran it)",
-        ))  # fmt: skip
+    publish_report(info, records, guard.call)  # this run's own copy of the report, and an artifact about it
     table = usage_table(records, info["usage"])
     guard.call(lambda: create_table_artifact(
         key="imagebatch-usage", table=table,

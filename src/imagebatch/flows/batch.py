@@ -42,6 +42,7 @@ from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.flows.finish import run_info, write_records
 from imagebatch.flows.limits import SlotBroker, check_limit
 from imagebatch.flows.shards import records_after, run_shards, shard_name, shard_of
+from imagebatch.flows.verdict import concluded, ran_to_end
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
 from imagebatch.tasks.context import Pacer, RunContext, Unit, group_units
@@ -155,6 +156,7 @@ class RunOptions:
     shard: int | None
     shard_deployment: str | None
     files_root: list[str] | None = None
+    allow_failures: str | None = None
 
 
 @dataclass
@@ -179,6 +181,7 @@ class Run:
     log_prints=False,
     validate_parameters=True,
 )
+@concluded  # the summary becomes the run's final state; a stop under a worker is graceful (flows.verdict)
 def generate_from_manifest(
     manifest: str,
     out: str,
@@ -198,6 +201,7 @@ def generate_from_manifest(
     shard: int | None = None,
     shard_deployment: str | None = None,
     files_root: list[str] | None = None,
+    allow_failures: str | None = None,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
@@ -212,13 +216,18 @@ def generate_from_manifest(
     With `shards` > 1 the run starts that many runs of `shard_deployment` (each `shard` I of them sends
     its share) on a work pool's workers, waits, and writes the records (see `flows.shards`).
     `files_root` names folders reference images and masks may come from besides the manifest's folder.
-    Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
+    `allow_failures` (`3`, or `2.5%` of the requests) lets a run that was not stopped end Completed with
+    that many requests not done (`flows.verdict`).
+    The flow run ends Completed, Failed or Cancelled (`flows.verdict.final_state`), its state's data the run
+    summary (counts by status, paths), which is also written to `out/run.json`: call it with
+    `return_state=True` and read the summary with `flows.verdict.summary_of(state)`.
     """
     options = RunOptions(
         concurrency=concurrency, base_url=base_url, force=force, retry_unknown=retry_unknown,
         api_key_secret_block=api_key_secret_block, rpm=rpm, adaptive=adaptive, max_images=max_images,
         max_spend=max_spend, prices=prices, global_limit=global_limit, report=report, shards=shards,
         shard=shard, shard_deployment=shard_deployment, files_root=files_root,
+        allow_failures=allow_failures,
     )  # fmt: skip
     hooks = _hooks.get() or RunHooks()
     checked = hooks.checked or preflight(
@@ -234,7 +243,7 @@ def generate_from_manifest(
     info = run_info(checked, planned, concurrency, force, retry_unknown, api_key_secret_block)
     info["options"] |= {
         "global_limit": global_limit, "report": report, "shards": shards, "shard": shard,
-        "files_root": files_root,
+        "files_root": files_root, "allow_failures": allow_failures,
     }  # fmt: skip
     run = Run(checked, options, hooks, units, info, rate_limit)
     if shards > 1 and shard is None:
@@ -251,6 +260,7 @@ def run_here(run: Run) -> dict[str, Any]:
     with _output(run, store) as (url, key):
         store.write_run(run.info)  # a crash leaves a run.json that says the run never ended
         ctx, tasks = _send(run, store, run.units, url, key)
+        run.info["sent"] = len(ctx.started_keys)
         try:
             return write_records(
                 checked, store, run.units, ctx.results, run.info, ctx.halt_reason, tasks, options.report
@@ -290,6 +300,7 @@ def run_parent(run: Run) -> dict[str, Any]:
         "retry_unknown": options.retry_unknown, "api_key_secret_block": options.api_key_secret_block,
         "rpm": options.rpm, "adaptive": options.adaptive, "prices": options.prices,
         "global_limit": options.global_limit, "report": options.report, "files_root": options.files_root,
+        "allow_failures": options.allow_failures,
     }  # fmt: skip
     store = OutputStore(checked.out)
     with held(store):  # nothing else runs into the folder; the last sharded run's files are merged
@@ -307,7 +318,7 @@ def run_parent(run: Run) -> dict[str, Any]:
         failed = [
             f"shard {i}: {r['state']} ({r['message']})"
             for i, r in enumerate(runs)
-            if r["state"] != "COMPLETED"
+            if not ran_to_end(r["state"], r["message"])
         ]
         results = records_after(run.units, before, after, "; ".join(failed) or "no shard sent it")
         info["shard_runs"] = runs

@@ -6,6 +6,7 @@
     imagebatch report OUT                                 (re)build OUT/report.html, the contact sheet
     imagebatch deploy MANIFEST --out DIR --name NAME ...  a scheduled deployment on a Prefect server
     imagebatch serve MANIFEST --out DIR --name NAME ...   the same, its runs served from this process
+    imagebatch worker --pool POOL [...]                   Prefect's process worker, stopped gracefully
 
 Exit codes (`imagebatch.flows.exits`): 0 done (or valid), 1 some requests did not succeed, 2 an invalid
 manifest or a usage error (nothing sent), 130 stopped with Ctrl-C, 143 with SIGTERM.
@@ -60,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     limits = sub.add_parser("limits", help="create or update the account-wide limits on the Prefect server")
     limits_arguments(limits)
+    from imagebatch.flows.worker import worker_arguments
+
+    worker_arguments(
+        sub.add_parser(
+            "worker", help="run `prefect worker start`; on SIGTERM, stop its flow runs gracefully first"
+        )
+    )
     return parser
 
 
@@ -82,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from imagebatch.gateway.emulator.serve import serve
 
         return serve(args)
+    if args.command == "worker":
+        from imagebatch.flows.worker import worker_main
+
+        return worker_main(args)
     if args.command in ("deploy", "serve"):
         from imagebatch.flows.deploy import deploy_main, serve_main
 
@@ -174,6 +186,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="no thumbnails and no report.html (~15 ms of CPU an image; `imagebatch report OUT` later)",
     )
+    _allow_failures_argument(parser)
     parser.add_argument("--force", action="store_true", help="regenerate even what is already done")
     parser.add_argument(
         "--retry-unknown",
@@ -197,6 +210,16 @@ def _files_root_argument(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="a folder reference images and masks may also come from, repeatable (default: only the "
         "manifest's folder; see README, Security notes)",
+    )
+
+
+def _allow_failures_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-failures",
+        default=None,
+        metavar="N|P%",
+        help="end Completed (exit 0) with up to N requests (or P%% of them) not done, unless the run was "
+        "stopped early (default: none)",
     )
 
 
@@ -273,6 +296,7 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
         "--no-report", dest="report", action="store_false", help="no thumbnails and no report.html"
     )
     _files_root_argument(parser)
+    _allow_failures_argument(parser)
     _global_limit_argument(parser)
 
 

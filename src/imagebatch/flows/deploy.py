@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from imagebatch.flows.allowance import parse_allowance
 from imagebatch.flows.config import UsageError, locked, preflight
 from imagebatch.flows.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.manifest import ManifestError
@@ -152,6 +153,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
         "files_root": roots,
     }
     block = args.api_key_block if serve else args.api_key_block or _KEY_AT_RUN_TIME
+    parse_allowance(args.allow_failures)
     try:
         preflight(manifest, out, api_key_secret_block=block, **options)
     except UsageError as exc:
@@ -167,6 +169,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
         "adaptive": args.adaptive,
         "global_limit": args.global_limit,
         "report": args.report,
+        "allow_failures": args.allow_failures,
     }
 
 
@@ -330,7 +333,7 @@ def describe(
     if parameters.get("files_root"):
         lines.append(f"  files root: the manifest's folder and {', '.join(parameters['files_root'])}")
     if pool:
-        lines.append(f"  runs on: work pool {pool!r}; a worker: prefect worker start --pool {pool}")
+        lines.append(f"  runs on: work pool {pool!r}; a worker: imagebatch worker --pool {pool}")
     else:
         lines.append("  runs in: this process, until Ctrl-C (the schedule is paused then)")
     where = "the worker's" if pool else "this process's"

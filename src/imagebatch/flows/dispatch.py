@@ -241,6 +241,9 @@ class RequestThreads:
         future.add_done_callback(partial(_put, self.finished, unit))
         return future
 
+    def records(self, unit: Unit) -> list[RequestRecord]:
+        return self.ctx.results.get(unit.index, [])
+
 
 class Dispatcher:
     """Runs every unit, admitted in manifest order, at most `window.size` (at most `concurrency`) at once;

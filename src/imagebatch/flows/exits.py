@@ -14,3 +14,7 @@ EXIT_INTERRUPTED = 130
 def exit_code_for(signum: int) -> int:
     """The conventional code of a run stopped by a signal: 128 + its number (130 Ctrl-C, 143 SIGTERM)."""
     return 128 + signum
+
+
+INTERRUPTED = "interrupted"
+"""How the stop reason of a run stopped by a signal begins (`interrupted (SIGTERM)`)."""

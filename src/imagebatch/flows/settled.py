@@ -38,6 +38,7 @@ def settle_without_prefect(
     api_key_secret_block: str | None,
     global_limit: str | None,
     files_root: list[str] | None,
+    allow_failures: str | None = None,
 ) -> dict[str, Any] | None:
     """The run's summary if it has nothing to send (its records written), else None (the flow runs).
 
@@ -48,8 +49,11 @@ def settle_without_prefect(
         return None
     try:
         with store.exclusive():
-            return _settle(checked, store, retry_unknown, report, concurrency, api_key_secret_block,
-                           global_limit, files_root)  # fmt: skip
+            options = {
+                "global_limit": global_limit, "report": report, "shards": 1, "shard": None,
+                "files_root": files_root, "allow_failures": allow_failures,
+            }  # fmt: skip
+            return _settle(checked, store, retry_unknown, report, concurrency, api_key_secret_block, options)
     except OutputLockedError:
         return None
 
@@ -61,8 +65,7 @@ def _settle(
     report: bool,
     concurrency: int,
     secret_block: str | None,
-    global_limit: str | None,
-    files_root: list[str] | None,
+    options: dict[str, Any],
 ) -> dict[str, Any] | None:
     units = group_units(plan(checked.manifest))
     ctx = RunContext(None, store, store.load_state(), retry_unknown=retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
@@ -76,7 +79,6 @@ def _settle(
         ctx.results.close()
     planned = sum(len(unit.requests) for unit in units)
     info = run_info(checked, planned, concurrency, False, retry_unknown, secret_block)
-    info["options"] |= {
-        "global_limit": global_limit, "report": report, "shards": 1, "shard": None, "files_root": files_root,
-    }  # fmt: skip
+    info["options"] |= options  # as the flow records them (flows.batch)
+    info["sent"] = 0
     return write_files(checked, store, units, results, info, None, report, dict(NOT_STARTED))

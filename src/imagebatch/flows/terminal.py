@@ -283,9 +283,10 @@ def _generate(args: argparse.Namespace, guard: PrefectGuard) -> dict[str, Any]:
     """Run the flow; its summary. Once the run's records are written, a failure of Prefect's engine to
     record the run's end (its server lost) does not make the run fail: the records are the run's."""
     from imagebatch.flows.batch import generate_from_manifest
+    from imagebatch.flows.verdict import summary_of
 
     try:
-        return generate_from_manifest(
+        state = generate_from_manifest(
             manifest=str(args.manifest),
             out=str(args.out),
             concurrency=args.concurrency,
@@ -301,7 +302,10 @@ def _generate(args: argparse.Namespace, guard: PrefectGuard) -> dict[str, Any]:
             global_limit=args.global_limit,
             report=args.report,
             files_root=args.files_root,
+            allow_failures=args.allow_failures,
+            return_state=True,
         )
+        return summary_of(state)  # raises what the flow raised
     except Exception as exc:
         if guard.result is None:
             raise
@@ -317,17 +321,19 @@ def _settled(args: argparse.Namespace, checked: Preflight) -> dict[str, Any] | N
     return settle_without_prefect(
         checked, force=args.force, retry_unknown=args.retry_unknown, report=args.report,
         concurrency=args.concurrency, api_key_secret_block=args.api_key_block,
-        global_limit=args.global_limit, files_root=args.files_root,
+        global_limit=args.global_limit, files_root=args.files_root, allow_failures=args.allow_failures,
     )  # fmt: skip
 
 
 def _preflight(args: argparse.Namespace, err: Console) -> Preflight | None:
     """Everything that can be checked without Prefect, checked first (a mistake costs no start-up); None,
     the problems printed, when the run cannot start."""
+    from imagebatch.flows.allowance import parse_allowance
     from imagebatch.flows.config import UsageError, preflight
     from imagebatch.manifest import ManifestError
 
     try:
+        parse_allowance(args.allow_failures)
         return preflight(
             args.manifest,
             args.out,
@@ -373,6 +379,8 @@ def _report(
     out: Console, err: Console, info: dict[str, Any], signals: list[int], guard: PrefectGuard | None = None
 ) -> int:
     """Print the run's summary from its records (usage, spend and warnings); return the exit code."""
+    from imagebatch.flows.allowance import parse_allowance, verdict
+
     _print_summary(out, info)
     _print_usage(out, info.get("usage", []))
     if info.get("spend"):
@@ -407,8 +415,9 @@ def _report(
         err.print(f"{guard.note}.", markup=False)
     if signals:
         return exit_code_for(signals[0])
-    incomplete = sum(v for k, v in counts.items() if k not in ("succeeded", "skipped"))
-    return EXIT_INCOMPLETE if incomplete or info.get("unwritten") else EXIT_OK
+    allowance = parse_allowance((info.get("options") or {}).get("allow_failures"))
+    # The rule of the flow run's final state (flows.verdict), without Prefect: 0 exactly when Completed.
+    return EXIT_OK if verdict(info, allowance) == "Completed" else EXIT_INCOMPLETE
 
 
 def _progress_bar(err: Console) -> tuple[Progress, Callable[[ProgressSnapshot], None]]:

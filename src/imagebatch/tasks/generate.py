@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextvars
 from concurrent.futures import Future, wait
-from typing import Protocol
+from typing import Any, Protocol
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from .context import Batch, Unit
+from .outcome import batch_state
+from .store import RequestRecord
 
 
 class RequestPool(Protocol):
@@ -26,6 +28,10 @@ class RequestPool(Protocol):
 
     def send(self, unit: Unit, context: contextvars.Context | None = None) -> Future[None]: ...
 
+    def records(self, unit: Unit) -> list[RequestRecord]:
+        """The records of a unit that has finished."""
+        ...
+
 
 @task(
     name="generate",
@@ -33,9 +39,16 @@ class RequestPool(Protocol):
     cache_policy=NO_CACHE,
     retries=0,  # the spec's schedule is applied per route by the client, not by re-running the task
 )
-def generate(batch: Batch, pool: RequestPool) -> None:
+def generate(batch: Batch, pool: RequestPool) -> Any:
     """Send the units of `batch` as the dispatcher admits them, each on `pool` (the run's request threads,
     shared by every batch, so a batch's tail never idles a slot), and wait for them. The records go to
     the run context's `results`, never bytes. Each unit runs in this task run's context: its log lines
-    are the task's."""
-    wait([pool.send(unit, contextvars.copy_context()) for unit in batch])
+    are the task's. Returns the task run's state: Failed with the counts when a request is not done
+    (`outcome.batch_state`), else None (Completed)."""
+    ran: list[Unit] = []
+    futures: list[Future[None]] = []
+    for unit in batch:
+        ran.append(unit)
+        futures.append(pool.send(unit, contextvars.copy_context()))
+    wait(futures)
+    return batch_state(r for unit in ran for r in pool.records(unit))

@@ -1,0 +1,115 @@
+"""The report in Prefect's UI: each run's own copy of the contact sheet, and a markdown artifact about it.
+
+The UI cannot open a `file://` link (its browser is not on the machine that ran the flow), and the
+output folder is not in object storage yet, so the artifact (`imagebatch-report`) is markdown that the UI
+shows as it is: the run's counts, its state, the first requests that fell short and why, and where the
+report is (host and absolute path). Each run keeps its report as `report.<stamp>.html` (its further pages
+`report.<stamp>-2.html`, ...), `<stamp>` being the UTC start time and the flow run's short id, so a run's
+artifact keeps naming that run's report; `report.html` stays the newest run's. Not `report-<stamp>.html`:
+`report-N.html` are the pages of `report.html`, which `build_report` replaces and prunes. The newest
+`KEEP` runs' copies are kept (a nightly deployment would otherwise add one a night for ever).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from imagebatch.tasks.outcome import DONE, tally
+from imagebatch.tasks.store import STATUSES, RequestRecord
+
+KEEP = 30
+"""How many runs' own reports an output folder keeps."""
+SHOWN = 10
+"""How many requests that fell short the artifact names."""
+
+
+def run_stamp(info: dict[str, Any]) -> str:
+    """`20250102T020000Z-1a2b3c4d`: sortable by time, unique per flow run."""
+    started = datetime.fromisoformat(info.get("started_at") or datetime.now(UTC).isoformat())
+    run_id = str((info.get("prefect") or {}).get("flow_run_id") or "local")
+    return f"{started.astimezone(UTC):%Y%m%dT%H%M%SZ}-{run_id[:8]}"
+
+
+def keep_run_report(first: Path, stamp: str, keep: int = KEEP) -> Path:
+    """Copy `report.html` and its pages to this run's names (links between them rewritten); prune the
+    copies of all but the newest `keep` runs. Returns the copy of the first page."""
+    out = first.parent
+    pages = [first, *sorted(out.glob("report-*.html"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))]
+    names = {p.name: f"report.{stamp}-{p.stem.removeprefix('report-')}.html" for p in pages[1:]}
+    names[first.name] = f"report.{stamp}.html"
+    for page in pages:
+        text = page.read_text()
+        for old, new in names.items():
+            text = text.replace(f'href="{old}"', f'href="{new}"')
+        (out / names[page.name]).write_text(text)
+    copy = re.compile(r"report\.(\d{8}T\d{6}Z-[^.-]+)(?:-\d+)?\.html$")
+    stamps = sorted({m.group(1) for p in out.glob("report.*.html") if (m := copy.match(p.name))})
+    for old in stamps[:-keep] if keep else []:
+        for path in out.glob(f"report.{old}*.html"):
+            path.unlink(missing_ok=True)
+    return out / names[first.name]
+
+
+def report_markdown(info: dict[str, Any], where: str | None, short: list[RequestRecord]) -> str:
+    """The artifact: counts, stop reason, the first requests not done, and where the report is."""
+    counts = info["counts"]
+    lines = [f"# imagebatch report: {Path(info['out']).name}", "", tally(counts), ""]
+    if info.get("stopped"):
+        lines += [f"**Stopped early:** {info['stopped']}", ""]
+    lines += ["| status | requests |", "|-|-|"] + [f"| {s} | {counts.get(s, 0)} |" for s in STATUSES]
+    if short:
+        lines += ["", f"## Not done (the first {len(short)})", "", "| request | status | why |", "|-|-|-|"]
+        lines += [f"| {r.job_id}#{r.request_index} | {r.status} | {_cell(r.error or '')} |" for r in short]
+    lines += [""]
+    if where:
+        lines += [
+            f"The contact sheet: `{where}` on `{socket.gethostname()}` (this run's; `report.html` beside",
+            "it is the newest run's). Open it from that machine, or copy the output folder.",
+        ]
+    else:
+        lines += ["No report.html was written (--no-report, or it failed): `imagebatch report OUT` makes it."]
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:200]
+
+
+def publish_report(
+    info: dict[str, Any],
+    records: Iterable[RequestRecord],
+    call: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
+) -> None:
+    """Keep this run's report under its own name (`info["run_report"]`) and create the `imagebatch-report`
+    markdown artifact through `call` (the run's `prefect_guard`: bounded, skipped once Prefect's server is
+    lost). Never fails the run: the records are written already."""
+    from prefect.artifacts import create_markdown_artifact
+
+    where = None
+    if info.get("report"):
+        try:
+            where = str(keep_run_report(Path(info["report"]).resolve(), run_stamp(info)))
+            info["run_report"] = where
+        except OSError:
+            where = str(Path(info["report"]).resolve())
+    short = []
+    for record in records:
+        if record.status not in DONE:
+            short.append(record)
+            if len(short) >= SHOWN:
+                break
+    markdown = report_markdown(info, where, short)
+    with contextlib.suppress(Exception):
+        call(lambda: create_markdown_artifact(
+            key="imagebatch-report", markdown=markdown,
+            description="the run's contact sheet: where it is, and what it says",
+        ))  # fmt: skip
+
+
+__all__ = ["keep_run_report", "publish_report", "report_markdown"]
