@@ -47,7 +47,7 @@ from imagebatch.flows.config import (
 )
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.flows.limits import SlotBroker, check_limit
-from imagebatch.flows.shards import records_after, run_shards, shard_name, shard_of
+from imagebatch.flows.shards import START_TIMEOUT, records_after, run_shards, shard_name, shard_of
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
 from imagebatch.report import build_report
@@ -167,6 +167,7 @@ def generate_from_manifest(
     shards: int = 1,
     shard: int | None = None,
     shard_deployment: str | None = None,
+    shard_start_timeout: float = START_TIMEOUT,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
@@ -179,7 +180,8 @@ def generate_from_manifest(
     `report=False` no thumbnail is made and no `report.html` written (`imagebatch report OUT` makes them
     later): a thumbnail costs ~15 ms of CPU per 1K image, as much as the rest of a request's work.
     With `shards` > 1 the run starts that many runs of `shard_deployment` (each `shard` I of them sends
-    its share) on a work pool's workers, waits, and writes the records (see `flows.shards`).
+    its share) on a work pool's workers (shard 0, and one no worker starts within `shard_start_timeout`
+    seconds, run in this run's process), waits, and writes the records (see `flows.shards`).
     Returns the run summary (counts by status, paths), which is also written to `out/run.json`.
     """
     hooks = _hooks.get() or RunHooks()
@@ -187,6 +189,7 @@ def generate_from_manifest(
         manifest, out, concurrency=concurrency, base_url=base_url,
         api_key_secret_block=api_key_secret_block, rpm=rpm, max_images=max_images,
         max_spend=max_spend, prices=prices, shard=shard is not None,
+        deployed=flow_run.deployment_id is not None,
     )  # fmt: skip
     if shards < 1 or (shard is not None and not 0 <= shard < shards):
         raise UsageError(f"shard {shard} of {shards}: shards must be 1 or more, and a shard 0 to shards - 1")
@@ -208,8 +211,9 @@ def generate_from_manifest(
         with held(store):  # nothing else runs into the folder; the last sharded run's files are merged
             before = store.load_state()
         runs = run_shards(
-            shard_deployment, parameters, shards, store, sleep=hooks.sleep, grace=hooks.shard_grace
-        )
+            shard_deployment, parameters, shards, store, sleep=hooks.sleep, grace=hooks.shard_grace,
+            start_timeout=shard_start_timeout,
+        )  # fmt: skip
         with held(store):  # every shard has ended: merge their journals, then the records
             after = store.load_state()
             failed = [
