@@ -53,7 +53,7 @@ YAML_POOL = "imagebatch"  # prefect.yaml's (no worker here)
 IDLE_POOL = "imagebatch-idle-pool"  # has none: scheduled runs of its deployments stay scheduled
 FLOW = "generate_from_manifest"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-PG_DATABASE = "imagebatch_test_deploy"
+PG_DATABASE = f"imagebatch_test_deploy_{os.getpid()}"  # one per test run: helpers run at once
 BACKENDS = ("sqlite", "postgres")
 # What Prefect 3.8.8's scheduler logs on SQLAlchemy 2.1 (pinned below 2.1 in pyproject.toml for it).
 SCHEDULER_BROKEN = "Can't evaluate bulk DML statement"
@@ -524,17 +524,26 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
             with ThreadPoolExecutor(1) as pool_thread:
                 first = pool_thread.submit(parent)
                 deadline = time.monotonic() + 120
-                while len(emulator.requests()) < 6 and time.monotonic() < deadline:
-                    time.sleep(0.05)  # real processes: wait (bounded) until both shards are sending
                 query = {"deployments": {"name": {"any_": ["killable-shards"]}}}
-                running = {
-                    r["id"] for r in stack.post("/flow_runs/filter", query) if r["state_type"] == "RUNNING"
-                }
-                assert kill_machine(worker, running) >= 1
+                while True:  # real processes: wait (bounded) until the worker's shard is sending
+                    running = {
+                        r["id"]
+                        for r in stack.post("/flow_runs/filter", query)
+                        if r["state_type"] == "RUNNING"
+                    }
+                    on_worker = running & submitted_by(tmp_path / "w1.log")
+                    if on_worker and len(emulator.requests()) >= 6:
+                        break
+                    assert time.monotonic() < deadline, "the worker's shard did not start sending in 120 s"
+                    time.sleep(0.05)
+                assert kill_machine(worker, on_worker) >= 1  # the worker's machine, not the parent's
                 info = first.result(timeout=240)
         finally:
             stop_process_group(worker, grace=1)
-        assert {s["state"] for s in info["shard_runs"]} == {"CRASHED"}
+        by_run = {s["flow_run_id"]: (s["state"], s["here"]) for s in info["shard_runs"]}
+        [lost] = on_worker
+        assert by_run.pop(lost) == ("CRASHED", False)
+        assert list(by_run.values()) == [("COMPLETED", True)]  # shard 0, in the parent's process
         statuses = Counter(r["status"] for r in read_results(out))
         assert statuses["unknown"] >= 1 and statuses["not_attempted"] >= 1  # in flight, and never sent
         assert "succeeded" not in statuses or statuses["succeeded"] < 40

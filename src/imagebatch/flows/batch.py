@@ -30,7 +30,7 @@ from prefect.artifacts import (
     create_table_artifact,
 )
 from prefect.logging import get_run_logger
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 import imagebatch
@@ -189,7 +189,7 @@ def generate_from_manifest(
         manifest, out, concurrency=concurrency, base_url=base_url,
         api_key_secret_block=api_key_secret_block, rpm=rpm, max_images=max_images,
         max_spend=max_spend, prices=prices, shard=shard is not None,
-        deployed=flow_run.deployment_id is not None,
+        deployed=deployment.id is not None,
     )  # fmt: skip
     if shards < 1 or (shard is not None and not 0 <= shard < shards):
         raise UsageError(f"shard {shard} of {shards}: shards must be 1 or more, and a shard 0 to shards - 1")
