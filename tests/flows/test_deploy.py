@@ -618,7 +618,7 @@ def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
     stacks: dict[str, Stack | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 20, item 4: `kill -9` of a worker and its flow run's process mid-run. The run's heartbeats
-    stop, the automation marks it Crashed within the window (60 s here: the heartbeat is 30 s at least),
+    stop, the automation marks it Crashed within the window (45 s here: the heartbeat is 30 s at least),
     which frees the deployment's slot of one: the next run starts (not Cancelled) and sends only what
     the killed one had not sent (counted in the emulator's request log)."""
     from collections import Counter
@@ -627,11 +627,11 @@ def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
 
     stack = stacks["sqlite"]
     assert stack is not None
-    pool, window = "imagebatch-zombie-pool", 60.0
+    pool, window = "imagebatch-zombie-pool", 45.0
     _create_process_pool(stack.api, pool)
     key = stack.emulator.api_key
     manifest = tmp_path / "m.csv"
-    manifest.write_text("id,prompt\n" + "".join(f"z{i:03d},item {i}\n" for i in range(30)))
+    manifest.write_text("id,prompt\n" + "".join(f"z{i:03d},item {i}\n" for i in range(20)))
     out = tmp_path / "out"
     env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
     monkeypatch.setenv("IMAGEBATCH_HEARTBEAT_WINDOW", f"{window:g}")
@@ -654,6 +654,7 @@ def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
         crashed = stack.wait(first, timeout=window + 90)
         assert crashed["state_type"] == "CRASHED", crashed["state"]
         assert "no heartbeat" in crashed["state"]["message"]
+        print(f"marked Crashed {time.monotonic() - killed_at:.1f} s after the kill")
         assert time.monotonic() - killed_at < window + 30  # within the window (and the server's 5 s loop)
 
         with running_worker(stack.api, pool, env, tmp_path / "w2.log", stop_grace=3):
@@ -661,9 +662,9 @@ def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
         assert second["state_type"] == "COMPLETED", second["state"]  # not cancelled by a zombie's slot
         sent = Counter(r["idempotency_key"] for r in emulator.requests())
         assert set(sent.values()) == {1}  # nothing sent twice
-        assert len(sent) == 30 and len(sent) > len(sent_before)  # the rest, and only the rest
+        assert len(sent) == 20 and len(sent) > len(sent_before)  # the rest, and only the rest
         statuses = Counter(r["status"] for r in read_results(out))
-        assert statuses["unknown"] + statuses["succeeded"] + statuses["skipped"] == 30
+        assert statuses["unknown"] + statuses["succeeded"] + statuses["skipped"] == 20
 
 
 def _sharded_deploy(stack: Stack, tmp_path: Path, pool: str, emulator: EmulatorServer, timeout: float) -> str:
