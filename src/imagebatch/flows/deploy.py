@@ -12,7 +12,17 @@ Choices (README "Scheduled runs"):
   environment, e.g. `uv run prefect worker start ...`). Not `flow.from_source(<local directory>)`: that
   pins a source folder and a file path relative to it, and loads `batch.py` as a script (a second copy of
   the module, beside the installed one); the installed package is what `imagebatch run` uses too.
-  `prefect deploy` with the repository's `prefect.yaml` makes the same deployment.
+  `prefect deploy` with the repository's `prefect.yaml` makes the same deployment for the same inputs,
+  under its own name (`nightly-yaml`), so it never replaces one this command made; its build step is this
+  command with `--check` (every check and the heartbeat automation, nothing deployed).
+- **A service address is required** (`--base-url URL`, or `IMAGEBATCH_BASE_URL` here, stored in the
+  deployment; the emulator only by name: `embedded`): a scheduled run on placeholder images, reporting
+  Completed, is what no one wants. A deployment's run without one fails with the same line
+  (`config.NO_SERVICE`).
+- **Dead runs are marked Crashed** by Prefect's documented zombie-run automation, created or updated here
+  (`ensure_heartbeat_automation`, one per server, for runs tagged `imagebatch`): runs send a heartbeat
+  every 30 s (the deployment's job variables' `env`; `serve` gives it to its runner), and one with none
+  for 90 s (`IMAGEBATCH_HEARTBEAT_WINDOW`) is Crashed, which frees the deployment's slot for the next.
 - **One run at a time, `CANCEL_NEW`**: the deployment's concurrency limit is 1 and a run that starts while
   another holds the slot is cancelled by the server ("Deployment concurrency limit reached"), visible as
   such in the UI. A run sends everything not yet done, so a skipped firing loses nothing: the next one
