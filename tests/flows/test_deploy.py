@@ -737,3 +737,20 @@ def test_two_shards_on_two_workers_with_limit_1_run_one_per_worker(
     assert by_worker[parents_worker] == {parent["id"]}  # shard 0 ran in the parent's slot
     sent = Counter(r["idempotency_key"] for r in emulator.requests())
     assert len(sent) == 16 and set(sent.values()) == {1}
+
+
+def test_the_emulator_is_used_in_a_deployment_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20, item 6: outside a deployment no address means the emulator (the quick start); in one,
+    only `embedded` (option or IMAGEBATCH_BASE_URL) does, and no address is refused with one line."""
+    from imagebatch.flows.config import UsageError, resolve_base_url
+
+    monkeypatch.delenv("IMAGEBATCH_BASE_URL", raising=False)
+    assert resolve_base_url(None) is None
+    with pytest.raises(UsageError) as refused:
+        resolve_base_url(None, deployed=True)
+    assert str(refused.value) == NO_SERVICE and "\n" not in NO_SERVICE
+    assert resolve_base_url("embedded", deployed=True) is None
+    monkeypatch.setenv("IMAGEBATCH_BASE_URL", "embedded")
+    assert resolve_base_url(None, deployed=True) is None
+    monkeypatch.setenv("IMAGEBATCH_BASE_URL", "https://gateway.example")
+    assert resolve_base_url(None, deployed=True) == "https://gateway.example"
