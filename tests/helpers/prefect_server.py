@@ -339,6 +339,8 @@ def kill_machine(worker: subprocess.Popen[bytes], flow_run_ids: set[str]) -> int
 
 
 def submitted_by(worker_log: Path) -> set[str]:
-    """The flow runs a worker started, from its log ("Worker '...' submitting flow run 'ID'")."""
+    """The flow runs a worker started, from its log: "submitting flow run 'ID'", unless followed by
+    "Aborted submission of flow run 'ID'" (another worker claimed it first: the server accepts one)."""
     text = worker_log.read_text(errors="replace") if worker_log.exists() else ""
-    return set(re.findall(r"submitting flow run '([0-9a-f-]{36})'", text))
+    tried = set(re.findall(r"submitting flow run '([0-9a-f-]{36})'", text))
+    return tried - set(re.findall(r"Aborted submission of flow run '([0-9a-f-]{36})'", text))
