@@ -470,7 +470,7 @@ def test_deploy_passes_the_files_root_as_an_absolute_parameter(
     path = tmp_path / "m" / "m.csv"
     path.write_text("id,prompt,reference_images\na,edit it,../shared/x.png\n")
     monkeypatch.chdir(tmp_path)
-    argv = ["deploy", str(path), "--out", str(tmp_path / "out"), "--name", "n"]
+    argv = ["deploy", str(path), "--out", str(tmp_path / "out"), "--name", "n", "--base-url", "embedded"]
     with pytest.raises(ManifestError, match="outside the files root"):
         check(build_parser().parse_args(argv))
     parameters = check(build_parser().parse_args([*argv, "--files-root", "shared"]))

@@ -32,14 +32,17 @@ import httpx
 import pytest
 from helpers.prefect_server import (
     PrefectServer,
+    kill_machine,
     postgres_database_url,
     running_prefect_server,
     running_worker,
     start_worker,
     stop_process_group,
+    submitted_by,
 )
 
 from imagebatch.flows.cli import main
+from imagebatch.flows.config import NO_SERVICE
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +53,7 @@ YAML_POOL = "imagebatch"  # prefect.yaml's (no worker here)
 IDLE_POOL = "imagebatch-idle-pool"  # has none: scheduled runs of its deployments stay scheduled
 FLOW = "generate_from_manifest"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-PG_DATABASE = "imagebatch_test_deploy"
+PG_DATABASE = f"imagebatch_test_deploy_{os.getpid()}"  # one per test run: helpers run at once
 BACKENDS = ("sqlite", "postgres")
 # What Prefect 3.8.8's scheduler logs on SQLAlchemy 2.1 (pinned below 2.1 in pyproject.toml for it).
 SCHEDULER_BROKEN = "Can't evaluate bulk DML statement"
@@ -234,7 +237,7 @@ def test_deploy_with_a_cron_schedule_is_on_the_server(
     out = tmp_path / "cron"
     code = stack.deploy(
         f"manifests/examples/catalog.csv --out {out} --name cron --cron '0 2 * * *' --timezone Europe/Paris "
-        f"--work-pool {IDLE_POOL} --concurrency 8"
+        f"--work-pool {IDLE_POOL} --concurrency 8 --base-url embedded"
     )
     assert code == 0, capsys.readouterr().err
     assert "deployed generate_from_manifest/cron" in capsys.readouterr().out
@@ -259,17 +262,22 @@ def test_deploy_with_a_cron_schedule_is_on_the_server(
     assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
 
     # Deploying again updates it: the new schedule replaces the old, and no schedule removes it.
-    assert stack.deploy(f"{CATALOG} --out {out} --name cron --work-pool {IDLE_POOL} --interval 3600") == 0
+    assert (
+        stack.deploy(
+            f"{CATALOG} --out {out} --name cron --work-pool {IDLE_POOL} --interval 3600 --base-url embedded"
+        )
+        == 0
+    )
     [schedule] = stack.deployment("cron")["schedules"]
     assert schedule["schedule"]["interval"] == 3600
-    assert stack.deploy(f"{CATALOG} --out {out} --name cron --work-pool {IDLE_POOL}") == 0
+    assert stack.deploy(f"{CATALOG} --out {out} --name cron --work-pool {IDLE_POOL} --base-url embedded") == 0
     assert stack.deployment("cron")["schedules"] == []
 
 
 def test_the_servers_scheduler_creates_the_runs_of_the_schedule(stack: Stack, tmp_path: Path) -> None:
     code = stack.deploy(
         f"{CATALOG} --out {tmp_path / 'out'} --name scheduled --cron '0 2 * * *' --timezone Europe/Paris "
-        f"--work-pool {IDLE_POOL}"
+        f"--work-pool {IDLE_POOL} --base-url embedded"
     )
     assert code == 0
     deployment_id = stack.deployment("scheduled")["id"]
@@ -287,11 +295,14 @@ def test_the_servers_scheduler_creates_the_runs_of_the_schedule(stack: Stack, tm
 
 
 def test_deploy_refuses_what_run_refuses_before_deploying(
-    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = str(tmp_path / "out")
+    monkeypatch.delenv("IMAGEBATCH_BASE_URL", raising=False)
+    out = f"{tmp_path / 'out'} --base-url embedded"  # an address: each case below fails for its own reason
     bad = tmp_path / "bad.csv"
     bad.write_text("id,prompt,image_size\nx,a cat,1k\n")
+    assert stack.deploy(f"{CATALOG} --out {tmp_path / 'out'} --name bad --work-pool {POOL}") == 2
+    assert capsys.readouterr().err.strip() == f"imagebatch deploy: {NO_SERVICE}"  # no address: one line
     assert stack.deploy(f"{bad} --out {out} --name bad --work-pool {POOL}") == 2
     assert "did you mean" in capsys.readouterr().err
     assert stack.deploy(f"{CATALOG} --out {out} --name bad --base-url http://u:Hunter2@127.0.0.1:9") == 2
@@ -363,6 +374,8 @@ def test_deploy_refuses_without_a_prefect_server(tmp_path: Path) -> None:
         str(CATALOG),
         "--out",
         out,
+        "--base-url",
+        "embedded",
         "--name",
         "nightly",
         "--cron",
@@ -380,29 +393,50 @@ def test_deploy_refuses_without_a_prefect_server(tmp_path: Path) -> None:
     assert done.stdout == ""
 
 
-def test_prefect_yaml_makes_the_same_deployment(stacks: dict[str, Stack | None], tmp_path: Path) -> None:
-    """`prefect deploy --name nightly` with the repository's prefect.yaml (SQLite stack only)."""
+def _prefect_deploy(stack: Stack, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`prefect deploy --name nightly-yaml` with the repository's prefect.yaml, against `stack`."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "IMAGEBATCH_"))}
+    clean |= {"PREFECT_API_URL": stack.api, "PREFECT_HOME": str(home), "PWD": str(REPO), **env}
+    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "nightly-yaml"]
+    return subprocess.run(cmd, cwd=REPO, env=clean, capture_output=True, text=True, timeout=180, check=False)
+
+
+def test_prefect_yaml_refuses_without_an_address_and_makes_what_imagebatch_deploy_makes(
+    stacks: dict[str, Stack | None], tmp_path: Path
+) -> None:
+    """Issue 20, item 6 (SQLite stack only): without IMAGEBATCH_BASE_URL, prefect.yaml's build step
+    (`imagebatch deploy --check`) refuses and nothing is deployed; with it, the deployment is the one
+    `imagebatch deploy` makes for the same inputs, under its own name (never replacing `nightly`)."""
     stack = stacks["sqlite"]
     assert stack is not None
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "IMAGEBATCH_API_KEY"}
-    env |= {"PREFECT_API_URL": stack.api, "PREFECT_HOME": str(tmp_path / "home"), "PWD": str(REPO)}
-    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "nightly"]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    refused = _prefect_deploy(stack, tmp_path / "home")
+    assert refused.returncode != 0
+    assert NO_SERVICE in refused.stdout + refused.stderr
+    with pytest.raises(httpx.HTTPStatusError):
+        stack.deployment("nightly-yaml")
 
-    deployment = stack.deployment("nightly")
-    assert deployment["entrypoint"] == "imagebatch.flows.batch.generate_from_manifest"
-    assert deployment["pull_steps"] == []
-    assert deployment["work_pool_name"] == YAML_POOL
-    assert deployment["parameters"] == {
-        "manifest": str(CATALOG),
-        "out": str(REPO / "out" / "nightly"),
-        "concurrency": 4,
-    }
-    [schedule] = deployment["schedules"]
-    assert schedule["schedule"]["cron"] == "0 2 * * *"
-    assert deployment["global_concurrency_limit"]["limit"] == 1
-    assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+    done = _prefect_deploy(stack, tmp_path / "home", IMAGEBATCH_BASE_URL="embedded")
     assert done.returncode == 0, done.stdout + done.stderr
+    yaml = stack.deployment("nightly-yaml")
+    code = stack.deploy(
+        f"{CATALOG} --out {REPO / 'out' / 'nightly'} --name nightly --work-pool {YAML_POOL} --concurrency 4 "
+        "--cron '0 2 * * *' --base-url embedded"
+    )
+    assert code == 0
+    command = stack.deployment("nightly")
+    assert yaml["entrypoint"] == command["entrypoint"] == "imagebatch.flows.batch.generate_from_manifest"
+    assert yaml["pull_steps"] == [] and command["pull_steps"] in ([], None)
+    for field in ("work_pool_name", "tags", "job_variables", "concurrency_options"):
+        assert yaml[field] == command[field], field
+    assert yaml["job_variables"] == {"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
+    assert yaml["global_concurrency_limit"]["limit"] == command["global_concurrency_limit"]["limit"] == 1
+    given = {k: v for k, v in command["parameters"].items() if v is not None}
+    assert yaml["parameters"] == {k: v for k, v in given.items() if k in yaml["parameters"]}
+    assert yaml["parameters"]["base_url"] == "embedded"
+    assert {k for k in given if k not in yaml["parameters"]} <= {"adaptive", "report"}  # the flow's defaults
+    [schedule] = yaml["schedules"]
+    assert schedule["schedule"]["cron"] == command["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+    assert len(stack.post("/automations/filter")) >= 1
 
 
 def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_once(
@@ -454,28 +488,6 @@ def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_
         assert {r["status"] for r in read_results(out)} == {"skipped"}
 
 
-def _kill_machine(worker: subprocess.Popen[bytes], flow_run_ids: set[str]) -> int:
-    """What a machine's death does: its worker and the flow runs it started die at once (SIGKILL), with
-    no chance to report. Returns how many flow-run processes were killed."""
-    import signal
-
-    os.killpg(worker.pid, signal.SIGKILL)
-    killed = 0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(e.startswith(b"PREFECT__FLOW_RUN_ID=") and e.split(b"=", 1)[1].decode() in flow_run_ids
-               for e in environ):  # fmt: skip
-            os.kill(int(proc.name), signal.SIGKILL)
-            killed += 1
-    worker.wait(timeout=30)
-    return killed
-
-
 def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finishes_with_no_duplicate(
     stacks: dict[str, Stack | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -509,21 +521,36 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
     with EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=1.0)) as emulator:
         worker = start_worker(stack.api, pool, env, tmp_path / "w1.log")
         try:
-            assert stack.deploy(f"{manifest} --out {out} --name killable --work-pool {pool} --shards 2") == 0
+            assert (
+                stack.deploy(
+                    f"{manifest} --out {out} --name killable --work-pool {pool} --shards 2 "
+                    f"--base-url {emulator.url}"
+                )
+                == 0
+            )
             with ThreadPoolExecutor(1) as pool_thread:
                 first = pool_thread.submit(parent)
                 deadline = time.monotonic() + 120
-                while len(emulator.requests()) < 6 and time.monotonic() < deadline:
-                    time.sleep(0.05)  # real processes: wait (bounded) until both shards are sending
                 query = {"deployments": {"name": {"any_": ["killable-shards"]}}}
-                running = {
-                    r["id"] for r in stack.post("/flow_runs/filter", query) if r["state_type"] == "RUNNING"
-                }
-                assert _kill_machine(worker, running) >= 1
+                while True:  # real processes: wait (bounded) until the worker's shard is sending
+                    running = {
+                        r["id"]
+                        for r in stack.post("/flow_runs/filter", query)
+                        if r["state_type"] == "RUNNING"
+                    }
+                    on_worker = running & submitted_by(tmp_path / "w1.log")
+                    if on_worker and len(emulator.requests()) >= 6:
+                        break
+                    assert time.monotonic() < deadline, "the worker's shard did not start sending in 120 s"
+                    time.sleep(0.05)
+                assert kill_machine(worker, on_worker) >= 1  # the worker's machine, not the parent's
                 info = first.result(timeout=240)
         finally:
             stop_process_group(worker, grace=1)
-        assert {s["state"] for s in info["shard_runs"]} == {"CRASHED"}
+        by_run = {s["flow_run_id"]: (s["state"], s["here"]) for s in info["shard_runs"]}
+        [lost] = on_worker
+        assert by_run.pop(lost) == ("CRASHED", False)
+        assert list(by_run.values()) == [("COMPLETED", True)]  # shard 0, in the parent's process
         statuses = Counter(r["status"] for r in read_results(out))
         assert statuses["unknown"] >= 1 and statuses["not_attempted"] >= 1  # in flight, and never sent
         assert "succeeded" not in statuses or statuses["succeeded"] < 40
@@ -541,3 +568,202 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
             final["not_attempted"] == 0 and final["unknown"] == statuses["unknown"]
         )  # left for the user to settle, never resent
         assert final["unknown"] + final["succeeded"] + final["skipped"] == 40
+
+
+def test_a_deployment_run_without_an_address_fails_with_one_line(stack: Stack, tmp_path: Path) -> None:
+    """Issue 20, item 6: a deployment made without `imagebatch deploy`'s check (here by Prefect's own API,
+    as an old one would be) and a worker without IMAGEBATCH_BASE_URL: the run fails, saying so, and the
+    embedded emulator is never started."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from imagebatch.flows.deploy import build_deployment
+
+    parameters = {"manifest": str(CATALOG), "out": str(tmp_path / "out")}
+    with temporary_settings({PREFECT_API_URL: stack.api}):
+        deployment_id = build_deployment("no-address", parameters, None, POOL).apply(work_pool_name=POOL)
+    run = stack.wait(stack.run(str(deployment_id)))
+    assert run["state_type"] == "FAILED"
+    assert NO_SERVICE in run["state"]["message"]
+    assert not (tmp_path / "out" / "images").exists()
+
+
+def _automations(stack: Stack) -> list[dict[str, Any]]:
+    from imagebatch.flows.deploy import AUTOMATION_NAME
+
+    return [a for a in stack.post("/automations/filter") if a["name"] == AUTOMATION_NAME]
+
+
+def test_deploy_sets_up_the_heartbeat_automation_once(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20, item 4: `imagebatch deploy` creates Prefect's zombie-run automation for the runs tagged
+    imagebatch and updates it on each deploy (one of it, its window from IMAGEBATCH_HEARTBEAT_WINDOW);
+    the deployment's runs get a heartbeat every 30 s through the job variables."""
+    args = f"{CATALOG} --out {tmp_path / 'out'} --name beats --work-pool {IDLE_POOL} --base-url embedded"
+    monkeypatch.setenv("IMAGEBATCH_HEARTBEAT_WINDOW", "120")
+    assert stack.deploy(args) == 0
+    monkeypatch.delenv("IMAGEBATCH_HEARTBEAT_WINDOW")
+    assert stack.deploy(args) == 0
+    [automation] = _automations(stack)
+    trigger = automation["trigger"]
+    assert trigger["posture"] == "Proactive" and trigger["within"] == 90.0
+    assert trigger["after"] == ["prefect.flow-run.heartbeat"]
+    assert (
+        "prefect.flow-run.heartbeat" in trigger["expect"]
+        and "prefect.flow-run.Completed" in trigger["expect"]
+    )
+    assert trigger["match_related"] == {
+        "prefect.resource.role": "tag",
+        "prefect.resource.id": "prefect.tag.imagebatch",
+    }
+    [action] = automation["actions"]
+    assert action["type"] == "change-flow-run-state" and action["state"] == "CRASHED"
+    deployment = stack.deployment("beats")
+    assert deployment["job_variables"] == {"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
+    assert deployment["tags"] == ["imagebatch"]
+
+
+def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
+    stacks: dict[str, Stack | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20, item 4: `kill -9` of a worker and its flow run's process mid-run. The run's heartbeats
+    stop, the automation marks it Crashed within the window (45 s here: the heartbeat is 30 s at least),
+    which frees the deployment's slot of one: the next run starts (not Cancelled) and sends only what
+    the killed one had not sent (counted in the emulator's request log)."""
+    from collections import Counter
+
+    from flow_helpers import read_results
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    pool, window = "imagebatch-zombie-pool", 45.0
+    _create_process_pool(stack.api, pool)
+    key = stack.emulator.api_key
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,prompt\n" + "".join(f"z{i:03d},item {i}\n" for i in range(20)))
+    out = tmp_path / "out"
+    env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
+    monkeypatch.setenv("IMAGEBATCH_HEARTBEAT_WINDOW", f"{window:g}")
+    with EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=1.0)) as emulator:
+        args = f"{manifest} --out {out} --name zombie --work-pool {pool} --base-url {emulator.url}"
+        assert stack.deploy(f"{args} --concurrency 2 --no-adaptive") == 0
+        deployment_id = stack.deployment("zombie")["id"]
+        worker = start_worker(stack.api, pool, env, tmp_path / "w1.log")
+        try:
+            first = stack.run(deployment_id)
+            deadline = time.monotonic() + 120
+            while len(emulator.requests()) < 4:
+                assert time.monotonic() < deadline, "the first run sent nothing in 120 s"
+                time.sleep(0.05)
+            assert kill_machine(worker, {first}) == 1
+            killed_at = time.monotonic()
+        finally:
+            stop_process_group(worker, grace=1)
+        sent_before = Counter(r["idempotency_key"] for r in emulator.requests())
+        crashed = stack.wait(first, timeout=window + 90)
+        assert crashed["state_type"] == "CRASHED", crashed["state"]
+        assert "no heartbeat" in crashed["state"]["message"]
+        print(f"marked Crashed {time.monotonic() - killed_at:.1f} s after the kill")
+        assert time.monotonic() - killed_at < window + 30  # within the window (and the server's 5 s loop)
+
+        with running_worker(stack.api, pool, env, tmp_path / "w2.log", stop_grace=3):
+            second = stack.wait(stack.run(deployment_id), timeout=180)
+        assert second["state_type"] == "COMPLETED", second["state"]  # not cancelled by a zombie's slot
+        sent = Counter(r["idempotency_key"] for r in emulator.requests())
+        assert set(sent.values()) == {1}  # nothing sent twice
+        assert len(sent) == 20 and len(sent) > len(sent_before)  # the rest, and only the rest
+        statuses = Counter(r["status"] for r in read_results(out))
+        assert statuses["unknown"] + statuses["succeeded"] + statuses["skipped"] == 20
+
+
+def _sharded_deploy(stack: Stack, tmp_path: Path, pool: str, emulator: EmulatorServer, timeout: float) -> str:
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,prompt\n" + "".join(f"p{i:03d},thing {i}\n" for i in range(16)))
+    code = stack.deploy(
+        f"{manifest} --out {tmp_path / 'out'} --name {pool} --work-pool {pool} --shards 2 --concurrency 4 "
+        f"--base-url {emulator.url} --shard-start-timeout {timeout:g}"
+    )
+    assert code == 0
+    return str(stack.deployment(pool)["id"])
+
+
+def test_shards_on_one_worker_with_limit_1_do_not_deadlock(
+    stacks: dict[str, Stack | None], tmp_path: Path
+) -> None:
+    """Issue 20, item 5: one worker started with `--limit 1`: the parent holds its only slot, so it runs
+    shard 0 itself at once and shard 1 once no worker has started it within the start timeout."""
+    from collections import Counter
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    pool = "imagebatch-one-slot"
+    _create_process_pool(stack.api, pool)
+    key = stack.emulator.api_key
+    env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
+    with (
+        EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2)) as emulator,
+        running_worker(stack.api, pool, env, tmp_path / "w.log", extra_args=("--limit", "1"), stop_grace=3),
+    ):
+        parent = stack.wait(stack.run(_sharded_deploy(stack, tmp_path, pool, emulator, 3)), timeout=240)
+    assert parent["state_type"] == "COMPLETED", parent["state"]
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert [(s["state"], s["here"]) for s in run["shard_runs"]] == [("COMPLETED", True), ("COMPLETED", True)]
+    assert submitted_by(tmp_path / "w.log") == {parent["id"]}
+    sent = Counter(r["idempotency_key"] for r in emulator.requests())
+    assert len(sent) == 16 and set(sent.values()) == {1}
+
+
+def test_two_shards_on_two_workers_with_limit_1_run_one_per_worker(
+    stacks: dict[str, Stack | None], tmp_path: Path
+) -> None:
+    """Issue 20, item 5: two workers, each `--limit 1`, two shards: the parent (on one worker) runs one
+    shard, the other worker takes the other; no deadlock, one shard per machine."""
+    from collections import Counter
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    pool = "imagebatch-two-slots"
+    _create_process_pool(stack.api, pool)
+    key = stack.emulator.api_key
+    logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
+    with ExitStack() as workers:
+        emulator = workers.enter_context(
+            EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2))
+        )
+        for i, log in enumerate(logs):
+            env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / f"w{i}")}
+            workers.enter_context(
+                running_worker(stack.api, pool, env, log, extra_args=("--limit", "1"), stop_grace=3)
+            )
+        parent = stack.wait(stack.run(_sharded_deploy(stack, tmp_path, pool, emulator, 120)), timeout=240)
+    assert parent["state_type"] == "COMPLETED", parent["state"]
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    shard_runs = run["shard_runs"]
+    assert {s["state"] for s in shard_runs} == {"COMPLETED"}
+    # The parent claims the first shard no worker has (shard 0, or shard 1 when a worker was quicker).
+    [in_parent] = [s["flow_run_id"] for s in shard_runs if s["here"]]
+    [on_worker] = [s["flow_run_id"] for s in shard_runs if not s["here"]]
+    by_worker = [submitted_by(log) for log in logs]
+    parents_worker = next(i for i, ran in enumerate(by_worker) if parent["id"] in ran)
+    assert by_worker[1 - parents_worker] == {on_worker}  # the other machine
+    assert by_worker[parents_worker] == {parent["id"]}  # the other shard ran in the parent's slot
+    assert in_parent not in by_worker[0] | by_worker[1]
+    sent = Counter(r["idempotency_key"] for r in emulator.requests())
+    assert len(sent) == 16 and set(sent.values()) == {1}
+
+
+def test_the_emulator_is_used_in_a_deployment_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20, item 6: outside a deployment no address means the emulator (the quick start); in one,
+    only `embedded` (option or IMAGEBATCH_BASE_URL) does, and no address is refused with one line."""
+    from imagebatch.flows.config import UsageError, resolve_base_url
+
+    monkeypatch.delenv("IMAGEBATCH_BASE_URL", raising=False)
+    assert resolve_base_url(None) is None
+    with pytest.raises(UsageError) as refused:
+        resolve_base_url(None, deployed=True)
+    assert str(refused.value) == NO_SERVICE and "\n" not in NO_SERVICE
+    assert resolve_base_url("embedded", deployed=True) is None
+    monkeypatch.setenv("IMAGEBATCH_BASE_URL", "embedded")
+    assert resolve_base_url(None, deployed=True) is None
+    monkeypatch.setenv("IMAGEBATCH_BASE_URL", "https://gateway.example")
+    assert resolve_base_url(None, deployed=True) == "https://gateway.example"

@@ -19,7 +19,9 @@ profiles): each gets exactly the Prefect settings it needs. Everything binds 127
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -39,11 +41,13 @@ __all__ = [
     "PrefectServer",
     "base_environment",
     "free_port",
+    "kill_machine",
     "postgres_database_url",
     "running_prefect_server",
     "running_worker",
     "start_worker",
     "stop_process_group",
+    "submitted_by",
 ]
 
 PG_ROLE = "imagebatch"
@@ -307,3 +311,36 @@ def postgres_database_url(dbname: str) -> str | None:
         """
     )
     return f"postgresql+asyncpg://{PG_ROLE}:{PG_PASSWORD}@127.0.0.1:{port}/{dbname}"
+
+
+# --- Machines that die, and which worker ran what -----------------------------------------------------
+
+
+def kill_machine(worker: subprocess.Popen[bytes], flow_run_ids: set[str]) -> int:
+    """What a machine's death does: its worker and the flow runs it started die at once (SIGKILL), with
+    no chance to report. A flow run's process is found by its `PREFECT__FLOW_RUN_ID`. Returns how many
+    flow-run processes were killed."""
+    os.killpg(worker.pid, signal.SIGKILL)
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(e.startswith(b"PREFECT__FLOW_RUN_ID=") and e.split(b"=", 1)[1].decode() in flow_run_ids
+               for e in environ):  # fmt: skip
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+    worker.wait(timeout=30)
+    return killed
+
+
+def submitted_by(worker_log: Path) -> set[str]:
+    """The flow runs a worker started, from its log: "submitting flow run 'ID'", unless followed by
+    "Aborted submission of flow run 'ID'" (another worker claimed it first: the server accepts one)."""
+    text = worker_log.read_text(errors="replace") if worker_log.exists() else ""
+    tried = set(re.findall(r"submitting flow run '([0-9a-f-]{36})'", text))
+    return tried - set(re.findall(r"Aborted submission of flow run '([0-9a-f-]{36})'", text))

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 from prefect import flow
 from prefect.logging import get_run_logger
+from prefect.runtime import deployment
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from imagebatch.flows import prefect_guard
@@ -41,7 +42,7 @@ from imagebatch.flows.config import (
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.flows.finish import run_info, write_records
 from imagebatch.flows.limits import SlotBroker, check_limit
-from imagebatch.flows.shards import records_after, run_shards, shard_name, shard_of
+from imagebatch.flows.shards import START_TIMEOUT, records_after, run_shards, shard_name, shard_of
 from imagebatch.flows.verdict import concluded, ran_to_end
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
@@ -157,6 +158,7 @@ class RunOptions:
     shard_deployment: str | None
     files_root: list[str] | None = None
     allow_failures: str | None = None
+    shard_start_timeout: float = START_TIMEOUT
 
 
 @dataclass
@@ -202,6 +204,7 @@ def generate_from_manifest(
     shard_deployment: str | None = None,
     files_root: list[str] | None = None,
     allow_failures: str | None = None,
+    shard_start_timeout: float = START_TIMEOUT,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
@@ -214,7 +217,8 @@ def generate_from_manifest(
     With `report=False` no thumbnail is made and no `report.html` written (`imagebatch report OUT` makes
     them later): a thumbnail costs ~15 ms of CPU per 1K image, as much as the rest of a request's work.
     With `shards` > 1 the run starts that many runs of `shard_deployment` (each `shard` I of them sends
-    its share) on a work pool's workers, waits, and writes the records (see `flows.shards`).
+    its share) on a work pool's workers (shard 0, and one no worker starts within `shard_start_timeout`
+    seconds, run in this run's process), waits, and writes the records (see `flows.shards`).
     `files_root` names folders reference images and masks may come from besides the manifest's folder.
     `allow_failures` (`3`, or `2.5%` of the requests) lets a run that was not stopped end Completed with
     that many requests not done (`flows.verdict`).
@@ -227,13 +231,14 @@ def generate_from_manifest(
         api_key_secret_block=api_key_secret_block, rpm=rpm, adaptive=adaptive, max_images=max_images,
         max_spend=max_spend, prices=prices, global_limit=global_limit, report=report, shards=shards,
         shard=shard, shard_deployment=shard_deployment, files_root=files_root,
-        allow_failures=allow_failures,
+        allow_failures=allow_failures, shard_start_timeout=shard_start_timeout,
     )  # fmt: skip
     hooks = _hooks.get() or RunHooks()
     checked = hooks.checked or preflight(
         manifest, out, concurrency=concurrency, base_url=base_url,
         api_key_secret_block=api_key_secret_block, rpm=rpm, max_images=max_images,
         max_spend=max_spend, prices=prices, shard=shard is not None, files_root=files_root,
+        deployed=deployment.id is not None,
     )  # fmt: skip
     if shards < 1 or (shard is not None and not 0 <= shard < shards):
         raise UsageError(f"shard {shard} of {shards}: shards must be 1 or more, and a shard 0 to shards - 1")
@@ -312,6 +317,7 @@ def run_parent(run: Run) -> dict[str, Any]:
         store,
         sleep=hooks.sleep,
         grace=hooks.shard_grace,
+        start_timeout=options.shard_start_timeout,
     )
     with held(store):  # every shard has ended: merge their journals, then the records
         after = store.load_state()

@@ -259,6 +259,20 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
             help="split each run into N runs on the pool's workers (a second deployment NAME-shards)",
         )
         parser.add_argument(
+            "--shard-start-timeout",
+            type=float,
+            default=60.0,
+            metavar="SECONDS",
+            help="with --shards: a shard no worker has started within SECONDS is run by the parent's "
+            "process once its own shard is done (default 60)",
+        )
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="make every check and set up the heartbeat automation, but deploy nothing "
+            "(prefect.yaml's build step)",
+        )
+        parser.add_argument(
             "--work-pool",
             default=None,
             help="the process work pool whose workers run it "
@@ -273,7 +287,8 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     parser.add_argument(
         "--base-url",
         default=None,
-        help="service root (default: $IMAGEBATCH_BASE_URL where it runs; without, the embedded emulator)",
+        help="service root, or `embedded` for the emulator (default: $IMAGEBATCH_BASE_URL here; one of "
+        "them is needed, and is stored in the deployment)",
     )
     parser.add_argument(
         "--api-key-block",

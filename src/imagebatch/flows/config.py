@@ -23,6 +23,13 @@ MAX_CONCURRENCY = 256
 DEFAULT_CONCURRENCY = 4
 ENV_BASE_URL = "IMAGEBATCH_BASE_URL"
 ENV_API_KEY = "IMAGEBATCH_API_KEY"
+EMBEDDED = "embedded"
+"""The service address that names the embedded emulator (`--base-url embedded`,
+`IMAGEBATCH_BASE_URL=embedded`): how a deployment asks for it, since one without an address is refused."""
+NO_SERVICE = (
+    "no service address for a deployment's runs: deploy with --base-url URL (or set IMAGEBATCH_BASE_URL "
+    "where it runs); the embedded emulator only when named: --base-url embedded"
+)
 
 
 class UsageError(Exception):
@@ -58,10 +65,15 @@ def resolve_api_key(secret_block: str | None) -> str | None:
     return check_api_key(key) if key else None
 
 
-def resolve_base_url(base_url: str | None) -> str | None:
-    """The service root from the option or `IMAGEBATCH_BASE_URL`, checked; None means the emulator."""
+def resolve_base_url(base_url: str | None, *, deployed: bool = False) -> str | None:
+    """The service root from the option or `IMAGEBATCH_BASE_URL`, checked; None means the emulator.
+
+    Outside a deployment no address means the emulator (the quick start); in one (`deployed`), the
+    emulator only when named `embedded`: a scheduled run on placeholders is refused (`NO_SERVICE`)."""
     url = base_url or os.environ.get(ENV_BASE_URL) or None
-    if url is None:
+    if url is None and deployed:
+        raise UsageError(NO_SERVICE)
+    if url is None or url.strip().lower() == EMBEDDED:
         return None
     try:
         return normalise_base_url(url)
@@ -119,10 +131,12 @@ def preflight(
     prices: str | None = None,
     shard: bool = False,
     files_root: list[str] | None = None,
+    deployed: bool = False,
 ) -> Preflight:
     """Every check that needs neither Prefect nor the service: the manifest and its files (inside the
     manifest's folder or `files_root`), the options, the output folder, the base URL and the key's presence
-    and form. Raises `ManifestError` or `UsageError`."""
+    and form. Raises `ManifestError` or `UsageError`. `deployed`: a deployment's run (or the deploying
+    command), which needs an address (`resolve_base_url`)."""
     loaded = load_manifest(Path(manifest), files_root=files_root)
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise UsageError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}, not {concurrency}")
@@ -138,7 +152,7 @@ def preflight(
         raise UsageError(
             f"--max-spend {max_spend:g} needs a price table (--prices FILE or ${ENV_PRICES}) and 0 or more"
         )
-    url = resolve_base_url(base_url)
+    url = resolve_base_url(base_url, deployed=deployed)
     if url and not api_key_secret_block:
         key = os.environ.get(ENV_API_KEY)
         if not key:

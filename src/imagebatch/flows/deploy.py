@@ -12,7 +12,17 @@ Choices (README "Scheduled runs"):
   environment, e.g. `uv run prefect worker start ...`). Not `flow.from_source(<local directory>)`: that
   pins a source folder and a file path relative to it, and loads `batch.py` as a script (a second copy of
   the module, beside the installed one); the installed package is what `imagebatch run` uses too.
-  `prefect deploy` with the repository's `prefect.yaml` makes the same deployment.
+  `prefect deploy` with the repository's `prefect.yaml` makes the same deployment for the same inputs,
+  under its own name (`nightly-yaml`), so it never replaces one this command made; its build step is this
+  command with `--check` (every check and the heartbeat automation, nothing deployed).
+- **A service address is required** (`--base-url URL`, or `IMAGEBATCH_BASE_URL` here, stored in the
+  deployment; the emulator only by name: `embedded`): a scheduled run on placeholder images, reporting
+  Completed, is what no one wants. A deployment's run without one fails with the same line
+  (`config.NO_SERVICE`).
+- **Dead runs are marked Crashed** by Prefect's documented zombie-run automation, created or updated here
+  (`ensure_heartbeat_automation`, one per server, for runs tagged `imagebatch`): runs send a heartbeat
+  every 30 s (the deployment's job variables' `env`; `serve` gives it to its runner), and one with none
+  for 90 s (`IMAGEBATCH_HEARTBEAT_WINDOW`) is Crashed, which frees the deployment's slot for the next.
 - **One run at a time, `CANCEL_NEW`**: the deployment's concurrency limit is 1 and a run that starts while
   another holds the slot is cancelled by the server ("Deployment concurrency limit reached"), visible as
   such in the UI. A run sends everything not yet done, so a skipped firing loses nothing: the next one
@@ -40,6 +50,7 @@ Choices (README "Scheduled runs"):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -47,7 +58,7 @@ from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from imagebatch.flows.allowance import parse_allowance
-from imagebatch.flows.config import UsageError, locked, preflight
+from imagebatch.flows.config import EMBEDDED, ENV_BASE_URL, UsageError, locked, preflight
 from imagebatch.flows.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.manifest import ManifestError
 from imagebatch.tasks.store import OutputLockedError, OutputStore
@@ -58,7 +69,19 @@ if TYPE_CHECKING:
 FLOW_NAME = "generate_from_manifest"
 ENTRYPOINT = "imagebatch.flows.batch.generate_from_manifest"
 COLLISION = "CANCEL_NEW"
+FINAL_STATE_NAMES = ("Completed", "Failed", "Cancelled", "Crashed")
 """What the server does with a run of the deployment that starts while another one runs: cancel it."""
+
+TAG = "imagebatch"
+"""Every deployment's tag, which its runs carry: the heartbeat automation watches the runs with it."""
+HEARTBEAT_SECONDS = 30
+"""How often a deployment's run tells the server it is alive (Prefect's `PREFECT_FLOWS_HEARTBEAT_FREQUENCY`,
+30 s at least; Prefect's own default is 180 s)."""
+HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS)}
+ENV_WINDOW = "IMAGEBATCH_HEARTBEAT_WINDOW"
+WINDOW_SECONDS = 90.0
+"""A run with no heartbeat for this long is marked Crashed (three heartbeats missed; Prefect's guide's)."""
+AUTOMATION_NAME = "imagebatch: crash runs whose heartbeat stopped"
 
 START_SERVER_HINT = (
     "start a Prefect server (`prefect server start`), then `export PREFECT_API_URL=http://127.0.0.1:4200/api`"
@@ -104,12 +127,18 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
         if pool:
             check_work_pool(pool)
         shards = getattr(args, "shards", 1)
+        if shards > 1 and serve:
+            raise UsageError("--shards needs a work pool's workers: use imagebatch deploy --work-pool")
+        window = heartbeat_window()
+        ensure_heartbeat_automation(window)
+        if getattr(args, "check", False):
+            print(f"checked; runs tagged {TAG!r} without a heartbeat for {window:g} s are marked Crashed")
+            return EXIT_OK
         if shards > 1:  # the parent plans and merges; its shards run as runs of NAME-shards
-            if serve:
-                raise UsageError("--shards needs a work pool's workers: use imagebatch deploy --work-pool")
             shard_deployment = f"{args.name}-shards"
             build_deployment(shard_deployment, parameters, None, pool, limit=None).apply(work_pool_name=pool)
             parameters |= {"shards": shards, "shard_deployment": f"{FLOW_NAME}/{shard_deployment}"}
+            parameters["shard_start_timeout"] = args.shard_start_timeout
         deployment = build_deployment(args.name, parameters, schedule, pool)
         if schedule is None:
             clear_schedules(f"{FLOW_NAME}/{args.name}")
@@ -119,12 +148,13 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
         print(f"imagebatch {command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(describe(args, api_url, parameters, schedule, pool, None if serve else str(deployment_id)))
+    print(f"  a run without a heartbeat for {window:g} s is marked Crashed (automation {AUTOMATION_NAME!r})")
     if not serve:
         return EXIT_OK
     from prefect import serve as prefect_serve
 
     try:
-        prefect_serve(deployment, print_starting_message=False)
+        prefect_serve(deployment, print_starting_message=False, heartbeat_seconds=HEARTBEAT_SECONDS)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_OK
@@ -145,7 +175,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
     roots = [str(Path(r).expanduser().resolve()) for r in args.files_root] if args.files_root else None
     options: dict[str, Any] = {
         "concurrency": args.concurrency,
-        "base_url": args.base_url,
+        "base_url": args.base_url or os.environ.get(ENV_BASE_URL) or None,
         "rpm": args.rpm,
         "max_images": args.max_images,
         "max_spend": args.max_spend,
@@ -155,7 +185,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
     block = args.api_key_block if serve else args.api_key_block or _KEY_AT_RUN_TIME
     parse_allowance(args.allow_failures)
     try:
-        preflight(manifest, out, api_key_secret_block=block, **options)
+        preflight(manifest, out, api_key_secret_block=block, deployed=True, **options)
     except UsageError as exc:
         # A running run holding the folder does not stop a redeploy; `preflight` checks the folder last,
         # so the message tells whether that was the only problem.
@@ -270,6 +300,73 @@ def check_work_pool(pool: str) -> None:
             ) from None
 
 
+def heartbeat_window() -> float:
+    """The automation's window: `IMAGEBATCH_HEARTBEAT_WINDOW` seconds, else 90; more than a heartbeat's
+    period plus its way to the server (a shorter one would crash live runs)."""
+    raw = os.environ.get(ENV_WINDOW)
+    try:
+        window = float(raw) if raw else WINDOW_SECONDS
+    except ValueError:
+        raise UsageError(f"{ENV_WINDOW}={raw!r} is not a number of seconds") from None
+    if window < HEARTBEAT_SECONDS + 10:
+        raise UsageError(f"{ENV_WINDOW} must be at least {HEARTBEAT_SECONDS + 10} s, not {window:g}")
+    return window
+
+
+def heartbeat_automation(window: float) -> Any:
+    """Prefect's documented zombie-run automation ("detect zombie flows"), for the runs tagged `TAG`: after
+    a run's heartbeat, expect another heartbeat or a final state within `window`, else mark it Crashed.
+
+    Scoped by tag so that other flows on the server, with Prefect's default 180 s heartbeat, are left
+    alone. Crashed releases the deployment's concurrency slot, so the next scheduled run runs."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+    from prefect.events.schemas.events import ResourceSpecification
+
+    trigger = EventTrigger(
+        match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
+        match_related=ResourceSpecification(
+            {"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{TAG}"}
+        ),
+        after={"prefect.flow-run.heartbeat"},
+        expect={"prefect.flow-run.heartbeat"} | {f"prefect.flow-run.{s}" for s in FINAL_STATE_NAMES},
+        for_each={"prefect.resource.id"},
+        posture=Posture.Proactive,
+        threshold=1,
+        within=timedelta(seconds=window),
+    )
+    crash = ChangeFlowRunState(
+        name="Crashed",
+        state=StateType.CRASHED,
+        force=False,  # a run that has ended meanwhile stays as it ended
+        message=f"no heartbeat for {window:g} s: its process is gone (a machine, a worker or the run died)",
+    )
+    return AutomationCore(
+        name=AUTOMATION_NAME,
+        description=f"Made by imagebatch deploy: marks Crashed a run tagged {TAG!r} whose heartbeat "
+        f"(every {HEARTBEAT_SECONDS} s) stopped for {window:g} s.",
+        trigger=trigger,
+        actions=[crash],
+    )
+
+
+def ensure_heartbeat_automation(window: float) -> str:
+    """Create the heartbeat automation, or update the one of that name (one per server); returns its id."""
+    from prefect.client.orchestration import get_client
+
+    wanted = heartbeat_automation(window)
+    with get_client(sync_client=True) as client:
+        existing = client.read_automations_by_name(AUTOMATION_NAME)
+        if not existing:
+            return str(client.create_automation(wanted))
+        first, *duplicates = existing
+        client.update_automation(first.id, wanted)
+        for extra in duplicates:  # two deploys at once can both create it
+            client.delete_automation(extra.id)
+        return str(first.id)
+
+
 def clear_schedules(full_name: str) -> None:
     """Remove the schedules of an existing deployment (Prefect's update keeps them when given none)."""
     from prefect.client.orchestration import get_client
@@ -288,7 +385,8 @@ def build_deployment(
     name: str, parameters: dict[str, Any], schedule: Any, pool: str | None, limit: int | None = 1
 ) -> RunnerDeployment:
     """The deployment of `generate_from_manifest` (module-path entrypoint, concurrency 1, CANCEL_NEW; a
-    shard deployment has no limit of its own: its parent's is what keeps runs apart)."""
+    shard deployment has no limit of its own: its parent's is what keeps runs apart). A pool's runs get
+    the heartbeat frequency through the job variables' `env`, whatever the worker's own environment."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.types.entrypoint import EntrypointType
 
@@ -303,8 +401,9 @@ def build_deployment(
         )
         if limit
         else None,
-        tags=["imagebatch"],
+        tags=[TAG],
         work_pool_name=pool,
+        job_variables={"env": HEARTBEAT_ENV} if pool else None,
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
     return cast("RunnerDeployment", deployment)  # the sync form: a deployment, not a coroutine, here
@@ -341,10 +440,8 @@ def describe(
         lines.append(f"  API key: the Prefect Secret block {args.api_key_block!r}")
     else:
         lines.append(f"  API key: IMAGEBATCH_API_KEY in {where} environment (never a parameter)")
-    if not parameters["base_url"]:
-        lines.append(
-            f"  service: IMAGEBATCH_BASE_URL in {where} environment; without it, the embedded emulator"
-        )
+    if str(parameters["base_url"]).strip().lower() == EMBEDDED:
+        lines.append("  service: the embedded emulator (its images are placeholders), as asked")
     else:
         lines.append(f"  service: {parameters['base_url']}")
     lines.append("  one run at a time: a run that starts while one is running is cancelled (CANCEL_NEW)")

@@ -1,11 +1,13 @@
 """Many machines: a run split into shards that run as separate flow runs on a work pool's workers.
 
 The parent run (`shards=N`) plans once, starts N runs of the shard deployment (`NAME-shards`, made by
-`imagebatch deploy --shards N`) with Prefect's `run_deployment`, waits for them, merges what they wrote
-and writes the run's records. Shard `I` sends the units whose first idempotency key falls to it
-(`shard_of`), so no two machines ever send one request; a chain's turns stay together. Every shard writes
-into the one output folder (a network file system in production), each into its own journal and usage
-file (`journal.shard-I-of-N.jsonl`), holding the folder's lock shared and its own shard lock alone.
+`imagebatch deploy --shards N`) with Prefect's `run_deployment`, runs shard 0 itself (and any shard no
+worker takes within a minute: `run_shards`), so that it never holds a worker's slot only to wait, waits
+for the others, merges what they wrote and writes the run's records. Shard `I` sends the units whose first
+idempotency key falls to it (`shard_of`), so no two machines ever send one request; a chain's turns stay
+together. Every shard writes into the one output folder (a network file system in production), each into
+its own journal and usage file (`journal.shard-I-of-N.jsonl`), holding the folder's lock shared and its
+own shard lock alone.
 
 What the folder must give across machines (NFSv4 does): a file renamed into place is seen whole
 (`rename` is atomic within a directory), an `fsync` is durable on the server, and `flock` locks are seen
@@ -15,8 +17,12 @@ only to its own files, and the merge into `journal.jsonl` happens while the pare
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from imagebatch.tasks.context import Unit
@@ -24,6 +30,10 @@ from imagebatch.tasks.records import carried, not_attempted
 from imagebatch.tasks.store import KeyState, OutputStore, RequestRecord
 
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+START_TIMEOUT = 60.0
+"""Seconds a shard may wait for a worker before the parent, its own shard done, runs it itself."""
+NEVER_STARTED = 300.0
+"""Seconds a shard a worker claimed may take to start before it counts as crashed."""
 
 
 def shard_of(unit: Unit, shards: int) -> int:
@@ -36,6 +46,22 @@ def shard_name(shard: int, shards: int) -> str:
     return f"{shard}-of-{shards}"
 
 
+@dataclass
+class _Shard:
+    """One shard's flow run as the parent tracks it."""
+
+    index: int
+    run_id: Any
+    created: float
+    state: str | None = None
+    message: str | None = None
+    here: subprocess.Popen[bytes] | None = None
+    """The process the parent started for it, when the parent claimed it (`_claim`)."""
+    claimed_here: bool = False
+    pending_since: float | None = None
+    unheld_since: float | None = None
+
+
 def run_shards(
     deployment: str,
     parameters: dict[str, Any],
@@ -45,17 +71,25 @@ def run_shards(
     clock: Callable[[], float] = time.monotonic,
     poll: float = 2.0,
     grace: float = 120.0,
+    start_timeout: float = START_TIMEOUT,
+    never_started: float = NEVER_STARTED,
 ) -> list[dict[str, Any]]:
-    """Start the N shard runs of `deployment` (as sub-runs of this flow run) and wait until each ends.
-    Returns, per shard, its flow run's id, final state and message.
+    """Start the N shard runs of `deployment` (as sub-runs of this flow run), run some of them here, and
+    wait until each ends. Returns, per shard, its flow run's id, final state and message, and whether
+    the parent ran it (`here`).
 
-    A shard whose worker was killed never reports an end: its run stays Running on the server. Its
-    process held its shard lock while it sent; a Running shard whose lock has been free for `grace`
-    seconds (longer than a shard's start-up, before it takes the lock) is marked Crashed, and the run
-    goes on: what it sent without an answer is `unknown`, what it never sent is sent by the next run."""
+    The parent holds a worker's slot, so it never only waits there (a pool of concurrency 1, or one
+    worker started with `--limit 1`, would deadlock): it claims shard 0 at once, and any shard no worker
+    has claimed within `start_timeout` seconds once its own is done, as a worker claims a run (proposing
+    Pending: the server accepts one claim only) and runs it in a child process with Prefect's own
+    `prefect flow-run execute`. One at a time: the parent's slot is one run's worth of its machine.
+
+    A shard a worker claimed that is not Running `never_started` seconds later (its worker died between
+    claim and start) is marked Crashed, and so is a Running one whose lock has been free for `grace`
+    seconds (its machine died: the process held its shard lock while it sent). The run goes on without
+    them: what they sent without an answer is `unknown`, what they never sent is sent by the next run."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
-    from prefect.states import Crashed
 
     started = [
         run_deployment(
@@ -67,29 +101,124 @@ def run_shards(
         )
         for i in range(shards)
     ]
-    ids = [run.id for run in started]  # type: ignore[union-attr]  # a FlowRun here (sync context)
-    unheld: dict[int, float] = {}  # since when a Running shard's lock has been free
+    tracked = [_Shard(i, run.id, clock()) for i, run in enumerate(started)]  # type: ignore[union-attr]  # FlowRuns (sync context)
+    first = True
     with get_client(sync_client=True) as client:
-        while True:
-            runs = [client.read_flow_run(run_id) for run_id in ids]
-            if all(run.state is not None and run.state.type.value in FINAL for run in runs):
-                break
-            for i, run in enumerate(runs):
-                if (
-                    run.state is None
-                    or run.state.type.value != "RUNNING"
-                    or store.shard_held(shard_name(i, shards))
-                ):
-                    unheld.pop(i, None)
-                elif clock() - unheld.setdefault(i, clock()) > grace:
-                    gone = f"shard {shard_name(i, shards)}: its process is gone (lock free for {grace:g} s)"
-                    client.set_flow_run_state(run.id, Crashed(message=gone), force=True)
-            sleep(poll)
+        try:
+            while True:
+                _refresh(client, tracked, clock)
+                if all(s.state in FINAL and s.here is None for s in tracked):
+                    break
+                _reap(client, tracked, shards)
+                if not any(s.here for s in tracked):
+                    waited = 0.0 if first else start_timeout
+                    if _claim(client, tracked, clock, waited, shards) is not None:
+                        first = False
+                        continue
+                _crash_dead(client, tracked, store, shards, clock, grace, never_started)
+                sleep(poll)
+        finally:
+            for shard in tracked:
+                if shard.here is not None and shard.here.poll() is None:
+                    shard.here.terminate()  # the parent is stopping: so does the shard it started
     return [
-        {"flow_run_id": str(run.id), "state": run.state.type.value if run.state else None,
-         "message": run.state.message if run.state else None}
-        for run in runs
-    ]  # fmt: skip
+        {"flow_run_id": str(s.run_id), "state": s.state, "message": s.message, "here": s.claimed_here}
+        for s in tracked
+    ]
+
+
+def _refresh(client: Any, tracked: list[_Shard], clock: Callable[[], float]) -> None:
+    for shard in tracked:
+        run = client.read_flow_run(shard.run_id)
+        shard.state = run.state.type.value if run.state else None
+        shard.message = run.state.message if run.state else None
+        if shard.state != "PENDING":
+            shard.pending_since = None
+        elif shard.pending_since is None:
+            shard.pending_since = clock()
+
+
+def _claim(
+    client: Any, tracked: list[_Shard], clock: Callable[[], float], waited: float, shards: int
+) -> _Shard | None:
+    """Claim the first shard no worker has claimed for `waited` seconds, and start it here."""
+    from prefect.logging import get_run_logger
+    from prefect.states import Pending
+
+    for shard in tracked:
+        if shard.state != "SCHEDULED" or clock() - shard.created < waited:
+            continue
+        result = client.set_flow_run_state(shard.run_id, Pending())
+        if result.status.value != "ACCEPT":
+            continue  # a worker claimed it first
+        if waited:
+            get_run_logger().warning(
+                "shard %s: no worker started it within %g s; running it in this run's process "
+                "(give each machine a worker with --limit 1 for one shard per machine)",
+                shard_name(shard.index, shards), waited,
+            )  # fmt: skip
+        shard.here, shard.claimed_here = _execute(client, shard.run_id), True
+        return shard
+    return None
+
+
+def _execute(client: Any, run_id: Any) -> subprocess.Popen[bytes]:
+    """`prefect flow-run execute RUN` in a child process, as a process worker starts a run: this
+    process's environment (the worker gave it the key and the service), the API this run talks to, and
+    the deployment's job variables' `env` (the heartbeat frequency)."""
+    from prefect.settings import PREFECT_API_URL
+
+    run = client.read_flow_run(run_id)
+    job_env = client.read_deployment(run.deployment_id).job_variables.get("env") or {}
+    env = {**os.environ, **{k: str(v) for k, v in job_env.items()}, "PREFECT__FLOW_RUN_ID": str(run_id)}
+    if url := PREFECT_API_URL.value():
+        env["PREFECT_API_URL"] = str(url)
+    command = [sys.executable, "-m", "prefect", "flow-run", "execute", str(run_id)]
+    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+
+
+def _reap(client: Any, tracked: list[_Shard], shards: int) -> None:
+    """A shard process of ours that has exited: its run is final, or it died and is marked Crashed."""
+    from prefect.states import Crashed
+
+    for shard in tracked:
+        if shard.here is None or (code := shard.here.poll()) is None:
+            continue
+        shard.here = None
+        if shard.state not in FINAL:
+            gone = f"shard {shard_name(shard.index, shards)}: its process exited ({code}) before it ended"
+            client.set_flow_run_state(shard.run_id, Crashed(message=gone), force=True)
+            shard.state, shard.message = "CRASHED", gone
+
+
+def _crash_dead(
+    client: Any,
+    tracked: list[_Shard],
+    store: OutputStore,
+    shards: int,
+    clock: Callable[[], float],
+    grace: float,
+    never_started: float,
+) -> None:
+    """Mark Crashed a worker's shard that never started, or that runs with its lock free (its machine
+    died: it never reports an end)."""
+    from prefect.states import Crashed
+
+    for shard in tracked:
+        name = shard_name(shard.index, shards)
+        if shard.here is not None:
+            continue
+        gone = None
+        if shard.pending_since is not None and clock() - shard.pending_since > never_started:
+            gone = f"shard {name}: a worker claimed it but it had not started {never_started:g} s later"
+        if shard.state != "RUNNING" or store.shard_held(name):
+            shard.unheld_since = None
+        elif shard.unheld_since is None:
+            shard.unheld_since = clock()
+        elif clock() - shard.unheld_since > grace:
+            gone = f"shard {name}: its process is gone (lock free for {grace:g} s)"
+        if gone:
+            client.set_flow_run_state(shard.run_id, Crashed(message=gone), force=True)
 
 
 def records_after(
