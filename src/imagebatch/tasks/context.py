@@ -219,7 +219,7 @@ class RunContext:
         """Where the API key came from, for the message of a 401."""
         self.halt = threading.Event()
         self.halt_reason: str | None = None
-        self.results = RecordSpool(store.root)
+        self.results = RecordSpool(store.spool_folder)
         """Records of each finished unit, by unit index (tasks return nothing: Prefect keeps results)."""
         self.started_keys: set[str] = set()
         """Keys with an attempt started in this run."""
@@ -235,7 +235,7 @@ class RunContext:
             self.rate_limited += 1
 
     def _write_failed(self, exc: OSError) -> None:
-        self.stop_dispatch(storage_message(self.store.root, exc))
+        self.stop_dispatch(storage_message(self.store.where, exc))
 
     def stop_dispatch(self, reason: str) -> None:
         if not self.halt.is_set():

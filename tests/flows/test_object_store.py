@@ -1,0 +1,91 @@
+"""`--out s3://bucket/prefix`: runs into a real S3-compatible server (moto, on 127.0.0.1) with the same
+guarantees as a local folder (issue 19)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flow_helpers import cli, summary_counts
+
+from imagebatch.flows.cli import EXIT_OK, EXIT_USAGE
+from imagebatch.tasks.store import OutputStore
+
+
+def _results(objects: dict[str, bytes]) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(objects["results.csv"].decode())))
+
+
+def test_a_run_into_a_bucket_writes_every_record_and_its_rerun_sends_nothing(
+    s3: Any, examples: Path, capsys: Any, service_env: Any
+) -> None:
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/catalog"
+    code, out, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", url, "--concurrency", "4")
+    assert code == EXIT_OK, err
+    objects = s3.objects(bucket, "catalog")
+    rows = _results(objects)
+    assert rows and {r["status"] for r in rows} == {"succeeded"}
+    for row in rows:
+        for path in row["paths"].split(";"):
+            assert objects[path].startswith((b"\x89PNG", b"\xff\xd8\xff")), path
+    assert [n for n in objects if n.startswith("journal/")] == ["journal/00000001-compact.jsonl"]
+    run = json.loads(objects["run.json"])
+    assert run["state"] == "finished" and run["out"] == url
+    assert "report.html" in objects and any(n.startswith("thumbs/") for n in objects)
+    assert "usage-summary.csv" in objects and ".imagebatch.lease" in objects
+    assert f"imagebatch: {len(rows)} request(s) -> {url}" in out
+    # The API key and the store's secret are in no object.
+    for name, data in objects.items():
+        assert service_env.api_key.encode() not in data, name
+        assert s3.secret_key.encode() not in data, name
+    sent = len(service_env.requests())
+    assert sent == len(rows)
+
+    code, out, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", url)
+    assert code == EXIT_OK, err
+    assert len(service_env.requests()) == sent  # the rerun sent nothing
+    assert summary_counts(out) == {"skipped": len(rows)}
+    assert {r["status"] for r in _results(s3.objects(bucket, "catalog"))} == {"skipped"}
+
+    s3.client.delete_object(Bucket=bucket, Key="catalog/report.html")
+    code, out, err = cli(capsys, "report", url)
+    assert code == EXIT_OK and out.strip() == f"{url}/report.html", err
+    page = s3.objects(bucket, "catalog")["report.html"].decode()
+    assert page.count('<img loading="lazy" src="thumbs/') == len(rows)  # the thumbnails kept, not remade
+
+
+def test_a_second_live_run_on_one_prefix_exits_2(
+    s3: Any, examples: Path, capsys: Any, service_env: Any
+) -> None:
+    url = f"s3://{s3.bucket()}/held"
+    with OutputStore(url).exclusive():
+        code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", url)
+    assert code == EXIT_USAGE, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"is using {url}: wait for it to finish" in lines[0]
+    assert "another imagebatch run (" in lines[0] and "Traceback" not in err
+    assert service_env.requests() == []
+
+
+@pytest.mark.parametrize("fault", ["missing bucket", "bad credentials"])
+def test_a_missing_bucket_or_refused_credentials_exit_2_before_prefect_starts(
+    fault: str, s3: Any, examples: Path, capsys: Any, service_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = "no-such-bucket-ib" if fault == "missing bucket" else s3.bucket()
+    if fault == "bad credentials":
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "a-wrong-secret-value")
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # Prefect would fail, were it reached
+    code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", f"s3://{bucket}/x")
+    assert code == EXIT_USAGE, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"--out s3://{bucket}/x: " in lines[0], err
+    cause = "does not exist (NoSuchBucket" if fault == "missing bucket" else "refused the credentials"
+    assert f"the bucket '{bucket}' " in lines[0]
+    assert cause in lines[0] and lines[0].endswith("nothing was sent.")
+    assert "a-wrong-secret-value" not in err and s3.secret_key not in err
+    assert service_env.requests() == []
