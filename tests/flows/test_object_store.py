@@ -89,3 +89,96 @@ def test_a_missing_bucket_or_refused_credentials_exit_2_before_prefect_starts(
     assert cause in lines[0] and lines[0].endswith("nothing was sent.")
     assert "a-wrong-secret-value" not in err and s3.secret_key not in err
     assert service_env.requests() == []
+
+
+@pytest.fixture
+def faults(s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fault-injecting proxy in front of the S3 server, the run's store pointed at it, and obstore's
+    backoff shortened (the same retries, waits of milliseconds)."""
+    from datetime import timedelta
+
+    from helpers.s3 import FaultProxy
+
+    import imagebatch.tasks.objectstore as objectstore
+
+    proxy = FaultProxy(s3.url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    quick = {"init_backoff": timedelta(milliseconds=5), "max_backoff": timedelta(milliseconds=50), "base": 2}
+    monkeypatch.setattr(objectstore, "RETRY", {**objectstore.RETRY, "backoff": quick})
+    yield proxy
+    proxy.stop()
+
+
+def test_throttling_errors_and_dropped_connections_are_retried(
+    faults: Any, s3: Any, examples: Path, capsys: Any, service_env: Any
+) -> None:
+    script = {2: 503, 3: 500}  # two early requests (the preflight's)
+    image_faults = {2: 503, 4: 500, 6: "drop"}  # the 2nd, 4th and 6th image PUTs
+    seen = {"images": 0, "journal": 0}
+
+    def rule(method: str, path: str, n: int) -> Any:
+        if n in script:
+            return script[n]
+        for kind in seen:
+            if method == "PUT" and f"/{kind}/" in path:
+                seen[kind] += 1
+                if kind == "images":
+                    return image_faults.get(seen[kind])
+                if seen[kind] == 3:
+                    return (
+                        "drop-after"  # the segment landed, its answer was lost: the retried create finds it
+                    )
+        return None
+
+    faults.rule = rule
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/faults"
+    code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", url, "--concurrency", "4")
+    assert code == EXIT_OK, err
+    injected = [f for _, _, f in faults.log if f is not None]
+    assert {503, 500, "drop", "drop-after"} <= set(injected), injected
+    rows = _results(s3.objects(bucket, "faults"))
+    assert {r["status"] for r in rows} == {"succeeded"}
+    received = [r["idempotency_key"] for r in service_env.requests()]
+    assert len(received) == len(set(received)) == len(rows)  # nothing sent twice
+
+
+def test_a_store_that_fails_for_good_stops_the_run_as_a_full_disk_does(
+    faults: Any, s3: Any, tmp_path: Path, capsys: Any, service_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import imagebatch.tasks.objectstore as objectstore
+
+    monkeypatch.setattr(objectstore, "RETRY", {**objectstore.RETRY, "max_retries": 2})
+    images = [0]
+
+    def rule(method: str, path: str, n: int) -> Any:
+        if method == "PUT" and "/images/" in path:
+            images[0] += 1
+            return 500 if images[0] > 3 else None  # three images saved, then the store fails for good
+        return None
+
+    faults.rule = rule
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(
+        "".join(json.dumps({"id": f"j{i:02d}", "prompt": f"vase {i}"}) + "\n" for i in range(30))
+    )
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/broken"
+    code, out, err = cli(capsys, "run", str(manifest), "--out", url, "--concurrency", "2")
+    assert code == 1, err
+    assert f"Stopped early: cannot write to {url}: writing {url}/images/" in err
+    assert "InternalError, HTTP 500: fix it, then rerun" in err
+    counts = summary_counts(out)
+    assert counts["succeeded"] == 3 and counts.get("unknown", 0) >= 1 and counts.get("not_attempted", 0) >= 20
+    sent = len(service_env.requests())
+    assert sent == counts["succeeded"] + counts["unknown"]  # nothing sent after the failed write
+
+    faults.rule = lambda method, path, n: None
+    code, out, err = cli(capsys, "run", str(manifest), "--out", url, "--concurrency", "2")
+    assert summary_counts(out) == {
+        "skipped": 3,
+        "unknown": counts["unknown"],
+        "succeeded": 30 - 3 - counts["unknown"],
+    }
+    received = [r["idempotency_key"] for r in service_env.requests()]
+    assert len(received) == len(set(received))

@@ -68,3 +68,76 @@ class S3Server:
 
     def stop(self) -> None:
         self._server.stop()
+
+
+class FaultProxy:
+    """A small HTTP proxy on 127.0.0.1 in front of the S3 server that answers some requests itself with a
+    fault: `rule(method, path, n)` (n: the request's number, from 1) returns None to pass the request on,
+    or 503 / 500 (an S3 error body: SlowDown, InternalError), "drop" (the connection closed with no
+    answer, before the request reaches the server) or "drop-after" (passed on, then closed unanswered).
+    `log` lists (method, path, fault) of every request."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.server
+        import threading
+
+        self.upstream = upstream
+        self.rule: Any = lambda method, path, n: None
+        self.log: list[tuple[str, str, Any]] = []
+        self._lock = threading.Lock()
+        self._client = httpx.Client(timeout=30)
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _any(self) -> None:
+                proxy.handle(self)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def handle(self, h: Any) -> None:
+        body = h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        with self._lock:
+            n = len(self.log) + 1
+            fault = self.rule(h.command, h.path, n)
+            self.log.append((h.command, h.path, fault))
+        if fault == "drop":
+            h.close_connection = True
+            h.connection.shutdown(2)
+            return
+        if fault in (500, 503):
+            code = "SlowDown" if fault == 503 else "InternalError"
+            payload = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+            h.send_response(fault)
+            h.send_header("Content-Length", str(len(payload)))
+            h.end_headers()
+            h.wfile.write(payload)
+            return
+        # The Host header is passed on as signed (the server checks the signature, which covers it).
+        headers = {k: v for k, v in h.headers.items() if k.lower() != "content-length"}
+        answer = self._client.request(h.command, self.upstream + h.path, headers=headers, content=body)
+        if fault == "drop-after":
+            h.close_connection = True
+            h.connection.shutdown(2)
+            return
+        h.send_response(answer.status_code)
+        for k, v in answer.headers.items():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding"):
+                h.send_header(k, v)
+        h.send_header("Content-Length", str(len(answer.content)))
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(answer.content)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._client.close()
