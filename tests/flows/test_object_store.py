@@ -6,6 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +185,72 @@ def test_a_store_that_fails_for_good_stops_the_run_as_a_full_disk_does(
     }
     received = [r["idempotency_key"] for r in service_env.requests()]
     assert len(received) == len(set(received))
+
+
+def test_kill_9_mid_run_then_a_rerun_from_another_folder_and_home_sends_nothing_twice(
+    s3: Any, service_env: Any, prefect_harness: str, tmp_path: Path
+) -> None:
+    import asyncio
+    import signal
+    from collections import Counter
+
+    from test_crash import JOBS, PASS_FIRST, Gate, start_run
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(
+        "".join(json.dumps({"id": f"job{i:02d}", "prompt": f"crash {i}"}) + "\n" for i in range(JOBS))
+    )
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/killed"
+    gate = Gate(PASS_FIRST)
+    service_env.configure(latency=0.001, sleep=gate)
+    child = start_run(service_env, prefect_harness, manifest, url, concurrency=3, text=False)  # type: ignore[arg-type]
+    try:
+        assert gate.closed_on_someone.wait(timeout=180), child.stderr.read().decode() if child.poll() else ""
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        gate.release.set()
+        if child.poll() is None:
+            child.kill()
+        if child.stderr:
+            child.stderr.close()
+    service_env.configure(sleep=asyncio.sleep, latency=0.0)
+    states = OutputStore(url).load_state()
+    in_doubt = {k for k, s in states.items() if s.status == "unknown"}
+    assert in_doubt and any(s.status == "succeeded" for s in states.values())
+    before = Counter(r["idempotency_key"] for r in service_env.requests())
+
+    # The dead run's lease is live for LEASE_SECONDS: the next run is refused until then ...
+    elsewhere = tmp_path / "machine-b"
+    elsewhere.mkdir()
+    env = {**os.environ, "HOME": str(elsewhere), "PREFECT_HOME": str(elsewhere / ".prefect")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "imagebatch.flows.cli",
+        "run",
+        str(manifest),
+        "--out",
+        url,
+        "--concurrency",
+        "3",
+    ]
+    env |= {"IMAGEBATCH_BASE_URL": service_env.url, "IMAGEBATCH_API_KEY": service_env.api_key}
+    env["PREFECT_API_URL"] = prefect_harness
+    refused = subprocess.run(cmd, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == EXIT_USAGE and "is using " + url in refused.stderr
+    # ... and once it has expired (its expiry moved into the past: the time passed), another machine's
+    # run, in another working folder with another HOME, takes the prefix over.
+    key = "killed/.imagebatch.lease"
+    lease = json.loads(s3.client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    s3.client.put_object(Bucket=bucket, Key=key, Body=json.dumps({**lease, "expires_at": 0}).encode())
+    rerun = subprocess.run(cmd, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 1, rerun.stderr  # the in-doubt requests stay unknown
+    rows = _results(s3.objects(bucket, "killed"))
+    statuses = Counter(r["status"] for r in rows)
+    assert statuses["unknown"] == len(in_doubt)
+    assert statuses["succeeded"] + statuses["skipped"] + statuses["unknown"] == JOBS
+    received = Counter(r["idempotency_key"] for r in service_env.requests())
+    assert max(received.values()) == 1, received
+    assert not set(received - before) & (in_doubt | set(before))
