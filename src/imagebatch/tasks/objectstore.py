@@ -15,6 +15,7 @@ compare-and-swap on an ETag (`If-Match`), through `obstore` (Rust `object_store`
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import json
@@ -170,6 +171,19 @@ class ObjectLocation:
         with self._failing("deleting", name), contextlib.suppress(FileNotFoundError):
             obstore.delete(self.store, name)
 
+    def delete_many(self, names: builtins.list[str]) -> None:
+        """Remove `names` in bulk (S3's DeleteObjects: up to 1,000 a request)."""
+        if names:
+            with self._failing("deleting", names[0]):
+                obstore.delete(self.store, names)
+
+    def get_many(self, names: builtins.list[str]) -> builtins.list[bytes | None]:
+        """The bytes of `names`, in order, fetched `READ_THREADS` at a time."""
+        if len(names) <= 1:
+            return [self.get(n) for n in names]
+        with ThreadPoolExecutor(min(READ_THREADS, len(names)), thread_name_prefix="imagebatch-read") as ex:
+            return list(ex.map(self.get, names))
+
     def check(self) -> str | None:
         """Why this place cannot be used (a missing bucket, refused credentials, no endpoint), in one
         line naming the bucket; None if a listing works."""
@@ -229,13 +243,7 @@ def read_lines(data: bytes) -> Iterator[dict[str, Any]]:
 
 def read_journal(loc: ObjectLocation) -> Iterator[dict[str, Any]]:
     """Every line of the journal (and the usage lines it carries), in order; segments fetched in parallel."""
-    names = journal_objects(loc.list(JOURNAL))
-    if len(names) <= 1:
-        blobs = [loc.get(n) for n in names]
-    else:
-        with ThreadPoolExecutor(min(READ_THREADS, len(names)), thread_name_prefix="imagebatch-replay") as ex:
-            blobs = list(ex.map(loc.get, names))
-    for blob in blobs:
+    for blob in loc.get_many(journal_objects(loc.list(JOURNAL))):
         if blob is not None:  # a segment removed since the listing (a compaction): its lines are in it
             yield from read_lines(blob)
 
@@ -317,14 +325,13 @@ class SegmentJournal:
             names = journal_objects(self.loc.list(JOURNAL))
             if len(names) <= 1 and (not names or names[0].endswith("-compact.jsonl")):
                 return
-            blobs = [self.loc.get(n) or b"" for n in names]
+            blobs = [b or b"" for b in self.loc.get_many(names)]
             data = b"".join(b if not b or b.endswith(b"\n") else b + b"\n" for b in blobs)
             self.fence()
             target = f"{JOURNAL}{self.run:08d}-compact.jsonl"
             if not self.loc.put_new(target, data):
                 raise StoreError(errno.EEXIST, f"{self.loc.url}/{target} exists: another run is writing here")
-            for name in names:
-                self.loc.delete(name)
+            self.loc.delete_many(names)
             self.run += 1
             self._seq = 0
 
