@@ -56,3 +56,21 @@ def emulator(emulator_server: EmulatorServer) -> Iterator[EmulatorServer]:
     emulator_server.reset()
     yield emulator_server
     emulator_server.reset()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[object]:
+    """A real S3-compatible server (moto) on 127.0.0.1 for the session: see tests/helpers/s3.py."""
+    from helpers.s3 import S3Server
+
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: object, monkeypatch: pytest.MonkeyPatch) -> object:
+    """The session's S3 server, its address and a valid key in the standard AWS_* variables."""
+    for name, value in s3_server.env().items():  # type: ignore[attr-defined]
+        monkeypatch.setenv(name, value)
+    return s3_server

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     _validate_arguments(sub.add_parser("validate", help="check a manifest and print its plan; sends nothing"))
     _emulator_arguments(sub.add_parser("emulator", help="serve the emulated gateway on loopback"))
     report = sub.add_parser("report", help="(re)build the contact sheet report.html of an output folder")
-    report.add_argument("out", type=Path, help="an output folder of `imagebatch run`")
+    report.add_argument("out", help="an output folder of `imagebatch run`, or its s3://bucket/prefix")
     _deploy_arguments(
         sub.add_parser(
             "deploy",
@@ -124,16 +124,25 @@ def _estimate(manifest: Path, prices: str, files_root: list[str] | None) -> int:
     return EXIT_OK
 
 
-def _report(out: Path) -> int:
-    from imagebatch.report import build_report
+def _report(out: str) -> int:
+    """`imagebatch report OUT`: a local folder, or an object store's `s3://bucket/prefix` (the report is
+    built from its records and thumbnails, fetched, and uploaded next to them)."""
+    from imagebatch.flows.config import UsageError, check_output_store, output_location
+    from imagebatch.tasks.store import OutputStore
 
-    if not (out / "results.csv").is_file():
-        print(
-            f"imagebatch report: {out} has no results.csv (not an output folder of a finished run)",
-            file=sys.stderr,
-        )
+    where = output_location(out)
+    try:
+        if isinstance(where, str):
+            check_output_store(where, lock=False)
+        store = OutputStore(where)
+        if not store.location.exists("results.csv"):
+            why = "has no results.csv (not an output folder of a finished run)"
+            print(f"imagebatch report: {store.where} {why}", file=sys.stderr)
+            return EXIT_USAGE
+        print(store.build_report())
+    except (UsageError, OSError) as exc:
+        print(f"imagebatch report: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(build_report(out))
     return EXIT_OK
 
 

@@ -17,6 +17,7 @@ from imagebatch.gateway.client import normalise_base_url
 from imagebatch.gateway.errors import ConfigurationError
 from imagebatch.manifest import Manifest, load_manifest
 from imagebatch.tasks.prices import ENV_PRICES, PriceError, PriceTable
+from imagebatch.tasks.storage import is_object_url
 from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 MAX_CONCURRENCY = 256
@@ -90,6 +91,44 @@ def locked(exc: OutputLockedError) -> UsageError:
     return UsageError(f"{exc}: wait for it to finish (two runs into one folder would send twice)")
 
 
+def out_text(out: Path | str) -> str:
+    """The output location as run.json and a shard's parameters name it: a folder's absolute path, or the
+    object store's URL."""
+    return out if isinstance(out, str) else str(out.resolve())
+
+
+def output_location(out: str | Path) -> Path | str:
+    """`--out` as the run keeps it: an object store's URL (`s3://bucket/prefix`) as text, else a path."""
+    text = str(out)
+    return text.rstrip("/") if is_object_url(text) else Path(text.removeprefix("file://"))
+
+
+def check_output_store(url: str, lock: bool = True) -> None:
+    """The bucket exists and takes these credentials (a listing), and (`lock`) no live run holds the
+    prefix: its lease is taken and released, which also proves that it can be written. One line naming
+    the bucket and the cause, never a credential (they come from the store's standard chain)."""
+    from imagebatch.tasks.objectstore import ObjectLocation
+
+    try:
+        loc = ObjectLocation(url)
+    except ValueError as exc:
+        raise UsageError(f"--out {url}: {exc}") from None
+    except Exception as exc:  # obstore refuses its configuration (an unknown region, a bad variable)
+        cause = f"the store's configuration is refused ({type(exc).__name__})"
+        raise UsageError(f"--out {url}: {cause}") from None
+    why = loc.check()
+    if why:
+        raise UsageError(f"--out {loc.url}: {why}")
+    if lock:
+        try:
+            with OutputStore(url).exclusive():
+                pass
+        except OutputLockedError as exc:
+            raise locked(exc) from None
+        except OSError as exc:
+            raise UsageError(f"--out {loc.url} cannot be written: {exc.strerror or exc}") from None
+
+
 def check_output_folder(out: Path, lock: bool = True) -> None:
     """The folder can be created and written, and (`lock`) no other run holds it (the run takes the lock
     itself; a shard's run does not look: its parent and the other shards hold it, shared)."""
@@ -113,7 +152,8 @@ class Preflight:
     """What the checks made before a run found: the loaded manifest and the service root (None: emulator)."""
 
     manifest: Manifest
-    out: Path
+    out: Path | str
+    """The output folder, or an object store's URL (`s3://bucket/prefix`)."""
     base_url: str | None
     prices: PriceTable | None = None
 
@@ -158,5 +198,9 @@ def preflight(
         if not key:
             raise UsageError(f"{url} needs an API key: set {ENV_API_KEY} (or --api-key-block NAME)")
         check_api_key(key)
-    check_output_folder(Path(out), lock=not shard)
-    return Preflight(loaded, Path(out), url, table)
+    where = output_location(out)
+    if isinstance(where, str):
+        check_output_store(where, lock=not shard)
+    else:
+        check_output_folder(where, lock=not shard)
+    return Preflight(loaded, where, url, table)

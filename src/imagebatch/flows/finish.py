@@ -18,13 +18,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import imagebatch
-from imagebatch.flows.config import Preflight
-from imagebatch.report import build_report
+from imagebatch.flows.config import Preflight, out_text
 from imagebatch.tasks.context import Unit
 from imagebatch.tasks.prices import PriceTable
 from imagebatch.tasks.records import storage_message
 from imagebatch.tasks.store import STATUSES, OutputStore, RequestRecord
-from imagebatch.tasks.usage import usage_summary, write_usage_summary
+from imagebatch.tasks.usage import summarise_usage, usage_csv
 
 
 class RunRecords:
@@ -88,12 +87,12 @@ def write_files(
     try:
         store.write_results(rows, list(checked.manifest.metadata_columns))
     except OSError as exc:
-        unwritten.append(f"results.csv not written: {storage_message(store.root, exc)}")
-    usage = usage_summary(store.root, records)
+        unwritten.append(f"results.csv not written: {storage_message(store.where, exc)}")
+    usage = summarise_usage(store.usage_lines(), records)
     try:
-        write_usage_summary(store.root, usage)
+        store.write_top("usage-summary.csv", usage_csv(usage))
     except OSError as exc:
-        unwritten.append(f"usage-summary.csv not written: {storage_message(store.root, exc)}")
+        unwritten.append(f"usage-summary.csv not written: {storage_message(store.where, exc)}")
     counts = Counter(r.status for r in records)
     info["usage"] = [row.to_dict() for row in usage]
     if price_table is not None:
@@ -109,11 +108,11 @@ def write_files(
     try:
         store.write_run(info)
     except OSError as exc:
-        unwritten.append(f"run.json not written: {storage_message(store.root, exc)}")
+        unwritten.append(f"run.json not written: {storage_message(store.where, exc)}")
     try:
         if report:
             plan = {req.idempotency_key: req for unit in units for req in unit.requests}  # not loaded again
-            info["report"] = str(build_report(store.root, details=plan))
+            info["report"] = store.build_report(plan)
     except Exception as exc:  # the report is a view of the records, never a reason to fail the run
         unwritten.append(f"report.html not written: {exc}")
     if unwritten:
@@ -151,7 +150,7 @@ def run_info(
     return {
         "manifest": str(checked.manifest.path),
         "manifest_sha256": checked.manifest.sha256,
-        "out": str(checked.out.resolve()),
+        "out": out_text(checked.out),
         "service": checked.base_url or "embedded emulator",
         "options": {
             "concurrency": concurrency,

@@ -15,6 +15,7 @@ nothing, and deployments always run the flow.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from imagebatch.flows.config import Preflight, key_source
@@ -43,9 +44,11 @@ def settle_without_prefect(
     """The run's summary if it has nothing to send (its records written), else None (the flow runs).
 
     None too when the folder has no journal yet (a first run) or is held by another run (the flow then
-    says so as usual)."""
+    says so as usual), and for an output in object storage (`tasks.objectstore`)."""
+    if force or not isinstance(checked.out, Path):  # an object store's output: the flow, as before
+        return None
     store = OutputStore(checked.out)
-    if force or not store.journal_path.is_file():
+    if not store.journal_path.is_file():
         return None
     try:
         with store.exclusive():

@@ -262,7 +262,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
     try:
         with (
             api,
-            interrupts(hooks, err, server, ending, checked.out / "run.json") as signals,
+            interrupts(hooks, err, server, ending, _run_json(checked)) as signals,
             progress,
             run_hooks(hooks),
             guarding(guard),
@@ -311,6 +311,12 @@ def _generate(args: argparse.Namespace, guard: PrefectGuard) -> dict[str, Any]:
             raise
         guard.lose(f"its flow engine could not record the run's end: {exc!r}")
         return guard.result
+
+
+def _run_json(checked: Preflight) -> Path | None:
+    """The run.json a second signal marks abandoned: a local folder's (a bucket's run is marked by the
+    next run, which finds its lease expired)."""
+    return checked.out / "run.json" if isinstance(checked.out, Path) else None
 
 
 def _settled(args: argparse.Namespace, checked: Preflight) -> dict[str, Any] | None:

@@ -39,7 +39,7 @@ def run_chain(ctx: RunContext, unit: Unit, out: list[RequestRecord]) -> list[Req
             blocked = out[-1].error
             continue
         if len(history) < req.turn_index:
-            path = ctx.store.chain_path(first.job_id, first.request_index).relative_to(ctx.store.root)
+            path = ctx.store.chain_name(first.job_id, first.request_index)
             why = (
                 f"{path} lacks the earlier turns this turn must send back; "
                 "rerun with --force to make the whole chain again (each turn is billed)"

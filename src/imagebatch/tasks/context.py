@@ -273,9 +273,9 @@ class RunContext:
         """Where the API key came from, for the message of a 401."""
         self.halt = threading.Event()
         self.halt_reason: str | None = None
-        self.reserve = DiskReserve(store.root, reserve_size(requests))
+        self.reserve = DiskReserve(store.spool_folder, reserve_size(requests))
         """Room for the run's end on a full disk: `end_dispatch` gives it back."""
-        self.results = RecordSpool(store.root)
+        self.results = RecordSpool(store.spool_folder)
         """Records of each finished unit, by unit index (tasks return nothing: Prefect keeps results)."""
         self.started_keys: set[str] = set()
         """Keys with an attempt started in this run."""
@@ -296,7 +296,7 @@ class RunContext:
             self.rate_limited += 1
 
     def _write_failed(self, exc: OSError) -> None:
-        self.stop_dispatch(storage_message(self.store.root, exc))
+        self.stop_dispatch(storage_message(self.store.where, exc))
 
     def stop_dispatch(self, reason: str) -> None:
         if not self.halt.is_set():

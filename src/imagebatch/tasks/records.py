@@ -151,7 +151,7 @@ def not_journaled(req: PlannedRequest, attempt: int, why: str) -> RequestRecord:
     return record(req, "unknown", attempts=attempt - 1, error=f"{why}; {UNKNOWN_HINT}")
 
 
-def storage_message(out: Path, exc: OSError) -> str:
+def storage_message(out: Path | str, exc: OSError) -> str:
     """One line for a failed write to the output folder, saying what to do."""
     if exc.errno == errno.ENOSPC:
         return f"disk full at {out}: free space, then rerun"

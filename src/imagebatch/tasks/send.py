@@ -18,7 +18,6 @@ from imagebatch.gateway.errors import GatewayError
 from imagebatch.gateway.requests import GatewayRequest
 from imagebatch.gateway.results import AttemptEvent, AttemptFinished, AttemptStarted
 from imagebatch.manifest import PlannedRequest
-from imagebatch.report import make_thumbnail
 
 from . import records
 from .context import RunContext
@@ -92,7 +91,7 @@ def send_and_record(
     if record.status == "succeeded" and ctx.thumbnails:  # the report's, from the bytes still in memory
         for rel, data in written:
             if rel.endswith((".png", ".jpg")):
-                make_thumbnail(store.root, rel, data)
+                store.thumbnail(rel, data)
     return record, result
 
 

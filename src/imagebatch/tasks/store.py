@@ -1,6 +1,8 @@
-"""The output directory: the source of truth for what has been done.
+"""The output location (a local folder, or an object store's prefix): the source of truth for what has
+been done. Its bytes go through the storage seam (`tasks.storage.Location`); this module keeps the
+protocol: what is written, in which order, and how a rerun replays it.
 
-Layout::
+Layout of a local folder::
 
     images/          every image and text output, written atomically (temporary file, then rename)
     chains/          the edit history of each chain, as the service returned it, after each turn
@@ -15,6 +17,11 @@ Layout::
 A rerun reads the journal, not Prefect's database, so a copied output directory resumes correctly. A line
 cut short by a crash (kill -9 in the middle of a write) is ignored when the journal is read.
 
+In an object store (`s3://bucket/prefix`, `tasks.objectstore`) the same names hold whole objects, except
+the journal: its lines (and usage's, as `"event": "usage"` lines) go to `journal/<run>-<seq>.jsonl`
+segments, one create-only PUT per group commit, compacted into one object at the end of a run; the lock is
+the lease object `.imagebatch.lease`; `thumbs/` and `report*.html` are uploaded whole.
+
 One module on purpose (about 490 lines): the journal's write order, its replay (`load_state`), the
 locks and the shards' merge are one protocol; split, each half would have to restate the other's rules.
 """
@@ -22,13 +29,14 @@ locks and the shards' merge are one protocol; split, each half would have to res
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import io
 import json
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
@@ -36,9 +44,14 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 from imagebatch.gateway import AttemptEvent, AttemptStarted
 
 from .csvcells import write_csv
+from .storage import LocalFolder, Location, OutputLockedError, atomic_file, open_location, write_atomic
 
 if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
+
+    from .objectstore import Lease, ObjectLocation, SegmentJournal
+
+__all__ = ["OutputLockedError", "atomic_file", "write_atomic"]
 
 Status = Literal["succeeded", "no_image", "failed", "unknown", "not_attempted", "skipped"]
 STATUSES: tuple[Status, ...] = ("succeeded", "no_image", "failed", "unknown", "not_attempted", "skipped")
@@ -68,10 +81,6 @@ def file_stem(req: PlannedRequest, chain: bool) -> str:
     and the key in the name, so an edited row's image never overwrites the one its old key points to."""
     turn = f"-t{req.turn_index}" if chain else ""
     return f"{req.job_id}/{req.request_index}{turn}-{req.idempotency_key.removeprefix('ib1-')[:12]}"
-
-
-class OutputLockedError(RuntimeError):
-    """The output folder is held by another run."""
 
 
 @dataclass(slots=True)
@@ -106,29 +115,6 @@ class RequestRecord:
     def from_json(cls, data: dict[str, Any]) -> RequestRecord:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a reader sees either the old file or the whole new one."""
-    with atomic_file(path) as fh:
-        fh.write(data)
-
-
-@contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[BinaryIO]:
-    """A file to write that replaces `path` whole when the block ends (synced), or never if it raises."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; outputs are ordinary files others may read
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _last_byte(path: Path) -> bytes:
@@ -179,20 +165,37 @@ class KeyState:
         return "failed" if self.attempts else None
 
 
-class OutputStore:
-    """Reads and writes one output directory. Safe to share between the threads of one run."""
+_NO_FOLDER = Path("/dev/null/imagebatch-object-store")
+"""The base of an object store's local paths: never used; a stray local write there fails at once."""
 
-    def __init__(self, root: Path, shard: str | None = None) -> None:
-        self.root = Path(root)
+
+class OutputStore:
+    """Reads and writes one output location (a local folder, or an object store's prefix: see the module
+    docstring). Safe to share between the threads of one run.
+
+    `clock`: the wall clock an object store's lease is timed by (tests inject one)."""
+
+    def __init__(
+        self, root: Path | str, shard: str | None = None, *, clock: Callable[[], float] | None = None
+    ) -> None:
+        self.location: Location = open_location(root)
+        self.where = self.location.url
+        """The location as messages name it: a folder's path, or `s3://bucket/prefix` (no credential)."""
+        self._folder = self.location.root if isinstance(self.location, LocalFolder) else None
+        self.clock = clock
         self.shard = shard
         """`I-of-N` for one shard of a sharded run (its own journal and usage file), else None."""
         suffix = f".shard-{shard}" if shard else ""
-        self.images_dir = self.root / "images"
-        self.chains_dir = self.root / "chains"
-        self.journal_path = self.root / f"journal{suffix}.jsonl"
-        self.usage_path = self.root / f"usage{suffix}.jsonl"
-        self.results_path = self.root / "results.csv"
-        self.run_path = self.root / "run.json"
+        base = self._folder or _NO_FOLDER
+        self.images_dir = base / "images"
+        self.chains_dir = base / "chains"
+        self.journal_path = base / f"journal{suffix}.jsonl"
+        self.usage_path = base / f"usage{suffix}.jsonl"
+        self.results_path = base / "results.csv"
+        self.run_path = base / "run.json"
+        self._segments: SegmentJournal | None = None
+        """An object store's journal while this run holds the prefix."""
+        self._lease: Lease | None = None
         self._lock = threading.Lock()
         self._tail_checked: set[Path] = set()
         self._written: dict[Path, int] = {}
@@ -204,6 +207,29 @@ class OutputStore:
         """The first write that failed (a full disk, ...): the run stops dispatching at it."""
         self.on_write_error: Callable[[OSError], None] | None = None
 
+    @property
+    def root(self) -> Path:
+        """The local folder (an object store has none: what needs one asks the store instead)."""
+        if self._folder is None:
+            raise TypeError(f"{self.where} is an object store, not a local folder")
+        return self._folder
+
+    @property
+    def is_object_store(self) -> bool:
+        return self._folder is None
+
+    @property
+    def spool_folder(self) -> Path:
+        """Where the run keeps its records until results.csv is written: the folder, or the machine's
+        temporary folder for an object store."""
+        return self._folder or Path(tempfile.gettempdir())
+
+    def _object_location(self) -> ObjectLocation:
+        from .objectstore import ObjectLocation
+
+        assert isinstance(self.location, ObjectLocation)
+        return self.location
+
     @contextlib.contextmanager
     def _writing(self, path: Path | None = None) -> Iterator[None]:
         """Note the first failed write and tell `on_write_error`; the error goes on to the caller."""
@@ -212,11 +238,14 @@ class OutputStore:
         except OSError as exc:
             if path is not None:
                 self._tail_checked.discard(path)  # a partial line may be left: end it before the next one
-            if self.write_error is None:
-                self.write_error = exc
-                if self.on_write_error is not None:
-                    self.on_write_error(exc)
+            self._note_write_error(exc)
             raise
+
+    def _note_write_error(self, exc: OSError) -> None:
+        if self.write_error is None:
+            self.write_error = exc
+            if self.on_write_error is not None:
+                self.on_write_error(exc)
 
     @contextlib.contextmanager
     def _flock(self, name: str, mode: int, what: str) -> Iterator[None]:
@@ -237,14 +266,39 @@ class OutputStore:
 
         A shard of a sharded run holds it shared (`shard_hold`), so no run holds it alone while a shard
         runs. Holding it alone, the journals and usage files shards left (a sharded run that was killed
-        before it merged them) are merged first: every later line goes after theirs."""
+        before it merged them) are merged first: every later line goes after theirs.
+
+        In an object store, the lease (`tasks.objectstore.Lease`) is held instead, renewed in the
+        background; the journal's segments are written under it."""
+        if self._folder is None:
+            with self._leased("another imagebatch run"):
+                yield
+            return
         with self._flock(".imagebatch.lock", fcntl.LOCK_EX, "another imagebatch run"):
             self.merge_shards()
             yield
 
     @contextlib.contextmanager
+    def _leased(self, what: str) -> Iterator[None]:
+        from .objectstore import JOURNAL, Lease, SegmentJournal, next_run
+
+        loc = self._object_location()
+        lease = Lease(loc, what, clock=self.clock, on_lost=self._note_write_error)
+        lease.acquire()
+        try:
+            lease.start()
+            self._lease = lease
+            self._segments = SegmentJournal(loc, next_run(loc.list(JOURNAL)), fence=lease.check)
+            yield
+        finally:
+            self._segments = self._lease = None
+            lease.release()
+
+    @contextlib.contextmanager
     def shard_hold(self) -> Iterator[None]:
         """Hold the folder as one shard: shared with the other shards of the run, alone for this shard."""
+        if self._folder is None:
+            raise OutputLockedError(f"a sharded run into an object store ({self.where}) is not supported yet")
         with (
             self._flock(".imagebatch.lock", fcntl.LOCK_SH, "a run that is not sharded"),
             self._flock(f".imagebatch.shard-{self.shard}.lock", fcntl.LOCK_EX, f"shard {self.shard}"),
@@ -253,6 +307,8 @@ class OutputStore:
 
     def shard_held(self, shard: str) -> bool:
         """Whether a process holds shard `shard`'s lock now (a shard's process holds it while it sends)."""
+        if self._folder is None:
+            return False
         try:
             with self._flock(f".imagebatch.shard-{shard}.lock", fcntl.LOCK_EX, f"shard {shard}"):
                 return False
@@ -265,6 +321,8 @@ class OutputStore:
         merged. A crash between the append and the removal merges them twice next time: a key's events
         repeat, which only counts its attempts twice."""
         merged = 0
+        if self._folder is None:
+            return merged
         for kind in ("journal", "usage"):
             for part in sorted(self.root.glob(f"{kind}.shard-*.jsonl")):
                 lines = [line for line in part.read_bytes().splitlines(keepends=True) if line.endswith(b"\n")]
@@ -281,6 +339,8 @@ class OutputStore:
         return merged
 
     def prepare(self) -> None:
+        if self._folder is None:
+            return  # an object store has no folders to make
         self.images_dir.mkdir(parents=True, exist_ok=True)
         self.chains_dir.mkdir(parents=True, exist_ok=True)
 
@@ -326,10 +386,31 @@ class OutputStore:
         rest. A success's `attempt_finished` is followed by its synced `answered`, and its `outcome` only
         repeats what `answered` and the files on disk already say; each fsync saved is 1-4 ms of a request
         thread's time between answer and next send (bench/README.md "Throughput")."""
+        if self._folder is None:
+            self._append_segment({"event": event, **fields}, sync=sync)
+            return
         self._append(self.journal_path, {"event": event, **fields}, sync=sync)
 
+    def _append_segment(self, record: dict[str, Any], *, sync: bool) -> None:
+        """An object store's journal line: into the next segment; with `sync`, once that segment is in."""
+        line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+        with self._writing():
+            if self._segments is None:
+                raise OSError(errno.EIO, f"{self.where} is not held by this run: nothing can be journaled")
+            self._segments.append(line, sync)
+
     def sync(self) -> None:
-        """Make every line appended so far durable (the journal's and usage's unsynced lines)."""
+        """Make every line appended so far durable (the journal's and usage's unsynced lines).
+
+        In an object store, a run holding the prefix alone then compacts the journal into one object (the
+        end of a run is the one caller), so that a rerun reads one object, not every segment."""
+        if self._folder is None:
+            if self._segments is not None:
+                with self._writing():
+                    self._segments.sync()
+                    if self.shard is None:
+                        self._segments.compact()
+            return
         for path in (self.journal_path, self.usage_path):
             with self._lock:
                 written = self._written.get(path, 0)
@@ -338,7 +419,30 @@ class OutputStore:
                     self._sync_through(path, fh, written)
 
     def append_usage(self, record: dict[str, Any]) -> None:
+        if self._folder is None:
+            self._append_segment({"event": "usage", **record}, sync=False)
+            return
         self._append(self.usage_path, record, sync=False)
+
+    def usage_lines(self) -> Iterator[dict[str, Any]]:
+        """The usage ledger: one line per HTTP attempt, every run into the location."""
+        if self._folder is not None:
+            yield from read_jsonl(self.usage_path)
+            return
+        for ev in self._journal_events():
+            if ev.pop("event", None) == "usage":
+                yield ev
+
+    def _journal_events(self) -> Iterator[dict[str, Any]]:
+        """The journal's lines in order (the folder's journal, then the shards' not yet merged)."""
+        if self._folder is None:
+            from .objectstore import read_journal
+
+            yield from read_journal(self._object_location())
+            return
+        journals = [self.root / "journal.jsonl", *sorted(self.root.glob("journal.shard-*.jsonl"))]
+        for path in journals:
+            yield from read_jsonl(path)
 
     def record_outcome(self, record: RequestRecord) -> None:
         """Journal a request's outcome; a success's needs no fsync of its own (its synced `answered` and
@@ -353,10 +457,9 @@ class OutputStore:
         files are gone counts as never done, so a rerun makes them again.
         """
         states: dict[str, KeyState] = {}
-        journals = [self.root / "journal.jsonl", *sorted(self.root.glob("journal.shard-*.jsonl"))]
-        for ev in (ev for path in journals for ev in read_jsonl(path)):
+        for ev in self._journal_events():
             key = ev.get("idempotency_key")
-            if not isinstance(key, str):
+            if not isinstance(key, str) or ev.get("event") == "usage":
                 continue
             st = states.setdefault(key, KeyState())
             kind = ev.get("event")
@@ -385,38 +488,79 @@ class OutputStore:
                 st.outcome is None
                 and st.answered is not None
                 and not st.pending
-                and self._files_exist(st.answered)
+                and self._files_exist(st.answered, settled=False)
             ):
                 st.outcome = st.answered
             elif (
                 st.outcome is not None
                 and st.outcome.status == "succeeded"
-                and not self._files_exist(st.outcome)
+                and not self._files_exist(st.outcome, settled=True)
             ):
                 st.outcome = None
                 st.attempts = 0  # its files were removed: make it again
         return states
 
-    def _files_exist(self, record: RequestRecord) -> bool:
+    def _files_exist(self, record: RequestRecord, *, settled: bool) -> bool:
+        """Whether a record's files are all there. In an object store a settled outcome is trusted (it was
+        journaled after its files were written): a rerun reads no image and makes no request per image;
+        only an answer whose outcome was never journaled has its files looked up (HEAD)."""
+        if self._folder is None:
+            return settled or all(self.location.exists(p) for p in record.paths)
         return all((self.root / p).is_file() for p in record.paths)
 
     # -- files --
 
     def write_file(self, name: str, data: bytes) -> str:
         """Write an output file under images/ atomically; return its path relative to the output folder."""
+        if self._folder is None:
+            with self._writing():
+                self.location.put(f"images/{name}", data)
+            return f"images/{name}"
         path = self.images_dir / name
         with self._writing():
             write_atomic(path, data)
         return path.relative_to(self.root).as_posix()
 
+    def thumbnail(self, rel: str, data: bytes) -> None:
+        """The report's thumbnail of the image `rel`, from its bytes still in memory (best effort)."""
+        if self._folder is None:
+            from .objectstore import put_thumbnail
+
+            put_thumbnail(self._object_location(), rel, data)
+            return
+        from imagebatch.report import make_thumbnail
+
+        make_thumbnail(self.root, rel, data)
+
+    def build_report(self, details: Mapping[str, PlannedRequest] | None = None) -> str:
+        """Write report.html (and its thumbnails) into the location; where it is, as a message says it."""
+        if self._folder is None:
+            from .objectstore import report_in
+
+            return report_in(self._object_location(), details)
+        from imagebatch.report import build_report
+
+        return str(build_report(self.root, details=details))
+
+    def chain_name(self, job_id: str, request_index: int) -> str:
+        """A chain's history, named relative to the output location."""
+        return f"chains/{job_id}/{request_index}.json"
+
     def chain_path(self, job_id: str, request_index: int) -> Path:
         return self.chains_dir / job_id / f"{request_index}.json"
 
     def save_chain(self, job_id: str, request_index: int, history: dict[str, Any]) -> None:
+        if self._folder is None:
+            with self._writing():
+                self.location.put(self.chain_name(job_id, request_index), json.dumps(history).encode())
+            return
         with self._writing():
             write_atomic(self.chain_path(job_id, request_index), json.dumps(history).encode())
 
     def load_chain(self, job_id: str, request_index: int) -> dict[str, Any] | None:
+        if self._folder is None:
+            data = self.location.get(self.chain_name(job_id, request_index))
+            return None if data is None else json.loads(data)
         path = self.chain_path(job_id, request_index)
         if not path.exists():
             return None
@@ -426,6 +570,11 @@ class OutputStore:
         """Write results.csv atomically, row by row (no copy of the whole table in memory); cells that a
         spreadsheet would run as a formula are neutralised (`csv_cell`; `read_csv` reads them back)."""
         columns = list(RESULT_COLUMNS) + [c for c in metadata_columns if c not in RESULT_COLUMNS]
+        if self._folder is None:
+            buf = io.StringIO()
+            write_csv(buf, columns, rows)
+            self.location.put("results.csv", buf.getvalue().encode())
+            return
         with atomic_file(self.results_path) as fh:
             text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
             write_csv(text, columns, rows)
@@ -433,7 +582,14 @@ class OutputStore:
             text.detach()  # `atomic_file` syncs and closes the file itself
 
     def write_run(self, info: dict[str, Any]) -> None:
-        write_atomic(self.run_path, (json.dumps(info, indent=2, default=str) + "\n").encode())
+        self.write_top("run.json", (json.dumps(info, indent=2, default=str) + "\n").encode())
+
+    def write_top(self, name: str, data: bytes) -> None:
+        """Write a whole file at the top of the location (run.json, usage-summary.csv)."""
+        if self._folder is None:
+            self.location.put(name, data)
+            return
+        write_atomic(self.root / name, data)
 
 
 class NotJournaledError(OSError):

@@ -122,8 +122,13 @@ def write_usage_summary(out: Path, rows: list[UsageRow]) -> Path:
     """Write `usage-summary.csv` into `out` (atomically) and return its path. A route or model name a
     spreadsheet would run as a formula is neutralised (`csvcells.csv_cell`; `csvcells.read_csv` reads
     it back)."""
+    path = Path(out) / "usage-summary.csv"
+    write_atomic(path, usage_csv(rows))
+    return path
+
+
+def usage_csv(rows: list[UsageRow]) -> bytes:
+    """usage-summary.csv's bytes."""
     buf = io.StringIO()
     write_csv(buf, COLUMNS, (r.to_dict() for r in rows))
-    path = Path(out) / "usage-summary.csv"
-    write_atomic(path, buf.getvalue().encode())
-    return path
+    return buf.getvalue().encode()
