@@ -19,7 +19,9 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from imagebatch.flows.constants import TERMINAL_STATES
 from imagebatch.flows.dispatch import Budget, ProgressSnapshot
+from imagebatch.tasks import layout
 from imagebatch.tasks.context import Unit
 from imagebatch.tasks.prices import PriceTable
 from imagebatch.tasks.store import STATUSES, RequestRecord
@@ -135,7 +137,7 @@ def publish(info: dict[str, Any], records: Iterable[RequestRecord]) -> None:
     )
     if info.get("report"):
         create_link_artifact(
-            Path(info["report"]).resolve().as_uri(), link_text="report.html", key="imagebatch-report",
+            Path(info["report"]).resolve().as_uri(), link_text=layout.REPORT_HTML, key="imagebatch-report",
             description="the run's contact sheet (a file on the machine that ran it)",
         )  # fmt: skip
     create_table_artifact(
@@ -145,9 +147,6 @@ def publish(info: dict[str, Any], records: Iterable[RequestRecord]) -> None:
     )
     with contextlib.suppress(Exception):  # best effort: the output folder is the record, not Prefect's
         settle_prefect_records(info)
-
-
-TERMINAL_STATES = ["COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
 
 
 def settle_prefect_records(
@@ -173,7 +172,7 @@ def settle_prefect_records(
         return True
     body = {
         "flow_runs": {"id": {"any_": [run_id]}},
-        "task_runs": {"state": {"type": {"any_": TERMINAL_STATES}}},
+        "task_runs": {"state": {"type": {"any_": list(TERMINAL_STATES)}}},
     }
     deadline = clock() + timeout
     with get_client(sync_client=True) as client:

@@ -37,6 +37,7 @@ from imagebatch.flows.config import (
     preflight,
     resolve_api_key,
 )
+from imagebatch.flows.constants import FLOW_NAME, SHARD_GRACE
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.flows.finish import run_info, write_records
 from imagebatch.flows.limits import SlotBroker, check_limit
@@ -61,7 +62,7 @@ class RunHooks:
     """Stops the run gracefully from outside (the CLI's Ctrl-C)."""
     checked: Preflight | None = None
     """The command's own preflight of the same run, so the flow does not load the manifest again."""
-    shard_grace: float = 120.0
+    shard_grace: float = SHARD_GRACE
     """How long a Running shard's lock may be free before its run counts as crashed (`flows.shards`)."""
     signals: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     """The command's Ctrl-C/SIGTERM handling, installed again around dispatch (Prefect's flow engine
@@ -170,7 +171,7 @@ class Run:
 
 # Over 60 lines only by its 17 parameters and their docstring: the body is the run's story, in 25 lines.
 @flow(
-    name="generate_from_manifest",
+    name=FLOW_NAME,
     # At most one batch per unit in flight, plus the one being admitted (see flows.dispatch).
     task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENCY + 1),  # type: ignore[arg-type]  # Prefect's own generics
     log_prints=False,

@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from imagebatch.gateway.client import normalise_base_url
+from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES
 from imagebatch.gateway.errors import ConfigurationError
 from imagebatch.manifest import Manifest, load_manifest
-from imagebatch.tasks.prices import ENV_PRICES, PriceError, PriceTable
+from imagebatch.tasks.prices import PriceError, PriceTable
 from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 MAX_CONCURRENCY = 256
 DEFAULT_CONCURRENCY = 4
-ENV_BASE_URL = "IMAGEBATCH_BASE_URL"
-ENV_API_KEY = "IMAGEBATCH_API_KEY"
 
 
 class UsageError(Exception):

@@ -47,15 +47,15 @@ from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from imagebatch.flows.config import UsageError, locked, preflight
+from imagebatch.flows.constants import FLOW_NAME
 from imagebatch.flows.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL
 from imagebatch.manifest import ManifestError
 from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
 
-FLOW_NAME = "generate_from_manifest"
-ENTRYPOINT = "imagebatch.flows.batch.generate_from_manifest"
 COLLISION = "CANCEL_NEW"
 """What the server does with a run of the deployment that starts while another one runs: cancel it."""
 
@@ -337,11 +337,9 @@ def describe(
     if args.api_key_block:
         lines.append(f"  API key: the Prefect Secret block {args.api_key_block!r}")
     else:
-        lines.append(f"  API key: IMAGEBATCH_API_KEY in {where} environment (never a parameter)")
+        lines.append(f"  API key: {ENV_API_KEY} in {where} environment (never a parameter)")
     if not parameters["base_url"]:
-        lines.append(
-            f"  service: IMAGEBATCH_BASE_URL in {where} environment; without it, the embedded emulator"
-        )
+        lines.append(f"  service: {ENV_BASE_URL} in {where} environment; without it, the embedded emulator")
     else:
         lines.append(f"  service: {parameters['base_url']}")
     lines.append("  one run at a time: a run that starts while one is running is cancelled (CANCEL_NEW)")

@@ -20,6 +20,7 @@ import imagebatch
 from imagebatch.flows.artifacts import publish, spend
 from imagebatch.flows.config import Preflight
 from imagebatch.report import build_report
+from imagebatch.tasks import layout
 from imagebatch.tasks.context import Unit
 from imagebatch.tasks.records import storage_message
 from imagebatch.tasks.store import STATUSES, OutputStore, RequestRecord
@@ -59,12 +60,12 @@ def write_records(
     try:
         store.write_results(rows, list(checked.manifest.metadata_columns))
     except OSError as exc:
-        unwritten.append(f"results.csv not written: {storage_message(store.root, exc)}")
+        unwritten.append(f"{layout.RESULTS_CSV} not written: {storage_message(store.root, exc)}")
     usage = usage_summary(store.root, records)
     try:
         write_usage_summary(store.root, usage)
     except OSError as exc:
-        unwritten.append(f"usage-summary.csv not written: {storage_message(store.root, exc)}")
+        unwritten.append(f"{layout.USAGE_SUMMARY_CSV} not written: {storage_message(store.root, exc)}")
     counts = Counter(r.status for r in records)
     info["usage"] = [row.to_dict() for row in usage]
     if price_table is not None:
@@ -80,13 +81,13 @@ def write_records(
     try:
         store.write_run(info)
     except OSError as exc:
-        unwritten.append(f"run.json not written: {storage_message(store.root, exc)}")
+        unwritten.append(f"{layout.RUN_JSON} not written: {storage_message(store.root, exc)}")
     try:
         if report:
             plan = {req.idempotency_key: req for unit in units for req in unit.requests}  # not loaded again
             info["report"] = str(build_report(store.root, details=plan))
     except Exception as exc:  # the report is a view of the records, never a reason to fail the run
-        unwritten.append(f"report.html not written: {exc}")
+        unwritten.append(f"{layout.REPORT_HTML} not written: {exc}")
     if unwritten:
         info["unwritten"] = unwritten  # the command prints them; the records above are all there is
     publish(info, records)

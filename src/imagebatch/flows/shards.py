@@ -19,17 +19,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from imagebatch.flows.constants import SHARD_GRACE, TERMINAL_STATES
+from imagebatch.manifest.plan import key_digits
 from imagebatch.tasks.context import Unit
 from imagebatch.tasks.records import carried, not_attempted
 from imagebatch.tasks.store import KeyState, OutputStore, RequestRecord
-
-FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def shard_of(unit: Unit, shards: int) -> int:
     """Which shard sends `unit`: by its first idempotency key, so the split is the same on every machine
     and every rerun (a key's hex digits are uniform)."""
-    return int(unit.requests[0].idempotency_key.removeprefix("ib1-")[:8], 16) % shards
+    return int(key_digits(unit.requests[0].idempotency_key)[:8], 16) % shards
 
 
 def shard_name(shard: int, shards: int) -> str:
@@ -44,15 +44,16 @@ def run_shards(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     poll: float = 2.0,
-    grace: float = 120.0,
+    grace: float = SHARD_GRACE,
 ) -> list[dict[str, Any]]:
     """Start the N shard runs of `deployment` (as sub-runs of this flow run) and wait until each ends.
     Returns, per shard, its flow run's id, final state and message.
 
     A shard whose worker was killed never reports an end: its run stays Running on the server. Its
     process held its shard lock while it sent; a Running shard whose lock has been free for `grace`
-    seconds (longer than a shard's start-up, before it takes the lock) is marked Crashed, and the run
-    goes on: what it sent without an answer is `unknown`, what it never sent is sent by the next run."""
+    seconds (`SHARD_GRACE`: longer than a shard's start-up, before it takes the lock) is marked Crashed,
+    and the run goes on: what it sent without an answer is `unknown`, what it never sent is sent by the
+    next run."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.states import Crashed
@@ -72,7 +73,7 @@ def run_shards(
     with get_client(sync_client=True) as client:
         while True:
             runs = [client.read_flow_run(run_id) for run_id in ids]
-            if all(run.state is not None and run.state.type.value in FINAL for run in runs):
+            if all(run.state is not None and run.state.type.value in TERMINAL_STATES for run in runs):
                 break
             for i, run in enumerate(runs):
                 if (

@@ -18,6 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, exit_code_for
+from imagebatch.tasks.layout import UNKNOWN_HINT
+from imagebatch.tasks.prices import money
 
 if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
     from imagebatch.flows.batch import RunHooks
@@ -241,10 +243,9 @@ def _report(out: Console, err: Console, info: dict[str, Any], signals: list[int]
     _print_usage(out, info.get("usage", []))
     if info.get("spend"):
         s = info["spend"]
-        money = f"{s['spent']:,.2f} {s['currency']}".strip()
-        line = f"estimated spend this run: {money}"
+        line = f"estimated spend this run: {money(s['spent'], s['currency'])}"
         if s["in_doubt"]:
-            line += f" (up to {s['spent'] + s['in_doubt']:,.2f} if the unknown requests were billed)"
+            line += f" (up to {money(s['spent'] + s['in_doubt'])} if the unknown requests were billed)"
         if s["unpriced"]:
             line += f"; no price for {', '.join(s['unpriced'])} (counted as 0)"
         out.print(line, markup=False, highlight=False)
@@ -255,8 +256,8 @@ def _report(out: Console, err: Console, info: dict[str, Any], signals: list[int]
     counts: dict[str, int] = info["counts"]
     if counts.get("unknown"):
         err.print(
-            f"{counts['unknown']} request(s) have an unknown outcome (sent, no answer): check the service's "
-            "usage history, then rerun with --retry-unknown if they were not generated.",
+            f"{counts['unknown']} request(s) have an unknown outcome (sent, no answer); "
+            f"for each, {UNKNOWN_HINT}.",
             markup=False,
         )
     if info.get("rate_limited"):

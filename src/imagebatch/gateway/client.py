@@ -25,6 +25,7 @@ from .constants import (
     COMPAT_VERSION_HEADER,
     CONNECT_TIMEOUT,
     DEFAULT_COMPAT_VERSION,
+    ENV_API_KEY,
     IDEMPOTENCY_HEADER,
     IMAGE_TIMEOUT,
     MESSAGES_KEY_HEADER,
@@ -145,7 +146,7 @@ class GatewayClient:
         if native_auth not in ("x-native-api-key", "bearer"):
             raise ConfigurationError(f"native_auth must be x-native-api-key or bearer, not {native_auth!r}")
         if not api_key:
-            raise ConfigurationError("an API key is required (set IMAGEBATCH_API_KEY)")
+            raise ConfigurationError(f"an API key is required (set {ENV_API_KEY})")
         self._api_key = api_key
         self._native_auth = native_auth
         self._compat_version = compat_version
@@ -425,7 +426,7 @@ def normalise_base_url(base_url: str) -> str:
     if _USERINFO.match(base_url):
         raise ConfigurationError(
             "base URL must not hold a user name or password (user:password@host): give the service root "
-            "alone, and the API key in IMAGEBATCH_API_KEY or a Prefect Secret block"
+            f"alone, and the API key in {ENV_API_KEY} or a Prefect Secret block"
         )
     url = base_url.strip().rstrip("/")
     try:

@@ -26,6 +26,7 @@ from imagebatch.gateway.constants import (
     DEFAULT_NATIVE_MODEL,
     IMAGE_MODELS,
     NATIVE_MODELS,
+    serves,
 )
 from imagebatch.gateway.imagefile import mask_problems
 from imagebatch.gateway.models import check_aspect_ratio, check_text_model
@@ -52,6 +53,7 @@ from .models import (
     Location,
     Problem,
     Turn,
+    wire_route,
 )
 from .read import RawManifest, RawRow
 from .template import TemplateError, render_prompt, template_value
@@ -71,12 +73,9 @@ def _ratio_hint(model: str, ratio: str) -> str | None:
 
 
 def _serves(route: str, model: str | None) -> bool:
-    """Whether `route` serves `model` (a text route serves any model that is not an image model)."""
-    if route in ("native", "chat"):
-        return model in NATIVE_MODELS
-    if route == "images":
-        return model == COMPAT_IMAGE_MODEL
-    return model is not None and model not in IMAGE_MODELS
+    """Whether the manifest route `route` serves `model`: the service's rule (`gateway.constants.serves`);
+    False for a route that is not one (reported by `_resolve`)."""
+    return route in MANIFEST_ROUTES and serves(wire_route(route), model)
 
 
 def _model_hint(model: str, candidates: tuple[str, ...]) -> str | None:
@@ -406,10 +405,9 @@ class JobChecker:
             # The images routes serve one model; everything else defaults to the newest native model.
             model = COMPAT_IMAGE_MODEL if route == "images" else DEFAULT_NATIVE_MODEL
         if route is None:
-            if model in NATIVE_MODELS:
-                return "native", model
-            if model == COMPAT_IMAGE_MODEL:
-                return "images", model
+            for implied in ("native", "images"):  # an image model implies its route
+                if _serves(implied, model):
+                    return implied, model
             hint = _model_hint(model, IMAGE_MODELS)
             if hint:
                 add("model", f"unknown model {model!r}; image models are {', '.join(IMAGE_MODELS)}", hint)
@@ -420,7 +418,9 @@ class JobChecker:
                     "set route to messages or responses for a text model",
                 )
             return None, None
-        if route in ("native", "chat") and model not in NATIVE_MODELS:
+        if _serves(route, model):
+            return route, model
+        if route in ("native", "chat"):
             if model == COMPAT_IMAGE_MODEL:
                 add(
                     "model",
@@ -434,7 +434,7 @@ class JobChecker:
                     _model_hint(model, NATIVE_MODELS),
                 )
             return route, None
-        if route == "images" and model != COMPAT_IMAGE_MODEL:
+        if route == "images":
             if model in NATIVE_MODELS:
                 add(
                     "model",

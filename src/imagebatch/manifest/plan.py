@@ -79,6 +79,11 @@ def key_from_material(material: dict[str, Any]) -> str:
     return KEY_PREFIX + hashlib.sha256(canonical_json(material)).hexdigest()[:KEY_HEX_CHARS]
 
 
+def key_digits(key: str) -> str:
+    """The hex digits of an idempotency key, without its recipe prefix (file names, the shard split)."""
+    return key.removeprefix(KEY_PREFIX)
+
+
 def idempotency_key(job: Job, request_index: int = 0, turn_index: int = 0) -> str:
     """The idempotency key of request `request_index` (0..count-1), turn `turn_index` (0 = the prompt)."""
     return key_from_material(key_material(job, request_index, turn_index))

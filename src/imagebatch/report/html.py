@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image, ImageFile, JpegImagePlugin, PngImagePlugin
 
+from imagebatch.tasks import layout
 from imagebatch.tasks.csvcells import read_csv
 
 if TYPE_CHECKING:
@@ -26,9 +27,9 @@ PAGE_SIZE = 500
 """Cards per page: a 100,000-request run makes 200 pages, none of them heavy."""
 THUMB_SIDE = 256
 REASONS = {
-    "unknown": "sent, but no usable answer was recorded: it may have been made and billed. Check the "
-    "service's usage history; rerun with --retry-unknown if it was not made.",
-    "not_attempted": "not sent: the run stopped first (see run.json). A rerun sends it.",
+    "unknown": "sent, but no usable answer was recorded: it may have been made and billed; "
+    f"{layout.UNKNOWN_HINT}.",
+    "not_attempted": f"not sent: the run stopped first (see {layout.RUN_JSON}). A rerun sends it.",
 }
 
 
@@ -42,7 +43,7 @@ class Card:
 
 def thumb_name(rel: str) -> str:
     """The thumbnail's name of an output image (`images/<job>/<file>` -> `<job>__<file>`)."""
-    return rel.removeprefix("images/").replace("/", "__")
+    return rel.removeprefix(f"{layout.IMAGES_DIR}/").replace("/", "__")
 
 
 THUMBNAIL_THREADS = 2
@@ -180,7 +181,7 @@ def _manifest_details(out: Path, run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rows(out: Path) -> Generator[dict[str, str], None, None]:
-    yield from read_csv(out / "results.csv")
+    yield from read_csv(out / layout.RESULTS_CSV)
 
 
 def _card(row: dict[str, str], details: Mapping[str, Any]) -> Card:
@@ -290,7 +291,8 @@ def build_report(
     is read twice, for the summary and then a page at a time, so memory holds one page of cards, not the
     run's (a 10,000-request run's report had held every row and a second copy of the plan)."""
     out = Path(out)
-    run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+    run_json = out / layout.RUN_JSON
+    run = json.loads(run_json.read_text()) if run_json.is_file() else {}
     details = _manifest_details(out, run) if details is None else details
     counts: Counter[str] = Counter()
     by_model: Counter[str] = Counter()
@@ -310,7 +312,7 @@ def build_report(
         + f"</p><p>run: {_esc(run.get('state', '?'))} {_esc(run.get('stopped') or '')}</p>"
     )
     options = {"status": sorted(counts), "route": sorted(routes), "model": sorted(by_model)}
-    names = ["report.html"] + [f"report-{n}.html" for n in range(2, max(1, math.ceil(total / page_size)) + 1)]
+    names = [layout.report_page(n) for n in range(1, max(1, math.ceil(total / page_size)) + 1)]
     nav = (
         "".join(f'<a href="{name}">page {i}</a>' for i, name in enumerate(names, 1)) if len(names) > 1 else ""
     )
@@ -320,7 +322,7 @@ def build_report(
         title = f"imagebatch report: {out.name}" + (f" (page {number})" if len(names) > 1 else "")
         (out / name).write_text(_page(title, summary, nav, [_card_html(out, c) for c in page], options))
     rows.close()
-    for stale in out.glob("report-*.html"):
+    for stale in out.glob(layout.REPORT_PAGES):
         if stale.name not in names:
             stale.unlink()
     return out / names[0]

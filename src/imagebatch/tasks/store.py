@@ -15,7 +15,7 @@ Layout::
 A rerun reads the journal, not Prefect's database, so a copied output directory resumes correctly. A line
 cut short by a crash (kill -9 in the middle of a write) is ignored when the journal is read.
 
-One module on purpose (about 490 lines): the journal's write order, its replay (`load_state`), the
+One module on purpose: the journal's write order, its replay (`load_state`), the
 locks and the shards' merge are one protocol; split, each half would have to restate the other's rules.
 """
 
@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from imagebatch.gateway import AttemptEvent, AttemptStarted
+from imagebatch.manifest.plan import key_digits
 
+from . import layout
 from .csvcells import write_csv
 
 if TYPE_CHECKING:
@@ -67,7 +69,7 @@ def file_stem(req: PlannedRequest, chain: bool) -> str:
     """`<job>/<request>[-t<turn>]-<key>`: one folder per job (ids are unique, so names cannot collide),
     and the key in the name, so an edited row's image never overwrites the one its old key points to."""
     turn = f"-t{req.turn_index}" if chain else ""
-    return f"{req.job_id}/{req.request_index}{turn}-{req.idempotency_key.removeprefix('ib1-')[:12]}"
+    return f"{req.job_id}/{req.request_index}{turn}-{key_digits(req.idempotency_key)[:12]}"
 
 
 class OutputLockedError(RuntimeError):
@@ -186,13 +188,12 @@ class OutputStore:
         self.root = Path(root)
         self.shard = shard
         """`I-of-N` for one shard of a sharded run (its own journal and usage file), else None."""
-        suffix = f".shard-{shard}" if shard else ""
-        self.images_dir = self.root / "images"
-        self.chains_dir = self.root / "chains"
-        self.journal_path = self.root / f"journal{suffix}.jsonl"
-        self.usage_path = self.root / f"usage{suffix}.jsonl"
-        self.results_path = self.root / "results.csv"
-        self.run_path = self.root / "run.json"
+        self.images_dir = self.root / layout.IMAGES_DIR
+        self.chains_dir = self.root / layout.CHAINS_DIR
+        self.journal_path = self.root / layout.jsonl(layout.JOURNAL, shard)
+        self.usage_path = self.root / layout.jsonl(layout.USAGE_LEDGER, shard)
+        self.results_path = self.root / layout.RESULTS_CSV
+        self.run_path = self.root / layout.RUN_JSON
         self._lock = threading.Lock()
         self._tail_checked: set[Path] = set()
         self._written: dict[Path, int] = {}
@@ -238,7 +239,7 @@ class OutputStore:
         A shard of a sharded run holds it shared (`shard_hold`), so no run holds it alone while a shard
         runs. Holding it alone, the journals and usage files shards left (a sharded run that was killed
         before it merged them) are merged first: every later line goes after theirs."""
-        with self._flock(".imagebatch.lock", fcntl.LOCK_EX, "another imagebatch run"):
+        with self._flock(layout.LOCK, fcntl.LOCK_EX, "another imagebatch run"):
             self.merge_shards()
             yield
 
@@ -246,15 +247,15 @@ class OutputStore:
     def shard_hold(self) -> Iterator[None]:
         """Hold the folder as one shard: shared with the other shards of the run, alone for this shard."""
         with (
-            self._flock(".imagebatch.lock", fcntl.LOCK_SH, "a run that is not sharded"),
-            self._flock(f".imagebatch.shard-{self.shard}.lock", fcntl.LOCK_EX, f"shard {self.shard}"),
+            self._flock(layout.LOCK, fcntl.LOCK_SH, "a run that is not sharded"),
+            self._flock(layout.shard_lock(str(self.shard)), fcntl.LOCK_EX, f"shard {self.shard}"),
         ):
             yield
 
     def shard_held(self, shard: str) -> bool:
         """Whether a process holds shard `shard`'s lock now (a shard's process holds it while it sends)."""
         try:
-            with self._flock(f".imagebatch.shard-{shard}.lock", fcntl.LOCK_EX, f"shard {shard}"):
+            with self._flock(layout.shard_lock(shard), fcntl.LOCK_EX, f"shard {shard}"):
                 return False
         except OutputLockedError:
             return True
@@ -265,11 +266,11 @@ class OutputStore:
         merged. A crash between the append and the removal merges them twice next time: a key's events
         repeat, which only counts its attempts twice."""
         merged = 0
-        for kind in ("journal", "usage"):
-            for part in sorted(self.root.glob(f"{kind}.shard-*.jsonl")):
+        for kind in (layout.JOURNAL, layout.USAGE_LEDGER):
+            for part in sorted(self.root.glob(layout.shard_jsonl(kind))):
                 lines = [line for line in part.read_bytes().splitlines(keepends=True) if line.endswith(b"\n")]
                 if lines:
-                    target = self.root / f"{kind}.jsonl"
+                    target = self.root / layout.jsonl(kind)
                     with target.open("ab") as fh:
                         if fh.tell() and _last_byte(target) != b"\n":
                             fh.write(b"\n")
@@ -353,7 +354,10 @@ class OutputStore:
         files are gone counts as never done, so a rerun makes them again.
         """
         states: dict[str, KeyState] = {}
-        journals = [self.root / "journal.jsonl", *sorted(self.root.glob("journal.shard-*.jsonl"))]
+        journals = [
+            self.root / layout.jsonl(layout.JOURNAL),
+            *sorted(self.root.glob(layout.shard_jsonl(layout.JOURNAL))),
+        ]
         for ev in (ev for path in journals for ev in read_jsonl(path)):
             key = ev.get("idempotency_key")
             if not isinstance(key, str):
