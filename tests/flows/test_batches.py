@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from flow_helpers import peak_in_flight, read_jsonl, read_results
+from helpers.runs import peak_in_flight, read_jsonl, read_results
 
 from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
 from imagebatch.tasks.context import Batch, Unit, batch_size, group_batches

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import cli, peak_in_flight
+from helpers.runs import cli, peak_in_flight
 
 from imagebatch.flows.batch import RunHooks, UsageError, generate_from_manifest, run_hooks
 from imagebatch.flows.limits import (

@@ -40,7 +40,7 @@ from imagebatch.flows.config import (
 from imagebatch.flows.constants import FLOW_NAME, SHARD_GRACE
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.flows.finish import run_info, write_records
-from imagebatch.flows.limits import SlotBroker, check_limit
+from imagebatch.flows.limits import SlotBroker, rate_limit_of
 from imagebatch.flows.shards import records_after, run_shards, shard_name, shard_of
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
@@ -108,7 +108,7 @@ def service(base_url: str | None, secret_block: str | None, hooks: RunHooks) -> 
 def held(store: OutputStore) -> Iterator[None]:
     """The output folder's lock for this run (a second run into it would send twice)."""
     try:
-        with store.shard_hold() if store.shard else store.exclusive():
+        with store.shard_hold() if store.shard else store.hold_and_merge():
             yield
     except OutputLockedError as exc:
         raise locked(exc) from None
@@ -166,10 +166,10 @@ class Run:
     info: dict[str, Any]
     """What `run.json` says (`flows.finish.run_info`), completed as the run ends."""
     rate_limit: str | None
-    """The name of the global limit's rate limit (`flows.limits.check_limit`), when it has one."""
+    """The name of the global limit's rate limit (`flows.limits.rate_limit_of`), when it has one."""
 
 
-# Over 60 lines only by its 17 parameters and their docstring: the body is the run's story, in 25 lines.
+# Over 60 lines only by its parameters and their docstring: the body is the run's story, a screen long.
 @flow(
     name=FLOW_NAME,
     # At most one batch per unit in flight, plus the one being admitted (see flows.dispatch).
@@ -226,7 +226,7 @@ def generate_from_manifest(
     )  # fmt: skip
     if shards < 1 or (shard is not None and not 0 <= shard < shards):
         raise UsageError(f"shard {shard} of {shards}: shards must be 1 or more, and a shard 0 to shards - 1")
-    rate_limit = check_limit(global_limit) if global_limit else None  # a missing limit is refused here
+    rate_limit = rate_limit_of(global_limit) if global_limit else None  # a missing limit is refused here
     units = group_units(plan(checked.manifest))
     planned = sum(len(unit.requests) for unit in units)
     info = run_info(checked, planned, concurrency, force, retry_unknown, api_key_secret_block)

@@ -87,7 +87,7 @@ def check_output_folder(out: Path, lock: bool = True) -> None:
         with tempfile.TemporaryFile(dir=out):
             pass
         if lock:
-            with OutputStore(out).exclusive():
+            with OutputStore(out).hold_and_merge():
                 pass
     except OutputLockedError as exc:
         raise locked(exc) from None

@@ -17,7 +17,7 @@ Choices (README "Scheduled runs"):
   another holds the slot is cancelled by the server ("Deployment concurrency limit reached"), visible as
   such in the UI. A run sends everything not yet done, so a skipped firing loses nothing: the next one
   does it all. ENQUEUE would instead pile waiting runs behind a long one (one per firing) that then start
-  back to back. The output folder's lock (`OutputStore.exclusive`) stays the last guard.
+  back to back. The output folder's lock (`OutputStore.hold_and_merge`) stays the last guard.
 - **`deploy` needs a work pool** (`--work-pool` or Prefect's `PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME`);
   without one it refuses and points to `imagebatch serve`, which takes the same options and serves the
   deployment from this process until Ctrl-C (Prefect's `serve`; the schedule is paused when it stops). A
@@ -97,9 +97,9 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
         if args.api_key_block:
             check_secret_block(args.api_key_block)
         if args.global_limit:
-            from imagebatch.flows.limits import check_limit
+            from imagebatch.flows.limits import rate_limit_of
 
-            check_limit(args.global_limit)  # refuses a limit the server does not have
+            rate_limit_of(args.global_limit)  # refuses a limit the server does not have
         if pool:
             check_work_pool(pool)
         shards = getattr(args, "shards", 1)
@@ -175,7 +175,7 @@ def _held_message(out: Path) -> str | None:
     if not out.is_dir():
         return None
     try:
-        with OutputStore(out).exclusive():
+        with OutputStore(out).hold_and_merge():
             return None
     except OutputLockedError as exc:
         return str(locked(exc))

@@ -45,9 +45,10 @@ def rate_limit_name(name: str) -> str:
     return f"{name}-per-minute"
 
 
-def check_limit(name: str) -> str | None:
-    """Refuse a limit the server does not have (a run would otherwise go unlimited without a word); return
-    the name of its rate limit, `NAME-per-minute`, when that exists."""
+def rate_limit_of(name: str) -> str | None:
+    """The name of the global limit `name`'s rate limit, `NAME-per-minute`, when the server has one.
+    Refuses (`UsageError`) a limit the server does not have: a run would otherwise go unlimited without
+    a word."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 

@@ -107,7 +107,7 @@ def _temporary_server_settings(api_url: str) -> dict[Any, Any]:
     """Prefect's settings for a run on its temporary server: its address, and no flow-run heartbeats.
 
     Heartbeats let a long-lived server's automations notice a flow run whose process died; the temporary
-    server dies with the run, so nothing could ever read them. Off, the end of the run no longer waits
+    server dies with the run, so nothing could ever read them. Off, the end of the run does not wait
     for the heartbeat thread's current one-second sleep (0 to 1 s, Prefect's `_send_heartbeats`). Against
     a running server (`PREFECT_API_URL`) Prefect's own setting is left as it is."""
     from prefect.settings import PREFECT_API_URL

@@ -123,8 +123,10 @@ class GatewayClient:
     each attempt while it is on the wire (not during a retry's wait): a run passes a slot of a Prefect
     global concurrency limit shared by every run and machine of an account (`flows.limits`).
 
-    Build a request with `imagebatch.gateway.requests` and `send` it; the route methods below take a body
-    given whole (as an SDK user would write it) and do the same.
+    Build a request with `imagebatch.gateway.requests` and `send` it, as a run does (`tasks.send`). The
+    route methods below are the public typed API for a caller with a body given whole (as an SDK user
+    would write it): one call per route, the body checked by the same builders, then `send`. Kept for
+    that caller and for the client's tests, which drive each route through them; a run never needs them.
     """
 
     def __init__(

@@ -128,7 +128,7 @@ class PlannedRequest:
     def mask(self) -> Path | None:
         return self.job.mask if self.turn_index == 0 else None
 
-    # Interim: the manifest package fills these in the plan itself.
+    # Request parameters: a field the job's route does not use is None in the job and reads as its default.
     @property
     def mask_sha256(self) -> str | None:
         return self.job.mask_sha256 if self.turn_index == 0 else None

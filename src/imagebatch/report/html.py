@@ -8,6 +8,7 @@ import io
 import itertools
 import json
 import math
+import threading
 from collections import Counter
 from collections.abc import Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -47,11 +48,21 @@ def thumb_name(rel: str) -> str:
 
 
 THUMBNAIL_THREADS = 2
-_thumbnailer = ThreadPoolExecutor(THUMBNAIL_THREADS, thread_name_prefix="imagebatch-thumbnail")
-"""Where a run's thumbnails are decoded: two threads of their own, not the request threads. A 4096 x 4096
-image decodes to 48 MiB; freed in a request thread, that memory stays in the thread's malloc arena, so
-16 request threads held about 1 GB after a 4K run (bench/README.md "Memory", measured: 1,118 MiB peak
-decoding in 16 threads, 271 MiB in these 2). Two decodes at once also keep two cores busy."""
+_thumbnailer: ThreadPoolExecutor | None = None
+_thumbnailer_made = threading.Lock()
+
+
+def thumbnailer() -> ThreadPoolExecutor:
+    """Where a run's thumbnails are decoded: two threads of their own, not the request threads, made at
+    the first thumbnail (importing the report makes none). A 4096 x 4096 image decodes to 48 MiB; freed
+    in a request thread, that memory stays in the thread's malloc arena, so 16 request threads held about
+    1 GB after a 4K run (bench/README.md "Memory", measured: 1,118 MiB peak decoding in 16 threads,
+    271 MiB in these 2). Two decodes at once also keep two cores busy."""
+    global _thumbnailer
+    with _thumbnailer_made:
+        if _thumbnailer is None:
+            _thumbnailer = ThreadPoolExecutor(THUMBNAIL_THREADS, thread_name_prefix="imagebatch-thumbnail")
+        return _thumbnailer
 
 
 def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
@@ -59,7 +70,7 @@ def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
     makes each one as its image arrives (while the service works on the next), so the report at the end
     reads no image again. Best effort: the report makes any that is missing."""
     try:
-        _thumbnailer.submit(
+        thumbnailer().submit(
             _save_thumbnail, io.BytesIO(data), out / "thumbs" / f"{thumb_name(rel)}.jpg"
         ).result()
     except (OSError, ValueError, Image.DecompressionBombError):

@@ -233,7 +233,7 @@ class OutputStore:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def hold_and_merge(self) -> Iterator[None]:
         """Hold the output folder for one run: a second run into it at the same time would send twice.
 
         A shard of a sharded run holds it shared (`shard_hold`), so no run holds it alone while a shard
