@@ -412,7 +412,7 @@ def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_
     sends nothing."""
     from collections import Counter
 
-    from flow_helpers import peak_in_flight, read_results
+    from helpers.runs import peak_in_flight, read_results
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     key = stack.emulator.api_key
@@ -480,7 +480,7 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
 ) -> None:
     from collections import Counter
 
-    from flow_helpers import read_results
+    from helpers.runs import read_results
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks

@@ -26,7 +26,7 @@ from pathlib import Path
 from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
 from imagebatch.flows.constants import FLOW_NAME
 from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from imagebatch.flows.limits import limits_arguments
+from imagebatch.flows.limits import DEFAULT_LIMIT
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES
 from imagebatch.tasks.layout import REPORT_HTML, RESULTS_CSV
 
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         work_pool=False,
     )
     limits = sub.add_parser("limits", help="create or update the account-wide limits on the Prefect server")
-    limits_arguments(limits)
+    _limits_arguments(limits)
     return parser
 
 
@@ -275,6 +275,22 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     )
     _files_root_argument(parser)
     _global_limit_argument(parser)
+
+
+def _limits_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default=DEFAULT_LIMIT, help=f"the limit's name (default: {DEFAULT_LIMIT})")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        required=True,
+        help="requests on the wire at once, over every run and machine",
+    )
+    parser.add_argument(
+        "--per-minute",
+        type=int,
+        default=None,
+        help="also at most this many requests a minute (NAME-per-minute; 0 removes it)",
+    )
 
 
 def _validate_arguments(parser: argparse.ArgumentParser) -> None:

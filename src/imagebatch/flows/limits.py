@@ -392,19 +392,3 @@ def limits_main(args: argparse.Namespace) -> int:
         print(f"{limit['name']}: {what} (on {api_url})")
     print(f"runs take it with --global-limit {args.name} (deploy and serve too)")
     return EXIT_OK
-
-
-def limits_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--name", default=DEFAULT_LIMIT, help=f"the limit's name (default: {DEFAULT_LIMIT})")
-    parser.add_argument(
-        "--concurrency",
-        type=int,
-        required=True,
-        help="requests on the wire at once, over every run and machine",
-    )
-    parser.add_argument(
-        "--per-minute",
-        type=int,
-        default=None,
-        help="also at most this many requests a minute (NAME-per-minute; 0 removes it)",
-    )

@@ -71,7 +71,7 @@ def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
     reads no image again. Best effort: the report makes any that is missing."""
     try:
         thumbnailer().submit(
-            _save_thumbnail, io.BytesIO(data), out / "thumbs" / f"{thumb_name(rel)}.jpg"
+            _save_thumbnail, io.BytesIO(data), out / layout.THUMBS_DIR / f"{thumb_name(rel)}.jpg"
         ).result()
     except (OSError, ValueError, Image.DecompressionBombError):
         pass
@@ -152,7 +152,7 @@ def _thumb(out: Path, source: Path, name: str) -> str | None:
     """A JPEG thumbnail of `source` under out/thumbs/ (made once, remade if the source is newer);
     its path relative to `out`, or None if `source` is not a readable image. `TooLarge` if it is
     over `THUMB_MAX_PIXELS`."""
-    target = out / "thumbs" / f"{name}.jpg"
+    target = out / layout.THUMBS_DIR / f"{name}.jpg"
     try:
         if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
             _save_thumbnail(source, target)
