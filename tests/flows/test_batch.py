@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import read_jsonl, read_results, run_flow, write_jsonl
+from helpers.runs import read_jsonl, read_results, run_flow, write_jsonl
 from PIL import Image
 
 from imagebatch.flows.batch import RunHooks, run_hooks
@@ -307,7 +307,7 @@ def test_an_output_folder_in_use_is_refused(service_env: Any, examples: Path, tm
     from imagebatch.tasks.store import OutputStore
 
     out = tmp_path / "out"
-    with OutputStore(out).exclusive(), pytest.raises(UsageError, match="another imagebatch run"):
+    with OutputStore(out).hold_and_merge(), pytest.raises(UsageError, match="another imagebatch run"):
         run(examples / "catalog.csv", out)
     assert service_env.requests() == []
 

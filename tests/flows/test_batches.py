@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from flow_helpers import Rendezvous, peak_in_flight, read_jsonl, read_results, run_flow
+from helpers.runs import Rendezvous, peak_in_flight, read_jsonl, read_results, run_flow
 
 from imagebatch.flows.batch import RunHooks, run_hooks
 from imagebatch.tasks.context import Batch, Unit, batch_size, group_batches

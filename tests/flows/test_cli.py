@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import cli, read_results, summary_counts
+from helpers.runs import cli, read_results, summary_counts
 from PIL import Image
 
 from imagebatch.flows.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, main

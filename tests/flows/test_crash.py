@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import read_results, run_flow, write_jsonl
+from helpers.runs import read_results, run_flow, write_jsonl
 from PIL import Image
 
 from imagebatch.flows.batch import RunHooks, run_hooks

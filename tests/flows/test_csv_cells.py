@@ -9,7 +9,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from flow_helpers import cli, read_results, write_jsonl
+from helpers.runs import cli, read_results, write_jsonl
 
 from imagebatch.tasks.csvcells import read_csv
 

@@ -447,7 +447,7 @@ def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_
     sends nothing."""
     from collections import Counter
 
-    from flow_helpers import peak_in_flight, read_results
+    from helpers.runs import peak_in_flight, read_results
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     key = stack.emulator.api_key
@@ -493,7 +493,7 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
 ) -> None:
     from collections import Counter
 
-    from flow_helpers import read_results, run_flow
+    from helpers.runs import read_results, run_flow
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from imagebatch.flows.batch import RunHooks, run_hooks
@@ -632,7 +632,7 @@ def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
     the killed one had not sent (counted in the emulator's request log)."""
     from collections import Counter
 
-    from flow_helpers import read_results
+    from helpers.runs import read_results
 
     stack = stacks["sqlite"]
     assert stack is not None

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from flow_helpers import read_jsonl, read_results, run_flow, write_jsonl
+from helpers.runs import read_jsonl, read_results, run_flow, write_jsonl
 from PIL import Image
 
 from imagebatch.flows.batch import RunHooks, run_hooks

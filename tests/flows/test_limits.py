@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import Rendezvous, cli, peak_in_flight, run_flow
+from helpers.runs import Rendezvous, cli, peak_in_flight, run_flow
 
 from imagebatch.flows.batch import RunHooks, UsageError, run_hooks
 from imagebatch.flows.limits import (

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import cli, summary_counts
+from helpers.runs import cli, summary_counts
 
 from imagebatch.flows.cli import EXIT_OK, EXIT_USAGE
 from imagebatch.tasks.store import OutputStore
@@ -66,7 +66,7 @@ def test_a_second_live_run_on_one_prefix_exits_2(
     s3: Any, examples: Path, capsys: Any, service_env: Any
 ) -> None:
     url = f"s3://{s3.bucket()}/held"
-    with OutputStore(url).exclusive():
+    with OutputStore(url).hold_and_merge():
         code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", url)
     assert code == EXIT_USAGE, err
     lines = err.strip().splitlines()

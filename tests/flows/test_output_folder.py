@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import cli, read_results, summary_counts, write_jsonl
+from helpers.runs import cli, read_results, summary_counts, write_jsonl
 
 from imagebatch.flows.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 from imagebatch.tasks.store import OutputStore
@@ -58,7 +58,7 @@ def test_an_out_another_run_holds_exits_2(
     examples: Path, tmp_path: Path, capsys: Any, service_env: Any
 ) -> None:
     out = tmp_path / "out"
-    with OutputStore(out).exclusive():
+    with OutputStore(out).hold_and_merge():
         code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(out))
     assert code == EXIT_USAGE and "another imagebatch run is using" in err and "Traceback" not in err
     assert service_env.requests() == []

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import read_results, write_jsonl
+from helpers.runs import read_results, write_jsonl
 
 from imagebatch.flows.prefect_guard import NOTE
 

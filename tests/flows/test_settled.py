@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flow_helpers import write_jsonl
+from helpers.runs import write_jsonl
 
 from imagebatch.flows.config import preflight
 from imagebatch.flows.settled import settle_without_prefect
@@ -93,7 +93,7 @@ def test_only_a_folder_with_nothing_to_send_is_settled(service_env: Any, tmp_pat
     assert settle_without_prefect(checked, **options) is None  # a first run: no journal yet
     generate_from_manifest(str(manifest), str(out), report=False)
     assert settle_without_prefect(checked, **(options | {"force": True})) is None
-    with OutputStore(out).exclusive():  # another run holds the folder: the flow says so, not us
+    with OutputStore(out).hold_and_merge():  # another run holds the folder: the flow says so, not us
         assert settle_without_prefect(checked, **options) is None
     (out / "results.csv").unlink()
     info = settle_without_prefect(checked, **options)

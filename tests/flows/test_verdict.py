@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_helpers import cli, read_results, run_flow, write_jsonl
+from helpers.runs import cli, read_results, run_flow, write_jsonl
 
 from imagebatch.flows.allowance import Allowance, parse_allowance
 from imagebatch.flows.batch import RunHooks, run_hooks

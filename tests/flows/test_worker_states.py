@@ -23,7 +23,6 @@ from typing import Any
 
 import httpx
 import pytest
-from flow_helpers import read_results
 from helpers.prefect_server import (
     PrefectServer,
     base_environment,
@@ -32,6 +31,7 @@ from helpers.prefect_server import (
     start_worker,
     stop_process_group,
 )
+from helpers.runs import read_results
 
 from imagebatch.flows.cli import main
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings

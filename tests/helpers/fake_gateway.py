@@ -1,5 +1,6 @@
-"""The one fake of the service for client tests: an `httpx.MockTransport` handler that records every
-request and plays back scripted replies, the six routes' valid requests and answers, and body builders."""
+"""The one fake of the service for the client's and the tasks' tests: an `httpx.MockTransport` handler that
+records every request and plays back scripted replies (then a default answer, when it has one), the six
+routes' valid requests and answers, and body builders."""
 
 from __future__ import annotations
 
@@ -97,30 +98,63 @@ class Reply:
         return httpx.Response(self.status, json=self.json, headers=self.headers)
 
 
+Scripted = Reply | dict[str, Any] | bytes | tuple[int, Any] | type[httpx.TransportError]
+"""A reply, or one of its short forms: a dict (200 JSON), bytes (a 200 raw body), a (status, JSON body)
+tuple, or a transport error class (raised instead of answering)."""
+
+
+def as_reply(scripted: Scripted) -> Reply:
+    if isinstance(scripted, Reply):
+        return scripted
+    if isinstance(scripted, type):
+        return Reply(error=scripted)
+    if isinstance(scripted, bytes):
+        return Reply(content=scripted)
+    if isinstance(scripted, tuple):
+        return Reply(status=scripted[0], json=scripted[1])
+    return Reply(json=scripted)
+
+
 class FakeService:
-    """A MockTransport handler that records requests and plays replies (the last one repeats).
+    """A MockTransport handler that records requests and plays replies: the script's in order, then
+    `default(request, n)` for the n-th request when there is one, else the script's last one again.
 
     `log` is one timeline shared by the handler, the observer and the sleep function, so a test can
     assert the order of "reported", "sent" and "waited".
     """
 
-    def __init__(self) -> None:
+    def __init__(self, default: Callable[[httpx.Request, int], Scripted] | None = None) -> None:
+        self.default = default
         self.requests: list[httpx.Request] = []
+        self.answers: list[Reply] = []
+        """What each request was answered."""
         self.log: list[Any] = []
         self.delays: list[float] = []
         self._replies: list[Reply] = []
         self._clients: list[GatewayClient] = []
 
-    def reply(self, *replies: Reply) -> FakeService:
-        self._replies.extend(replies)
+    def reply(self, *replies: Scripted) -> FakeService:
+        self._replies.extend(as_reply(r) for r in replies)
         return self
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         self.log.append(("sent", len(self.requests)))
-        assert self._replies, "the client sent a request the test did not expect"
-        reply = self._replies.pop(0) if len(self._replies) > 1 else self._replies[0]
+        if self.default is not None and not self._replies:
+            reply = as_reply(self.default(request, len(self.requests)))
+        else:
+            assert self._replies, "the client sent a request the test did not expect"
+            reply = self._replies.pop(0) if len(self._replies) > 1 or self.default else self._replies[0]
+        self.answers.append(reply)
         return reply.build(request)
+
+    @property
+    def count(self) -> int:
+        return len(self.requests)
+
+    def body(self, i: int) -> Any:
+        """The JSON body of the `i`-th request (from 0)."""
+        return json.loads(self.requests[i].content)
 
     def sleep(self, delay: float) -> None:
         self.delays.append(delay)

@@ -1,15 +1,15 @@
 """One unit of work against a fake service: files, records, the crash-safe journal order, resume, chains.
 
-No Prefect and no network: the service is an `httpx.MockTransport` handler that counts and records every
-request and plays scripted replies, the client's `sleep` only records its delays, and every "crash" is an
-exception raised by a monkeypatched store method, after which a new store and context are built from the
-same output folder (what a rerun does).
+No Prefect and no network: the service is the shared fake (`helpers.fake_gateway.FakeService`), which
+records every request and plays scripted replies, then a success whose every field depends on the
+request's number; the client's `sleep` only records its delays; every "crash" is an exception raised by a
+monkeypatched function, after which a new store and context are built from the same output folder (what
+a rerun does); a full disk is the journal and usage files pointed at /dev/full.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import threading
@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers.fake_gateway import FakeService
 from helpers.images import b64, png
 
 from imagebatch.gateway import GatewayClient
@@ -80,52 +81,16 @@ def error(status: int, code: str | None = None) -> tuple[int, dict[str, Any]]:
     return status, {"error": {"message": f"simulated {status}", "code": code or f"code_{status}"}}
 
 
-class Service:
-    """MockTransport handler: records each request, answers from a script, then with a success.
-
-    A scripted reply is a dict (200 JSON), bytes (200 raw body), a (status, body) tuple, or an httpx
-    exception class (raised instead of answering).
-    """
-
-    def __init__(self) -> None:
-        self.requests: list[httpx.Request] = []
-        self.answers: list[Any] = []
-        """What was answered to each request (the JSON body, or the reply object)."""
-        self.script: list[Any] = []
-
-    def reply(self, *replies: Any) -> None:
-        self.script.extend(replies)
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        n = len(self.requests)
-        reply = self.script.pop(0) if self.script else self._success(request, n)
-        self.answers.append(reply)
-        if isinstance(reply, type) and issubclass(reply, Exception):
-            raise reply("simulated", request=request)
-        if isinstance(reply, bytes):
-            return httpx.Response(200, content=reply)
-        if isinstance(reply, tuple):
-            return httpx.Response(reply[0], json=reply[1])
-        return httpx.Response(200, json=reply)
-
-    @staticmethod
-    def _success(request: httpx.Request, n: int) -> dict[str, Any]:
-        path = request.url.path
-        if path.startswith("/v1beta/"):
-            return native_ok(n)
-        if path.startswith("/v1/images/"):
-            return {"created": 1, "data": [{"b64_json": b64(answer_png(8 + n))}]}
-        if path == "/v1/messages":
-            return {"content": [{"type": "text", "text": f"hello {n}"}], "usage": {"output_tokens": n}}
-        raise AssertionError(f"unexpected path {path}")
-
-    @property
-    def count(self) -> int:
-        return len(self.requests)
-
-    def body(self, i: int) -> Any:
-        return json.loads(self.requests[i].content)
+def success(request: httpx.Request, n: int) -> dict[str, Any]:
+    """The fake service's answer to its n-th request once its script is played: a success of the route."""
+    path = request.url.path
+    if path.startswith("/v1beta/"):
+        return native_ok(n)
+    if path.startswith("/v1/images/"):
+        return {"created": 1, "data": [{"b64_json": b64(answer_png(8 + n))}]}
+    if path == "/v1/messages":
+        return {"content": [{"type": "text", "text": f"hello {n}"}], "usage": {"output_tokens": n}}
+    raise AssertionError(f"unexpected path {path}")
 
 
 class Harness:
@@ -134,9 +99,16 @@ class Harness:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp = tmp_path
         self.out = tmp_path / "out"
-        self.service = Service()
+        self.service = FakeService(default=success)
         self.delays: list[float] = []
         self.clients: list[GatewayClient] = []
+        self.while_waiting: Callable[[], None] | None = None
+        """Called in the client's wait before a retry (a test fills the disk there)."""
+
+    def sleep(self, delay: float) -> None:
+        self.delays.append(delay)
+        if self.while_waiting is not None:
+            self.while_waiting()
 
     def units(self, *rows: dict[str, Any]) -> list[Unit]:
         """Write `rows` as a JSONL manifest and group its plan as the flow does."""
@@ -154,8 +126,8 @@ class Harness:
         client = GatewayClient(
             "http://svc",
             API_KEY,
-            transport=httpx.MockTransport(self.service),
-            sleep=self.delays.append,
+            transport=httpx.MockTransport(self.service.handle),
+            sleep=self.sleep,
             slot=slot,
         )
         self.clients.append(client)
@@ -585,7 +557,7 @@ def user(text: str) -> dict[str, Any]:
 
 def model_turn(h: Harness, i: int) -> dict[str, Any]:
     """The model content the service answered to request `i`, exactly as sent."""
-    return h.service.answers[i]["candidates"][0]["content"]
+    return h.service.answers[i].json["candidates"][0]["content"]
 
 
 def test_chain_sends_every_earlier_turn_exactly_as_returned(h: Harness) -> None:
@@ -906,39 +878,37 @@ def test_an_internal_error_in_a_later_turn_keeps_the_earlier_turns_records(
 
 
 class FullDisk:
-    """An injected writer for the store's journal and usage lines: the first `allow` appends succeed, every
-    later one fails as a full disk does (ENOSPC)."""
+    """The output folder's journal and usage files on a full disk: `fill` points them at /dev/full, where
+    every write fails with ENOSPC (the store opens them for each line, so its next line meets it, through
+    its own error path); `free` puts the files back as they were."""
 
-    def __init__(self, store: OutputStore, allow: int) -> None:
-        self.real = store._append
-        self.allow = allow
+    NAMES = ("journal.jsonl", "usage.jsonl")
 
-    def __call__(self, path: Path, record: dict[str, Any], *, sync: bool) -> None:
-        self.allow -= 1
-        if self.allow < 0:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        self.real(path, record, sync=sync)
+    def __init__(self, out: Path) -> None:
+        if not os.path.exists("/dev/full"):
+            pytest.skip("no /dev/full on this system")
+        self.out = out
+
+    def fill(self) -> None:
+        for name in self.NAMES:
+            path = self.out / name
+            if path.exists():
+                path.rename(self.out / f"{name}.kept")
+            path.symlink_to("/dev/full")
+
+    def free(self) -> None:
+        for name in self.NAMES:
+            (self.out / name).unlink()
+            if (kept := self.out / f"{name}.kept").exists():
+                kept.rename(self.out / name)
 
 
-def fill_disk(ctx: RunContext, monkeypatch: pytest.MonkeyPatch, allow: int) -> None:
-    """Make the store's appends fail after `allow` of them, through its own error path."""
-    full = FullDisk(ctx.store, allow)
-
-    def append(path: Path, record: dict[str, Any], *, sync: bool) -> None:
-        with ctx.store._writing(path):
-            full(path, record, sync=sync)
-
-    monkeypatch.setattr(ctx.store, "_append", append)
-
-
-def test_a_journal_that_cannot_be_written_sends_nothing_and_stops_the_run(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_journal_that_cannot_be_written_sends_nothing_and_stops_the_run(h: Harness) -> None:
     """Write-ahead: an attempt that could not be journaled is not sent; the first failed write stops the run
     with one message that says what to do."""
     units = h.units(CAT, {"id": "b", "prompt": "dog"})
     ctx = h.context()
-    fill_disk(ctx, monkeypatch, allow=0)
+    FullDisk(h.out).fill()
     (rec,) = run_unit(ctx, units[0])
     assert h.service.requests == []  # nothing sent: nothing can have been billed
     assert rec.status == "not_attempted" and "disk full at" in (rec.error or "")
@@ -947,34 +917,40 @@ def test_a_journal_that_cannot_be_written_sends_nothing_and_stops_the_run(
     assert second.status == "not_attempted" and h.service.requests == []
 
 
-def test_an_answer_whose_journal_line_fails_is_unknown_and_not_resent(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_answer_whose_journal_line_fails_is_unknown_and_not_resent(h: Harness) -> None:
     """The disk fills while a request is on the wire: its answer (billed) cannot be recorded or saved, so
     it is `unknown`; the rerun does not send it again on its own."""
     unit = h.unit(CAT)
     key = unit.requests[0].idempotency_key
     ctx = h.context()
-    fill_disk(ctx, monkeypatch, allow=1)  # attempt_started is written; nothing after it
+    disk = FullDisk(h.out)
+
+    def answer_as_the_disk_fills(request: httpx.Request, n: int) -> dict[str, Any]:
+        disk.fill()  # attempt_started is written; nothing after it
+        return success(request, n)
+
+    h.service.default = answer_as_the_disk_fills
     (rec,) = run_unit(ctx, unit)
     assert len(h.service.requests) == 1
     assert rec.status == "unknown" and "could not be saved" in (rec.error or "")
     assert ctx.halt_reason and ctx.halt_reason.startswith("disk full at")
     assert not list((h.out / "images").rglob("*.png"))
 
+    disk.free()
+    h.service.default = success
     rerun = h.context()  # space freed
     assert rerun.states[key].status == "unknown"
     assert run_unit(rerun, unit)[0].status == "unknown" and len(h.service.requests) == 1
 
 
-def test_a_retry_that_cannot_be_journaled_is_unknown(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_retry_that_cannot_be_journaled_is_unknown(h: Harness) -> None:
     """The first attempt was sent (and got a 503); the second cannot be journaled, so it is not sent, and
     the request is `unknown` rather than `not_attempted` (a 503 is not billed, but the record says what we
     know: it was sent)."""
     unit = h.unit({**CAT, "route": "images"})
     h.service.reply((503, {"error": {"code": "overloaded", "message": "busy"}}))
     ctx = h.context()
-    fill_disk(ctx, monkeypatch, allow=3)  # attempt 1: started, finished, usage; attempt 2: refused
+    h.while_waiting = FullDisk(h.out).fill  # attempt 1: started, finished, usage; attempt 2: refused
     (rec,) = run_unit(ctx, unit)
     assert len(h.service.requests) == 1 and h.delays == [3.0]
     assert rec.status == "unknown" and rec.attempts == 1

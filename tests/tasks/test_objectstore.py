@@ -52,7 +52,7 @@ def test_the_server_honours_create_only_and_compare_and_swap(s3: Any) -> None:
 def test_journal_segments_replay_in_order_and_compact_into_one_object(s3: Any) -> None:
     url = f"s3://{s3.bucket()}/run"
     store = OutputStore(url)
-    with store.exclusive():
+    with store.hold_and_merge():
         store.journal("attempt_started", idempotency_key="k1", attempt=1)
         store.journal("attempt_finished", idempotency_key="k1", outcome="ok", sync=False)
         store.write_file("j/0-k1.png", b"png")
@@ -71,7 +71,7 @@ def test_journal_segments_replay_in_order_and_compact_into_one_object(s3: Any) -
     replayed = again.load_state()
     assert replayed["k1"].status == "succeeded" and replayed["k2"].status == "unknown"
     assert [u["attempt"] for u in again.usage_lines()] == [1]
-    with again.exclusive():  # the next run's segments sort after the compaction
+    with again.hold_and_merge():  # the next run's segments sort after the compaction
         again.journal("attempt_started", idempotency_key="k3", attempt=1)
         assert again.location.list("journal/")[-1].startswith("journal/00000002-")  # type: ignore[attr-defined]
     assert again.load_state()["k3"].status == "unknown"
@@ -79,7 +79,7 @@ def test_journal_segments_replay_in_order_and_compact_into_one_object(s3: Any) -
 
 def test_group_commit_shares_one_put_between_threads(s3: Any) -> None:
     store = OutputStore(f"s3://{s3.bucket()}/g")
-    with store.exclusive():
+    with store.hold_and_merge():
         assert store._segments is not None
         barrier = threading.Barrier(16)
 
@@ -118,7 +118,7 @@ def test_a_second_live_run_is_refused_and_a_dead_runs_lease_is_taken_over_after_
 def test_a_holder_stops_writing_once_its_lease_is_near_expiry(s3: Any) -> None:
     clock = Clock()
     store = OutputStore(f"s3://{s3.bucket()}/f", clock=clock)
-    with store.exclusive():
+    with store.hold_and_merge():
         store.journal("attempt_started", idempotency_key="k1", attempt=1)
         clock.now += LEASE_SECONDS - SAFETY_SECONDS  # no renewal landed in that time (paused, cut off)
         with pytest.raises(OSError, match="could not be renewed"):
@@ -129,7 +129,7 @@ def test_a_holder_stops_writing_once_its_lease_is_near_expiry(s3: Any) -> None:
 
 def test_an_unsettled_answer_counts_as_done_only_if_its_files_are_there(s3: Any) -> None:
     store = OutputStore(f"s3://{s3.bucket()}/u")
-    with store.exclusive():
+    with store.hold_and_merge():
         for key in ("with", "without"):
             store.journal("attempt_started", idempotency_key=key, attempt=1)
             store.journal("attempt_finished", idempotency_key=key, outcome="ok")

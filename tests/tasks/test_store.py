@@ -486,35 +486,35 @@ def test_an_unanswered_attempt_before_a_retried_error_keeps_the_key_in_doubt(sto
     assert store.load_state()[KEY].status == "unknown"
 
 
-# --- exclusive() and file modes ----------------------------------------------------------------------------
+# --- hold_and_merge() and file modes ---------------------------------------------------------------------
 
 
-def test_exclusive_refuses_a_second_holder_and_releases_after_the_block(tmp_path: Path) -> None:
+def test_hold_and_merge_refuses_a_second_holder_and_releases_after_the_block(tmp_path: Path) -> None:
     from imagebatch.tasks.store import OutputLockedError
 
     first, second = OutputStore(tmp_path / "out"), OutputStore(tmp_path / "out")
-    with first.exclusive():
+    with first.hold_and_merge():
         # flock belongs to the open file description: a second open in this same process conflicts.
         with pytest.raises(OutputLockedError, match="another imagebatch run"):
-            with second.exclusive():
+            with second.hold_and_merge():
                 pytest.fail("the folder was entered twice")
         with pytest.raises(OutputLockedError):
-            with first.exclusive():
+            with first.hold_and_merge():
                 pytest.fail("the folder was entered twice by the same store")
-    with second.exclusive():
+    with second.hold_and_merge():
         pass
 
     with pytest.raises(ZeroDivisionError):
-        with first.exclusive():
+        with first.hold_and_merge():
             1 / 0  # noqa: B018
-    with second.exclusive():  # released when the block raised too
+    with second.hold_and_merge():  # released when the block raised too
         pass
     assert (tmp_path / "out" / ".imagebatch.lock").is_file()
 
 
-def test_exclusive_creates_the_folder(tmp_path: Path) -> None:
+def test_hold_and_merge_creates_the_folder(tmp_path: Path) -> None:
     store = OutputStore(tmp_path / "new" / "out")
-    with store.exclusive():
+    with store.hold_and_merge():
         assert store.root.is_dir()
 
 
@@ -576,7 +576,7 @@ def test_shards_write_their_own_files_and_a_run_holding_the_folder_alone_merges_
     one, two = OutputStore(tmp_path, shard="0-of-2"), OutputStore(tmp_path, shard="1-of-2")
     with one.shard_hold(), two.shard_hold():  # shards share the folder, each holds its own shard
         with pytest.raises(OutputLockedError):
-            with OutputStore(tmp_path).exclusive():  # a run that is not sharded waits for them
+            with OutputStore(tmp_path).hold_and_merge():  # a run that is not sharded waits for them
                 pass
         with pytest.raises(OutputLockedError, match="shard 0-of-2"):
             with OutputStore(tmp_path, shard="0-of-2").shard_hold():  # the same shard twice: never
@@ -587,7 +587,7 @@ def test_shards_write_their_own_files_and_a_run_holding_the_folder_alone_merges_
     assert one.journal_path.name == "journal.shard-0-of-2.jsonl"
     plain = OutputStore(tmp_path)
     assert {k: s.status for k, s in plain.load_state().items()} == {KEY: "succeeded", OTHER: "failed"}
-    with plain.exclusive():
+    with plain.hold_and_merge():
         assert not list(tmp_path.glob("*.shard-*.jsonl"))  # merged into the folder's own files
     assert len(list(read_jsonl(plain.journal_path))) == 2 and len(list(read_jsonl(plain.usage_path))) == 1
     assert {k: s.status for k, s in plain.load_state().items()} == {KEY: "succeeded", OTHER: "failed"}

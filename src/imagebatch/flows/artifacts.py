@@ -18,6 +18,7 @@ from prefect.artifacts import (
 )
 
 from imagebatch.flows import prefect_guard
+from imagebatch.flows.constants import TERMINAL_STATES
 from imagebatch.flows.dispatch import Budget, ProgressSnapshot
 from imagebatch.flows.report_artifact import publish_report
 from imagebatch.tasks.prices import PriceTable
@@ -155,7 +156,6 @@ def publish(info: dict[str, Any], records: Iterable[RequestRecord]) -> None:
     guard.call(lambda: settle_prefect_records(info), bound=SETTLE_TIMEOUT + prefect_guard.CALL_BOUND)
 
 
-TERMINAL_STATES = ["COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
 SETTLE_TIMEOUT = 30.0
 
 
@@ -182,7 +182,7 @@ def settle_prefect_records(
         return True
     body = {
         "flow_runs": {"id": {"any_": [run_id]}},
-        "task_runs": {"state": {"type": {"any_": TERMINAL_STATES}}},
+        "task_runs": {"state": {"type": {"any_": list(TERMINAL_STATES)}}},
     }
     deadline = clock() + timeout
     with get_client(sync_client=True) as client:

@@ -40,9 +40,10 @@ from imagebatch.flows.config import (
     preflight,
     resolve_api_key,
 )
+from imagebatch.flows.constants import FLOW_NAME, SHARD_GRACE
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.flows.finish import run_info, write_records
-from imagebatch.flows.limits import SlotBroker, check_limit
+from imagebatch.flows.limits import SlotBroker, rate_limit_of
 from imagebatch.flows.shards import START_TIMEOUT, records_after, run_shards, shard_name, shard_of
 from imagebatch.flows.verdict import concluded, ran_to_end
 from imagebatch.gateway import GatewayClient
@@ -67,7 +68,7 @@ class RunHooks:
     """Stops the run gracefully from outside (the CLI's Ctrl-C)."""
     checked: Preflight | None = None
     """The command's own preflight of the same run, so the flow does not load the manifest again."""
-    shard_grace: float = 120.0
+    shard_grace: float = SHARD_GRACE
     """How long a Running shard's lock may be free before its run counts as crashed (`flows.shards`)."""
     signals: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     """The command's Ctrl-C/SIGTERM handling, installed again around dispatch (Prefect's flow engine
@@ -113,7 +114,7 @@ def service(base_url: str | None, secret_block: str | None, hooks: RunHooks) -> 
 def held(store: OutputStore) -> Iterator[None]:
     """The output folder's lock for this run (a second run into it would send twice)."""
     try:
-        with store.shard_hold() if store.shard else store.exclusive():
+        with store.shard_hold() if store.shard else store.hold_and_merge():
             yield
     except OutputLockedError as exc:
         raise locked(exc) from None
@@ -173,12 +174,12 @@ class Run:
     info: dict[str, Any]
     """What `run.json` says (`flows.finish.run_info`), completed as the run ends."""
     rate_limit: str | None
-    """The name of the global limit's rate limit (`flows.limits.check_limit`), when it has one."""
+    """The name of the global limit's rate limit (`flows.limits.rate_limit_of`), when it has one."""
 
 
-# Over 60 lines only by its 17 parameters and their docstring: the body is the run's story, in 25 lines.
+# Over 60 lines only by its parameters and their docstring: the body is the run's story, a screen long.
 @flow(
-    name="generate_from_manifest",
+    name=FLOW_NAME,
     # At most one batch per unit in flight, plus the one being admitted (see flows.dispatch).
     task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENCY + 1),  # type: ignore[arg-type]  # Prefect's own generics
     log_prints=False,
@@ -243,7 +244,7 @@ def generate_from_manifest(
     )  # fmt: skip
     if shards < 1 or (shard is not None and not 0 <= shard < shards):
         raise UsageError(f"shard {shard} of {shards}: shards must be 1 or more, and a shard 0 to shards - 1")
-    rate_limit = check_limit(global_limit) if global_limit else None  # a missing limit is refused here
+    rate_limit = rate_limit_of(global_limit) if global_limit else None  # a missing limit is refused here
     units = group_units(plan(checked.manifest))
     planned = sum(len(unit.requests) for unit in units)
     info = run_info(checked, planned, concurrency, force, retry_unknown, api_key_secret_block)

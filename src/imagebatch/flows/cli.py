@@ -25,8 +25,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
+from imagebatch.flows.constants import FLOW_NAME
 from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from imagebatch.flows.limits import limits_arguments
+from imagebatch.flows.limits import DEFAULT_LIMIT
+from imagebatch.flows.worker import GRACE as WORKER_GRACE
+from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES
+from imagebatch.tasks.layout import REPORT_HTML, RESULTS_CSV
 
 __all__ = ["EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -44,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_arguments(sub.add_parser("run", help="generate everything a manifest asks for"))
     _validate_arguments(sub.add_parser("validate", help="check a manifest and print its plan; sends nothing"))
     _emulator_arguments(sub.add_parser("emulator", help="serve the emulated gateway on loopback"))
-    report = sub.add_parser("report", help="(re)build the contact sheet report.html of an output folder")
+    report = sub.add_parser("report", help=f"(re)build the contact sheet {REPORT_HTML} of an output folder")
     report.add_argument("out", help="an output folder of `imagebatch run`, or its s3://bucket/prefix")
     _deploy_arguments(
         sub.add_parser(
@@ -60,10 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         work_pool=False,
     )
     limits = sub.add_parser("limits", help="create or update the account-wide limits on the Prefect server")
-    limits_arguments(limits)
-    from imagebatch.flows.worker import worker_arguments
-
-    worker_arguments(
+    _limits_arguments(limits)
+    _worker_arguments(
         sub.add_parser(
             "worker", help="run `prefect worker start`; on SIGTERM, stop its flow runs gracefully first"
         )
@@ -135,8 +137,8 @@ def _report(out: str) -> int:
         if isinstance(where, str):
             check_output_store(where, lock=False)
         store = OutputStore(where)
-        if not store.location.exists("results.csv"):
-            why = "has no results.csv (not an output folder of a finished run)"
+        if not store.location.exists(RESULTS_CSV):
+            why = f"has no {RESULTS_CSV} (not an output folder of a finished run)"
             print(f"imagebatch report: {store.where} {why}", file=sys.stderr)
             return EXIT_USAGE
         print(store.build_report())
@@ -158,7 +160,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--base-url",
         default=None,
-        help="service root (default: $IMAGEBATCH_BASE_URL; with neither, the embedded emulator)",
+        help=f"service root (default: ${ENV_BASE_URL}; with neither, the embedded emulator)",
     )
     parser.add_argument(
         "--rpm",
@@ -181,7 +183,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prices",
         default=None,
-        help="price table (TOML or JSON; default: $IMAGEBATCH_PRICES; none: no estimate)",
+        help=f"price table (TOML or JSON; default: ${ENV_PRICES}; none: no estimate)",
     )
     parser.add_argument(
         "--no-adaptive",
@@ -193,7 +195,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-report",
         dest="report",
         action="store_false",
-        help="no thumbnails and no report.html (~15 ms of CPU an image; `imagebatch report OUT` later)",
+        help=f"no thumbnails and no {REPORT_HTML} (~15 ms of CPU an image; `imagebatch report OUT` later)",
     )
     _allow_failures_argument(parser)
     parser.add_argument("--force", action="store_true", help="regenerate even what is already done")
@@ -206,7 +208,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key-block",
         default=None,
-        help="name of a Prefect Secret block holding the API key (default: $IMAGEBATCH_API_KEY)",
+        help=f"name of a Prefect Secret block holding the API key (default: ${ENV_API_KEY})",
     )
     _global_limit_argument(parser)
 
@@ -251,9 +253,7 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
         required=True,
         help="output folder, the same for every run: each sends only new and changed rows",
     )
-    parser.add_argument(
-        "--name", required=True, help="the deployment's name: runs are 'generate_from_manifest/NAME'"
-    )
+    parser.add_argument("--name", required=True, help=f"the deployment's name: runs are '{FLOW_NAME}/NAME'")
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--cron", default=None, help='cron schedule, e.g. "0 2 * * *" (default: no schedule)')
     when.add_argument("--interval", type=float, default=None, help="schedule: a run every SECONDS")
@@ -296,13 +296,13 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     parser.add_argument(
         "--base-url",
         default=None,
-        help="service root, or `embedded` for the emulator (default: $IMAGEBATCH_BASE_URL here; one of "
+        help=f"service root, or `embedded` for the emulator (default: ${ENV_BASE_URL} here; one of "
         "them is needed, and is stored in the deployment)",
     )
     parser.add_argument(
         "--api-key-block",
         default=None,
-        help="a Prefect Secret block holding the API key (default: $IMAGEBATCH_API_KEY where the run runs)",
+        help=f"a Prefect Secret block holding the API key (default: ${ENV_API_KEY} where the run runs)",
     )
     parser.add_argument("--rpm", type=int, default=None, help="space request starts to at most N a minute")
     parser.add_argument("--max-images", type=int, default=None, help="each run's budget in images")
@@ -317,11 +317,42 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
         help="open --concurrency requests at once instead of adapting to HTTP 429s",
     )
     parser.add_argument(
-        "--no-report", dest="report", action="store_false", help="no thumbnails and no report.html"
+        "--no-report", dest="report", action="store_false", help=f"no thumbnails and no {REPORT_HTML}"
     )
     _files_root_argument(parser)
     _allow_failures_argument(parser)
     _global_limit_argument(parser)
+
+
+def _limits_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default=DEFAULT_LIMIT, help=f"the limit's name (default: {DEFAULT_LIMIT})")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        required=True,
+        help="requests on the wire at once, over every run and machine",
+    )
+    parser.add_argument(
+        "--per-minute",
+        type=int,
+        default=None,
+        help="also at most this many requests a minute (NAME-per-minute; 0 removes it)",
+    )
+
+
+def _worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pool", required=True, help="the process work pool to poll")
+    parser.add_argument("--limit", type=int, default=None, help="the most flow runs at once (Prefect's)")
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=WORKER_GRACE,
+        help="seconds the flow runs get to stop after a SIGTERM before the worker stops "
+        f"(default {WORKER_GRACE:g})",
+    )
+    parser.add_argument(
+        "extra", nargs=argparse.REMAINDER, help="after --: more options for `prefect worker start`"
+    )
 
 
 def _validate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -349,37 +380,28 @@ def _emulator_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key",
         default=None,
-        help="the key clients must send (default: $IMAGEBATCH_API_KEY; without either, a throwaway key "
+        help=f"the key clients must send (default: ${ENV_API_KEY}; without either, a throwaway key "
         "is generated and printed on stderr)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of images, answer shapes and faults")
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds each generation takes")
+    # The settings' defaults are `EmulatorSettings`'s (an option not given is not passed on): the parser
+    # does not import the emulator, and the values are written once.
+    parser.add_argument("--seed", type=int, help="seed of images, answer shapes and faults")
+    parser.add_argument("--latency", type=float, help="seconds each generation takes")
+    parser.add_argument("--jpeg-rate", type=float, help="fraction of native/chat images sent as JPEG")
     parser.add_argument(
-        "--jpeg-rate", type=float, default=0.25, help="fraction of native/chat images sent as JPEG"
-    )
-    parser.add_argument(
-        "--thought-image-rate",
-        type=float,
-        default=0.3,
-        help="fraction of native answers with a thought image",
+        "--thought-image-rate", type=float, help="fraction of native answers with a thought image"
     )
     parser.add_argument(
         "--max-images-policy",
         choices=("random", "cap"),
-        default="random",
-        help="images delivered under X-Service-Max-Images: 1..cap (random) or exactly the cap",
+        help="images delivered under X-Service-Max-Images: 1..cap (random, the default) or exactly the cap",
     )
     parser.add_argument(
-        "--slow-seconds", type=float, default=660.0, help="how long a 'slow' fault waits (default: 660)"
+        "--slow-seconds", type=float, help="how long a 'slow' fault waits (default: past the spec's timeout)"
     )
+    parser.add_argument("--rpm", type=int, help="rate limit: generations started per minute (default: none)")
     parser.add_argument(
-        "--rpm", type=int, default=None, help="rate limit: generations started per minute (default: none)"
-    )
-    parser.add_argument(
-        "--max-in-flight",
-        type=int,
-        default=None,
-        help="concurrency limit: generations at once (default: none)",
+        "--max-in-flight", type=int, help="concurrency limit: generations at once (default: none)"
     )
     parser.add_argument(
         "--overload-burst",

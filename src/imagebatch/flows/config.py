@@ -14,16 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from imagebatch.gateway.client import normalise_base_url
+from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES
 from imagebatch.gateway.errors import ConfigurationError
 from imagebatch.manifest import Manifest, load_manifest
-from imagebatch.tasks.prices import ENV_PRICES, PriceError, PriceTable
+from imagebatch.tasks.prices import PriceError, PriceTable
 from imagebatch.tasks.storage import is_object_url
 from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 MAX_CONCURRENCY = 256
 DEFAULT_CONCURRENCY = 4
-ENV_BASE_URL = "IMAGEBATCH_BASE_URL"
-ENV_API_KEY = "IMAGEBATCH_API_KEY"
 EMBEDDED = "embedded"
 """The service address that names the embedded emulator (`--base-url embedded`,
 `IMAGEBATCH_BASE_URL=embedded`): how a deployment asks for it, since one without an address is refused."""
@@ -121,7 +120,7 @@ def check_output_store(url: str, lock: bool = True) -> None:
         raise UsageError(f"--out {loc.url}: {why}")
     if lock:
         try:
-            with OutputStore(url).exclusive():
+            with OutputStore(url).hold_and_merge():
                 pass
         except OutputLockedError as exc:
             raise locked(exc) from None
@@ -139,7 +138,7 @@ def check_output_folder(out: Path, lock: bool = True) -> None:
         with tempfile.TemporaryFile(dir=out):
             pass
         if lock:
-            with OutputStore(out).exclusive():
+            with OutputStore(out).hold_and_merge():
                 pass
     except OutputLockedError as exc:
         raise locked(exc) from None

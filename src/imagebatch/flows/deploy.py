@@ -27,7 +27,7 @@ Choices (README "Scheduled runs"):
   another holds the slot is cancelled by the server ("Deployment concurrency limit reached"), visible as
   such in the UI. A run sends everything not yet done, so a skipped firing loses nothing: the next one
   does it all. ENQUEUE would instead pile waiting runs behind a long one (one per firing) that then start
-  back to back. The output folder's lock (`OutputStore.exclusive`) stays the last guard.
+  back to back. The output folder's lock (`OutputStore.hold_and_merge`) stays the last guard.
 - **`deploy` needs a work pool** (`--work-pool` or Prefect's `PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME`);
   without one it refuses and points to `imagebatch serve`, which takes the same options and serves the
   deployment from this process until Ctrl-C (Prefect's `serve`; the schedule is paused when it stops). A
@@ -58,16 +58,16 @@ from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from imagebatch.flows.allowance import parse_allowance
-from imagebatch.flows.config import EMBEDDED, ENV_BASE_URL, UsageError, locked, preflight
+from imagebatch.flows.config import EMBEDDED, UsageError, locked, preflight
+from imagebatch.flows.constants import FLOW_NAME
 from imagebatch.flows.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL
 from imagebatch.manifest import ManifestError
 from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
 
-FLOW_NAME = "generate_from_manifest"
-ENTRYPOINT = "imagebatch.flows.batch.generate_from_manifest"
 COLLISION = "CANCEL_NEW"
 FINAL_STATE_NAMES = ("Completed", "Failed", "Cancelled", "Crashed")
 """What the server does with a run of the deployment that starts while another one runs: cancel it."""
@@ -121,9 +121,9 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
         if args.api_key_block:
             check_secret_block(args.api_key_block)
         if args.global_limit:
-            from imagebatch.flows.limits import check_limit
+            from imagebatch.flows.limits import rate_limit_of
 
-            check_limit(args.global_limit)  # refuses a limit the server does not have
+            rate_limit_of(args.global_limit)  # refuses a limit the server does not have
         if pool:
             check_work_pool(pool)
         shards = getattr(args, "shards", 1)
@@ -208,7 +208,7 @@ def _held_message(out: Path) -> str | None:
     if not out.is_dir():
         return None
     try:
-        with OutputStore(out).exclusive():
+        with OutputStore(out).hold_and_merge():
             return None
     except OutputLockedError as exc:
         return str(locked(exc))
@@ -439,7 +439,7 @@ def describe(
     if args.api_key_block:
         lines.append(f"  API key: the Prefect Secret block {args.api_key_block!r}")
     else:
-        lines.append(f"  API key: IMAGEBATCH_API_KEY in {where} environment (never a parameter)")
+        lines.append(f"  API key: {ENV_API_KEY} in {where} environment (never a parameter)")
     if str(parameters["base_url"]).strip().lower() == EMBEDDED:
         lines.append("  service: the embedded emulator (its images are placeholders), as asked")
     else:

@@ -94,7 +94,7 @@ class Window:
     finished unit (doubling each round) until the first 429; then each 429 halves it (once per round:
     the 429s of one overshoot count once) and it grows back by one per two windows of units finished
     without a 429 (additive increase, multiplicative decrease). Never above `limit` nor below 1.
-    With `adaptive=False` it stays at `limit` (the old behaviour, and the benchmark's baseline)."""
+    With `adaptive=False` it stays at `limit` (the benchmark's baseline)."""
 
     def __init__(self, limit: int, adaptive: bool = True, start: int = 4) -> None:
         self.limit = limit
@@ -139,7 +139,9 @@ class Budget:
     spent: float = 0.0
     reserved: dict[int, float] = field(default_factory=dict)
 
-    def refuses(self, unit: Unit) -> str | None:
+    def reserve(self, unit: Unit) -> str | None:
+        """Reserve the most `unit` can use until it finishes; or, if that would pass the cap, reserve
+        nothing and return why it is not sent."""
         held = sum(self.reserved.values())
         if self.spent + held + self.most(unit) > self.cap + 1e-9:
             return (
@@ -333,7 +335,7 @@ class Dispatcher:
             nxt = next(self.pending, None)
             if nxt is None:
                 break
-            self.capped = next((why for b in self.budgets if (why := b.refuses(nxt))), None)
+            self.capped = next((why for b in self.budgets if (why := b.reserve(nxt))), None)
             if self.capped is not None:  # not a halt yet: what is already admitted fits, and is sent
                 self.pending = itertools.chain([nxt], self.pending)
                 break

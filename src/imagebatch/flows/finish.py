@@ -19,6 +19,7 @@ from typing import Any
 
 import imagebatch
 from imagebatch.flows.config import Preflight, out_text
+from imagebatch.tasks import layout
 from imagebatch.tasks.context import Unit
 from imagebatch.tasks.prices import PriceTable
 from imagebatch.tasks.records import storage_message
@@ -87,12 +88,12 @@ def write_files(
     try:
         store.write_results(rows, list(checked.manifest.metadata_columns))
     except OSError as exc:
-        unwritten.append(f"results.csv not written: {storage_message(store.where, exc)}")
+        unwritten.append(f"{layout.RESULTS_CSV} not written: {storage_message(store.where, exc)}")
     usage = summarise_usage(store.usage_lines(), records)
     try:
-        store.write_top("usage-summary.csv", usage_csv(usage))
+        store.write_top(layout.USAGE_SUMMARY_CSV, usage_csv(usage))
     except OSError as exc:
-        unwritten.append(f"usage-summary.csv not written: {storage_message(store.where, exc)}")
+        unwritten.append(f"{layout.USAGE_SUMMARY_CSV} not written: {storage_message(store.where, exc)}")
     counts = Counter(r.status for r in records)
     info["usage"] = [row.to_dict() for row in usage]
     if price_table is not None:
@@ -108,13 +109,13 @@ def write_files(
     try:
         store.write_run(info)
     except OSError as exc:
-        unwritten.append(f"run.json not written: {storage_message(store.where, exc)}")
+        unwritten.append(f"{layout.RUN_JSON} not written: {storage_message(store.where, exc)}")
     try:
         if report:
             plan = {req.idempotency_key: req for unit in units for req in unit.requests}  # not loaded again
             info["report"] = store.build_report(plan)
     except Exception as exc:  # the report is a view of the records, never a reason to fail the run
-        unwritten.append(f"report.html not written: {exc}")
+        unwritten.append(f"{layout.REPORT_HTML} not written: {exc}")
     if unwritten:
         info["unwritten"] = unwritten  # the command prints them; the records above are all there is
     return info

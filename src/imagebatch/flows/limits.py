@@ -45,9 +45,10 @@ def rate_limit_name(name: str) -> str:
     return f"{name}-per-minute"
 
 
-def check_limit(name: str) -> str | None:
-    """Refuse a limit the server does not have (a run would otherwise go unlimited without a word); return
-    the name of its rate limit, `NAME-per-minute`, when that exists."""
+def rate_limit_of(name: str) -> str | None:
+    """The name of the global limit `name`'s rate limit, `NAME-per-minute`, when the server has one.
+    Refuses (`UsageError`) a limit the server does not have: a run would otherwise go unlimited without
+    a word."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -391,19 +392,3 @@ def limits_main(args: argparse.Namespace) -> int:
         print(f"{limit['name']}: {what} (on {api_url})")
     print(f"runs take it with --global-limit {args.name} (deploy and serve too)")
     return EXIT_OK
-
-
-def limits_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--name", default=DEFAULT_LIMIT, help=f"the limit's name (default: {DEFAULT_LIMIT})")
-    parser.add_argument(
-        "--concurrency",
-        type=int,
-        required=True,
-        help="requests on the wire at once, over every run and machine",
-    )
-    parser.add_argument(
-        "--per-minute",
-        type=int,
-        default=None,
-        help="also at most this many requests a minute (NAME-per-minute; 0 removes it)",
-    )

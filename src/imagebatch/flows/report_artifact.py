@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from imagebatch.tasks import layout
 from imagebatch.tasks.outcome import DONE, tally
 from imagebatch.tasks.store import STATUSES, RequestRecord
 
@@ -40,7 +41,7 @@ def keep_run_report(first: Path, stamp: str, keep: int = KEEP) -> Path:
     """Copy `report.html` and its pages to this run's names (links between them rewritten); prune the
     copies of all but the newest `keep` runs. Returns the copy of the first page."""
     out = first.parent
-    pages = [first, *sorted(out.glob("report-*.html"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))]
+    pages = [first, *sorted(out.glob(layout.REPORT_PAGES), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))]
     names = {p.name: f"report.{stamp}-{p.stem.removeprefix('report-')}.html" for p in pages[1:]}
     names[first.name] = f"report.{stamp}.html"
     for page in pages:

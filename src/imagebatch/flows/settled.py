@@ -51,7 +51,7 @@ def settle_without_prefect(
     if not store.journal_path.is_file():
         return None
     try:
-        with store.exclusive():
+        with store.hold_and_merge():
             options = {
                 "global_limit": global_limit, "report": report, "shards": 1, "shard": None,
                 "files_root": files_root, "allow_failures": allow_failures,

@@ -25,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from imagebatch.flows.constants import SHARD_GRACE, TERMINAL_STATES
+from imagebatch.manifest.plan import key_digits
 from imagebatch.tasks.context import Unit
 from imagebatch.tasks.records import carried, not_attempted
 from imagebatch.tasks.store import KeyState, OutputStore, RequestRecord
 
-FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 START_TIMEOUT = 60.0
 """Seconds a shard may wait for a worker before the parent, its own shard done, runs it itself."""
 NEVER_STARTED = 300.0
@@ -39,7 +40,7 @@ NEVER_STARTED = 300.0
 def shard_of(unit: Unit, shards: int) -> int:
     """Which shard sends `unit`: by its first idempotency key, so the split is the same on every machine
     and every rerun (a key's hex digits are uniform)."""
-    return int(unit.requests[0].idempotency_key.removeprefix("ib1-")[:8], 16) % shards
+    return int(key_digits(unit.requests[0].idempotency_key)[:8], 16) % shards
 
 
 def shard_name(shard: int, shards: int) -> str:
@@ -70,7 +71,7 @@ def run_shards(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     poll: float = 2.0,
-    grace: float = 120.0,
+    grace: float = SHARD_GRACE,
     start_timeout: float = START_TIMEOUT,
     never_started: float = NEVER_STARTED,
 ) -> list[dict[str, Any]]:
@@ -86,8 +87,9 @@ def run_shards(
 
     A shard a worker claimed that is not Running `never_started` seconds later (its worker died between
     claim and start) is marked Crashed, and so is a Running one whose lock has been free for `grace`
-    seconds (its machine died: the process held its shard lock while it sent). The run goes on without
-    them: what they sent without an answer is `unknown`, what they never sent is sent by the next run."""
+    seconds (`SHARD_GRACE`; its machine died: the process held its shard lock while it sent). The run goes
+    on without them: what they sent without an answer is `unknown`, what they never sent is sent by the
+    next run."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
@@ -107,7 +109,7 @@ def run_shards(
         try:
             while True:
                 _refresh(client, tracked, clock)
-                if all(s.state in FINAL and s.here is None for s in tracked):
+                if all(s.state in TERMINAL_STATES and s.here is None for s in tracked):
                     break
                 _reap(client, tracked, shards)
                 if not any(s.here for s in tracked):
@@ -185,7 +187,7 @@ def _reap(client: Any, tracked: list[_Shard], shards: int) -> None:
         if shard.here is None or (code := shard.here.poll()) is None:
             continue
         shard.here = None
-        if shard.state not in FINAL:
+        if shard.state not in TERMINAL_STATES:
             gone = f"shard {shard_name(shard.index, shards)}: its process exited ({code}) before it ended"
             client.set_flow_run_state(shard.run_id, Crashed(message=gone), force=True)
             shard.state, shard.message = "CRASHED", gone

@@ -22,6 +22,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, exit_code_for
+from imagebatch.tasks import layout
+from imagebatch.tasks.layout import UNKNOWN_HINT
+from imagebatch.tasks.prices import money
 
 if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
     from imagebatch.flows.batch import RunHooks
@@ -194,7 +197,7 @@ def _temporary_server_settings(api_url: str) -> dict[Any, Any]:
     """Prefect's settings for a run on its temporary server: its address, and no flow-run heartbeats.
 
     Heartbeats let a long-lived server's automations notice a flow run whose process died; the temporary
-    server dies with the run, so nothing could ever read them. Off, the end of the run no longer waits
+    server dies with the run, so nothing could ever read them. Off, the end of the run does not wait
     for the heartbeat thread's current one-second sleep (0 to 1 s, Prefect's `_send_heartbeats`). Against
     a running server (`PREFECT_API_URL`) Prefect's own setting is left as it is."""
     from prefect.settings import PREFECT_API_URL
@@ -316,7 +319,7 @@ def _generate(args: argparse.Namespace, guard: PrefectGuard) -> dict[str, Any]:
 def _run_json(checked: Preflight) -> Path | None:
     """The run.json a second signal marks abandoned: a local folder's (a bucket's run is marked by the
     next run, which finds its lease expired)."""
-    return checked.out / "run.json" if isinstance(checked.out, Path) else None
+    return checked.out / layout.RUN_JSON if isinstance(checked.out, Path) else None
 
 
 def _settled(args: argparse.Namespace, checked: Preflight) -> dict[str, Any] | None:
@@ -391,10 +394,9 @@ def _report(
     _print_usage(out, info.get("usage", []))
     if info.get("spend"):
         s = info["spend"]
-        money = f"{s['spent']:,.2f} {s['currency']}".strip()
-        line = f"estimated spend this run: {money}"
+        line = f"estimated spend this run: {money(s['spent'], s['currency'])}"
         if s["in_doubt"]:
-            line += f" (up to {s['spent'] + s['in_doubt']:,.2f} if the unknown requests were billed)"
+            line += f" (up to {money(s['spent'] + s['in_doubt'])} if the unknown requests were billed)"
         if s["unpriced"]:
             line += f"; no price for {', '.join(s['unpriced'])} (counted as 0)"
         out.print(line, markup=False, highlight=False)
@@ -405,8 +407,8 @@ def _report(
     counts: dict[str, int] = info["counts"]
     if counts.get("unknown"):
         err.print(
-            f"{counts['unknown']} request(s) have an unknown outcome (sent, no answer): check the service's "
-            "usage history, then rerun with --retry-unknown if they were not generated.",
+            f"{counts['unknown']} request(s) have an unknown outcome (sent, no answer); "
+            f"for each, {UNKNOWN_HINT}.",
             markup=False,
         )
     if info.get("rate_limited"):

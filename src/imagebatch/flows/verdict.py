@@ -29,8 +29,8 @@ from prefect.states import Cancelled, Completed, Failed, State
 
 from imagebatch.flows.allowance import Allowance, parse_allowance, verdict
 from imagebatch.flows.stopping import graceful_stop, safe_output
+from imagebatch.tasks.layout import UNKNOWN_HINT
 from imagebatch.tasks.outcome import NOT_DONE, not_done, tally
-from imagebatch.tasks.records import UNKNOWN_HINT
 
 PREFIX = "imagebatch: "
 """How every verdict's message begins, so a parent run tells a shard that ran to its end from one that

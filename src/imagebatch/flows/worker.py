@@ -40,20 +40,6 @@ GRACE = 40.0
 flight (`stopping.GRACE`), then writing the records and reporting the state."""
 
 
-def worker_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pool", required=True, help="the process work pool to poll")
-    parser.add_argument("--limit", type=int, default=None, help="the most flow runs at once (Prefect's)")
-    parser.add_argument(
-        "--grace",
-        type=float,
-        default=GRACE,
-        help=f"seconds the flow runs get to stop after a SIGTERM before the worker stops (default {GRACE:g})",
-    )
-    parser.add_argument(
-        "extra", nargs=argparse.REMAINDER, help="after --: more options for `prefect worker start`"
-    )
-
-
 def worker_main(args: argparse.Namespace) -> int:
     extra = [a for a in args.extra if a != "--"]
     command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool, "--type", "process"]

@@ -25,6 +25,7 @@ from .constants import (
     COMPAT_VERSION_HEADER,
     CONNECT_TIMEOUT,
     DEFAULT_COMPAT_VERSION,
+    ENV_API_KEY,
     IDEMPOTENCY_HEADER,
     IMAGE_TIMEOUT,
     MESSAGES_KEY_HEADER,
@@ -122,8 +123,10 @@ class GatewayClient:
     each attempt while it is on the wire (not during a retry's wait): a run passes a slot of a Prefect
     global concurrency limit shared by every run and machine of an account (`flows.limits`).
 
-    Build a request with `imagebatch.gateway.requests` and `send` it; the route methods below take a body
-    given whole (as an SDK user would write it) and do the same.
+    Build a request with `imagebatch.gateway.requests` and `send` it, as a run does (`tasks.send`). The
+    route methods below are the public typed API for a caller with a body given whole (as an SDK user
+    would write it): one call per route, the body checked by the same builders, then `send`. Kept for
+    that caller and for the client's tests, which drive each route through them; a run never needs them.
     """
 
     def __init__(
@@ -145,7 +148,7 @@ class GatewayClient:
         if native_auth not in ("x-native-api-key", "bearer"):
             raise ConfigurationError(f"native_auth must be x-native-api-key or bearer, not {native_auth!r}")
         if not api_key:
-            raise ConfigurationError("an API key is required (set IMAGEBATCH_API_KEY)")
+            raise ConfigurationError(f"an API key is required (set {ENV_API_KEY})")
         self._api_key = api_key
         self._native_auth = native_auth
         self._compat_version = compat_version
@@ -425,7 +428,7 @@ def normalise_base_url(base_url: str) -> str:
     if _USERINFO.match(base_url):
         raise ConfigurationError(
             "base URL must not hold a user name or password (user:password@host): give the service root "
-            "alone, and the API key in IMAGEBATCH_API_KEY or a Prefect Secret block"
+            f"alone, and the API key in {ENV_API_KEY} or a Prefect Secret block"
         )
     url = base_url.strip().rstrip("/")
     try:

@@ -1,4 +1,5 @@
-"""Every tunable number and every fixed value the spec gives, in one place.
+"""Every tunable number and every fixed value the spec gives, in one place, and the names of the
+environment variables imagebatch reads (the lowest module every room may import).
 
 The emulator, the client and the manifest checker all read these; none of them keeps its own copy.
 """
@@ -138,3 +139,11 @@ CONNECT_TIMEOUT = 30.0
 # --- retries --------------------------------------------------------------------------------------
 RETRY_DELAYS: tuple[float, ...] = (3.0, 8.0, 15.0)
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})  # plus every 5xx
+
+# --- imagebatch's environment variables -----------------------------------------------------------
+ENV_API_KEY = "IMAGEBATCH_API_KEY"
+"""The service's API key: of a run without a Secret block, and the emulator's without `--api-key`."""
+ENV_BASE_URL = "IMAGEBATCH_BASE_URL"
+"""The service root of a run without `--base-url` (neither: the embedded emulator)."""
+ENV_PRICES = "IMAGEBATCH_PRICES"
+"""The price table of a run without `--prices`."""

@@ -31,10 +31,6 @@ class ImageInfo:
     height: int
     has_alpha: bool
 
-    @property
-    def extension(self) -> str:
-        return EXTENSIONS[self.mime_type]
-
 
 class NotAnImageError(ValueError):
     """The bytes are not a PNG or JPEG image that can be decoded."""
@@ -46,8 +42,8 @@ def inspect_image(data: bytes) -> ImageInfo:
 
     A PNG's every chunk is read and its checksum checked, up to its end chunk (`verify`, no decompression:
     ~3 ms for 3 MB). A JPEG's header is parsed and its end-of-image marker must close the file (a
-    download cut short has none): decoding it whole, as before, cost ~90 ms for a 4K JPEG and found no
-    more (a JPEG damaged in the middle decodes anyway). Every image of a run passes here once."""
+    download cut short has none): decoding it whole would cost ~90 ms for a 4K JPEG and find no more
+    (a JPEG damaged in the middle decodes anyway). Every image of a run passes here once."""
     if not data:
         raise NotAnImageError("empty file (0 bytes)")
     mime = sniff_mime(data)

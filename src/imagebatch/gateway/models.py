@@ -5,7 +5,7 @@ validates what it receives with them, and the manifest checker asks them whether
 A native request's aspect ratio depends on the model in the URL path, so validate a `NativeRequest` with
 ``context={"model": model}`` (see `validate_native_request`).
 
-About 530 lines, over the project's 400, on purpose: it is the spec's body schema, one model per object of
+Over the project's 400 lines on purpose: it is the spec's body schema, one model per object of
 the spec, and splitting it by route would scatter the rules they share (inline images, explicit nulls,
 model and ratio checks) over several files that must change together.
 """

@@ -78,11 +78,10 @@ manifest into `PlannedRequest` objects; `summarise` counts them; `validate_main`
 validate` command (its options are in `imagebatch.flows.cli`). This module is the public face; the work
 is done in `read` (CSV, JSON, JSON Lines to raw rows), `check` (the checker, in steps) with `fields` (the
 field table), `template` (prompts), `inputs` (the row model and its errors) and `files` (reference images
-and masks), `models` (Job, Manifest, Problem), `load`, `plan` (requests and keys) and `summary`.
+and masks), `models` (Job, Manifest, Problem), `load`, `plan` (requests and keys), `validate`.
 
-One CSV reader: the csv module. pandas used to parse every CSV a second time after the csv module had
-already found each record's physical line (which pandas cannot report): it earned nothing, and its import
-cost start-up time and 60 MB, so it is no longer a dependency.
+One CSV reader: the csv module, which also finds each record's physical line (pandas cannot report it).
+A second parser would earn nothing; pandas' import alone costs start-up time and 60 MB.
 """
 
 from __future__ import annotations
@@ -118,8 +117,8 @@ from .plan import (
     summarise,
 )
 from .read import detect_format
-from .summary import validate_main
 from .template import TemplateError, render_prompt
+from .validate import validate_main
 
 __all__ = [
     "ID_PATTERN",

@@ -1,7 +1,7 @@
 """The checker: a raw manifest's rows to Jobs, in small steps (header, id, route and model, fields,
 templates, files), every problem collected with its line or item, field and hint.
 
-About 550 lines, over the project's 400, on purpose: it is one class whose steps share the manifest's
+Over the project's 400 lines on purpose: it is one class whose steps share the manifest's
 state (its defaults, the ids seen, the look-alike names reported, the file cache); the tables, templates,
 input model and file checks it uses are already in their own modules."""
 
@@ -26,6 +26,7 @@ from imagebatch.gateway.constants import (
     DEFAULT_NATIVE_MODEL,
     IMAGE_MODELS,
     NATIVE_MODELS,
+    serves,
 )
 from imagebatch.gateway.imagefile import mask_problems
 from imagebatch.gateway.models import check_aspect_ratio, check_text_model
@@ -52,6 +53,7 @@ from .models import (
     Location,
     Problem,
     Turn,
+    wire_route,
 )
 from .read import RawManifest, RawRow
 from .template import TemplateError, render_prompt, template_value
@@ -71,12 +73,9 @@ def _ratio_hint(model: str, ratio: str) -> str | None:
 
 
 def _serves(route: str, model: str | None) -> bool:
-    """Whether `route` serves `model` (a text route serves any model that is not an image model)."""
-    if route in ("native", "chat"):
-        return model in NATIVE_MODELS
-    if route == "images":
-        return model == COMPAT_IMAGE_MODEL
-    return model is not None and model not in IMAGE_MODELS
+    """Whether the manifest route `route` serves `model`: the service's rule (`gateway.constants.serves`);
+    False for a route that is not one (reported by `_resolve`)."""
+    return route in MANIFEST_ROUTES and serves(wire_route(route), model)
 
 
 def _model_hint(model: str, candidates: tuple[str, ...]) -> str | None:
@@ -241,7 +240,11 @@ class JobChecker:
         if job_id is None or route is None or model is None or prompt is None:
             return None  # an absent id or prompt column, reported once at the header
         image_route = route in ("native", "chat")
-        job = Job(
+        # Every value was checked by the steps above, and every field is given, so every Job's fields-set
+        # is the same set of names: `model_construct` (pydantic's constructor for checked values) shares
+        # one (validating again would make a 728-byte set per instance, 73 MB for a 100,000-row plan).
+        return Job.model_construct(
+            _JOB_FIELDS,
             id=job_id,
             line=row.line,
             location=r.location,
@@ -261,10 +264,6 @@ class JobChecker:
             turns=turns,
             metadata=metadata,
         )
-        # Every field is given, so every Job's fields-set is the same set of names: share one (pydantic
-        # makes a 728-byte set per instance; copies copy it before changing it).
-        object.__setattr__(job, "__pydantic_fields_set__", _JOB_FIELDS)
-        return job
 
     def _start(self, row: RawRow) -> _Row:
         """The row's state, its known fields split from its metadata (look-alike names reported once)."""
@@ -406,10 +405,9 @@ class JobChecker:
             # The images routes serve one model; everything else defaults to the newest native model.
             model = COMPAT_IMAGE_MODEL if route == "images" else DEFAULT_NATIVE_MODEL
         if route is None:
-            if model in NATIVE_MODELS:
-                return "native", model
-            if model == COMPAT_IMAGE_MODEL:
-                return "images", model
+            for implied in ("native", "images"):  # an image model implies its route
+                if _serves(implied, model):
+                    return implied, model
             hint = _model_hint(model, IMAGE_MODELS)
             if hint:
                 add("model", f"unknown model {model!r}; image models are {', '.join(IMAGE_MODELS)}", hint)
@@ -420,7 +418,9 @@ class JobChecker:
                     "set route to messages or responses for a text model",
                 )
             return None, None
-        if route in ("native", "chat") and model not in NATIVE_MODELS:
+        if _serves(route, model):
+            return route, model
+        if route in ("native", "chat"):
             if model == COMPAT_IMAGE_MODEL:
                 add(
                     "model",
@@ -434,7 +434,7 @@ class JobChecker:
                     _model_hint(model, NATIVE_MODELS),
                 )
             return route, None
-        if route == "images" and model != COMPAT_IMAGE_MODEL:
+        if route == "images":
             if model in NATIVE_MODELS:
                 add(
                     "model",

@@ -74,6 +74,14 @@ _SAME_NAME_ROUTES = {
 }
 
 
+def wire_route(route: str, edits: bool = False) -> Route:
+    """The HTTP route a manifest route reaches: `images` is `images_edits` with reference images (`edits`),
+    else `images_generations` (the two serve the same models); the others keep their name."""
+    if route == "images":
+        return Route.IMAGES_EDITS if edits else Route.IMAGES_GENERATIONS
+    return _SAME_NAME_ROUTES[route]  # a dict lookup: Route(...) is slow for 100k-job plans
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One thing wrong with a manifest, named by its row and field, with a hint where one helps."""
@@ -189,9 +197,7 @@ class Job(BaseModel):
     @property
     def wire_route(self) -> Route:
         """The HTTP route each request of this job uses."""
-        if self.route == "images":
-            return Route.IMAGES_EDITS if self.reference_images else Route.IMAGES_GENERATIONS
-        return _SAME_NAME_ROUTES[self.route]  # a dict lookup: Route(...) is slow for 100k-job plans
+        return wire_route(self.route, edits=bool(self.reference_images))
 
     @property
     def images_per_request(self) -> int:

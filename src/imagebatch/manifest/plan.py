@@ -79,6 +79,11 @@ def key_from_material(material: dict[str, Any]) -> str:
     return KEY_PREFIX + hashlib.sha256(canonical_json(material)).hexdigest()[:KEY_HEX_CHARS]
 
 
+def key_digits(key: str) -> str:
+    """The hex digits of an idempotency key, without its recipe prefix (file names, the shard split)."""
+    return key.removeprefix(KEY_PREFIX)
+
+
 def idempotency_key(job: Job, request_index: int = 0, turn_index: int = 0) -> str:
     """The idempotency key of request `request_index` (0..count-1), turn `turn_index` (0 = the prompt)."""
     return key_from_material(key_material(job, request_index, turn_index))
@@ -123,7 +128,7 @@ class PlannedRequest:
     def mask(self) -> Path | None:
         return self.job.mask if self.turn_index == 0 else None
 
-    # Interim: the manifest package fills these in the plan itself.
+    # Request parameters: a field the job's route does not use is None in the job and reads as its default.
     @property
     def mask_sha256(self) -> str | None:
         return self.job.mask_sha256 if self.turn_index == 0 else None

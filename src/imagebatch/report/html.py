@@ -8,6 +8,7 @@ import io
 import itertools
 import json
 import math
+import threading
 from collections import Counter
 from collections.abc import Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image, ImageFile, JpegImagePlugin, PngImagePlugin
 
+from imagebatch.tasks import layout
 from imagebatch.tasks.csvcells import read_csv
 
 if TYPE_CHECKING:
@@ -26,9 +28,9 @@ PAGE_SIZE = 500
 """Cards per page: a 100,000-request run makes 200 pages, none of them heavy."""
 THUMB_SIDE = 256
 REASONS = {
-    "unknown": "sent, but no usable answer was recorded: it may have been made and billed. Check the "
-    "service's usage history; rerun with --retry-unknown if it was not made.",
-    "not_attempted": "not sent: the run stopped first (see run.json). A rerun sends it.",
+    "unknown": "sent, but no usable answer was recorded: it may have been made and billed; "
+    f"{layout.UNKNOWN_HINT}.",
+    "not_attempted": f"not sent: the run stopped first (see {layout.RUN_JSON}). A rerun sends it.",
 }
 
 
@@ -42,15 +44,25 @@ class Card:
 
 def thumb_name(rel: str) -> str:
     """The thumbnail's name of an output image (`images/<job>/<file>` -> `<job>__<file>`)."""
-    return rel.removeprefix("images/").replace("/", "__")
+    return rel.removeprefix(f"{layout.IMAGES_DIR}/").replace("/", "__")
 
 
 THUMBNAIL_THREADS = 2
-_thumbnailer = ThreadPoolExecutor(THUMBNAIL_THREADS, thread_name_prefix="imagebatch-thumbnail")
-"""Where a run's thumbnails are decoded: two threads of their own, not the request threads. A 4096 x 4096
-image decodes to 48 MiB; freed in a request thread, that memory stays in the thread's malloc arena, so
-16 request threads held about 1 GB after a 4K run (bench/README.md "Memory", measured: 1,118 MiB peak
-decoding in 16 threads, 271 MiB in these 2). Two decodes at once also keep two cores busy."""
+_thumbnailer: ThreadPoolExecutor | None = None
+_thumbnailer_made = threading.Lock()
+
+
+def thumbnailer() -> ThreadPoolExecutor:
+    """Where a run's thumbnails are decoded: two threads of their own, not the request threads, made at
+    the first thumbnail (importing the report makes none). A 4096 x 4096 image decodes to 48 MiB; freed
+    in a request thread, that memory stays in the thread's malloc arena, so 16 request threads held about
+    1 GB after a 4K run (bench/README.md "Memory", measured: 1,118 MiB peak decoding in 16 threads,
+    271 MiB in these 2). Two decodes at once also keep two cores busy."""
+    global _thumbnailer
+    with _thumbnailer_made:
+        if _thumbnailer is None:
+            _thumbnailer = ThreadPoolExecutor(THUMBNAIL_THREADS, thread_name_prefix="imagebatch-thumbnail")
+        return _thumbnailer
 
 
 def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
@@ -58,8 +70,8 @@ def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
     makes each one as its image arrives (while the service works on the next), so the report at the end
     reads no image again. Best effort: the report makes any that is missing."""
     try:
-        _thumbnailer.submit(
-            _save_thumbnail, io.BytesIO(data), out / "thumbs" / f"{thumb_name(rel)}.jpg"
+        thumbnailer().submit(
+            _save_thumbnail, io.BytesIO(data), out / layout.THUMBS_DIR / f"{thumb_name(rel)}.jpg"
         ).result()
     except (OSError, ValueError, Image.DecompressionBombError):
         pass
@@ -140,7 +152,7 @@ def _thumb(out: Path, source: Path, name: str) -> str | None:
     """A JPEG thumbnail of `source` under out/thumbs/ (made once, remade if the source is newer);
     its path relative to `out`, or None if `source` is not a readable image. `TooLarge` if it is
     over `THUMB_MAX_PIXELS`."""
-    target = out / "thumbs" / f"{name}.jpg"
+    target = out / layout.THUMBS_DIR / f"{name}.jpg"
     try:
         if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
             _save_thumbnail(source, target)
@@ -180,7 +192,7 @@ def _manifest_details(out: Path, run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rows(out: Path) -> Generator[dict[str, str], None, None]:
-    yield from read_csv(out / "results.csv")
+    yield from read_csv(out / layout.RESULTS_CSV)
 
 
 def _card(row: dict[str, str], details: Mapping[str, Any]) -> Card:
@@ -290,7 +302,8 @@ def build_report(
     is read twice, for the summary and then a page at a time, so memory holds one page of cards, not the
     run's (a 10,000-request run's report had held every row and a second copy of the plan)."""
     out = Path(out)
-    run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+    run_json = out / layout.RUN_JSON
+    run = json.loads(run_json.read_text()) if run_json.is_file() else {}
     details = _manifest_details(out, run) if details is None else details
     counts: Counter[str] = Counter()
     by_model: Counter[str] = Counter()
@@ -310,7 +323,7 @@ def build_report(
         + f"</p><p>run: {_esc(run.get('state', '?'))} {_esc(run.get('stopped') or '')}</p>"
     )
     options = {"status": sorted(counts), "route": sorted(routes), "model": sorted(by_model)}
-    names = ["report.html"] + [f"report-{n}.html" for n in range(2, max(1, math.ceil(total / page_size)) + 1)]
+    names = [layout.report_page(n) for n in range(1, max(1, math.ceil(total / page_size)) + 1)]
     nav = (
         "".join(f'<a href="{name}">page {i}</a>' for i, name in enumerate(names, 1)) if len(names) > 1 else ""
     )
@@ -320,7 +333,7 @@ def build_report(
         title = f"imagebatch report: {out.name}" + (f" (page {number})" if len(names) > 1 else "")
         (out / name).write_text(_page(title, summary, nav, [_card_html(out, c) for c in page], options))
     rows.close()
-    for stale in out.glob("report-*.html"):
+    for stale in out.glob(layout.REPORT_PAGES):
         if stale.name not in names:
             stale.unlink()
     return out / names[0]

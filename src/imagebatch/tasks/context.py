@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from imagebatch.gateway import GatewayClient
+from imagebatch.gateway.constants import ENV_API_KEY
 from imagebatch.manifest import Job, PlannedRequest
 
 from .records import storage_message
@@ -258,7 +259,7 @@ class RunContext:
         *,
         force: bool = False,
         retry_unknown: bool = False,
-        key_source: str = "IMAGEBATCH_API_KEY",
+        key_source: str = ENV_API_KEY,
         thumbnails: bool = True,
         requests: int = 0,
     ) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 
+from . import layout
 from .storage import OutputLockedError
 
 LEASE_NAME = ".imagebatch.lease"
@@ -188,7 +189,7 @@ class ObjectLocation:
         """Why this place cannot be used (a missing bucket, refused credentials, no endpoint), in one
         line naming the bucket; None if a listing works."""
         try:
-            next(iter(obstore.list(self.store, "journal/", chunk_size=1)), None)
+            next(iter(obstore.list(self.store, JOURNAL, chunk_size=1)), None)
         except Exception as exc:
             cause = describe(exc)
             if "NoSuchBucket" in cause or ("HTTP 404" in cause and "Code" not in cause):
@@ -454,7 +455,7 @@ def put_thumbnail(loc: ObjectLocation, rel: str, data: bytes) -> None:
     from imagebatch.report import make_thumbnail
     from imagebatch.report.html import thumb_name
 
-    name = f"thumbs/{thumb_name(rel)}.jpg"
+    name = f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg"
     with tempfile.TemporaryDirectory(prefix="imagebatch-thumb-") as tmp:
         make_thumbnail(Path(tmp), rel, data)
         made = Path(tmp) / name
@@ -477,13 +478,14 @@ def report_in(loc: ObjectLocation, details: Any = None, to: Any = None) -> str:
         had = stage(loc, folder)
         build_report(folder, details=details)
         pages = sorted(p.name for p in folder.glob("report*.html"))
-        made = [p for p in (folder / "thumbs").glob("*.jpg") if f"thumbs/{p.name}" not in had]
+        thumbs = layout.THUMBS_DIR
+        made = [p for p in (folder / thumbs).glob("*.jpg") if f"{thumbs}/{p.name}" not in had]
         for path in [*(folder / n for n in pages), *made]:
             loc.put(path.relative_to(folder).as_posix(), path.read_bytes())
         for stale in loc.list("report-"):
             if stale not in pages:
                 loc.delete(stale)
-    return f"{loc.url}/report.html"
+    return f"{loc.url}/{layout.REPORT_HTML}"
 
 
 def stage(loc: ObjectLocation, folder: Any, everything: bool = False) -> set[str]:
@@ -497,16 +499,16 @@ def stage(loc: ObjectLocation, folder: Any, everything: bool = False) -> set[str
     from .csvcells import read_csv
 
     folder = Path(folder)
-    thumbs = set(loc.list("thumbs/"))
-    wanted = [n for n in ("run.json", "results.csv") if loc.exists(n)] + sorted(thumbs)
+    thumbs = set(loc.list(f"{layout.THUMBS_DIR}/"))
+    wanted = [n for n in (layout.RUN_JSON, layout.RESULTS_CSV) if loc.exists(n)] + sorted(thumbs)
     placeholders: list[str] = []
-    if "results.csv" in wanted:
+    if layout.RESULTS_CSV in wanted:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "results.csv").write_bytes(loc.get("results.csv") or b"")
-        for row in read_csv(folder / "results.csv"):
+        (folder / layout.RESULTS_CSV).write_bytes(loc.get(layout.RESULTS_CSV) or b"")
+        for row in read_csv(folder / layout.RESULTS_CSV):
             for rel in filter(None, row.get("paths", "").split(";")):
                 image = rel.endswith((".png", ".jpg", ".jpeg"))
-                if image and not everything and f"thumbs/{thumb_name(rel)}.jpg" in thumbs:
+                if image and not everything and f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg" in thumbs:
                     placeholders.append(rel)
                 else:
                     wanted.append(rel)

@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imagebatch.gateway.constants import ENV_PRICES
 from imagebatch.manifest import PlannedRequest
 
 from .store import RequestRecord
-
-ENV_PRICES = "IMAGEBATCH_PRICES"
 
 
 class PriceError(ValueError):
@@ -63,7 +62,7 @@ class PriceTable:
 
     @classmethod
     def from_option(cls, path: str | None) -> PriceTable | None:
-        """The table named by `--prices`, else by `IMAGEBATCH_PRICES`, else None."""
+        """The table named by `--prices`, else by `ENV_PRICES` (`IMAGEBATCH_PRICES`), else None."""
         chosen = path or os.environ.get(ENV_PRICES)
         return cls.load(chosen) if chosen else None
 
@@ -94,7 +93,12 @@ class PriceTable:
         return sorted({r.model for r in requests if r.images_at_most and self.price_of(r) is None})
 
     def money(self, amount: float) -> str:
-        return f"{amount:,.2f} {self.currency}".strip()
+        return money(amount, self.currency)
+
+
+def money(amount: float, currency: str = "") -> str:
+    """An amount as every message and table shows it: `1,234.50 USD` (no currency: `1,234.50`)."""
+    return f"{amount:,.2f} {currency}".strip()
 
 
 def estimate(requests: Iterable[PlannedRequest], prices: PriceTable) -> dict[str, float]:

@@ -24,11 +24,9 @@ from imagebatch.gateway.errors import (
 from imagebatch.gateway.imagefile import EXTENSIONS
 from imagebatch.manifest import PlannedRequest
 
+from .layout import UNKNOWN_HINT
 from .store import KeyState, RequestRecord, file_stem
 
-UNKNOWN_HINT = (
-    "check the service's usage history for this key, then rerun with --retry-unknown if it was not made"
-)
 Result = ImageResult | NoImageResult | TextResult
 
 

@@ -22,7 +22,7 @@ the journal: its lines (and usage's, as `"event": "usage"` lines) go to `journal
 segments, one create-only PUT per group commit, compacted into one object at the end of a run; the lock is
 the lease object `.imagebatch.lease`; `thumbs/` and `report*.html` are uploaded whole.
 
-One module on purpose (about 490 lines): the journal's write order, its replay (`load_state`), the
+One module on purpose: the journal's write order, its replay (`load_state`), the
 locks and the shards' merge are one protocol; split, each half would have to restate the other's rules.
 """
 
@@ -42,7 +42,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from imagebatch.gateway import AttemptEvent, AttemptStarted
+from imagebatch.manifest.plan import key_digits
 
+from . import layout
 from .csvcells import write_csv
 from .storage import LocalFolder, Location, OutputLockedError, atomic_file, open_location, write_atomic
 
@@ -80,7 +82,7 @@ def file_stem(req: PlannedRequest, chain: bool) -> str:
     """`<job>/<request>[-t<turn>]-<key>`: one folder per job (ids are unique, so names cannot collide),
     and the key in the name, so an edited row's image never overwrites the one its old key points to."""
     turn = f"-t{req.turn_index}" if chain else ""
-    return f"{req.job_id}/{req.request_index}{turn}-{req.idempotency_key.removeprefix('ib1-')[:12]}"
+    return f"{req.job_id}/{req.request_index}{turn}-{key_digits(req.idempotency_key)[:12]}"
 
 
 @dataclass(slots=True)
@@ -185,14 +187,13 @@ class OutputStore:
         self.clock = clock
         self.shard = shard
         """`I-of-N` for one shard of a sharded run (its own journal and usage file), else None."""
-        suffix = f".shard-{shard}" if shard else ""
         base = self._folder or _NO_FOLDER
-        self.images_dir = base / "images"
-        self.chains_dir = base / "chains"
-        self.journal_path = base / f"journal{suffix}.jsonl"
-        self.usage_path = base / f"usage{suffix}.jsonl"
-        self.results_path = base / "results.csv"
-        self.run_path = base / "run.json"
+        self.images_dir = base / layout.IMAGES_DIR
+        self.chains_dir = base / layout.CHAINS_DIR
+        self.journal_path = base / layout.jsonl(layout.JOURNAL, shard)
+        self.usage_path = base / layout.jsonl(layout.USAGE_LEDGER, shard)
+        self.results_path = base / layout.RESULTS_CSV
+        self.run_path = base / layout.RUN_JSON
         self._segments: SegmentJournal | None = None
         """An object store's journal while this run holds the prefix."""
         self._lease: Lease | None = None
@@ -261,7 +262,7 @@ class OutputStore:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def hold_and_merge(self) -> Iterator[None]:
         """Hold the output folder for one run: a second run into it at the same time would send twice.
 
         A shard of a sharded run holds it shared (`shard_hold`), so no run holds it alone while a shard
@@ -274,7 +275,7 @@ class OutputStore:
             with self._leased("another imagebatch run"):
                 yield
             return
-        with self._flock(".imagebatch.lock", fcntl.LOCK_EX, "another imagebatch run"):
+        with self._flock(layout.LOCK, fcntl.LOCK_EX, "another imagebatch run"):
             self.merge_shards()
             yield
 
@@ -300,8 +301,8 @@ class OutputStore:
         if self._folder is None:
             raise OutputLockedError(f"a sharded run into an object store ({self.where}) is not supported yet")
         with (
-            self._flock(".imagebatch.lock", fcntl.LOCK_SH, "a run that is not sharded"),
-            self._flock(f".imagebatch.shard-{self.shard}.lock", fcntl.LOCK_EX, f"shard {self.shard}"),
+            self._flock(layout.LOCK, fcntl.LOCK_SH, "a run that is not sharded"),
+            self._flock(layout.shard_lock(str(self.shard)), fcntl.LOCK_EX, f"shard {self.shard}"),
         ):
             yield
 
@@ -310,7 +311,7 @@ class OutputStore:
         if self._folder is None:
             return False
         try:
-            with self._flock(f".imagebatch.shard-{shard}.lock", fcntl.LOCK_EX, f"shard {shard}"):
+            with self._flock(layout.shard_lock(shard), fcntl.LOCK_EX, f"shard {shard}"):
                 return False
         except OutputLockedError:
             return True
@@ -323,11 +324,11 @@ class OutputStore:
         merged = 0
         if self._folder is None:
             return merged
-        for kind in ("journal", "usage"):
-            for part in sorted(self.root.glob(f"{kind}.shard-*.jsonl")):
+        for kind in (layout.JOURNAL, layout.USAGE_LEDGER):
+            for part in sorted(self.root.glob(layout.shard_jsonl(kind))):
                 lines = [line for line in part.read_bytes().splitlines(keepends=True) if line.endswith(b"\n")]
                 if lines:
-                    target = self.root / f"{kind}.jsonl"
+                    target = self.root / layout.jsonl(kind)
                     with target.open("ab") as fh:
                         if fh.tell() and _last_byte(target) != b"\n":
                             fh.write(b"\n")
@@ -440,7 +441,10 @@ class OutputStore:
 
             yield from read_journal(self._object_location())
             return
-        journals = [self.root / "journal.jsonl", *sorted(self.root.glob("journal.shard-*.jsonl"))]
+        journals = [
+            self.root / layout.jsonl(layout.JOURNAL),
+            *sorted(self.root.glob(layout.shard_jsonl(layout.JOURNAL))),
+        ]
         for path in journals:
             yield from read_jsonl(path)
 
@@ -544,7 +548,7 @@ class OutputStore:
 
     def chain_name(self, job_id: str, request_index: int) -> str:
         """A chain's history, named relative to the output location."""
-        return f"chains/{job_id}/{request_index}.json"
+        return f"{layout.CHAINS_DIR}/{job_id}/{request_index}.json"
 
     def chain_path(self, job_id: str, request_index: int) -> Path:
         return self.chains_dir / job_id / f"{request_index}.json"
@@ -573,7 +577,7 @@ class OutputStore:
         if self._folder is None:
             buf = io.StringIO()
             write_csv(buf, columns, rows)
-            self.location.put("results.csv", buf.getvalue().encode())
+            self.location.put(layout.RESULTS_CSV, buf.getvalue().encode())
             return
         with atomic_file(self.results_path) as fh:
             text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
@@ -582,7 +586,7 @@ class OutputStore:
             text.detach()  # `atomic_file` syncs and closes the file itself
 
     def write_run(self, info: dict[str, Any]) -> None:
-        self.write_top("run.json", (json.dumps(info, indent=2, default=str) + "\n").encode())
+        self.write_top(layout.RUN_JSON, (json.dumps(info, indent=2, default=str) + "\n").encode())
 
     def write_top(self, name: str, data: bytes) -> None:
         """Write a whole file at the top of the location (run.json, usage-summary.csv)."""

@@ -14,7 +14,7 @@ from . import records
 from .build import InputChangedError, build_request
 from .chain import run_chain
 from .context import RunContext, Unit
-from .records import UNKNOWN_HINT
+from .layout import UNKNOWN_HINT
 from .send import send_and_record
 from .store import RequestRecord
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import layout
 from .csvcells import write_csv
 from .store import RequestRecord, read_jsonl, write_atomic
 
@@ -115,14 +116,14 @@ def summarise_usage(
 
 def usage_summary(out: Path, records: Iterable[RequestRecord] = ()) -> list[UsageRow]:
     """The summary of the output folder `out` (every run's attempts)."""
-    return summarise_usage(read_jsonl(Path(out) / "usage.jsonl"), records)
+    return summarise_usage(read_jsonl(Path(out) / layout.jsonl(layout.USAGE_LEDGER)), records)
 
 
 def write_usage_summary(out: Path, rows: list[UsageRow]) -> Path:
     """Write `usage-summary.csv` into `out` (atomically) and return its path. A route or model name a
     spreadsheet would run as a formula is neutralised (`csvcells.csv_cell`; `csvcells.read_csv` reads
     it back)."""
-    path = Path(out) / "usage-summary.csv"
+    path = Path(out) / layout.USAGE_SUMMARY_CSV
     write_atomic(path, usage_csv(rows))
     return path
 

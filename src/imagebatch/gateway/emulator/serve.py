@@ -18,32 +18,26 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..constants import ENV_API_KEY
 from .server import EmulatorServer
 from .settings import EmulatorSettings, FaultConfig
 
-API_KEY_ENV = "IMAGEBATCH_API_KEY"
+SETTINGS_OPTIONS = (
+    "seed", "latency", "jpeg_rate", "thought_image_rate", "max_images_policy", "slow_seconds", "rpm",
+    "max_in_flight",
+)  # fmt: skip
+"""The options that are `EmulatorSettings` fields of the same name; one not given keeps its default."""
 
 
 def settings_from_args(args: argparse.Namespace, api_key: str) -> EmulatorSettings:
     faults = FaultConfig(rates=dict(args.fault), scripts=list(args.script))
-    return EmulatorSettings(
-        api_key=api_key,
-        seed=args.seed,
-        latency=args.latency,
-        jpeg_rate=args.jpeg_rate,
-        thought_image_rate=args.thought_image_rate,
-        max_images_policy=args.max_images_policy,
-        slow_seconds=args.slow_seconds,
-        rpm=args.rpm,
-        max_in_flight=args.max_in_flight,
-        overload=args.overload_burst,
-        faults=faults,
-    )
+    given = {name: getattr(args, name) for name in SETTINGS_OPTIONS if getattr(args, name) is not None}
+    return EmulatorSettings(api_key=api_key, overload=args.overload_burst, faults=faults, **given)
 
 
 def serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; return the exit status (0 after a signal, 1 if it cannot serve)."""
-    api_key = args.api_key or os.environ.get(API_KEY_ENV)
+    api_key = args.api_key or os.environ.get(ENV_API_KEY)
     throwaway = not api_key
     if not api_key:
         api_key = secrets.token_urlsafe(24)
@@ -73,7 +67,7 @@ def serve(args: argparse.Namespace) -> int:
         if throwaway:
             # Only a key generated here is ever printed; a key from the environment or options never is.
             print(
-                f"imagebatch emulator: no --api-key or ${API_KEY_ENV}; accepting the throwaway key {api_key}",
+                f"imagebatch emulator: no --api-key or ${ENV_API_KEY}; accepting the throwaway key {api_key}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -154,8 +154,6 @@ class EmulatorServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    base_url = url
-
     @property
     def api_key(self) -> str:
         return self.settings.api_key

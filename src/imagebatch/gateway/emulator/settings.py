@@ -27,8 +27,6 @@ ScriptOutcome = Literal[FaultOutcome, "ok"]
 STATUS_FAULTS: tuple[str, ...] = get_args(StatusFault)
 FAULT_OUTCOMES: tuple[str, ...] = (*STATUS_FAULTS, "slow", "drop", "no_image")
 
-SleepFunc = Callable[[float], Awaitable[None]]
-
 
 def _outcome_str(value: Any) -> Any:
     """Accept `503` as well as `"503"`, so JSON and Python callers can write statuses as numbers."""

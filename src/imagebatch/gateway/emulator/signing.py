@@ -33,7 +33,7 @@ from imagebatch.gateway.models import b64decode_any, standard_base64
 
 SIGNATURE_KEY = "thoughtSignature"
 _VERSION = b"\x02"
-"""Version 2 also covers the conversation; version 1 (the turn alone) is no longer accepted."""
+"""Version 2 also covers the conversation; version 1 (the turn alone) is refused."""
 _VERSION_TURN_ONLY = b"\x01"
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from imagebatch.flows.cli import build_parser, main
 from imagebatch.manifest import load_manifest, plan, summarise
-from imagebatch.manifest.summary import validate_main
+from imagebatch.manifest.validate import validate_main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 

@@ -1,4 +1,4 @@
-"""Small readers and writers shared by the flow tests."""
+"""Small readers and writers shared by the tests that run the flow (tests/flows, tests/report)."""
 
 from __future__ import annotations
 

@@ -7,33 +7,15 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from flow_helpers import cli, read_results
+from helpers.browser import dom
+from helpers.runs import cli, read_results
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
-
-
-def dom(page: Path, tmp_path: Path, fragment: str = "") -> str:
-    """The page's DOM after its scripts ran, in headless Chromium (a window tall enough for every lazy
-    thumbnail to load)."""
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run does)")
-    profile = tmp_path / f"chromium-{len(list(tmp_path.glob('chromium-*')))}"
-    done = subprocess.run(
-        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--window-size=1400,6000",
-         "--virtual-time-budget=5000", "--dump-dom", page.as_uri() + fragment],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+pytestmark = pytest.mark.usefixtures("prefect_harness", "restore_logging")  # these tests run the flow
 
 
 @pytest.fixture
@@ -66,11 +48,11 @@ def test_the_report_shows_every_request_with_its_images_and_reasons(
     thumbs = list((out / "thumbs").glob("*.jpg"))
     assert len(thumbs) >= sum(int(r["images"] or 0) for r in rows if r["status"] == "succeeded")
 
-    shown = dom(out / "report.html", tmp_path)
+    shown = dom(out / "report.html", tmp_path / "chromium-0")
     body = re.search(r'<body data-images="(\d+)" data-loaded="(\d+)"', shown)
     assert body and int(body[1]) > 0 and body[1] == body[2], "every thumbnail loads"
 
-    only_unknown = dom(out / "report.html", tmp_path, "#status=unknown")
+    only_unknown = dom(out / "report.html", tmp_path / "chromium-1", "#status=unknown")
     tags = re.findall(r'<div class="card [^>]*>', only_unknown)
     visible = [re.search(r'data-status="(\w+)"', t)[1] for t in tags if "hidden" not in t]  # type: ignore[index]
     assert len(tags) == len(rows) and visible == ["unknown"]

@@ -1,0 +1,31 @@
+"""docs/architecture.md names every module under src/ in its room's row of the rooms table, as `name` or
+`name.py` (a module of a sub-package by its path in the room: `emulator/app.py`; a package's `__init__`
+excepted), so that a module added without a place on the map fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "imagebatch"
+DOC = (ROOT / "docs" / "architecture.md").read_text()
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+
+
+def room_row(module: Path) -> str:
+    """The rooms table's row of the room `module` is in (`imagebatch.gateway`, `imagebatch.tasks`, ...)."""
+    room = module.relative_to(PACKAGE).parts[0]
+    rows = [line for line in DOC.splitlines() if line.startswith(f"| `imagebatch.{room}` |")]
+    assert len(rows) == 1, f"docs/architecture.md has no row for imagebatch.{room}"
+    return rows[0]
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_every_module_is_named_in_its_room(module: Path) -> None:
+    room, name = module.relative_to(PACKAGE).with_suffix("").as_posix().split("/", 1)
+    assert re.search(rf"`({room}/)?{re.escape(name)}(\.py)?`", room_row(module)), (
+        f"docs/architecture.md does not name {module.relative_to(PACKAGE)} in its room's row"
+    )
