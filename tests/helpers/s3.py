@@ -68,6 +68,9 @@ class S3Server:
 
     def stop(self) -> None:
         self._server.stop()
+        inner = getattr(self._server, "_server", None)  # moto's stop shuts the server down, never closes it
+        if inner is not None:
+            inner.server_close()
 
 
 class FaultProxy:
@@ -140,4 +143,5 @@ class FaultProxy:
 
     def stop(self) -> None:
         self._server.shutdown()
+        self._server.server_close()
         self._client.close()
