@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -75,12 +76,14 @@ def test_allow_failures_refuses_what_it_cannot_read(text: str) -> None:
 
 def test_the_first_signal_stops_gracefully_and_the_grace_or_a_second_abandons() -> None:
     control, timers, abandoned = RunControl(), [], []
+    log = _Lines()  # the stop is logged from a thread of its own: wait for it, so it lands in no later test
     stopper = Stopper(
         control, grace=25.0, abandon=lambda why, sig: abandoned.append((why, sig)),
-        timer=lambda seconds, action: timers.append((seconds, action)) or _Cancellable(),
+        timer=lambda seconds, action: timers.append((seconds, action)) or _Cancellable(), log=log,  # type: ignore[arg-type]
     )  # fmt: skip
     stopper(signal.SIGTERM)
     assert control.reason == "interrupted (SIGTERM)" and not abandoned
+    assert log.logged.wait(60) and log.lines[0].startswith("Stopping (SIGTERM): no new requests")
     [(seconds, expire)] = timers
     assert seconds == 25.0
     expire()
@@ -98,6 +101,18 @@ def test_the_first_signal_stops_gracefully_and_the_grace_or_a_second_abandons() 
 class _Cancellable:
     def cancel(self) -> None:
         pass
+
+
+class _Lines:
+    """A logger's `warning`, kept: the lines, and an event once one is logged."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.logged = threading.Event()
+
+    def warning(self, message: str, *args: Any) -> None:
+        self.lines.append(message % args)
+        self.logged.set()
 
 
 def test_output_to_a_pipe_without_reader_never_raises(capfd: pytest.CaptureFixture[str]) -> None:
