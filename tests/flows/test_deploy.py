@@ -12,12 +12,14 @@ add its start-up to this module's run on its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -691,6 +693,31 @@ def _sharded_deploy(stack: Stack, tmp_path: Path, pool: str, emulator: EmulatorS
     return str(stack.deployment(pool)["id"])
 
 
+@contextlib.contextmanager
+def _shard_children() -> Iterator[dict[int, bytes]]:
+    """The environment (`/proc/PID/environ`) of every `imagebatch.flows.shard_child` process seen while
+    the block runs (polled; a shard child lives for seconds)."""
+    seen: dict[int, bytes] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            for proc in Path("/proc").iterdir():
+                if not proc.name.isdigit() or int(proc.name) in seen:
+                    continue
+                with contextlib.suppress(OSError):
+                    if b"imagebatch.flows.shard_child" in (proc / "cmdline").read_bytes():
+                        seen[int(proc.name)] = (proc / "environ").read_bytes()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join(timeout=30)
+
+
 def test_shards_on_one_worker_with_limit_1_do_not_deadlock(
     stacks: dict[str, Stack | None], tmp_path: Path
 ) -> None:
@@ -707,9 +734,12 @@ def test_shards_on_one_worker_with_limit_1_do_not_deadlock(
     with (
         EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2)) as emulator,
         running_worker(stack.api, pool, env, tmp_path / "w.log", extra_args=("--limit", "1"), stop_grace=3),
+        _shard_children() as children,
     ):
         parent = stack.wait(stack.run(_sharded_deploy(stack, tmp_path, pool, emulator, 3)), timeout=240)
     assert parent["state_type"] == "COMPLETED", parent["state"]
+    # The shards the parent ran got the key on stdin (they sent with it), never in their environment.
+    assert children and not [pid for pid, environ in children.items() if key.encode() in environ]
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert [(s["state"], s["here"]) for s in run["shard_runs"]] == [("COMPLETED", True), ("COMPLETED", True)]
     assert submitted_by(tmp_path / "w.log") == {parent["id"]}

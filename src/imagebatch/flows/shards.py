@@ -17,6 +17,7 @@ only to its own files, and the merge into `journal.jsonl` happens while the pare
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from imagebatch.flows.constants import SHARD_GRACE, TERMINAL_STATES
+from imagebatch.gateway.constants import ENV_API_KEY
 from imagebatch.manifest.plan import key_digits
 from imagebatch.tasks.context import Unit
 from imagebatch.tasks.records import carried, not_attempted
@@ -166,17 +168,23 @@ def _claim(
 
 def _execute(client: Any, run_id: Any) -> subprocess.Popen[bytes]:
     """`prefect flow-run execute RUN` in a child process, as a process worker starts a run: this
-    process's environment (the worker gave it the key and the service), the API this run talks to, and
-    the deployment's job variables' `env` (the heartbeat frequency)."""
+    process's environment (the worker gave it the service) less the API key, which goes to the child on
+    its stdin (`flows.shard_child`: never in a child's environment), the API this run talks to, and the
+    deployment's job variables' `env` (the heartbeat frequency)."""
     from prefect.settings import PREFECT_API_URL
 
     run = client.read_flow_run(run_id)
     job_env = client.read_deployment(run.deployment_id).job_variables.get("env") or {}
     env = {**os.environ, **{k: str(v) for k, v in job_env.items()}, "PREFECT__FLOW_RUN_ID": str(run_id)}
+    key = env.pop(ENV_API_KEY, "")
     if url := PREFECT_API_URL.value():
         env["PREFECT_API_URL"] = str(url)
-    command = [sys.executable, "-m", "prefect", "flow-run", "execute", str(run_id)]
-    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+    command = [sys.executable, "-m", "imagebatch.flows.shard_child", str(run_id)]
+    child = subprocess.Popen(command, env=env, stdin=subprocess.PIPE)
+    assert child.stdin is not None
+    with contextlib.suppress(BrokenPipeError), child.stdin:  # a child that died at once is reaped as such
+        child.stdin.write(key.encode() + b"\n")
+    return child
 
 
 def _reap(client: Any, tracked: list[_Shard], shards: int) -> None:
