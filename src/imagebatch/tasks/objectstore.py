@@ -34,7 +34,7 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 
 from . import layout
-from .storage import OutputLockedError
+from .storage import OutputLockedError, json_object
 
 LEASE_NAME = ".imagebatch.lease"
 LEASE_SECONDS = 60.0
@@ -234,11 +234,7 @@ def next_run(names: list[str]) -> int:
 def read_lines(data: bytes) -> Iterator[dict[str, Any]]:
     """The JSON objects of a segment's lines (a line that does not parse is skipped, as a torn one)."""
     for raw in data.splitlines():
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
+        if (obj := json_object(raw)) is not None:
             yield obj
 
 

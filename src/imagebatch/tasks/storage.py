@@ -11,11 +11,12 @@ methods (and a scheme in `open_location`); the journal's segments and the lease 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 OBJECT_SCHEMES = ("s3", "gs", "az")
 """The URL schemes `--out` takes for an object store (anything else is a local folder)."""
@@ -132,3 +133,13 @@ def open_location(out: str | os.PathLike[str]) -> Location:
 
         return ObjectLocation(str(out))
     return LocalFolder(local_path(out))
+
+
+def json_object(raw: bytes) -> dict[str, Any] | None:
+    """One line of a journal (a file's or a segment's): its JSON object, or None for a line that does not
+    parse (torn by a crash) or is not an object; readers skip those."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None

@@ -46,7 +46,15 @@ from imagebatch.manifest.plan import key_digits
 
 from . import layout
 from .csvcells import write_csv
-from .storage import LocalFolder, Location, OutputLockedError, atomic_file, open_location, write_atomic
+from .storage import (
+    LocalFolder,
+    Location,
+    OutputLockedError,
+    atomic_file,
+    json_object,
+    open_location,
+    write_atomic,
+)
 
 if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
@@ -133,11 +141,7 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
         for raw in fh:
             if not raw.endswith(b"\n"):
                 return  # torn last write
-            try:
-                obj = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
+            if (obj := json_object(raw)) is not None:
                 yield obj
 
 
