@@ -15,6 +15,9 @@ argparse rather than Typer: it is in the standard library (no dependency and not
 start-up, where Prefect already costs seconds), and the options are few and flat. The handlers live next
 to what they drive (`terminal.run_main`, `emulator.serve.serve`, `manifest` validate, `deploy.deploy_main`);
 the parser imports none of them (nor Prefect), so `imagebatch --help` stays quick.
+
+Over 450 lines on purpose: every command's options are here (and only here) so that the help, the
+defaults and the flow's parameters are read in one place; the handlers it dispatches to are elsewhere.
 """
 
 from __future__ import annotations

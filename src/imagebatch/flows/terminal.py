@@ -1,5 +1,6 @@
-"""`imagebatch run` on a terminal: the checks before Prefect starts, the progress bar, Ctrl-C and SIGTERM,
-the summary and the exit code. The command line itself (every option) is in `cli.py`."""
+"""`imagebatch run` on a terminal: the checks before Prefect starts, the temporary server, Ctrl-C and
+SIGTERM, and the end of the command. What it prints (the progress bar, the summary, the exit code it
+decides) is `flows/display.py`; the command line itself (every option) is in `cli.py`."""
 
 from __future__ import annotations
 
@@ -11,25 +12,20 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, exit_code_for
+from imagebatch.flows import display
+from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_USAGE, exit_code_for
 from imagebatch.tasks import layout
-from imagebatch.tasks.layout import UNKNOWN_HINT
-from imagebatch.tasks.prices import money
 
 if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
     from imagebatch.flows.batch import RunHooks
     from imagebatch.flows.config import Preflight
-    from imagebatch.flows.dispatch import ProgressSnapshot
     from imagebatch.flows.prefect_guard import PrefectGuard
     from imagebatch.flows.prefect_server import TemporaryServer
 
@@ -94,7 +90,7 @@ class Ending:
         if not self.guard.lost.is_set():
             self.guard.lose("the run was stopped while Prefect recorded its end")
         self.guard.finish()
-        self.exit(_report(self.out, self.err, self.guard.result, self.signals, self.guard))
+        self.exit(display.report(self.out, self.err, self.guard.result, self.signals, self.guard))
 
     def exit(self, code: int) -> None:
         """Exit now, past Prefect's exit handlers (they would wait for a lost server)."""
@@ -231,7 +227,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
     if server is not None and (info := _settled(args, checked)) is not None:
         server.kill()  # it was started while we checked; nothing will use it
         err.print("Nothing to send: every request is done or left alone; Prefect was not started.")
-        return _report(out, err, info, [])
+        return display.report(out, err, info, [])
 
     _quiet_prefect()
     from prefect.settings import temporary_settings
@@ -245,7 +241,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
             "(its images are placeholders).",
             markup=False,
         )
-    progress, on_progress = _progress_bar(err)
+    progress, on_progress = display.progress_bar(err)
     hooks = RunHooks(on_progress=on_progress, checked=checked)
     server = _prefect_server(server, emulator=not checked.base_url, report=args.report)
     try:
@@ -275,7 +271,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
     except UsageError as exc:
         err.print(f"{exc}; nothing was sent.", markup=False)
         return EXIT_USAGE
-    code = _report(out, err, info, signals, guard)
+    code = display.report(out, err, info, signals, guard)
     guard.finish()
     if guard.lost.is_set():  # Prefect's exit handlers would try to send its queued events for minutes
         ending.exit(code)
@@ -382,104 +378,3 @@ def _prefect_server(
     if server is not None:
         _warm_imports(emulator=emulator, report=report)
     return server
-
-
-def _report(
-    out: Console, err: Console, info: dict[str, Any], signals: list[int], guard: PrefectGuard | None = None
-) -> int:
-    """Print the run's summary from its records (usage, spend and warnings); return the exit code."""
-    from imagebatch.flows.allowance import parse_allowance, verdict
-
-    _print_summary(out, info)
-    _print_usage(out, info.get("usage", []))
-    if info.get("spend"):
-        s = info["spend"]
-        line = f"estimated spend this run: {money(s['spent'], s['currency'])}"
-        if s["in_doubt"]:
-            line += f" (up to {money(s['spent'] + s['in_doubt'])} if the unknown requests were billed)"
-        if s["unpriced"]:
-            line += f"; no price for {', '.join(s['unpriced'])} (counted as 0)"
-        out.print(line, markup=False, highlight=False)
-    if info.get("report"):
-        out.print(f"report: {info['report']}", markup=False, highlight=False)
-    if info.get("stopped"):
-        err.print(f"Stopped early: {info['stopped']}. A rerun picks up where this one stopped.", markup=False)
-    counts: dict[str, int] = info["counts"]
-    if counts.get("unknown"):
-        err.print(
-            f"{counts['unknown']} request(s) have an unknown outcome (sent, no answer); "
-            f"for each, {UNKNOWN_HINT}.",
-            markup=False,
-        )
-    if info.get("rate_limited"):
-        err.print(
-            f"{info['rate_limited']} request(s) failed on HTTP 429 (the service's rate limit; the native and "
-            "chat routes are never retried): a rerun sends them; a lower --rpm or --concurrency avoids it.",
-            markup=False,
-        )
-    for line in info.get("unwritten", []):
-        err.print(line, markup=False)
-    if guard is not None and guard.note:
-        err.print(f"{guard.note}.", markup=False)
-    if signals:
-        return exit_code_for(signals[0])
-    allowance = parse_allowance((info.get("options") or {}).get("allow_failures"))
-    # The rule of the flow run's final state (flows.verdict), without Prefect: 0 exactly when Completed.
-    return EXIT_OK if verdict(info, allowance) == "Completed" else EXIT_INCOMPLETE
-
-
-def _progress_bar(err: Console) -> tuple[Progress, Callable[[ProgressSnapshot], None]]:
-    """A progress bar on a terminal (nothing elsewhere) and the callback that moves it."""
-    progress = Progress(
-        TextColumn("[bold]imagebatch"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[stats]}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=False,
-        disable=not err.is_terminal,
-    )
-    bar = progress.add_task("run", total=None, stats="starting Prefect")
-    t0: list[float] = []  # the rate counts from the first dispatch, not from Prefect's start-up
-
-    def on_progress(snap: ProgressSnapshot) -> None:
-        if not t0:
-            t0.append(time.monotonic())
-        minutes = max(time.monotonic() - t0[0], 1e-6) / 60
-        failed = sum(snap.counts.get(s, 0) for s in ("failed", "unknown", "no_image"))
-        done = sum(snap.counts.get(s, 0) for s in ("succeeded", "skipped"))
-        left = snap.counts.get("not_attempted", 0)
-        rate = snap.images / minutes
-        stats = f"done {done}  failed {failed}  in flight {snap.in_flight}  {rate:.1f} img/min"
-        stats += f"  not attempted {left}" if left else ""
-        stats += f"  window {snap.window}  429s {snap.rate_limited}" if snap.rate_limited else ""
-        progress.update(bar, total=snap.planned, completed=snap.done, stats=stats)
-
-    return progress, on_progress
-
-
-def _print_usage(console: Console, usage: list[dict[str, Any]]) -> None:
-    """The usage summary (every run into the folder), as written to usage-summary.csv."""
-    if not usage:
-        return
-    table = Table(title="usage (all runs into this folder)")
-    names = ("route", "model", "requests", "attempts", "images", "unknown", "total_tokens", "latency_p50_s")
-    heads = ("route", "model", "requests", "attempts", "images", "unknown", "tokens", "p50 s")
-    for name, head in zip(names, heads, strict=True):
-        table.add_column(head, justify="left" if name in ("route", "model") else "right", overflow="fold")
-    for row in usage:
-        table.add_row(*("" if row[n] is None else f"{row[n]:.2f}" if n == "latency_p50_s" else str(row[n])
-                        for n in names))  # fmt: skip
-    console.print(table)
-
-
-def _print_summary(console: Console, info: dict[str, Any]) -> None:
-    console.print(f"imagebatch: {info['requests']} request(s) -> {info['out']}", markup=False)
-    table = Table()
-    table.add_column("status")
-    table.add_column("requests", justify="right")
-    for status, n in info["counts"].items():
-        if n:
-            table.add_row(status, str(n))
-    console.print(table)

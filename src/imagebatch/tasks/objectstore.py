@@ -11,6 +11,11 @@ compare-and-swap on an ETag (`If-Match`), through `obstore` (Rust `object_store`
 - `Lease`: the folder lock as an object (`.imagebatch.lease`), taken create-only and renewed by
   compare-and-swap; it expires `LEASE_SECONDS` after its last renewal, and only then may another run take
   the prefix over.
+
+One module over 450 lines on purpose: the segments' names, the compaction, the lease and the location
+share one contract with the store (create-only writes that recognise their own retried success, one
+fencing clock); split, the lease's fencing and the segments' writes that rely on it would be in two files
+that must change together. The store-neutral part is already `tasks.storage`.
 """
 
 from __future__ import annotations
