@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
 from imagebatch.flows.constants import FLOW_NAME
@@ -108,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_main(args)
 
 
-def _estimate(manifest: Path, prices: str, files_root: list[str] | None) -> int:
+def _estimate(manifest: str, prices: str, files_root: list[str] | None) -> int:
     """`validate --prices`: the most the manifest can cost, by model (images at most x price)."""
     from imagebatch.manifest import load_manifest, plan
     from imagebatch.tasks.prices import PriceError, PriceTable, estimate
@@ -152,7 +151,7 @@ def _report(out: str) -> int:
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", help="CSV, JSON or JSON Lines manifest")
+    parser.add_argument("manifest", help="CSV, JSON or JSON Lines manifest: a path, or s3://bucket/m.csv")
     parser.add_argument("--out", required=True, help="output folder (created; a rerun resumes from it)")
     parser.add_argument(
         "--concurrency",
@@ -222,8 +221,8 @@ def _files_root_argument(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="DIR",
-        help="a folder reference images and masks may also come from, repeatable (default: only the "
-        "manifest's folder; see README, Security notes)",
+        help="a folder (or an object store's prefix, s3://bucket/refs) reference images and masks may also "
+        "come from, repeatable (default: only the manifest's folder or prefix; see README, Security notes)",
     )
 
 
@@ -250,7 +249,11 @@ def _global_limit_argument(parser: argparse.ArgumentParser) -> None:
 def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> None:
     """`deploy` and `serve`: the deployment's name, schedule and runner, and `run`'s options that a
     scheduled run may take (not --force nor --retry-unknown: no one is there to decide)."""
-    parser.add_argument("manifest", help="CSV, JSON or JSON Lines manifest (its absolute path is deployed)")
+    parser.add_argument(
+        "manifest",
+        help="CSV, JSON or JSON Lines manifest: its absolute path is deployed, or its URL "
+        "(s3://bucket/m.csv), which a worker on any machine can read",
+    )
     parser.add_argument(
         "--out",
         required=True,
@@ -359,7 +362,9 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", type=Path, help="the manifest: .csv, .json or .jsonl")
+    parser.add_argument(
+        "manifest", help="the manifest: .csv, .json or .jsonl, a path or an object's URL (s3://bucket/m.csv)"
+    )
     parser.add_argument(
         "--format",
         choices=("csv", "json", "jsonl"),

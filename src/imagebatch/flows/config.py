@@ -176,7 +176,7 @@ def preflight(
     manifest's folder or `files_root`), the options, the output folder, the base URL and the key's presence
     and form. Raises `ManifestError` or `UsageError`. `deployed`: a deployment's run (or the deploying
     command), which needs an address (`resolve_base_url`)."""
-    loaded = load_manifest(Path(manifest), files_root=files_root)
+    loaded = load_manifest(manifest, files_root=files_root)  # a path, or an object's URL
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise UsageError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}, not {concurrency}")
     if rpm is not None and rpm < 1:

@@ -63,6 +63,7 @@ from imagebatch.flows.constants import FLOW_NAME
 from imagebatch.flows.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL
 from imagebatch.manifest import ManifestError
+from imagebatch.manifest.load import absolute
 from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 if TYPE_CHECKING:
@@ -169,10 +170,10 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
             f"--out {args.out}: placeholders such as {{date}} are not supported (a deployment's parameters "
             "are fixed when it is deployed); use one folder: a rerun sends only new and changed rows"
         )
-    manifest = Path(args.manifest).expanduser().resolve()
+    manifest = absolute(args.manifest)  # a path made absolute, or an object's URL as it is
     out = Path(args.out).expanduser().resolve()
     prices = str(Path(args.prices).expanduser().resolve()) if args.prices else None
-    roots = [str(Path(r).expanduser().resolve()) for r in args.files_root] if args.files_root else None
+    roots = [absolute(r) for r in args.files_root] if args.files_root else None
     options: dict[str, Any] = {
         "concurrency": args.concurrency,
         "base_url": args.base_url or os.environ.get(ENV_BASE_URL) or None,
@@ -192,7 +193,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
         if str(exc) != _held_message(out):
             raise
     return {
-        "manifest": str(manifest),
+        "manifest": manifest,
         "out": str(out),
         **options,
         "api_key_secret_block": args.api_key_block,

@@ -11,7 +11,6 @@ import difflib
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic_core import PydanticCustomError
@@ -45,10 +44,11 @@ from .fields import (
     routes_for,
     shown,
 )
-from .files import SIZE_HINT, FileChecker, FileFacts, declared_roots, size_fault
+from .files import SIZE_HINT, FileChecker, FileFacts, base_root, declared_roots, size_fault
 from .inputs import JobInput, clean_text, validate_input
 from .models import (
     MANIFEST_ROUTES,
+    FileRef,
     Job,
     Location,
     Problem,
@@ -98,12 +98,13 @@ class JobChecker:
     Every problem of every row is collected in `problems`; `check` returns a Job only for a clean row.
     """
 
-    def __init__(self, raw: RawManifest, base_dir: Path, roots: Sequence[Path] = ()) -> None:
-        """`roots`: the resolved folders the operator allows files in besides `base_dir` (--files-root)."""
+    def __init__(self, raw: RawManifest, base_dir: FileRef, roots: Sequence[FileRef] = ()) -> None:
+        """`roots`: the resolved folders (or URL prefixes) the operator allows files in besides `base_dir`
+        (--files-root); `base_dir` is the manifest's folder, or its prefix in a store."""
         self.format = raw.format
         self.problems: list[Problem] = []
         self._nul = raw.may_hold_nul
-        allowed = (base_dir.resolve(), *roots)
+        allowed = (base_root(base_dir), *roots)
         declared = raw.defaults.get("files_root")
         roots, faults = declared_roots(declared, base_dir, allowed)
         self.problems += [Problem(None, None, "defaults.files_root", *fault) for fault in faults]
@@ -356,7 +357,9 @@ class JobChecker:
                 turns.append(Turn(prompt=turn_prompt, reference_images=paths, reference_sha256=hashes))
         return prompt, turns
 
-    def _row_mask(self, r: _Row, given: dict[str, Any], route: str | None) -> tuple[Path | None, str | None]:
+    def _row_mask(
+        self, r: _Row, given: dict[str, Any], route: str | None
+    ) -> tuple[FileRef | None, str | None]:
         if "mask" not in given:
             return None, None
         refs = given.get("reference_images")
@@ -484,8 +487,8 @@ class JobChecker:
 
     def _files(
         self, texts: list[str], field: str, add: Callable[..., None], route: str | None
-    ) -> tuple[list[Path], list[str]]:
-        paths: list[Path] = []
+    ) -> tuple[list[FileRef], list[str]]:
+        paths: list[FileRef] = []
         hashes: list[str] = []
         for text in texts:
             facts = self._file(text, field, add, route)

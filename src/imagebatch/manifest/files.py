@@ -1,6 +1,7 @@
 """Reference images and masks named by a manifest: confined to the files root, read once (regular files
 only, a bounded read), inspected by their bytes, size-checked per route against the spec's limits
-(`gateway.constants`)."""
+(`gateway.constants`). A reference may be an object in a store (`s3://bucket/key`): the same rules, its
+URL resolved and confined by `sources`, its bytes read through the store."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from imagebatch.gateway.constants import (
 )
 from imagebatch.gateway.imagefile import ImageInfo, NotAnImageError, inspect_image
 
+from . import sources
 from .models import (
     MAX_NATIVE_IMAGE_BYTES,
+    FileRef,
 )
 
 # --- files -------------------------------------------------------------------------------------------
@@ -29,8 +32,8 @@ from .models import (
 class FileFacts:
     """What one referenced file is; read once per manifest however many rows name it."""
 
-    path: Path
-    """Resolved absolute path."""
+    path: FileRef
+    """Resolved absolute path, or the object's normalised URL."""
     size: int | None = None
     """Bytes, when the file could be looked at. Limits depend on the route: see `size_fault`."""
     sha256: str | None = None
@@ -161,6 +164,33 @@ def read_regular(path: Path, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def read_reference(ref: FileRef, limit: int) -> bytes:
+    """The bytes of a reference image or mask: `read_regular` for a path; for an object, its bytes
+    when its size is under `limit` (`InputFileError` otherwise, with nothing read), `FileNotFoundError`
+    when there is no such object, and `InputFileError` naming the cause when the store cannot be read."""
+    if isinstance(ref, Path):
+        return read_regular(ref, limit)
+    try:
+        got = sources.read_object(ref, limit)
+    except OSError as exc:  # a missing bucket, refused credentials, an unreachable store
+        raise InputFileError(exc.strerror or str(exc)) from None
+    if got is None:
+        raise FileNotFoundError(ref)
+    data, size = got
+    if size >= limit:
+        raise _too_big(size, limit)
+    return data
+
+
+def resolve(text: str, base: FileRef) -> FileRef:
+    """What a manifest's reference `text` names, from the manifest's folder (or prefix) `base`: a URL
+    (an object URL in `text`, or any reference of a manifest in a store: `sources.join`), else a path
+    (`resolve_reference`). ValueError for a URL that climbs above its bucket."""
+    if isinstance(base, str) or sources.is_url(text):
+        return sources.join(base, text) if isinstance(base, str) else sources.normalise(text)
+    return resolve_reference(text, base)
+
+
 def resolve_reference(text: str, base_dir: Path) -> Path:
     """The absolute path a manifest's file reference (no NUL character in it) names: relative to
     `base_dir`, `~` expanded, backslashes read as separators (a manifest written on Windows resolves the
@@ -169,14 +199,17 @@ def resolve_reference(text: str, base_dir: Path) -> Path:
     return path.resolve()
 
 
-def outside(path: Path, roots: Sequence[Path]) -> bool:
-    """Whether the resolved `path` lies outside every one of the resolved folders `roots`."""
-    return not any(path.is_relative_to(root) for root in roots)
+def outside(path: FileRef, roots: Sequence[FileRef]) -> bool:
+    """Whether the resolved `path` lies outside every one of the resolved folders `roots` (an object's
+    URL: outside every URL prefix of them)."""
+    if isinstance(path, str):
+        return not any(isinstance(root, str) and sources.inside(path, root) for root in roots)
+    return not any(isinstance(root, Path) and path.is_relative_to(root) for root in roots)
 
 
 def declared_roots(
-    declared: Any, base_dir: Path, allowed: tuple[Path, ...]
-) -> tuple[tuple[Path, ...], list[tuple[str, str | None]]]:
+    declared: Any, base_dir: FileRef, allowed: tuple[FileRef, ...]
+) -> tuple[tuple[FileRef, ...], list[tuple[str, str | None]]]:
     """The folders every reference image and mask of a manifest must resolve inside, and the faults
     (message, hint) of its `defaults.files_root` (`declared`; None when it has none).
 
@@ -192,13 +225,17 @@ def declared_roots(
         return allowed, [
             ("files_root must be a folder or a list of folders, relative to the manifest's folder", None)
         ]
-    roots: list[Path] = []
+    roots: list[FileRef] = []
     faults: list[tuple[str, str | None]] = []
     for text in texts:
         if "\x00" in text:
             faults.append(("a folder's name holds a NUL character", "remove it"))
             continue
-        root = resolve_reference(text.strip(), base_dir)
+        try:
+            root = resolve(text.strip(), base_dir)
+        except ValueError as exc:
+            faults.append((f"{text}: {exc}", None))
+            continue
         if outside(root, allowed):
             faults.append(
                 (
@@ -207,11 +244,14 @@ def declared_roots(
                     f"whoever runs it can allow that folder: --files-root {root}",
                 )
             )
-        elif not root.is_dir():
+        elif isinstance(root, Path) and not root.is_dir():  # a store has no folders: a prefix is one
             faults.append((f"{text}: {root} is not a folder", None))
         else:
             roots.append(root)
     return (tuple(roots) if not faults else allowed), faults
+
+
+OUTSIDE_HINT = "move it into the manifest's folder, or allow its folder with --files-root DIR"
 
 
 class FileChecker:
@@ -221,13 +261,14 @@ class FileChecker:
     one outside is refused without being opened, so a manifest cannot even probe for files elsewhere.
     """
 
-    def __init__(self, base_dir: Path, roots: Sequence[Path] | None = None) -> None:
+    def __init__(self, base_dir: FileRef, roots: Sequence[FileRef] | None = None) -> None:
         self.base_dir = base_dir
-        self.roots: tuple[Path, ...] = tuple(roots) if roots is not None else (base_dir.resolve(),)
+        self.roots: tuple[FileRef, ...] = tuple(roots) if roots is not None else (base_root(base_dir),)
         self._by_text: dict[str, FileFacts] = {}
-        self._by_path: dict[Path, FileFacts] = {}
+        self._by_path: dict[FileRef, FileFacts] = {}
+        self._stores: dict[str, str] = {}  # bucket -> why it cannot be read (once per bucket, not per file)
         self._listings: dict[Path, list[str]] = {}
-        self.outside_hint = "move it into the manifest's folder, or allow its folder with --files-root DIR"
+        self.outside_hint = OUTSIDE_HINT
         """The hint given with a file outside the roots."""
         self.reads = 0
         """How many files were read (for tests of the cache)."""
@@ -239,29 +280,39 @@ class FileChecker:
                 facts = FileFacts(self.base_dir, error="the path holds a NUL character", hint="remove it")
                 self._by_text[text] = facts
                 return facts
-            path = resolve_reference(text, self.base_dir)
+            try:
+                path = resolve(text, self.base_dir)
+            except ValueError as exc:
+                facts = self._by_text[text] = FileFacts(self.base_dir, error=str(exc))
+                return facts
             facts = self._by_path.get(path)
             if facts is None:
                 facts = self._by_path[path] = self._inspect(path)
             self._by_text[text] = facts
         return facts
 
-    def _outside_message(self, path: Path) -> FileFacts:
+    def _outside_message(self, path: FileRef) -> FileFacts:
         roots = ", ".join(str(r) for r in self.roots)
-        return FileFacts(
-            path,
-            error=f"resolves to {path}, outside the files root ({roots})",
-            hint=self.outside_hint,
-        )
+        hint = self.outside_hint
+        if isinstance(path, str) and hint == OUTSIDE_HINT:
+            allow = f"--files-root {sources.parent(path)}"
+            hint = f"move it under the manifest's prefix, or allow its own with {allow}"
+        return FileFacts(path, error=f"resolves to {path}, outside the files root ({roots})", hint=hint)
 
-    def _inspect(self, path: Path) -> FileFacts:
+    def _inspect(self, path: FileRef) -> FileFacts:
         if outside(path, self.roots):
             return self._outside_message(path)
+        if isinstance(path, str) and (why := self._stores.get(sources.split(path)[0])) is not None:
+            return FileFacts(path, error=f"not read, as another object of its bucket failed: {why}")
         try:
-            data = read_regular(path, READ_LIMIT)
+            data = read_reference(path, READ_LIMIT)
         except FileNotFoundError:
+            if isinstance(path, str):
+                return FileFacts(path, error=f"object not found (looked for {path})")
             return FileFacts(path, error=f"file not found (looked for {path})", hint=self._nearby(path))
         except InputFileError as exc:
+            if isinstance(path, str) and exc.size is None:  # the store failed: the same for its other files
+                self._stores[sources.split(path)[0]] = str(exc)
             hint = SIZE_HINT if exc.size is not None else None
             return FileFacts(path, size=exc.size, error=str(exc), hint=hint)
         self.reads += 1
@@ -282,3 +333,8 @@ class FileChecker:
                 self._listings[parent] = []
         close = difflib.get_close_matches(path.name, self._listings[parent], n=1, cutoff=0.6)
         return f"did you mean {close[0]!r}?" if close else None
+
+
+def base_root(base_dir: FileRef) -> FileRef:
+    """The files root a manifest's own folder gives: the folder resolved, or the prefix as it is."""
+    return base_dir if isinstance(base_dir, str) else base_dir.resolve()

@@ -5,20 +5,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import sources
 from .check import JobChecker
-from .models import Manifest, ManifestError, ManifestFormat, Problem
+from .models import FileRef, Manifest, ManifestError, ManifestFormat, Problem
 from .read import read_raw
 
 
-def files_roots(folders: Sequence[str | Path] | None, path: Path | None = None) -> tuple[Path, ...]:
+def absolute(text: str | Path) -> str:
+    """A manifest or files root as a deployment's parameter names it (its runs start in another working
+    folder): an object's URL as it is, a path made absolute (`~`, `..` and symlinks resolved)."""
+    return str(text) if sources.is_url(text) else str(Path(text).expanduser().resolve())
+
+
+def files_roots(folders: Sequence[str | Path] | None, path: FileRef | None = None) -> tuple[FileRef, ...]:
     """The operator's extra files roots (--files-root, a deployment's `files_root`), resolved (`~`, `..`,
-    symlinks; relative to the working folder); ManifestError for one that is not a folder."""
-    roots: list[Path] = []
+    symlinks; relative to the working folder), or URL prefixes (`s3://bucket/refs`: objects under it;
+    not looked up here, each object is when a reference names it); ManifestError for one that is not a
+    folder."""
+    roots: list[FileRef] = []
     problems: list[Problem] = []
     for folder in folders or ():
         text = str(folder)
         if "\x00" in text or not text.strip():
             problems.append(Problem(None, None, None, f"files root {text!r} is not a folder name"))
+            continue
+        if sources.is_url(text):
+            try:
+                roots.append(sources.normalise(text))
+            except ValueError as exc:
+                problems.append(Problem(None, None, None, f"files root {text}: {exc}"))
             continue
         root = Path(text).expanduser().resolve()
         if not root.is_dir():
@@ -31,7 +46,7 @@ def files_roots(folders: Sequence[str | Path] | None, path: Path | None = None) 
 
 
 def load_manifest(
-    path: str | Path,
+    path: FileRef,
     *,
     format: ManifestFormat | None = None,
     files_root: Sequence[str | Path] | None = None,
@@ -42,17 +57,28 @@ def load_manifest(
     against the manifest's folder. Each referenced file is read once, whatever the number of rows.
     Every reference image and mask must resolve inside the manifest's folder or one of `files_root`
     (the operator's choice), or inside the narrower folders of the manifest's own `defaults.files_root`.
+    `path` may be an object's URL (`s3://bucket/m.csv`): its references then resolve under its prefix, in
+    its store (`sources`), and must stay inside that prefix or a `files_root` URL prefix.
     """
-    path = Path(path).absolute()
-    roots = files_roots(files_root, path)
-    raw = read_raw(path, format)
-    checker = JobChecker(raw, path.parent, roots)
+    where: FileRef
+    if sources.is_url(path):
+        try:
+            where = sources.normalise(str(path))
+        except ValueError as exc:
+            raise ManifestError([Problem(None, None, None, str(exc))], str(path)) from None
+        base: FileRef = sources.parent(where)
+    else:
+        where = Path(path).absolute()
+        base = where.parent
+    roots = files_roots(files_root, where)
+    raw = read_raw(where, format)
+    checker = JobChecker(raw, base, roots)
     jobs = [job for row in raw.rows if (job := checker.check(row)) is not None]
     problems = raw.problems + checker.problems
     if not raw.rows and not problems:
         problems.append(Problem(None, None, None, "the manifest has no jobs"))
     if problems:
-        raise ManifestError(problems, path)
+        raise ManifestError(problems, where)
     return Manifest.model_construct(
-        path=path, sha256=raw.sha256, format=raw.format, jobs=jobs, metadata_columns=checker.metadata_columns
+        path=where, sha256=raw.sha256, format=raw.format, jobs=jobs, metadata_columns=checker.metadata_columns
     )

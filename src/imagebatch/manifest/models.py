@@ -18,6 +18,11 @@ from imagebatch.gateway.constants import (
     TEXT_ROUTES,
     Route,
 )
+from imagebatch.tasks.storage import is_object_url
+
+FileRef = Path | str
+"""Where a manifest, a reference image or a mask is: an absolute local path, or an object's URL
+(`s3://bucket/key`, `gs://...`, `az://...`: text, since a `Path` would fold `s3://` into `s3:/`)."""
 
 ManifestFormat = Literal["csv", "json", "jsonl"]
 """The three manifest formats; chosen by file extension unless given."""
@@ -127,7 +132,7 @@ class ManifestError(Exception):
 
     def __init__(self, problems: list[Problem], path: Path | str | None = None) -> None:
         self.problems = sorted(problems, key=Problem.sort_key)
-        self.path = Path(path) if path is not None else None
+        self.path: FileRef | None = path if path is None or is_object_url(path) else Path(path)
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -144,8 +149,8 @@ class Turn(BaseModel):
 
     prompt: str
     """The rendered instruction, as sent."""
-    reference_images: list[Path] = []
-    """Extra images for this turn, as absolute paths, in order."""
+    reference_images: list[FileRef] = []
+    """Extra images for this turn, as absolute paths (or objects' URLs), in order."""
     reference_sha256: list[str] = []
     """sha256 (hex) of each file in `reference_images`, read at validation time."""
 
@@ -176,11 +181,11 @@ class Job(BaseModel):
     """Native and chat: `1K`, `2K` or `4K` (default `1K`)."""
     size: str | None = None
     """Images route: one of the Images API sizes (default `1024x1024`)."""
-    reference_images: list[Path] = []
-    """Native and images routes: absolute paths, in order."""
+    reference_images: list[FileRef] = []
+    """Native and images routes: absolute paths (or objects' URLs), in order."""
     reference_sha256: list[str] = []
     """sha256 (hex) of each reference image's bytes, read at validation time."""
-    mask: Path | None = None
+    mask: FileRef | None = None
     """Images route: a PNG/JPEG with alpha, same format and size as the first reference image."""
     mask_sha256: str | None = None
     count: int = 1
@@ -221,8 +226,8 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    path: Path
-    """The manifest file, absolute."""
+    path: FileRef
+    """The manifest file, absolute, or the object's URL."""
     sha256: str
     """sha256 (hex) of the manifest file's bytes."""
     format: ManifestFormat
@@ -231,6 +236,11 @@ class Manifest(BaseModel):
     """Names of the metadata columns, in order of first appearance (for results tables)."""
 
     @property
-    def base_dir(self) -> Path:
-        """The folder that relative file paths in the manifest are resolved against."""
+    def base_dir(self) -> FileRef:
+        """The folder (or the object's prefix) that relative file paths in the manifest are resolved
+        against."""
+        if isinstance(self.path, str):
+            from .sources import parent
+
+            return parent(self.path)
         return self.path.parent

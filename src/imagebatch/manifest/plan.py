@@ -10,7 +10,6 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from imagebatch.gateway.constants import (
@@ -21,7 +20,7 @@ from imagebatch.gateway.constants import (
     Route,
 )
 
-from .models import Job, Manifest
+from .models import FileRef, Job, Manifest
 
 RECIPE_VERSION = "ib1"
 """Bump when the recipe changes: every key changes with it, so old output folders are not mistaken
@@ -112,7 +111,7 @@ class PlannedRequest:
         return self.job.prompt if self.turn_index == 0 else self.job.turns[self.turn_index - 1].prompt
 
     @property
-    def reference_images(self) -> list[Path]:
+    def reference_images(self) -> list[FileRef]:
         """The images this request adds (a turn's own images for a turn; earlier ones are history)."""
         if self.turn_index == 0:
             return self.job.reference_images
@@ -125,7 +124,7 @@ class PlannedRequest:
         return self.job.turns[self.turn_index - 1].reference_sha256
 
     @property
-    def mask(self) -> Path | None:
+    def mask(self) -> FileRef | None:
         return self.job.mask if self.turn_index == 0 else None
 
     # Request parameters: a field the job's route does not use is None in the job and reads as its default.

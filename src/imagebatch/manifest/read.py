@@ -13,7 +13,7 @@ import io
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .models import Location, ManifestError, ManifestFormat, Problem
@@ -46,7 +46,8 @@ class RawRow:
 class RawManifest:
     """A manifest file read but not yet checked."""
 
-    path: Path
+    path: Path | str
+    """The file, or the object's URL."""
     format: ManifestFormat
     sha256: str
     rows: list[RawRow]
@@ -62,14 +63,15 @@ class RawManifest:
     """False when the text holds no NUL character (nor a JSON escape of one): rows need no NUL check."""
 
 
-def detect_format(path: Path, format: str | None = None) -> ManifestFormat:
-    """The format named by `format`, else by the file's extension."""
+def detect_format(path: Path | str, format: str | None = None) -> ManifestFormat:
+    """The format named by `format`, else by the file's (or object's) extension."""
     if format is not None:
         if format not in ("csv", "json", "jsonl"):
             raise ManifestError([Problem(None, None, None, f"unknown manifest format {format!r}")], path)
         return format  # type: ignore[return-value]
+    suffix = PurePosixPath(str(path)).suffix
     try:
-        return EXTENSIONS[path.suffix.lower()]
+        return EXTENSIONS[suffix.lower()]
     except KeyError:
         raise ManifestError(
             [
@@ -77,7 +79,7 @@ def detect_format(path: Path, format: str | None = None) -> ManifestFormat:
                     None,
                     None,
                     None,
-                    f"cannot tell the manifest format from the extension {path.suffix or '(none)'!r}",
+                    f"cannot tell the manifest format from the extension {suffix or '(none)'!r}",
                     "use .csv, .json or .jsonl",
                 )
             ],
@@ -85,24 +87,11 @@ def detect_format(path: Path, format: str | None = None) -> ManifestFormat:
         ) from None
 
 
-def read_raw(path: Path, format: str | None = None) -> RawManifest:
-    """Read `path` into raw rows; raise ManifestError when the file cannot be read as a manifest."""
+def read_raw(path: Path | str, format: str | None = None) -> RawManifest:
+    """Read `path` (a file, or an object's URL: `sources`) into raw rows; raise ManifestError when it
+    cannot be read as a manifest."""
     fmt = detect_format(path, format)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError([Problem(None, None, None, f"manifest not found: {path}")], path) from None
-    except IsADirectoryError:
-        raise ManifestError(
-            [Problem(None, None, None, f"{path} is a folder, not a manifest")], path
-        ) from None
-    except OSError as exc:
-        raise ManifestError(
-            [Problem(None, None, None, f"cannot read {path}: {exc.strerror}")], path
-        ) from None
-    except ValueError:  # a path holding a NUL character (a deployment's parameter, say)
-        nul = Problem(None, None, None, "the manifest's path holds a NUL character")
-        raise ManifestError([nul]) from None
+    data = _read_object(path) if isinstance(path, str) else _read_file(path)
     digest = hashlib.sha256(data).hexdigest()
     text = _decode(data, path)
     if not text.strip():
@@ -118,7 +107,42 @@ def read_raw(path: Path, format: str | None = None) -> RawManifest:
     return raw
 
 
-def _decode(data: bytes, path: Path) -> str:
+def _read_object(url: str) -> bytes:
+    """The manifest object's bytes; one problem naming it and the cause when it cannot be read."""
+    from . import sources
+
+    try:
+        got = sources.read_object(url, sources.MANIFEST_LIMIT)
+    except OSError as exc:  # a missing bucket, refused credentials, an unreachable store
+        raise ManifestError([Problem(None, None, None, exc.strerror or str(exc))], url) from None
+    if got is None:
+        raise ManifestError([Problem(None, None, None, f"manifest not found: {url}")], url)
+    data, size = got
+    if size >= sources.MANIFEST_LIMIT:
+        why = f"{url} is {size:,} bytes; a manifest must be under {sources.MANIFEST_LIMIT:,} bytes"
+        raise ManifestError([Problem(None, None, None, why)], url)
+    return data
+
+
+def _read_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError([Problem(None, None, None, f"manifest not found: {path}")], path) from None
+    except IsADirectoryError:
+        raise ManifestError(
+            [Problem(None, None, None, f"{path} is a folder, not a manifest")], path
+        ) from None
+    except OSError as exc:
+        raise ManifestError(
+            [Problem(None, None, None, f"cannot read {path}: {exc.strerror}")], path
+        ) from None
+    except ValueError:  # a path holding a NUL character (a deployment's parameter, say)
+        nul = Problem(None, None, None, "the manifest's path holds a NUL character")
+        raise ManifestError([nul]) from None
+
+
+def _decode(data: bytes, path: Path | str) -> str:
     # utf-8-sig: spreadsheet programs often write a byte-order mark; tolerate it, and nothing but UTF-8.
     try:
         return data.decode("utf-8-sig")
@@ -141,7 +165,7 @@ def _decode(data: bytes, path: Path) -> str:
 # --- CSV -------------------------------------------------------------------------------------------
 
 
-def _scan_csv(text: str, path: Path) -> tuple[int, list[str], list[tuple[int, list[str]]]]:
+def _scan_csv(text: str, path: Path | str) -> tuple[int, list[str], list[tuple[int, list[str]]]]:
     """The header's line, the header and each non-blank record with the physical line it starts on.
 
     pandas pads short rows silently and reports only the first long one, and it does not know physical

@@ -3,7 +3,8 @@ its idempotency key was made from, and handed to the route's builder in `imageba
 
 A file changed after the manifest was checked would be sent under a key that names other bytes; that is
 refused (`InputChangedError`) rather than sent, and so is one that is no longer a regular file or has grown
-past the most any route takes (the read is bounded, as at check time: `manifest.files.read_regular`). The
+past the most any route takes (the read is bounded, as at check time: `manifest.files.read_reference`).
+An object in a store (`s3://...`) is read again the same way, through the store, and compared the same. The
 request is then recorded `failed` with that message; nothing was sent.
 """
 
@@ -19,7 +20,8 @@ from imagebatch.gateway.constants import Route
 from imagebatch.gateway.imagefile import sniff_mime
 from imagebatch.gateway.requests import GatewayRequest
 from imagebatch.manifest import PlannedRequest
-from imagebatch.manifest.files import READ_LIMIT, InputFileError, read_regular
+from imagebatch.manifest.files import READ_LIMIT, InputFileError, read_reference
+from imagebatch.manifest.models import FileRef
 
 
 class InputChangedError(Exception):
@@ -27,11 +29,11 @@ class InputChangedError(Exception):
     can no longer be read as one (gone, not a regular file, grown too big)."""
 
 
-def read_input(path: Path, sha256: str | None) -> ImageUpload:
-    """Read an input image once (a bounded read of a regular file); refuse it when its bytes are not those
-    the plan hashed."""
+def read_input(path: FileRef, sha256: str | None) -> ImageUpload:
+    """Read an input image once (a bounded read of a regular file, or of an object in a store); refuse it
+    when its bytes are not those the plan hashed."""
     try:
-        data = read_regular(path, READ_LIMIT)
+        data = read_reference(path, READ_LIMIT)
     except (InputFileError, OSError) as exc:
         why = str(exc) if isinstance(exc, InputFileError) else exc.strerror or type(exc).__name__
         raise InputChangedError(
@@ -39,7 +41,8 @@ def read_input(path: Path, sha256: str | None) -> ImageUpload:
         ) from None
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise InputChangedError(f"{path} changed after the manifest was checked: rerun to plan it again")
-    return ImageUpload(data=data, filename=path.name, mime_type=sniff_mime(data) or "image/png")
+    name = path.name if isinstance(path, Path) else path.rsplit("/", 1)[-1]
+    return ImageUpload(data=data, filename=name, mime_type=sniff_mime(data) or "image/png")
 
 
 def inputs(req: PlannedRequest) -> tuple[list[ImageUpload], ImageUpload | None]:

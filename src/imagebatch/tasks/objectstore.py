@@ -65,6 +65,18 @@ READ_THREADS = 16
 _URL = re.compile(r"^(?P<scheme>s3|gs|az)://(?P<bucket>[^/?#@]+)(?:/(?P<prefix>[^?#@]*))?$", re.IGNORECASE)
 
 
+def split_url(url: str) -> tuple[str, str, str]:
+    """`scheme://bucket/prefix` as (scheme in lower case, bucket, prefix without its outer slashes);
+    ValueError for anything else, or a URL that holds credentials (`s3://key:secret@...`)."""
+    match = _URL.match(url.rstrip("/"))
+    if match is None:
+        raise ValueError(
+            f"{url!r} is not an object store URL: use s3://bucket/prefix, gs://bucket/prefix or "
+            "az://container/prefix (credentials come from the environment, never the URL)"
+        )
+    return match["scheme"].lower(), match["bucket"], (match["prefix"] or "").strip("/")
+
+
 class StoreError(OSError):
     """A request to the object store that failed for good (after retries): handled as a failed disk
     write (the run stops dispatching). The message names the place and the cause, never a credential."""
@@ -96,15 +108,7 @@ class ObjectLocation:
     def __init__(
         self, url: str, *, retry: dict[str, Any] | None = None, client_options: dict[str, Any] | None = None
     ) -> None:
-        match = _URL.match(url.rstrip("/"))
-        if match is None:
-            raise ValueError(
-                f"{url!r} is not an object store URL: use s3://bucket/prefix, gs://bucket/prefix or "
-                "az://container/prefix (credentials come from the environment, never the URL)"
-            )
-        self.scheme = match["scheme"].lower()
-        self.bucket = match["bucket"]
-        self.prefix = (match["prefix"] or "").strip("/")
+        self.scheme, self.bucket, self.prefix = split_url(url)
         self.url = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         from obstore.store import AzureStore, GCSStore, S3Store
 
@@ -156,6 +160,21 @@ class ObjectLocation:
                 return bytes(result.bytes()), str(result.meta["e_tag"])
             except FileNotFoundError:
                 return None
+
+    def get_bounded(self, name: str, limit: int) -> tuple[bytes, int] | None:
+        """The bytes of `name` and its size, read only when its size is under `limit` (else no byte of
+        it is read: `b""` and the size); None if there is no such object. `StoreError` for a bucket that
+        does not exist, as for any other failure: only a missing object is None."""
+        with self._failing("reading", name):
+            try:
+                result = obstore.get(self.store, name)
+            except FileNotFoundError as exc:
+                if "NoSuchBucket" in str(exc) or "ContainerNotFound" in str(exc):
+                    why = f"the bucket {self.bucket!r} does not exist ({describe(exc)})"
+                    raise StoreError(errno.ENOENT, f"reading {self.url}/{name} failed: {why}") from None
+                return None
+            size = int(result.meta["size"])
+            return (bytes(result.bytes()) if size < limit else b""), size
 
     def get(self, name: str) -> bytes | None:
         got = self.get_tagged(name)

@@ -1,0 +1,118 @@
+"""A manifest and its reference images in an object store: `run`, `validate` and `deploy` take
+`s3://bucket/key.csv` (and `gs://`, `az://`) wherever they take a manifest's path (issue 19, item 5).
+
+- A URL stays text, never a `Path` (which would fold `s3://` into `s3:/`). A reference of a manifest in a
+  bucket is resolved by `join` against the manifest's prefix (its "folder"): a relative name under it,
+  `/key` from the bucket's root, a whole URL as itself; `..` is resolved by `normalise`, never above the
+  bucket. It must then lie `inside` a files root, as a path must lie inside a folder: the manifest's
+  prefix, or a `--files-root` given as a URL prefix (which also lets a local manifest name objects).
+- Reads go through `tasks.objectstore.ObjectLocation`: the store's standard credential chain, its retries
+  and its causes in a few words (no response body, no secret). One location per bucket (and per set of
+  the store's variables) is kept for the process (`location`): making one costs ~20 ms, and it keeps its
+  connections for the next read, at check time and again when the request is sent.
+- Reads are bounded (`ObjectLocation.get_bounded`): an object of the limit's size or more is refused by
+  the size its GET announces, before its body is read.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from imagebatch.tasks.storage import is_object_url
+
+if TYPE_CHECKING:
+    from imagebatch.tasks.objectstore import ObjectLocation
+
+MANIFEST_LIMIT = 1 << 30
+"""The largest manifest object read (exclusive): a guard against naming a bucket's archive by mistake
+(a million-row CSV is ~100 MB)."""
+_STORE_VARIABLES = ("AWS_", "GOOGLE_", "AZURE_")
+"""The prefixes of the variables a store reads its address and credentials from (what a cached
+location depends on)."""
+
+
+def is_url(ref: object) -> bool:
+    """Whether `ref` is an object's URL (text starting `s3://`, `gs://` or `az://`)."""
+    return isinstance(ref, str) and is_object_url(ref)
+
+
+def split(url: str) -> tuple[str, str]:
+    """`s3://bucket/a/b.png` as (`s3://bucket`, `a/b.png`); ValueError for what is not an object URL."""
+    from imagebatch.tasks.objectstore import split_url
+
+    scheme, bucket, key = split_url(url)
+    return f"{scheme}://{bucket}", key
+
+
+def normalise(url: str) -> str:
+    """`url` with its scheme in lower case and its key's `.`, `..` and empty segments resolved (a
+    backslash read as a separator); ValueError for one that is not an object URL or climbs above its
+    bucket."""
+    bucket, key = split(url.replace("\\", "/"))
+    parts: list[str] = []
+    for segment in key.split("/"):
+        if segment == "..":
+            if not parts:
+                raise ValueError(f"{url} climbs above the bucket's root")
+            parts.pop()
+        elif segment not in ("", "."):
+            parts.append(segment)
+    return "/".join([bucket, *parts])
+
+
+def join(base: str, text: str) -> str:
+    """The object a manifest in the prefix `base` names by `text`: a URL as itself, `/key` from the
+    bucket's root, anything else under `base`. ValueError when it climbs above the bucket."""
+    if is_object_url(text):
+        return normalise(text)
+    bucket, _ = split(base)
+    text = text.replace("\\", "/")
+    return normalise(f"{bucket}{text}" if text.startswith("/") else f"{base}/{text}")
+
+
+def parent(url: str) -> str:
+    """The prefix an object is in (`s3://bucket/a` for `s3://bucket/a/m.csv`): its manifest's 'folder'."""
+    bucket, key = split(url)
+    return "/".join([bucket, *key.split("/")[:-1]]) if key else bucket
+
+
+def inside(url: str, root: str) -> bool:
+    """Whether the normalised `url` is `root` or under it (a whole segment: `s3://b/ab` is not under
+    `s3://b/a`)."""
+    return url == root or url.startswith(root.rstrip("/") + "/")
+
+
+_locations: dict[tuple[str, str], ObjectLocation] = {}
+_lock = threading.Lock()
+
+
+def location(bucket: str) -> ObjectLocation:
+    """The `ObjectLocation` of `scheme://bucket`, made once per process and per value of the store's
+    variables (a test, or a long-lived `serve`, may change them; only a digest of them is kept)."""
+    from imagebatch.tasks.objectstore import ObjectLocation, StoreError
+
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_STORE_VARIABLES))
+    key = (bucket, hashlib.sha256(repr(env).encode()).hexdigest())
+    with _lock:
+        loc = _locations.get(key)
+        if loc is None:
+            try:
+                loc = ObjectLocation(bucket)
+            except Exception as exc:  # obstore refuses its configuration (an unknown region, a bad variable)
+                why = f"the store's configuration is refused ({type(exc).__name__})"
+                raise StoreError(errno.EINVAL, why) from None
+            _locations[key] = loc
+        return loc
+
+
+def read_object(url: str, limit: int) -> tuple[bytes, int] | None:
+    """The bytes of the object at the normalised `url` (none read when it is `limit` bytes or more) and
+    its size; None if there is no such object. `StoreError` (an OSError naming the cause, never a
+    secret) for a missing bucket, refused credentials, a store that cannot be reached or whose
+    configuration (an unknown region, a bad variable) is refused."""
+    bucket, key = split(url)
+    return location(bucket).get_bounded(key, limit)
