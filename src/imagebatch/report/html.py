@@ -180,13 +180,21 @@ def _thumb_html(out: Path, source: Path, name: str, label: str, link: str | None
 def _manifest_details(out: Path, run: dict[str, Any]) -> dict[str, Any]:
     """Prompts and files by idempotency key, from the manifest run.json names if it is unchanged."""
     from imagebatch.manifest import load_manifest, plan
+    from imagebatch.manifest.sources import is_url
 
-    path = Path(str(run.get("manifest", "")))
+    source = str(run.get("manifest", ""))
     try:
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != run.get("manifest_sha256"):
-            return {}
+        if not is_url(source):  # a file is loaded only if its bytes are the run's (a bucket's: after)
+            path = Path(source)
+            if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != run.get(
+                "manifest_sha256"
+            ):
+                return {}
         roots = (run.get("options") or {}).get("files_root")  # the folders the run was allowed to read
-        return {r.idempotency_key: r for r in plan(load_manifest(path, files_root=roots))}
+        manifest = load_manifest(source, files_root=roots)
+        if manifest.sha256 != run.get("manifest_sha256"):
+            return {}
+        return {r.idempotency_key: r for r in plan(manifest)}
     except Exception:  # a manifest that no longer loads only costs the report its prompts
         return {}
 
