@@ -1,0 +1,121 @@
+"""`run` and `deploy` of a manifest in a bucket, its reference images in the bucket too (issue 19 item 5),
+against a real S3-compatible server (moto on 127.0.0.1) and the emulator over HTTP."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.images import png
+from helpers.runs import cli
+
+from imagebatch.flows.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, build_parser
+from imagebatch.gateway.emulator.render import Renderer, RenderSpec, images_pixel_size
+
+REF_A = png(48, 48, (200, 30, 30))
+REF_B = png(48, 48, (30, 30, 200))
+MANIFEST = (
+    "id,prompt,route,model,reference_images\n"
+    "a,put the mug on a desk,images,compat-image-2,refs/a.png\n"
+    "b,put the mug on a shelf,images,compat-image-2,refs/b.png\n"
+)
+
+
+def _results(objects: dict[str, bytes]) -> dict[str, dict[str, str]]:
+    return {r["job_id"]: r for r in csv.DictReader(io.StringIO(objects["results.csv"].decode()))}
+
+
+def _expected_image(prompt: str, reference: bytes) -> bytes:
+    """What the emulator draws for an edit of `reference` on the images route (its default size, seed 0):
+    its background is the reference, so other reference bytes give another image."""
+    width, height = images_pixel_size("1024x1024")
+    spec = RenderSpec(width, height, prompt, 0, label="compat-image-2", references=(reference,))
+    return Renderer(cache_size=0).render(spec)
+
+
+@pytest.fixture
+def bucket(s3: Any) -> str:
+    """A bucket holding `cat/m.csv` and its two reference images."""
+    name = s3.bucket()
+    for key, data in {
+        "cat/m.csv": MANIFEST.encode(),
+        "cat/refs/a.png": REF_A,
+        "cat/refs/b.png": REF_B,
+    }.items():
+        s3.client.put_object(Bucket=name, Key=key, Body=data)
+    return name
+
+
+def test_a_run_of_a_manifest_in_a_bucket_sends_each_references_bytes(
+    s3: Any, bucket: str, capsys: Any, service_env: Any
+) -> None:
+    url, out = f"s3://{bucket}/cat/m.csv", f"s3://{bucket}/out"
+    code, _, err = cli(capsys, "run", url, "--out", out, "--concurrency", "2", "--no-report")
+    assert code == EXIT_OK, err
+    objects = s3.objects(bucket, "out")
+    rows = _results(objects)
+    assert {r["status"] for r in rows.values()} == {"succeeded"}
+    for job, prompt, ref in (("a", "put the mug on a desk", REF_A), ("b", "put the mug on a shelf", REF_B)):
+        assert objects[rows[job]["paths"]] == _expected_image(prompt, ref), job
+    assert _expected_image("put the mug on a desk", REF_B) != _expected_image("put the mug on a desk", REF_A)
+    assert len(service_env.requests()) == 2
+    assert json.loads(objects["run.json"])["manifest"] == url
+
+
+def test_a_reference_changed_between_check_and_send_fails_only_its_request(
+    s3: Any, bucket: str, capsys: Any, service_env: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import imagebatch.flows.config as config
+
+    checked = config.preflight
+
+    def check_then_change(*args: Any, **kwargs: Any) -> Any:
+        result = checked(*args, **kwargs)  # the check read and hashed both references ...
+        s3.client.put_object(
+            Bucket=bucket, Key="cat/refs/b.png", Body=png(48, 48, (0, 0, 0))
+        )  # ... then b changed
+        return result
+
+    monkeypatch.setattr(config, "preflight", check_then_change)
+    url = f"s3://{bucket}/cat/m.csv"
+    code, _, err = cli(capsys, "run", url, "--out", str(tmp_path / "out"), "--no-report")
+    assert code == EXIT_INCOMPLETE, err
+    rows = _results({"results.csv": (tmp_path / "out" / "results.csv").read_bytes()})
+    assert rows["a"]["status"] == "succeeded" and rows["b"]["status"] == "failed"
+    assert rows["b"]["error"] == (
+        f"s3://{bucket}/cat/refs/b.png changed after the manifest was checked: rerun to plan it again"
+    )
+    assert [r["idempotency_key"] for r in service_env.requests()] == [rows["a"]["idempotency_key"]]
+
+
+def test_deploy_checks_the_manifest_in_the_bucket_and_its_objects_before_deploying(
+    s3: Any, bucket: str, capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from imagebatch.flows.deploy import check
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # reached only after the checks
+    s3.client.put_object(
+        Bucket=bucket, Key="cat/bad.csv", Body=b"id,prompt,reference_images\nx,edit,refs/none.png\n"
+    )
+    argv = ["--out", str(tmp_path / "out"), "--base-url", "embedded", "--name", "nightly", "--work-pool", "p"]
+    code, _, err = cli(capsys, "deploy", f"s3://{bucket}/cat/bad.csv", *argv)
+    assert code == EXIT_USAGE
+    assert err.splitlines() == [
+        f"line 2 (id=x), field reference_images: refs/none.png: object not found "
+        f"(looked for s3://{bucket}/cat/refs/none.png)",
+        f"s3://{bucket}/cat/bad.csv: 1 problem(s); nothing was deployed.",
+    ]
+    code, _, err = cli(capsys, "deploy", "s3://no-such-bucket-ib/cat/m.csv", *argv)
+    assert code == EXIT_USAGE and "the bucket 'no-such-bucket-ib' does not exist" in err.splitlines()[0]
+
+    # A manifest that checks: the deployment's parameters name it (and a prefix root) by URL, as given.
+    args = build_parser().parse_args(
+        ["deploy", f"s3://{bucket}/cat/m.csv", *argv, "--files-root", f"s3://{bucket}/shared"]
+    )
+    parameters = check(args)
+    assert parameters["manifest"] == f"s3://{bucket}/cat/m.csv"
+    assert parameters["files_root"] == [f"s3://{bucket}/shared"]
