@@ -4,6 +4,7 @@
     imagebatch run MANIFEST --out DIR [options]           generate everything it asks for (Prefect flow)
     imagebatch emulator [options]                         serve the emulated gateway on loopback
     imagebatch report OUT                                 (re)build OUT/report.html, the contact sheet
+    imagebatch report s3://bucket/prefix --to DIR         copy a bucket's report into DIR, to open there
     imagebatch deploy MANIFEST --out DIR --name NAME ...  a scheduled deployment on a Prefect server
     imagebatch serve MANIFEST --out DIR --name NAME ...   the same, its runs served from this process
     imagebatch worker --pool POOL [...]                   Prefect's process worker, stopped gracefully
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
 from imagebatch.flows.constants import FLOW_NAME
@@ -52,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     _emulator_arguments(sub.add_parser("emulator", help="serve the emulated gateway on loopback"))
     report = sub.add_parser("report", help=f"(re)build the contact sheet {REPORT_HTML} of an output folder")
     report.add_argument("out", help="an output folder of `imagebatch run`, or its s3://bucket/prefix")
+    report.add_argument(
+        "--to",
+        default=None,
+        metavar="DIR",
+        help="for a run in a bucket: copy its report, thumbnails, images and results.csv into DIR (writing "
+        "nothing to the bucket) and print the page to open",
+    )
     _deploy_arguments(
         sub.add_parser(
             "deploy",
@@ -85,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _estimate(args.manifest, args.prices, args.files_root)
         return code
     if args.command == "report":
-        return _report(args.out)
+        return _report(args.out, args.to)
     if args.command == "limits":
         from imagebatch.flows.limits import limits_main
 
@@ -128,13 +137,18 @@ def _estimate(manifest: str, prices: str, files_root: list[str] | None) -> int:
     return EXIT_OK
 
 
-def _report(out: str) -> int:
+def _report(out: str, to: str | None = None) -> int:
     """`imagebatch report OUT`: a local folder, or an object store's `s3://bucket/prefix` (the report is
-    built from its records and thumbnails, fetched, and uploaded next to them)."""
+    built from its records and thumbnails, fetched, and uploaded next to them). `to`: a bucket's report
+    copied into that folder instead, nothing written to the bucket (`tasks.download`)."""
     from imagebatch.flows.config import UsageError, check_output_store, output_location
     from imagebatch.tasks.store import OutputStore
 
     where = output_location(out)
+    if to is not None and not isinstance(where, str):
+        why = f"--to copies a report out of a bucket; {out}/{REPORT_HTML} opens where it is"
+        print(f"imagebatch report: {why}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if isinstance(where, str):
             check_output_store(where, lock=False)
@@ -143,6 +157,13 @@ def _report(out: str) -> int:
             why = f"has no {RESULTS_CSV} (not an output folder of a finished run)"
             print(f"imagebatch report: {store.where} {why}", file=sys.stderr)
             return EXIT_USAGE
+        if to is not None:
+            from imagebatch.tasks.download import download_report
+            from imagebatch.tasks.objectstore import ObjectLocation
+
+            assert isinstance(store.location, ObjectLocation)
+            print(download_report(store.location, Path(to).expanduser()).resolve())
+            return EXIT_OK
         print(store.build_report())
     except (UsageError, OSError) as exc:
         print(f"imagebatch report: {exc}", file=sys.stderr)

@@ -8,11 +8,18 @@ report is (host and absolute path). Each run keeps its report as `report.<stamp>
 artifact keeps naming that run's report; `report.html` stays the newest run's. Not `report-<stamp>.html`:
 `report-N.html` are the pages of `report.html`, which `build_report` replaces and prunes. The newest
 `KEEP` runs' copies are kept (a nightly deployment would otherwise add one a night for ever).
+
+A run into a bucket (`--out s3://...`): the artifact names the bucket's `report.html` by its URL (the
+newest run's: no per-run copy is kept there, since `imagebatch report URL --to DIR` copies the newest
+report with what its links name), gives that command to open it, and links the object in the cloud's
+console where that is derivable (`console_url`: S3 on AWS and GCS; not a custom endpoint nor Azure, whose
+portal URL needs the subscription and resource group).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 from collections.abc import Callable, Iterable
@@ -22,6 +29,7 @@ from typing import Any
 
 from imagebatch.tasks import layout
 from imagebatch.tasks.outcome import DONE, tally
+from imagebatch.tasks.storage import is_object_url
 from imagebatch.tasks.store import STATUSES, RequestRecord
 
 KEEP = 30
@@ -57,6 +65,34 @@ def keep_run_report(first: Path, stamp: str, keep: int = KEEP) -> Path:
     return out / names[first.name]
 
 
+def console_url(url: str) -> str | None:
+    """The cloud console's page of the object `url` (`s3://bucket/key`, `gs://...`), or None where it
+    cannot be derived: an S3-compatible endpoint (`AWS_ENDPOINT_URL`: MinIO, R2, a local server), Azure."""
+    from urllib.parse import quote
+
+    scheme, _, rest = url.partition("://")
+    bucket, _, key = rest.partition("/")
+    if scheme == "s3" and not os.environ.get("AWS_ENDPOINT_URL"):
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        query = f"region={quote(region)}&" if region else ""
+        return f"https://s3.console.aws.amazon.com/s3/object/{quote(bucket)}?{query}prefix={quote(key)}"
+    if scheme == "gs":
+        return f"https://console.cloud.google.com/storage/browser/_details/{quote(bucket)}/{quote(key)}"
+    return None
+
+
+def bucket_lines(report: str) -> list[str]:
+    """Where a bucket's report is, and the one command that opens it."""
+    prefix = report.rsplit("/", 1)[0]
+    lines = [
+        f"The contact sheet: `{report}` (the newest run's). To open it, copy it with its thumbnails and",
+        f"images: `imagebatch report {prefix} --to DIR`, then open the page it prints.",
+    ]
+    if (console := console_url(report)) is not None:
+        lines.append(f"In the console: {console}")
+    return lines
+
+
 def report_markdown(info: dict[str, Any], where: str | None, short: list[RequestRecord]) -> str:
     """The artifact: counts, stop reason, the first requests not done, and where the report is."""
     counts = info["counts"]
@@ -68,7 +104,9 @@ def report_markdown(info: dict[str, Any], where: str | None, short: list[Request
         lines += ["", f"## Not done (the first {len(short)})", "", "| request | status | why |", "|-|-|-|"]
         lines += [f"| {r.job_id}#{r.request_index} | {r.status} | {_cell(r.error or '')} |" for r in short]
     lines += [""]
-    if where:
+    if where and is_object_url(where):
+        lines += bucket_lines(where)
+    elif where:
         lines += [
             f"The contact sheet: `{where}` on `{socket.gethostname()}` (this run's; `report.html` beside",
             "it is the newest run's). Open it from that machine, or copy the output folder.",
@@ -93,7 +131,9 @@ def publish_report(
     from prefect.artifacts import create_markdown_artifact
 
     where = None
-    if info.get("report"):
+    if info.get("report") and is_object_url(str(info["report"])):
+        where = info["run_report"] = str(info["report"])
+    elif info.get("report"):
         try:
             where = str(keep_run_report(Path(info["report"]).resolve(), run_stamp(info)))
             info["run_report"] = where

@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import obstore
@@ -181,16 +181,25 @@ class ObjectLocation:
         return None if got is None else got[0]
 
     def exists(self, name: str) -> bool:
+        return self.modified(name) is not None
+
+    def modified(self, name: str) -> datetime | None:
+        """When `name` was last written (the store's clock), or None if there is no such object."""
         with self._failing("reading", name):
             try:
-                obstore.head(self.store, name)
-                return True
+                return obstore.head(self.store, name)["last_modified"]
             except FileNotFoundError:
-                return False
+                return None
 
     def list(self, prefix: str) -> list[str]:
         with self._failing("listing", prefix):
             return sorted(str(m["path"]) for batch in obstore.list(self.store, prefix) for m in batch)
+
+    def list_top(self) -> builtins.list[str]:
+        """The names of the objects directly in the prefix (not under a `folder/` of it), sorted: one
+        request. `list(prefix)` takes a folder-like prefix (`journal/`), never the start of a name."""
+        with self._failing("listing", ""):
+            return sorted(str(m["path"]) for m in obstore.list_with_delimiter(self.store)["objects"])
 
     def delete(self, name: str) -> None:
         with self._failing("deleting", name), contextlib.suppress(FileNotFoundError):
@@ -502,7 +511,7 @@ def report_in(loc: ObjectLocation, details: Any = None, to: Any = None) -> str:
         made = [p for p in (folder / thumbs).glob("*.jpg") if f"{thumbs}/{p.name}" not in had]
         for path in [*(folder / n for n in pages), *made]:
             loc.put(path.relative_to(folder).as_posix(), path.read_bytes())
-        for stale in loc.list("report-"):
+        for stale in (n for n in loc.list_top() if n.startswith("report-") and n.endswith(".html")):
             if stale not in pages:
                 loc.delete(stale)
     return f"{loc.url}/{layout.REPORT_HTML}"
@@ -532,6 +541,11 @@ def stage(loc: ObjectLocation, folder: Any, everything: bool = False) -> set[str
                     placeholders.append(rel)
                 else:
                     wanted.append(rel)
+    inside = folder.resolve()
+    wanted, placeholders = (  # a name that would climb out of the folder (`..`) is not fetched
+        [n for n in names if (inside / n).resolve().is_relative_to(inside)]
+        for names in (wanted, placeholders)
+    )
     with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="imagebatch-stage") as ex:
         for name, data in zip(wanted, ex.map(loc.get, wanted), strict=True):
             if data is not None:
