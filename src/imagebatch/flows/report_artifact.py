@@ -1,13 +1,13 @@
 """The report in Prefect's UI: each run's own copy of the contact sheet, and a markdown artifact about it.
 
-The UI cannot open a `file://` link (its browser is not on the machine that ran the flow), and the
-output folder is not in object storage yet, so the artifact (`imagebatch-report`) is markdown that the UI
-shows as it is: the run's counts, its state, the first requests that fell short and why, and where the
-report is (host and absolute path). Each run keeps its report as `report.<stamp>.html` (its further pages
-`report.<stamp>-2.html`, ...), `<stamp>` being the UTC start time and the flow run's short id, so a run's
-artifact keeps naming that run's report; `report.html` stays the newest run's. Not `report-<stamp>.html`:
-`report-N.html` are the pages of `report.html`, which `build_report` replaces and prunes. The newest
-`KEEP` runs' copies are kept (a nightly deployment would otherwise add one a night for ever).
+The UI cannot open a `file://` link (its browser is not on the machine that ran the flow), so for an
+output folder the artifact (`imagebatch-report`) is markdown that the UI shows as it is: the run's counts,
+its state, the first requests that fell short and why, and where the report is (host and absolute path).
+Each run keeps its report as `report.<stamp>.html` (its further pages `report.<stamp>-2.html`, ...),
+`<stamp>` being the UTC start time and the flow run's short id, so a run's artifact keeps naming that
+run's report; `report.html` stays the newest run's. Not `report-<stamp>.html`: `report-N.html` are the
+pages of `report.html`, which `build_report` replaces and prunes. The newest `KEEP` runs' copies are kept
+(a nightly deployment would otherwise add one a night for ever).
 
 A run into a bucket (`--out s3://...`): the artifact names the bucket's `report.html` by its URL (the
 newest run's: no per-run copy is kept there, since `imagebatch report URL --to DIR` copies the newest
