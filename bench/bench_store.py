@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import parse_qs
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_flow import KEY, start_emulator, write_manifest
@@ -83,8 +84,12 @@ def store_requests(log: Path, since: int) -> Counter[str]:
         if not m:
             continue
         method, key, query = m.group(1), m.group(2) or "", m.group(3) or ""
+        if "list-type" in query:  # a listing: named by its prefix under the run's (journal/, ...)
+            prefix = parse_qs(query[1:]).get("prefix", [""])[0]
+            kinds[f"LIST {prefix.split('/', 1)[1] if '/' in prefix else '(all)'}"] += 1
+            continue
         where = key.split("/", 2)[1] if key.count("/") >= 1 else key
-        kinds[f"{method} {'list' if 'list-type' in query else where}"] += 1
+        kinds[f"{method} {where}"] += 1
     return kinds
 
 
