@@ -296,7 +296,7 @@ class FileChecker:
         hint = self.outside_hint
         if isinstance(path, str) and hint == OUTSIDE_HINT:
             allow = f"--files-root {sources.parent(path)}"
-            hint = f"move it under the manifest's prefix, or allow its own with {allow}"
+            hint = f"move it under the manifest's folder or prefix, or allow its own: {allow}"
         return FileFacts(path, error=f"resolves to {path}, outside the files root ({roots})", hint=hint)
 
     def _inspect(self, path: FileRef) -> FileFacts:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from imagebatch.gateway.constants import (
     IMAGE_ROUTES,
@@ -20,7 +20,13 @@ from imagebatch.gateway.constants import (
 )
 from imagebatch.tasks.storage import is_object_url
 
-FileRef = Path | str
+
+def _file_ref(value: Any) -> Any:
+    """Text that is not an object's URL is a path (a `Job` built from plain data keeps its paths)."""
+    return Path(value) if isinstance(value, str) and not is_object_url(value) else value
+
+
+FileRef = Annotated[Path | str, BeforeValidator(_file_ref)]
 """Where a manifest, a reference image or a mask is: an absolute local path, or an object's URL
 (`s3://bucket/key`, `gs://...`, `az://...`: text, since a `Path` would fold `s3://` into `s3:/`)."""
 
