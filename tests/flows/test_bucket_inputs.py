@@ -6,6 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +122,36 @@ def test_deploy_checks_the_manifest_in_the_bucket_and_its_objects_before_deployi
     parameters = check(args)
     assert parameters["manifest"] == f"s3://{bucket}/cat/m.csv"
     assert parameters["files_root"] == [f"s3://{bucket}/shared"]
+
+
+def test_a_rerun_into_a_bucket_with_nothing_to_send_reads_no_image_and_starts_no_prefect(
+    s3: Any, bucket: str, capsys: Any, service_env: Any, tmp_path: Path
+) -> None:
+    """The rerun of the benchmark's table (bench/README.md, `--no-report` as there), on a small run: a
+    few store requests, none of them on images/ or thumbs/, and Prefect not started (as for a folder:
+    flows/settled.py)."""
+    from helpers.s3 import FaultProxy
+
+    url, out = f"s3://{bucket}/cat/m.csv", f"s3://{bucket}/out"
+    code, _, err = cli(capsys, "run", url, "--out", out)
+    assert code == EXIT_OK, err
+    sent = len(service_env.requests())
+    proxy = FaultProxy(s3.url)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+        env |= {"AWS_ENDPOINT_URL": proxy.url, "PREFECT_HOME": str(tmp_path / "home")}
+        cmd = [sys.executable, "-m", "imagebatch.flows.cli", "run", url, "--out", out, "--no-report"]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        proxy.stop()
+    assert done.returncode == EXIT_OK, done.stderr
+    assert "Prefect was not started" in done.stderr
+    assert len(service_env.requests()) == sent
+    info = json.loads(s3.objects(bucket, "out")["run.json"])
+    assert info["prefect"]["started"] is False and info["counts"]["skipped"] == 2
+    paths = [path for _, path, _ in proxy.log]
+    assert paths and not [
+        p for p in paths if "/images/" in p or "/thumbs/" in p or "prefix=out%2Fimages" in p
+    ]
+    listings = [p for p in paths if "list-type" in p]
+    assert listings and all("prefix=out%2Fjournal%2F" in p for p in listings), listings

@@ -2,10 +2,10 @@
 
 Most reruns of a nightly manifest or a catalog find every request done (or left alone: `no_image`, and
 `unknown` without `--retry-unknown`). Starting Prefect for them costs about four seconds (importing it,
-its temporary server) and sends nothing. So `imagebatch run` first asks the output folder: if no request
-of the plan is to be sent, it writes the run's records exactly as the flow would (results.csv,
-usage-summary.csv, run.json, the report: `flows.finish.write_files`, under the folder's lock), prints the
-same summary and exit code, and never starts Prefect.
+its temporary server) and sends nothing. So `imagebatch run` first asks the output location (a folder or
+a bucket): if no request of the plan is to be sent, it writes the run's records exactly as the flow would
+(results.csv, usage-summary.csv, run.json, the report: `flows.finish.write_files`, under the folder's
+lock or the bucket's lease), prints the same summary and exit code, and never starts Prefect.
 
 What Prefect sees of such a run: nothing (no flow run, no artifacts). `run.json` says so: its `prefect`
 entry is `{"flow_run_id": null, "task_runs": 0, "started": false}`. This path is taken only on Prefect's
@@ -15,13 +15,13 @@ nothing, and deployments always run the flow.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from imagebatch.flows.config import Preflight, key_source
 from imagebatch.flows.finish import run_info, write_files
 from imagebatch.manifest import plan
 from imagebatch.tasks.context import RunContext, group_units
+from imagebatch.tasks.objectstore import JOURNAL
 from imagebatch.tasks.store import OutputLockedError, OutputStore, RequestRecord
 from imagebatch.tasks.unit import run_unit
 
@@ -43,12 +43,13 @@ def settle_without_prefect(
 ) -> dict[str, Any] | None:
     """The run's summary if it has nothing to send (its records written), else None (the flow runs).
 
-    None too when the folder has no journal yet (a first run) or is held by another run (the flow then
-    says so as usual), and for an output in object storage (`tasks.objectstore`)."""
-    if force or not isinstance(checked.out, Path):  # an object store's output: the flow, as before
+    None too when the location has no journal yet (a first run) or is held by another run (the flow
+    then says so as usual). An output in a bucket is settled the same way, under its lease: the rerun
+    then reads the lease, one listing and the compacted journal, and writes the run's records."""
+    if force:
         return None
     store = OutputStore(checked.out)
-    if not store.journal_path.is_file():
+    if not _has_journal(store):
         return None
     try:
         with store.hold_and_merge():
@@ -59,6 +60,14 @@ def settle_without_prefect(
             return _settle(checked, store, retry_unknown, report, concurrency, api_key_secret_block, options)
     except OutputLockedError:
         return None
+
+
+def _has_journal(store: OutputStore) -> bool:
+    """Whether a run was here before: the folder's journal file, or a bucket's journal objects (one
+    listing)."""
+    if store.is_object_store:
+        return bool(store.location.list(JOURNAL))
+    return store.journal_path.is_file()
 
 
 def _settle(
