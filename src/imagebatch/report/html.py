@@ -164,7 +164,7 @@ def _save_thumbnail(source: Path | io.BytesIO, target: Path) -> None:
     target.write_bytes(buf.getvalue())
 
 
-def thumb_file(out: Path, source: Path, name: str) -> str | None:
+def _thumb(out: Path, source: Path, name: str) -> str | None:
     """A JPEG thumbnail of `source` under out/thumbs/ (made once, remade if the source is newer);
     its path relative to `out`, or None if `source` is not a readable image. `TooLarge` if it is
     over `THUMB_MAX_PIXELS`."""
@@ -182,7 +182,7 @@ def thumb_file(out: Path, source: Path, name: str) -> str | None:
 def _thumb_html(out: Path, source: Path, name: str, label: str, link: str | None = None) -> str:
     """The card's `<img>` of `source`, a placeholder naming its size if it is too large, or nothing."""
     try:
-        thumb = thumb_file(out, source, name)
+        thumb = _thumb(out, source, name)
     except TooLarge as exc:
         html_ = f'<div class="big">{_esc(label)} {_esc(exc)}</div>'
         return f'<a href="{_esc(link)}">{html_}</a>' if link else html_

@@ -57,8 +57,16 @@ from imagebatch.tasks import layout
 from imagebatch.tasks.decisions import DECISIONS, Decision
 from imagebatch.tasks.storage import LocalFolder, Location
 
-from .html import TooLarge, thumb_file, thumb_name
-from .review_data import DecisionCache, ReviewCard, ReviewError, decision_json, load_cards, local_file
+from .html import TooLarge, _thumb, thumb_name
+from .review_data import (
+    DecisionCache,
+    ReviewCard,
+    ReviewError,
+    confined,
+    decision_json,
+    load_cards,
+    local_file,
+)
 from .review_page import render_page
 
 HOST = "127.0.0.1"
@@ -145,9 +153,11 @@ class ReviewServer:
                 return
             cards, without, refused = load_cards(self.location)
             self.cards = {card.key: card for card in cards}
-            aside = [f"{without:,} requests without an image are not shown (report.html)"] if without else []
+            aside = (
+                [f"{_count(without, 'request')} without an image not shown (report.html)"] if without else []
+            )
             if refused:
-                aside.append(f"{refused:,} image names outside images/ are not served")
+                aside.append(f"{_count(refused, 'image name')} outside images/ not served")
             self.aside = "; ".join(aside)
             self._cards_seen = seen
 
@@ -210,6 +220,10 @@ class ReviewServer:
         return None
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
+
+
 def _name(location: Location) -> str:
     return location.root.name if isinstance(location, LocalFolder) else location.url
 
@@ -220,10 +234,10 @@ def _local_image(root: Path, rel: str, thumbnail: bool) -> tuple[bytes, str] | N
         return None
     if thumbnail:
         thumbs = root / layout.THUMBS_DIR
-        if thumbs.exists() and local_file(root, layout.THUMBS_DIR) is None:  # thumbs/ leads out of OUT
+        if thumbs.exists() and confined(root, layout.THUMBS_DIR) is None:  # thumbs/ leads out of OUT
             return None
         try:
-            made = thumb_file(root, source, thumb_name(rel))
+            made = _thumb(root, source, thumb_name(rel))  # the report's own: made once, into thumbs/
         except TooLarge:
             return None
         thumb = local_file(root, made) if made else None
@@ -294,6 +308,8 @@ class _Handler(BaseHTTPRequestHandler):
             version, changed = review.decisions.since(int(since) if since.lstrip("-").isdigit() else -1)
             decisions = {k: decision_json(d) for k, d in changed.items()}
             return self._json(HTTPStatus.OK, {"version": version, "decisions": decisions})
+        if url.path == "/favicon.ico":  # none: an empty answer rather than a 404 in the console
+            return self._send(HTTPStatus.OK, b"", "image/x-icon", {})
         if len(parts) == 4 and parts[1] in ("thumb", "image"):
             found = review.image(unquote(parts[2]), parts[3], thumbnail=parts[1] == "thumb")
             if found is not None:

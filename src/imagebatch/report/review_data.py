@@ -69,15 +69,21 @@ def safe_name(rel: str) -> bool:
     )
 
 
-def local_file(root: Path, rel: str) -> Path | None:
-    """The regular file `root/rel` really is (symlinks resolved), or None if it is missing or lies
-    outside `root` (a symlink out of the output folder is refused)."""
+def confined(root: Path, rel: str) -> Path | None:
+    """What `root/rel` really is (symlinks resolved), or None if it is missing or lies outside `root` (a
+    symlink out of the output folder is refused)."""
     try:
         real = (root / rel).resolve(strict=True)
         base = root.resolve(strict=True)
     except (OSError, RuntimeError):  # missing, or a symlink loop
         return None
-    return real if real.is_relative_to(base) and real.is_file() else None
+    return real if real.is_relative_to(base) else None
+
+
+def local_file(root: Path, rel: str) -> Path | None:
+    """The regular file `root/rel` really is, if it is one and inside `root` (`confined`)."""
+    real = confined(root, rel)
+    return real if real is not None and real.is_file() else None
 
 
 def load_cards(location: Location) -> tuple[list[ReviewCard], int, int]:
@@ -97,13 +103,16 @@ def load_cards(location: Location) -> tuple[list[ReviewCard], int, int]:
         groups.setdefault((row["job_id"], row["request_index"], row.get("turn_index") or "0"), []).append(row)
     cards, refused = [], 0
     for variants in groups.values():
+        # A later variant's key is its own; its prompt is its request's (any variant the plan knows).
+        planned = next(
+            (details[r["idempotency_key"]] for r in variants if r["idempotency_key"] in details), None
+        )
         for row in sorted(variants, key=variant_of, reverse=True):
             images = tuple(rel for rel in image_paths(row) if safe_name(rel))
             refused += len(image_paths(row)) - len(images)
             if not images:
                 continue
             key, variant = row["idempotency_key"], variant_of(row)
-            planned = details.get(key)
             prompt = str(getattr(planned, "prompt", "") or "")
             data = {
                 "k": key, "v": variant, "nv": len(variants), "t": row_title(row), "s": row["status"],
