@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.browser import CHROMIUM, FLAGS
 from PIL import Image, ImageDraw
 
+from helpers.browser import CHROMIUM, FLAGS
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.tasks.csvcells import write_csv
 from imagebatch.tasks.store import RESULT_COLUMNS
@@ -42,7 +42,9 @@ def product_png(shape: int, colour: tuple[int, int, int], side: int = 256) -> by
         draw.rectangle((64 * s, 96 * s, 192 * s, 210 * s), fill=colour)
         draw.arc((94 * s, 50 * s, 162 * s, 130 * s), 180, 360, fill=colour, width=int(8 * s))
     else:  # a lamp
-        draw.polygon([(88 * s, 60 * s), (168 * s, 60 * s), (190 * s, 120 * s), (66 * s, 120 * s)], fill=colour)
+        draw.polygon(
+            [(88 * s, 60 * s), (168 * s, 60 * s), (190 * s, 120 * s), (66 * s, 120 * s)], fill=colour
+        )
         draw.rectangle((122 * s, 120 * s, 134 * s, 200 * s), fill=colour)
         draw.rectangle((92 * s, 196 * s, 164 * s, 210 * s), fill=colour)
     buf = io.BytesIO()
@@ -59,7 +61,9 @@ def review_folder(root: Path, requests: int = 12, redone: int | None = 1) -> Pat
     lines = ["id,sku,product_name,colour,prompt"]
     for i in range(requests):
         name, colour, _ = PRODUCTS[i % len(PRODUCTS)]
-        lines.append(f"p{i:03d},SKU-{1000 + i},{name},{colour},Studio photo of a {{product_name}} in {{colour}}")
+        lines.append(
+            f"p{i:03d},SKU-{1000 + i},{name},{colour},Studio photo of a {{product_name}} in {{colour}}"
+        )
     lines.append("broken,SKU-9999,mug,black,Studio photo of a {product_name} in {colour}")
     manifest.write_text("\n".join(lines) + "\n")
     out = root / "out"
@@ -72,7 +76,9 @@ def review_folder(root: Path, requests: int = 12, redone: int | None = 1) -> Pat
             "finish_reason": "STOP", "request_id": f"req_{n}", "variant": 1,
         }  # fmt: skip
         if req.job_id == "broken":
-            rows.append(row | {"status": "failed", "images": 0, "width": "", "height": "", "error": "HTTP 503"})
+            rows.append(
+                row | {"status": "failed", "images": 0, "width": "", "height": "", "error": "HTTP 503"}
+            )
             continue
         rel = f"images/{req.job_id}/0-{req.idempotency_key[-12:]}.png"
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +116,11 @@ def chromium(profile: Path, width: int = 1280, height: int = 900) -> Any:
 
 
 def request(
-    url: str, method: str = "GET", path: str = "/", body: bytes | None = None, headers: dict[str, str] | None = None
+    url: str,
+    method: str = "GET",
+    path: str = "/",
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, bytes]:
     """One HTTP request to the server at `url` (`http://127.0.0.1:PORT/`), headers exactly as given
     (http.client adds `Host` only if `headers` has none)."""

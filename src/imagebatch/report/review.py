@@ -116,6 +116,8 @@ class ReviewServer:
         self.hosts = frozenset({f"{HOST}:{self.port}", f"localhost:{self.port}"})
         self.origins = frozenset(f"http://{host}" for host in self.hosts)
         self._thread: threading.Thread | None = None
+        self.refused = 0
+        """Requests refused (403) since the server started."""
 
     def start(self) -> ReviewServer:
         self._thread = threading.Thread(
@@ -345,6 +347,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(status, answer)
 
     def _json(self, status: HTTPStatus, data: Any, close: bool = False) -> None:
+        if status == HTTPStatus.FORBIDDEN:
+            self.server.review.refused += 1
         body = json.dumps(data, ensure_ascii=False).encode()
         self._send(status, body, "application/json", {}, close)
 

@@ -99,6 +99,7 @@ function count() {
   }
   $('count').textContent = `${fmt(a + r)} of ${fmt(cards.length)} reviewed`;
   $('tally').textContent = `${fmt(a)} approved · ${fmt(r)} rejected`;
+  $('shown').textContent = `${fmt(view.length)} shown`;
 }
 
 // --- cards: only those in and near the window are in the document ---------------------------------
@@ -328,7 +329,7 @@ def render_page(title: str, token: str, nonce: str, data: dict[str, Any]) -> byt
         f'<header><h1>{esc(title)}</h1><div class="bar"><span id="count"></span><span id="tally"></span>'
         '<label>show <select id="filter"><option value="all">all</option>'
         '<option value="unreviewed">unreviewed</option><option value="approved">approved</option>'
-        '<option value="rejected">rejected</option></select></label>'
+        '<option value="rejected">rejected</option></select> <span id="shown"></span></label>'
         '<label>reviewer <input id="reviewer" size="12" maxlength="100"></label>'
         '<span class="keys">j/k move · a approve · r reject · n note · u undo</span>'
         f'<span class="aside">{esc(data.get("aside", ""))}</span><span id="status" role="status"></span>'
