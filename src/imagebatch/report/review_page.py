@@ -34,7 +34,7 @@ h1 { font-size: 18px; margin: 0 0 6px }
 #status { color: #b00 }
 #grid { position: relative; margin: 10px 12px }
 #empty { margin: 20px 12px; color: #666 }
-.card { position: absolute; top: 0; left: 0; width: 300px; height: 390px; background: #fff;
+.card { position: absolute; top: 0; left: 0; width: 300px; height: 410px; background: #fff;
   border: 1px solid #ddd; border-radius: 6px; padding: 8px; overflow: hidden;
   display: flex; flex-direction: column }
 .card.sel { outline: 3px solid #36c; border-color: #36c }
@@ -52,8 +52,8 @@ h1 { font-size: 18px; margin: 0 0 6px }
 .prompt { margin: 4px 0; display: -webkit-box; -webkit-line-clamp: 3; -webkit-box-orient: vertical;
   overflow: hidden }
 .facts { color: #666; font-size: 12px }
-.rv { margin-top: auto; font-weight: bold; color: #888; white-space: nowrap; overflow: hidden;
-  text-overflow: ellipsis }
+.rv { margin-top: auto; font-weight: bold; color: #888; display: -webkit-box; -webkit-line-clamp: 2;
+  -webkit-box-orient: vertical; overflow: hidden; flex: none }
 .d-approved .rv { color: #080 }
 .d-rejected .rv { color: #b00 }
 .rv .note { font-weight: normal; color: #333 }
@@ -70,7 +70,7 @@ SCRIPT = r"""
 const $ = id => document.getElementById(id);
 const D = JSON.parse($('data').textContent);
 const TOKEN = document.querySelector('meta[name="review-token"]').content;
-const W = 300, H = 390, GAP = 10;  // a card's box, as the style sets it
+const W = 300, H = 410, GAP = 10;  // a card's box, as the style sets it
 const cards = D.cards, byKey = new Map(cards.map((c, i) => [c.k, i]));
 const state = new Map(Object.entries(D.decisions));  // key -> {decision, note, reviewer, at}
 const drafts = new Map(), pending = new Map(), shown = new Map(), undo = [];
