@@ -91,3 +91,18 @@ def test_only_plain_names_under_images_may_be_served() -> None:
     for name in ("/images/x.png", "images/../x.png", "images/./x.png", "images//x.png", "x.png",
                  "thumbs/x.jpg", "images\\..\\x.png", "images/x\n.png", "images/"):  # fmt: skip
         assert not safe_name(name), name
+
+
+def test_the_pages_inline_data_cannot_end_its_script_element() -> None:
+    import re
+
+    from imagebatch.report.review_page import inline_json, render_page
+
+    prompt = "a mug </script><script>alert(1)</script><!-- & more"
+
+    page = render_page(
+        "t", "token", "nonce", inline_json([{"k": "ib1-a", "p": prompt}]), {"aside": "x"}
+    ).decode()
+    (data,) = re.findall(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
+    assert json.loads(data) == {"cards": [{"k": "ib1-a", "p": prompt}], "aside": "x"}
+    assert "<script>alert" not in page and page.count("</script>") == 2

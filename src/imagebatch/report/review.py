@@ -67,7 +67,7 @@ from .review_data import (
     load_cards,
     local_file,
 )
-from .review_page import render_page
+from .review_page import inline_json, render_page
 
 HOST = "127.0.0.1"
 TOKEN_HEADER = "X-Review-Token"
@@ -108,6 +108,7 @@ class ReviewServer:
         self._cards_lock = threading.Lock()
         self._cards_seen: object = None
         self.cards: dict[str, ReviewCard] = {}
+        self._cards_json = "[]"
         self.aside = ""
         self._load_cards()
         self._httpd = _HTTPServer((HOST, port), _Handler, self)
@@ -155,6 +156,7 @@ class ReviewServer:
                 return
             cards, without, refused = load_cards(self.location)
             self.cards = {card.key: card for card in cards}
+            self._cards_json = inline_json([card.shown for card in cards])
             aside = (
                 [f"{_count(without, 'request')} without an image not shown (report.html)"] if without else []
             )
@@ -166,15 +168,14 @@ class ReviewServer:
     def page(self, nonce: str) -> bytes:
         self._load_cards()
         version, decisions = self.decisions.since(-1)
-        cards = self.cards
+        cards, shown = self.cards, self._cards_json
         data = {
-            "cards": [card.shown for card in cards.values()],
             "decisions": {k: decision_json(d) for k, d in decisions.items() if k in cards},
             "version": version,
             "reviewer": self.reviewer,
             "aside": self.aside,
         }
-        return render_page(f"imagebatch review: {_name(self.location)}", self.token, nonce, data)
+        return render_page(f"imagebatch review: {_name(self.location)}", self.token, nonce, shown, data)
 
     def decide(self, body: dict[str, Any]) -> tuple[HTTPStatus, dict[str, Any]]:
         """Record the decision a page posted, after checking each field."""
@@ -283,6 +284,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
     protocol_version = "HTTP/1.1"
     timeout = IDLE_TIMEOUT
+    disable_nagle_algorithm = True  # headers and body are two writes: Nagle held the body for the ACK (40 ms)
     server_version = "imagebatch-review"
     sys_version = ""
 

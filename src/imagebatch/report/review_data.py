@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -123,11 +123,15 @@ def load_cards(location: Location) -> tuple[list[ReviewCard], int, int]:
     return cards, len(rows) - len(shown), refused
 
 
-def decision_json(decision: Decision) -> dict[str, Any]:
-    """A decision as the page reads it (its key is the map's)."""
-    data = asdict(decision)
-    del data["key"]
-    return data
+def decision_json(decision: Decision) -> dict[str, str]:
+    """A decision as the page reads it (its key is the map's). Not `asdict`: at 10,000 decisions its deep
+    copies took a second of the page's making."""
+    return {
+        "decision": decision.decision,
+        "note": decision.note,
+        "reviewer": decision.reviewer,
+        "at": decision.at,
+    }
 
 
 class DecisionCache:

@@ -316,12 +316,18 @@ document.body.dataset.ready = '1';
 """
 
 
-def render_page(title: str, token: str, nonce: str, data: dict[str, Any]) -> bytes:
-    """The page: `data` (cards, decisions, version, reviewer, aside) inline, `token` in a meta tag for
-    the script to send with each decision."""
-    # Inside <script type="application/json">: no `</script>` or `<!--` can end or bend it.
-    inline = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    inline = inline.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+def inline_json(data: Any) -> str:
+    """`data` as JSON to put inside `<script type="application/json">`: no `</script>` or `<!--` in it can
+    end or bend the element."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_page(title: str, token: str, nonce: str, cards: str, data: dict[str, Any]) -> bytes:
+    """The page: `cards` (the cards' data, already `inline_json`: made once per results.csv) and `data`
+    (decisions, version, reviewer, aside) inline, `token` in a meta tag for the script to send with each
+    decision."""
+    inline = f'{{"cards":{cards},{inline_json(data)[1:]}' if data else f'{{"cards":{cards}}}'
     esc = html.escape
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
