@@ -308,8 +308,11 @@ class _Handler(BaseHTTPRequestHandler):
                 HTTPStatus.OK, body, "text/html; charset=utf-8", {"Content-Security-Policy": csp}
             )
         if url.path == "/api/decisions":
-            since = parse_qs(url.query).get("since", ["-1"])[0]
-            version, changed = review.decisions.since(int(since) if since.lstrip("-").isdigit() else -1)
+            try:
+                since = int(parse_qs(url.query).get("since", ["-1"])[0])
+            except ValueError:
+                since = -1
+            version, changed = review.decisions.since(since)
             decisions = {k: decision_json(d) for k, d in changed.items()}
             return self._json(HTTPStatus.OK, {"version": version, "decisions": decisions})
         if url.path == "/favicon.ico":  # none: an empty answer rather than a 404 in the console
