@@ -351,6 +351,13 @@ def test_nothing_outside_the_output_folder_is_served(server: ReviewServer, out: 
         status, body = request(server.url, path=path)
         assert status == 404 and b"not for the reviewer" not in body, path
     assert not list((out / "thumbs").glob("*link*"))
+    # A thumbnail that is a symlink out of the folder (older than its image): not written through.
+    link = out / "thumbs" / f"{card.images[0].removeprefix('images/').replace('/', '__')}.jpg"
+    link.unlink()
+    link.symlink_to(secret)
+    os.utime(secret, (0, 0), follow_symlinks=True)
+    assert request(server.url, path=f"/thumb/{card.key}/0")[0] == 404
+    assert secret.read_bytes() == b"\x89PNG not for the reviewer"
     # thumbs/ itself a symlink out of the folder: no thumbnail is made there, nor served from there.
     shutil.rmtree(out / "thumbs")
     (tmp_path / "elsewhere").mkdir()

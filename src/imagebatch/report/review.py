@@ -50,7 +50,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from imagebatch.gateway.constants import ENV_REVIEWER
 from imagebatch.tasks import layout
@@ -236,16 +236,18 @@ def _local_image(root: Path, rel: str, thumbnail: bool) -> tuple[bytes, str] | N
     if source is None:
         return None
     if thumbnail:
-        thumbs = root / layout.THUMBS_DIR
-        if thumbs.exists() and confined(root, layout.THUMBS_DIR) is None:  # thumbs/ leads out of OUT
-            return None
+        # The report's own thumbnail, made once into thumbs/ if missing; never through a symlink out of OUT.
+        name = thumb_name(rel)
+        for place in (layout.THUMBS_DIR, f"{layout.THUMBS_DIR}/{name}.jpg"):
+            if os.path.lexists(root / place) and confined(root, place) is None:
+                return None
         try:
-            made = _thumb(root, source, thumb_name(rel))  # the report's own: made once, into thumbs/
+            made = _thumb(root, source, name)
         except TooLarge:
             return None
         thumb = local_file(root, made) if made else None
         return None if thumb is None else (thumb.read_bytes(), "image/jpeg")
-    return source.read_bytes(), CONTENT_TYPES[source.suffix.lower()]
+    return source.read_bytes(), CONTENT_TYPES[Path(rel).suffix]
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -296,6 +298,12 @@ class _Handler(BaseHTTPRequestHandler):
         if not review.host_ok(self.headers.get("Host")):
             return self._json(HTTPStatus.FORBIDDEN, {"error": "refused: unknown Host"}, close=True)
         url = urlsplit(self.path)
+        try:
+            self._get(review, url)
+        except (OSError, ReviewError) as exc:  # the folder or the store failed to answer: say so
+            self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"cannot read {review.location.url}: {exc}"})
+
+    def _get(self, review: ReviewServer, url: SplitResult) -> None:
         parts = url.path.split("/")
         if url.path == "/":
             nonce = secrets.token_urlsafe(16)
