@@ -4,8 +4,8 @@
     imagebatch run MANIFEST --out DIR [options]           generate everything it asks for (Prefect flow)
     imagebatch emulator [options]                         serve the emulated gateway on loopback
     imagebatch report OUT                                 (re)build OUT/report.html, the contact sheet
-    imagebatch deploy MANIFEST --out DIR --name NAME ...  a scheduled deployment on a Prefect server
-    imagebatch serve MANIFEST --out DIR --name NAME ...   the same, its runs served from this process
+    imagebatch deploy MANIFEST --out DIR|URL --name NAME ...  a scheduled deployment on a Prefect server
+    imagebatch serve MANIFEST --out DIR|URL --name NAME ...   the same, its runs served from this process
     imagebatch worker --pool POOL [...]                   Prefect's process worker, stopped gracefully
 
 Exit codes (`imagebatch.flows.exits`): 0 done (or valid), 1 some requests did not succeed, 2 an invalid
@@ -254,7 +254,8 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     parser.add_argument(
         "--out",
         required=True,
-        help="output folder, the same for every run: each sends only new and changed rows",
+        help="output folder or s3://bucket/prefix (gs://, az://), the same for every run: each sends only "
+        "new and changed rows",
     )
     parser.add_argument("--name", required=True, help=f"the deployment's name: runs are '{FLOW_NAME}/NAME'")
     when = parser.add_mutually_exclusive_group()
