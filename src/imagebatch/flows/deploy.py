@@ -218,7 +218,7 @@ def _held_message(out: Path | str) -> str | None:
             return None
     except OutputLockedError as exc:
         return str(locked(exc))
-    except OSError:
+    except (OSError, ValueError):  # unwritable, or not a URL `--out` takes: `preflight` said why
         return None
 
 
