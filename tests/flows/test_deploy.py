@@ -866,6 +866,7 @@ def test_a_sharded_deployment_into_a_bucket_on_two_machines_that_share_nothing_w
     rows = read_results(tmp_path)
     assert len(rows) == 16 and {r["status"] for r in rows} == {"succeeded"}
     assert all(objects[p].startswith(b"\x89PNG") for r in rows for p in r["paths"].split(";"))
+    assert "report.html" in objects and len([n for n in objects if n.startswith("thumbs/")]) == 16
     sent = Counter(r["idempotency_key"] for r in emulator.requests())
     assert len(sent) == 16 and set(sent.values()) == {1}  # each key sent exactly once, over both machines
     [journal] = [n for n in objects if n.startswith("journal/")]  # the shards' segments, compacted
