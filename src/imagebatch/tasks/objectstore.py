@@ -535,10 +535,12 @@ def report_in(loc: ObjectLocation, details: Any = None, to: Any = None) -> str:
 
     from imagebatch.report import build_report
 
+    from .decisions import decided
+
     with contextlib.ExitStack() as stack:
         folder = Path(to) if to is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         had = stage(loc, folder)
-        build_report(folder, details=details)
+        build_report(folder, details=details, decisions=decided(loc))
         pages = sorted(p.name for p in folder.glob("report*.html"))
         thumbs = layout.THUMBS_DIR
         made = [p for p in (folder / thumbs).glob("*.jpg") if f"{thumbs}/{p.name}" not in had]
