@@ -6,8 +6,8 @@
     imagebatch report OUT                                 (re)build OUT/report.html, the contact sheet
     imagebatch report s3://bucket/prefix --to DIR         copy a bucket's report into DIR, to open there
     imagebatch review OUT [--port P] [--reviewer NAME]    approve or reject each image in a browser
-    imagebatch deploy MANIFEST --out DIR --name NAME ...  a scheduled deployment on a Prefect server
-    imagebatch serve MANIFEST --out DIR --name NAME ...   the same, its runs served from this process
+    imagebatch deploy MANIFEST --out DIR|URL --name NAME ...  a scheduled deployment on a Prefect server
+    imagebatch serve MANIFEST --out DIR|URL --name NAME ...   the same, its runs served from this process
     imagebatch worker --pool POOL [...]                   Prefect's process worker, stopped gracefully
 
 Exit codes (`imagebatch.flows.exits`): 0 done (or valid), 1 some requests did not succeed, 2 an invalid
@@ -314,7 +314,8 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     parser.add_argument(
         "--out",
         required=True,
-        help="output folder, the same for every run: each sends only new and changed rows",
+        help="output folder or s3://bucket/prefix (gs://, az://), the same for every run: each sends only "
+        "new and changed rows",
     )
     parser.add_argument("--name", required=True, help=f"the deployment's name: runs are '{FLOW_NAME}/NAME'")
     when = parser.add_mutually_exclusive_group()
