@@ -49,7 +49,13 @@ def write_csv(fh: IO[str], columns: Iterable[str], rows: Iterable[Mapping[str, A
 def read_csv(path: Path) -> Iterator[dict[str, str]]:
     """The rows of a CSV file `write_csv` wrote, header and cells as they were before `csv_cell`."""
     with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        header = [csv_value(c) for c in next(reader, [])]
-        for cells in reader:
-            yield dict(zip(header, (csv_value(c) for c in cells), strict=False))
+        yield from csv_rows(fh)
+
+
+def csv_rows(lines: Iterable[str]) -> Iterator[dict[str, str]]:
+    """The rows of CSV text `write_csv` wrote (a file opened with `newline=""`, or such lines), header
+    and cells as they were before `csv_cell`."""
+    reader = csv.reader(lines)
+    header = [csv_value(c) for c in next(reader, [])]
+    for cells in reader:
+        yield dict(zip(header, (csv_value(c) for c in cells), strict=False))

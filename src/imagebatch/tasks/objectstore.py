@@ -436,6 +436,18 @@ class Lease:
         self._etag = None
 
 
+def lease_holder(loc: ObjectLocation, clock: Callable[[], float] | None = None) -> str | None:
+    """Who holds the prefix's lease now (its holder as the lease names it), or None when nobody does:
+    read only, the lease is never taken (`validate --out` asks while a run may be sending)."""
+    data = loc.get(LEASE_NAME)
+    if data is None:
+        return None
+    lease = _parse(data)
+    if float(lease.get("expires_at", 0) or 0) <= (clock or time.time)():
+        return None
+    return f"another imagebatch run ({lease.get('holder', 'another machine')})"
+
+
 def _parse(data: bytes) -> dict[str, Any]:
     try:
         obj = json.loads(data)
