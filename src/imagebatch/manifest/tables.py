@@ -270,14 +270,17 @@ def _read_sheet(
                 keep_links=False,
                 rich_text=False,
             )
-        except Exception as exc:  # openpyxl raises many kinds for a damaged workbook (KeyError, ...)
+            try:
+                ws = _choose_sheet(raw, book, sheet)
+                ws.reset_dimensions()  # a wrong <dimension> in the file must not cut rows off
+                return _sheet_rows(raw, ws.iter_rows(), max_rows, only)
+            finally:
+                book.close()
+        except ManifestError:
+            raise
+        except Exception as exc:  # a damaged or hostile workbook: openpyxl, zipfile and the XML parser
+            # raise many kinds (KeyError, BadZipFile, ParseError, ValueError...); each is the file's fault
             raise _whole_file(raw, f"the workbook cannot be read ({type(exc).__name__}: {exc})") from None
-        try:
-            ws = _choose_sheet(raw, book, sheet)
-            ws.reset_dimensions()  # a wrong <dimension> in the file must not cut rows off
-            return _sheet_rows(raw, ws.iter_rows(), max_rows, only)
-        finally:
-            book.close()
 
 
 def _choose_sheet(raw: RawManifest, book: Any, sheet: str | None) -> Any:
