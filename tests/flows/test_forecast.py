@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import json
 import signal
 from pathlib import Path
 from typing import Any
 
+import openpyxl
 import pytest
 from helpers.runs import Gate, cli, start_run, write_jsonl
 
@@ -234,3 +236,29 @@ def test_validate_out_on_a_bucket(
     code, _, err = cli(capsys, "run", str(manifest), "--out", url)
     assert code == EXIT_OK, err
     assert sorted(sent_by(service_env, 1)) == sorted(to_send)
+
+
+def test_a_run_from_a_workbook_s_sheet_and_its_plan(
+    service_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    book = openpyxl.Workbook()
+    book.active.title = "Draft"
+    book.active.append(["id", "prompt"])
+    final = book.create_sheet("Final")
+    for row in (["id", "prompt", "sku", "model"], ["mug", "a mug {sku}", 123, "compat-image-2"]):
+        final.append(row)
+    final["C2"].number_format = "00000"
+    path = tmp_path / "catalog.xlsx"
+    book.save(path)
+    out = tmp_path / "out"
+    table, _, _ = validate(capsys, path, out, "--sheet", "Final")
+    assert table == {"new": (1, 1), "total": (1, 1)}
+    code, _, err = cli(capsys, "run", str(path), "--sheet", "Final", "--out", str(out))
+    assert code == EXIT_OK, err
+    assert (
+        json.loads((out / "run.json").read_text())["manifest"] == f"{path}#Final"
+    )  # a reload reads it again
+    (row,) = OutputStore(out).read_results() or []
+    assert row["sku"] == "00123" and len(service_env.requests()) == 1
+    table, _, _ = validate(capsys, Path(f"{path}#Final"), out)
+    assert table == {"done": (1, 0), "total": (1, 0)}
