@@ -207,9 +207,13 @@ def test_a_sheet_is_named_after_a_hash_or_with_sheet_else_the_first_visible_one(
     assert "--sheet is for an .xlsx manifest" in capsys.readouterr().err
 
 
-def test_a_file_whose_name_holds_a_hash_is_read_as_it_is(tmp_path: Path) -> None:
-    path = xlsx(tmp_path / "catalog#2.xlsx", {"S": [["id", "prompt"], ["a", "x"]]})
-    assert load_manifest(path).sheet == "S"
+def test_a_file_or_a_sheet_whose_name_holds_a_hash(tmp_path: Path) -> None:
+    path = xlsx(
+        tmp_path / "catalog#2.xlsx",
+        {"S": [["id", "prompt"], ["a", "x"]], "Q1#2024": [["id", "prompt"], ["q", "y"]]},
+    )
+    assert load_manifest(path).sheet == "S"  # the file exists as named: never split
+    assert [j.id for j in load_manifest(f"{path}#Q1#2024").jobs] == ["q"]
 
 
 # --- formulas and error values -----------------------------------------------------------------------

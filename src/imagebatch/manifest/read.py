@@ -74,14 +74,20 @@ class RawManifest:
 
 
 def split_sheet(path: Path, format: str | None = None) -> tuple[Path, str | None]:
-    """`catalog.xlsx#Products` -> (`catalog.xlsx`, `Products`): a workbook's sheet named after `#`. A path
-    that exists as given is never split (a file may have `#` in its name), nor one that is not a workbook."""
+    """`catalog.xlsx#Products` -> (`catalog.xlsx`, `Products`): a workbook's sheet named after `#` (the
+    first `.xlsx#`: a sheet's name may hold `#` too). A path that exists as given is never split (a file
+    may have `#` in its name), nor one that names no workbook."""
     name = path.name
     if "#" not in name or path.exists():
         return path, None
-    file, _, sheet = name.rpartition("#")
-    workbook = format == "xlsx" or (format is None and Path(file).suffix.lower() == ".xlsx")
-    if not workbook or not file or not sheet:
+    at = name.lower().find(".xlsx#")
+    if at >= 0:
+        file, sheet = name[: at + 5], name[at + 6 :]
+    elif format == "xlsx":
+        file, _, sheet = name.rpartition("#")
+    else:
+        return path, None
+    if not file or not sheet:
         return path, None
     return path.with_name(file), sheet
 
