@@ -262,3 +262,44 @@ def test_a_run_from_a_workbook_s_sheet_and_its_plan(
     assert row["sku"] == "00123" and len(service_env.requests()) == 1
     table, _, _ = validate(capsys, Path(f"{path}#Final"), out)
     assert table == {"done": (1, 0), "total": (1, 0)}
+
+
+def test_edit_chains_blocked_and_without_history_are_not_sent(
+    service_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A chain whose first turn came back without an image holds its later turn back; a chain whose saved
+    history is gone cannot send its later turn: validate says neither is sent, and the run sends nothing."""
+    chains = [
+        {"id": "zebra", "prompt": "a zebra cup", "model": "native-image-2.1", "turns": ["make it blue"]},
+        {"id": "plain", "prompt": "a plain cup", "model": "native-image-2.1", "turns": ["make it red"]},
+    ]
+    manifest = write_jsonl(tmp_path / "m.jsonl", chains)
+    out = tmp_path / "out"
+    service_env.set_faults(scripts=[{"outcomes": ["no_image"], "match": "zebra"}])
+    code, _, err = cli(capsys, "run", str(manifest), "--out", str(out))
+    assert code != EXIT_OK, err
+    assert len(service_env.requests()) == 3  # zebra's first turn, plain's two
+    rows = {(r["job_id"], r["turn_index"]): r for r in OutputStore(out).read_results() or []}
+    (out / rows[("plain", "1")]["paths"]).unlink()  # its image gone: to be made again ...
+    (out / "chains" / "plain" / "0.json").unlink()  # ... but the history it must send back is gone too
+
+    before = snapshot(out)
+    table, keys, _ = validate(capsys, manifest, out)
+    assert snapshot(out) == before
+    states = {(r["job_id"], r["turn_index"]): (r["state"], r["sent"]) for r in keys.values()}
+    assert states == {
+        ("zebra", "0"): ("no_image", "no"),
+        ("zebra", "1"): ("blocked", "no"),
+        ("plain", "0"): ("done", "no"),
+        ("plain", "1"): ("no_history", "no"),
+    }
+    assert table["total"] == (4, 0)
+    code, _, err = cli(capsys, "run", str(manifest), "--out", str(out))
+    assert code != EXIT_OK, err
+    assert len(service_env.requests()) == 3  # the run agreed: nothing sent
+    assert {
+        r["job_id"]: r["status"] for r in OutputStore(out).read_results() or [] if r["turn_index"] == "1"
+    } == {
+        "zebra": "not_attempted",
+        "plain": "failed",
+    }
