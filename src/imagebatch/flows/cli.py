@@ -5,8 +5,9 @@
     imagebatch run MANIFEST --out DIR [options]           generate everything it asks for (Prefect flow)
     imagebatch emulator [options]                         serve the emulated gateway on loopback
     imagebatch report OUT                                 (re)build OUT/report.html, the contact sheet
-    imagebatch deploy MANIFEST --out DIR --name NAME ...  a scheduled deployment on a Prefect server
-    imagebatch serve MANIFEST --out DIR --name NAME ...   the same, its runs served from this process
+    imagebatch review OUT [--port P] [--reviewer NAME]    approve or reject each image in a browser
+    imagebatch deploy MANIFEST --out DIR|URL --name NAME ...  a scheduled deployment on a Prefect server
+    imagebatch serve MANIFEST --out DIR|URL --name NAME ...   the same, its runs served from this process
     imagebatch worker --pool POOL [...]                   Prefect's process worker, stopped gracefully
 
 Exit codes (`imagebatch.flows.exits`): 0 done (or valid), 1 some requests did not succeed, 2 an invalid
@@ -34,7 +35,7 @@ from imagebatch.flows.constants import FLOW_NAME
 from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.flows.limits import DEFAULT_LIMIT
 from imagebatch.flows.worker import GRACE as WORKER_GRACE
-from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES
+from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES, ENV_REVIEWER
 from imagebatch.tasks.layout import REPORT_HTML, RESULTS_CSV
 
 if TYPE_CHECKING:
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     _emulator_arguments(sub.add_parser("emulator", help="serve the emulated gateway on loopback"))
     report = sub.add_parser("report", help=f"(re)build the contact sheet {REPORT_HTML} of an output folder")
     report.add_argument("out", help="an output folder of `imagebatch run`, or its s3://bucket/prefix")
+    _review_arguments(
+        sub.add_parser("review", help="serve the contact sheet on 127.0.0.1 to approve or reject each image")
+    )
     _deploy_arguments(
         sub.add_parser(
             "deploy",
@@ -92,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _validate(args)
     if args.command == "report":
         return _report(args.out)
+    if args.command == "review":
+        return _review(args)
     if args.command == "limits":
         from imagebatch.flows.limits import limits_main
 
@@ -189,6 +195,36 @@ def _report(out: str) -> int:
         print(f"imagebatch report: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_OK
+
+
+def _review(args: argparse.Namespace) -> int:
+    """`imagebatch review OUT`: a local folder, or a bucket's `s3://bucket/prefix` (checked first, as for
+    `report`); serves until Ctrl-C (`report.review`)."""
+    from imagebatch.flows.config import UsageError, check_output_store, output_location
+    from imagebatch.report.review import default_reviewer, serve_review
+    from imagebatch.tasks.storage import open_location
+
+    where = output_location(args.out)
+    try:
+        if isinstance(where, str):
+            check_output_store(where, lock=False)
+        location = open_location(where)
+    except (UsageError, OSError) as exc:
+        print(f"imagebatch review: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return serve_review(location, default_reviewer(args.reviewer), args.port)
+
+
+def _review_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", help="an output folder of `imagebatch run`, or its s3://bucket/prefix")
+    parser.add_argument(
+        "--port", type=int, default=0, help="port on 127.0.0.1 (default 0: a free one, printed)"
+    )
+    parser.add_argument(
+        "--reviewer",
+        default=None,
+        help=f"the name decisions are recorded under (default: ${ENV_REVIEWER}, else the login name)",
+    )
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -308,7 +344,8 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     parser.add_argument(
         "--out",
         required=True,
-        help="output folder, the same for every run: each sends only new and changed rows",
+        help="output folder or s3://bucket/prefix (gs://, az://), the same for every run: each sends only "
+        "new and changed rows",
     )
     parser.add_argument("--name", required=True, help=f"the deployment's name: runs are '{FLOW_NAME}/NAME'")
     when = parser.add_mutually_exclusive_group()
