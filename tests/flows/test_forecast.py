@@ -262,6 +262,10 @@ def test_a_run_from_a_workbook_s_sheet_and_its_plan(
     assert row["sku"] == "00123" and len(service_env.requests()) == 1
     table, _, _ = validate(capsys, Path(f"{path}#Final"), out)
     assert table == {"done": (1, 0), "total": (1, 0)}
+    (out / "report.html").unlink()
+    code, _, err = cli(capsys, "report", str(out))  # rebuilt from run.json's manifest, its sheet named
+    assert code == EXIT_OK, err
+    assert "a mug 00123" in (out / "report.html").read_text()
 
 
 def test_edit_chains_blocked_and_without_history_are_not_sent(

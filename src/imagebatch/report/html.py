@@ -196,13 +196,14 @@ def _thumb_html(out: Path, source: Path, name: str, label: str, link: str | None
 def manifest_details(run: Mapping[str, Any]) -> dict[str, Any]:
     """Prompts and files by idempotency key, from the manifest run.json names if it is unchanged."""
     from imagebatch.manifest import load_manifest, plan
+    from imagebatch.manifest.read import split_sheet
 
-    path = Path(str(run.get("manifest", "")))
+    path, sheet = split_sheet(Path(str(run.get("manifest", ""))))  # a workbook's: `catalog.xlsx#Sheet`
     try:
         if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != run.get("manifest_sha256"):
             return {}
         roots = (run.get("options") or {}).get("files_root")  # the folders the run was allowed to read
-        return {r.idempotency_key: r for r in plan(load_manifest(path, files_root=roots))}
+        return {r.idempotency_key: r for r in plan(load_manifest(path, files_root=roots, sheet=sheet))}
     except Exception:  # a manifest that no longer loads only costs the report its prompts
         return {}
 
