@@ -315,7 +315,7 @@ def run_parent(run: Run) -> dict[str, Any]:
     if not options.shard_deployment:
         raise UsageError(f"{options.shards} shards need the deployment their runs use (shard_deployment)")
     parameters = {
-        "manifest": str(checked.manifest.path), "out": out_text(checked.out),
+        "manifest": checked.manifest.source, "out": out_text(checked.out),
         "concurrency": options.concurrency, "base_url": options.base_url, "force": options.force,
         "retry_unknown": options.retry_unknown, "api_key_secret_block": options.api_key_secret_block,
         "rpm": options.rpm, "adaptive": options.adaptive, "prices": options.prices,

@@ -1,6 +1,7 @@
 """The `imagebatch` command: every subcommand, its options and its exit codes, in this one module.
 
-    imagebatch validate MANIFEST [--format F] [--keys]    check a manifest, print its plan; sends nothing
+    imagebatch validate MANIFEST [--out OUT] [--keys]     check a manifest, print its plan (and what a run
+                                                          into OUT would send); sends nothing
     imagebatch run MANIFEST --out DIR [options]           generate everything it asks for (Prefect flow)
     imagebatch emulator [options]                         serve the emulated gateway on loopback
     imagebatch report OUT                                 (re)build OUT/report.html, the contact sheet
@@ -28,6 +29,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
 from imagebatch.flows.constants import FLOW_NAME
@@ -36,6 +38,9 @@ from imagebatch.flows.limits import DEFAULT_LIMIT
 from imagebatch.flows.worker import GRACE as WORKER_GRACE
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES, ENV_REVIEWER
 from imagebatch.tasks.layout import REPORT_HTML, RESULTS_CSV
+
+if TYPE_CHECKING:
+    from imagebatch.manifest import Manifest
 
 __all__ = ["EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -90,13 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "sheet", None) is not None:
+        if not _workbook(args.manifest, getattr(args, "format", None)):
+            print(f"imagebatch {args.command}: --sheet is for an .xlsx manifest", file=sys.stderr)
+            return EXIT_USAGE
+        args.manifest = type(args.manifest)(f"{args.manifest}#{args.sheet}")  # what a reload reads again
     if args.command == "validate":
-        from imagebatch.manifest import validate_main
-
-        code = validate_main(args)
-        if code == EXIT_OK and args.prices:
-            return _estimate(args.manifest, args.prices, args.files_root)
-        return code
+        return _validate(args)
     if args.command == "report":
         return _report(args.out, args.to)
     if args.command == "review":
@@ -122,24 +127,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_main(args)
 
 
-def _estimate(manifest: str, prices: str, files_root: list[str] | None) -> int:
+def _workbook(manifest: str | Path, format: str | None) -> bool:
+    return format == "xlsx" or (format is None and Path(manifest).suffix.lower() == ".xlsx")
+
+
+def _validate(args: argparse.Namespace) -> int:
+    """`imagebatch validate`: the manifest's problems or its plan; with --out, what a run into OUT would
+    send now (`tasks.forecast`); with --prices, the most that (or the whole manifest) can cost."""
+    from imagebatch.manifest.validate import check_manifest
+
+    code, manifest = check_manifest(args, keys=args.keys and args.out is None)
+    if manifest is None:
+        return code
+    if args.out is not None:
+        return _forecast(manifest, args)
+    if args.prices:
+        return _estimate(manifest, args.prices)
+    return code
+
+
+def _estimate(manifest: Manifest, prices: str) -> int:
     """`validate --prices`: the most the manifest can cost, by model (images at most x price)."""
-    from imagebatch.manifest import load_manifest, plan
-    from imagebatch.tasks.prices import PriceError, PriceTable, estimate
+    from imagebatch.manifest import plan
+    from imagebatch.tasks.prices import PriceError, PriceTable, estimate_lines
 
     try:
         table = PriceTable.load(prices)
     except PriceError as exc:
         print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    requests = plan(load_manifest(manifest, files_root=files_root))
-    by_model = estimate(requests, table)
     print("\nmost it can cost (images at most x price):")
-    for model, amount in by_model.items():
-        print(f"  {model:<24} {table.money(amount)}")
-    print(f"  {'total':<24} {table.money(sum(by_model.values()))}")
-    if unpriced := table.unpriced(requests):
-        print(f"  no price for {', '.join(unpriced)}: counted as 0")
+    print("\n".join(estimate_lines(plan(manifest), table)))
+    return EXIT_OK
+
+
+def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
+    """`validate --out OUT`: what a run into OUT would do now (read only: no lock taken, nothing written;
+    a folder that does not exist is not made)."""
+    from imagebatch.flows.config import UsageError, check_output_store, output_location
+    from imagebatch.tasks.forecast import forecast, print_forecast
+    from imagebatch.tasks.prices import PriceError, PriceTable
+
+    where = output_location(args.out)
+    try:
+        table = PriceTable.load(args.prices) if args.prices else None
+        if isinstance(where, str):
+            check_output_store(where, lock=False)
+        elif where.exists() and not where.is_dir():
+            raise UsageError(f"--out {where} is a file, not a folder")
+        result = forecast(manifest, where, retry_unknown=args.retry_unknown)
+    except (UsageError, PriceError, OSError) as exc:
+        print(f"imagebatch validate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print_forecast(result, manifest, sys.stdout, keys=args.keys, prices=table)
     return EXIT_OK
 
 
@@ -208,7 +248,8 @@ def _review_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", help="CSV, JSON or JSON Lines manifest: a path, or s3://bucket/m.csv")
+    parser.add_argument("manifest", help=MANIFEST_HELP)
+    _sheet_argument(parser)
     parser.add_argument("--out", required=True, help="output folder (created; a rerun resumes from it)")
     parser.add_argument(
         "--concurrency",
@@ -272,6 +313,21 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     _global_limit_argument(parser)
 
 
+MANIFEST_HELP = (
+    "CSV, JSON, JSON Lines, XLSX (FILE.xlsx#SHEET for a sheet) or Parquet manifest; a CSV or JSON one may "
+    "be an object's URL (s3://bucket/m.csv)"
+)
+
+
+def _sheet_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sheet",
+        default=None,
+        metavar="NAME",
+        help="the sheet of an .xlsx manifest (default: its first visible sheet); the same as FILE.xlsx#NAME",
+    )
+
+
 def _files_root_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--files-root",
@@ -307,10 +363,9 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     """`deploy` and `serve`: the deployment's name, schedule and runner, and `run`'s options that a
     scheduled run may take (not --force nor --retry-unknown: no one is there to decide)."""
     parser.add_argument(
-        "manifest",
-        help="CSV, JSON or JSON Lines manifest: its absolute path is deployed, or its URL "
-        "(s3://bucket/m.csv), which a worker on any machine can read",
+        "manifest", help=f"{MANIFEST_HELP} (its absolute path is deployed, or its URL as given)"
     )
+    _sheet_argument(parser)
     parser.add_argument(
         "--out",
         required=True,
@@ -420,20 +475,34 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "manifest", help="the manifest: .csv, .json or .jsonl, a path or an object's URL (s3://bucket/m.csv)"
-    )
+    parser.add_argument("manifest", help=MANIFEST_HELP)
+    _sheet_argument(parser)
     parser.add_argument(
         "--format",
-        choices=("csv", "json", "jsonl"),
+        choices=("csv", "json", "jsonl", "xlsx", "parquet"),
         default=None,
         help="the manifest's format (default: from its extension)",
     )
     parser.add_argument(
-        "--keys", action="store_true", help="also list every planned request with its idempotency key"
+        "--keys",
+        action="store_true",
+        help="also list every planned request with its idempotency key (with --out: and its state)",
     )
     parser.add_argument(
-        "--prices", default=None, help="price table: also print the most the manifest can cost, by model"
+        "--prices",
+        default=None,
+        help="price table: also print the most the manifest (with --out: the run) can cost, by model",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="an output folder or s3://bucket/prefix: also say what a run into it would send now (done, "
+        "new, changed, unknown, rejected), reading it only",
+    )
+    parser.add_argument(
+        "--retry-unknown",
+        action="store_true",
+        help="with --out: count what `run --retry-unknown` would send",
     )
     _files_root_argument(parser)
 

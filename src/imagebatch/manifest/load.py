@@ -8,7 +8,7 @@ from pathlib import Path
 from . import sources
 from .check import JobChecker
 from .models import FileRef, Manifest, ManifestError, ManifestFormat, Problem
-from .read import read_raw
+from .read import read_raw, split_sheet
 
 
 def absolute(text: str | Path) -> str:
@@ -50,6 +50,7 @@ def load_manifest(
     *,
     format: ManifestFormat | None = None,
     files_root: Sequence[str | Path] | None = None,
+    sheet: str | None = None,
 ) -> Manifest:
     """Read and check a manifest; raise ManifestError with every problem found, or return it.
 
@@ -59,19 +60,26 @@ def load_manifest(
     (the operator's choice), or inside the narrower folders of the manifest's own `defaults.files_root`.
     `path` may be an object's URL (`s3://bucket/m.csv`): its references then resolve under its prefix, in
     its store (`sources`), and must stay inside that prefix or a `files_root` URL prefix.
+
+    A workbook's sheet is `sheet`, or named after `#` in `path` (`catalog.xlsx#Products`), else its first
+    visible sheet (`manifest.tables`).
     """
     where: FileRef
+    named: str | None = None
     if sources.is_url(path):
+        text = str(path)
+        if ".xlsx#" in text.lower():  # a workbook's sheet: a workbook is refused from a bucket (read_raw)
+            text = text[: text.lower().index(".xlsx#") + 5]
         try:
-            where = sources.normalise(str(path))
+            where = sources.normalise(text)
         except ValueError as exc:
-            raise ManifestError([Problem(None, None, None, str(exc))], str(path)) from None
+            raise ManifestError([Problem(None, None, None, str(exc))], text) from None
         base: FileRef = sources.parent(where)
     else:
-        where = Path(path).absolute()
+        where, named = split_sheet(Path(path).absolute(), format)
         base = where.parent
     roots = files_roots(files_root, where)
-    raw = read_raw(where, format)
+    raw = read_raw(where, format, sheet if sheet is not None else named)
     checker = JobChecker(raw, base, roots)
     jobs = [job for row in raw.rows if (job := checker.check(row)) is not None]
     problems = raw.problems + checker.problems
@@ -80,5 +88,10 @@ def load_manifest(
     if problems:
         raise ManifestError(problems, where)
     return Manifest.model_construct(
-        path=where, sha256=raw.sha256, format=raw.format, jobs=jobs, metadata_columns=checker.metadata_columns
+        path=where,
+        sha256=raw.sha256,
+        format=raw.format,
+        jobs=jobs,
+        metadata_columns=checker.metadata_columns,
+        sheet=raw.sheet,
     )

@@ -196,21 +196,21 @@ def _thumb_html(out: Path, source: Path, name: str, label: str, link: str | None
 def manifest_details(run: Mapping[str, Any]) -> dict[str, Any]:
     """Prompts and files by idempotency key, from the manifest run.json names if it is unchanged."""
     from imagebatch.manifest import load_manifest, plan
+    from imagebatch.manifest.read import split_sheet
     from imagebatch.manifest.sources import is_url
 
     source = str(run.get("manifest", ""))
     try:
-        if not is_url(source):  # a file is loaded only if its bytes are the run's (a bucket's: after)
-            path = Path(source)
-            if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != run.get(
-                "manifest_sha256"
-            ):
-                return {}
         roots = (run.get("options") or {}).get("files_root")  # the folders the run was allowed to read
-        manifest = load_manifest(source, files_root=roots)
-        if manifest.sha256 != run.get("manifest_sha256"):
+        if is_url(source):  # a manifest in a bucket: loaded, and compared, from there
+            manifest = load_manifest(source, files_root=roots)
+            if manifest.sha256 != run.get("manifest_sha256"):
+                return {}
+            return {r.idempotency_key: r for r in plan(manifest)}
+        path, sheet = split_sheet(Path(source))  # a workbook's: `catalog.xlsx#Sheet`
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != run.get("manifest_sha256"):
             return {}
-        return {r.idempotency_key: r for r in plan(manifest)}
+        return {r.idempotency_key: r for r in plan(load_manifest(path, files_root=roots, sheet=sheet))}
     except Exception:  # a manifest that no longer loads only costs the report its prompts
         return {}
 

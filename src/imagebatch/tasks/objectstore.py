@@ -525,6 +525,13 @@ class ParentLease:
             raise StoreError(errno.EBUSY, why)
 
 
+def lease_holder(loc: ObjectLocation, clock: Callable[[], float] | None = None) -> str | None:
+    """Who holds the prefix's lease now (its holder as the lease names it), or None when nobody does:
+    read only, the lease is never taken (`validate --out` asks while a run may be sending)."""
+    body = live_lease(loc, LEASE_NAME, clock)
+    return None if body is None else f"another imagebatch run ({body.get('holder', 'another machine')})"
+
+
 def _parse(data: bytes) -> dict[str, Any]:
     try:
         obj = json.loads(data)

@@ -46,7 +46,7 @@ from imagebatch.gateway import AttemptEvent, AttemptStarted
 from imagebatch.manifest.plan import key_digits
 
 from . import layout
-from .csvcells import write_csv
+from .csvcells import read_csv, write_csv
 from .storage import (
     LocalFolder,
     Location,
@@ -336,6 +336,29 @@ class OutputStore:
         ):
             yield
 
+    def in_use(self) -> str | None:
+        """Who is sending into the location now (a run, or a shard of one), or None: tested without
+        holding anything. A folder's locks are each tried shared and non-blocking, and let go at once (a
+        run holds its lock alone, a shard its own); a lock file never made means no run ever held it, and
+        none is made. An object store's lease object is read (`objectstore.lease_holder`)."""
+        if self._folder is None:
+            from .objectstore import lease_holder
+
+            return lease_holder(self._object_location(), self.clock)
+        names = [layout.LOCK, *(p.name for p in self.root.glob(layout.shard_lock("*")))]
+        for name in names:
+            try:
+                fd = os.open(self.root / name, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return "a shard of a sharded run" if name != layout.LOCK else "another imagebatch run"
+            finally:
+                os.close(fd)  # lets go of the shared lock, if it was taken
+        return None
+
     @contextlib.contextmanager
     def _shard_leased(self) -> Iterator[None]:
         from .objectstore import JOURNAL, Lease, ParentLease, SegmentJournal, next_run, shard_lease_name
@@ -509,18 +532,21 @@ class OutputStore:
         its files already make it done on replay, see `load_state`)."""
         self.journal("outcome", sync=record.status != "succeeded", **asdict(record))
 
-    def load_state(self) -> dict[str, KeyState]:
+    def load_state(self, seen: Callable[[dict[str, Any]], None] | None = None) -> dict[str, KeyState]:
         """Replay the journal into the state of every idempotency key it names.
 
         A success whose files are all on disk counts as succeeded even if the process died before its
         outcome was journaled (the `answered` event names the files first); a succeeded outcome whose
-        files are gone counts as never done, so a rerun makes them again.
+        files are gone counts as never done, so a rerun makes them again. `seen` is given every event
+        that names a key, in order, as it is replayed (`validate --out` notes each request's last key).
         """
         states: dict[str, KeyState] = {}
         for ev in self._journal_events():
             key = ev.get("idempotency_key")
             if not isinstance(key, str) or ev.get("event") == "usage":
                 continue
+            if seen is not None:
+                seen(ev)
             st = states.setdefault(key, KeyState())
             kind = ev.get("event")
             if kind == "attempt_started":
@@ -640,6 +666,14 @@ class OutputStore:
             write_csv(text, columns, rows)
             text.flush()
             text.detach()  # `atomic_file` syncs and closes the file itself
+
+    def read_results(self) -> list[dict[str, str]] | None:
+        """results.csv's rows, every cell as it was before the writer neutralised formulas (`csvcells`);
+        None when the location has none (no run has ended there)."""
+        data = self.location.get(layout.RESULTS_CSV)
+        if data is None:
+            return None
+        return list(read_csv(io.StringIO(data.decode("utf-8"), newline="")))
 
     def write_run(self, info: dict[str, Any]) -> None:
         self.write_top(layout.RUN_JSON, (json.dumps(info, indent=2, default=str) + "\n").encode())
