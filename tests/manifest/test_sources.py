@@ -273,3 +273,15 @@ def s3_bucket_with_examples(s3_server: Any) -> Iterator[str]:
         for k, v in s3_server.env().items():
             mp.setenv(k, v)
         yield f"s3://{bucket}/examples"
+
+
+@pytest.mark.parametrize("name", ["m.xlsx", "m.xlsx#Products", "m.parquet"])
+def test_a_workbook_or_parquet_manifest_in_a_bucket_is_refused_with_what_to_do(name: str, s3: Any) -> None:
+    bucket = s3.bucket()
+    code, out = validate(f"s3://{bucket}/cat/{name}")
+    assert code == 2
+    fmt = "parquet" if name.endswith("parquet") else "xlsx"
+    assert out.splitlines()[0] == (
+        f"an .{fmt} manifest is read from a file, not a bucket: copy s3://{bucket}/cat/{name.split('#')[0]} "
+        "here, or use CSV"
+    )
