@@ -231,6 +231,7 @@ def _card_html(out: Path, card: Card) -> str:
     reason = reason or REASONS.get(status, "")
     size = f"{row['width']}x{row['height']}" if row.get("width") else ""
     turn = f" turn {row['turn_index']}" if row.get("turn_index") not in ("", "0") else ""
+    turn += f" variant {row['variant']}" if row.get("variant") not in (None, "", "1") else ""
     facts = " · ".join(
         _esc(x) for x in (row["route"], row["model"], size, f"attempts {row.get('attempts') or 0}") if x
     )

@@ -10,7 +10,8 @@ from __future__ import annotations
 IMAGES_DIR = "images"
 """Every image and text output, under `<job>/`."""
 CHAINS_DIR = "chains"
-"""The edit history of each chain, after each turn."""
+"""The edit history of each chain, after each turn (`<job>/<request>.json`), and the conversation behind
+each native answer (`conversation`)."""
 THUMBS_DIR = "thumbs"
 """The report's thumbnails, one JPEG per image."""
 JOURNAL = "journal"
@@ -46,6 +47,11 @@ def shard_jsonl(kind: str) -> str:
 def shard_lock(shard: str) -> str:
     """The lock a shard's process holds alone while it sends."""
     return f".imagebatch.shard-{shard}.lock"
+
+
+def conversation(stem: str) -> str:
+    """The conversation kept for the answer whose files are `images/<stem>...`: `chains/<stem>.json`."""
+    return f"{CHAINS_DIR}/{stem}.json"
 
 
 def report_page(number: int) -> str:

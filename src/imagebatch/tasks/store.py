@@ -70,6 +70,7 @@ RESULT_COLUMNS = (
     "job_id",
     "request_index",
     "turn_index",
+    "variant",
     "status",
     "paths",
     "images",
@@ -87,10 +88,12 @@ RESULT_COLUMNS = (
 
 
 def file_stem(req: PlannedRequest, chain: bool) -> str:
-    """`<job>/<request>[-t<turn>]-<key>`: one folder per job (ids are unique, so names cannot collide),
-    and the key in the name, so an edited row's image never overwrites the one its old key points to."""
+    """`<job>/<request>[-t<turn>][-v<variant>]-<key>`: one folder per job (ids are unique, so names cannot
+    collide), and the key in the name, so an edited row's image never overwrites the one its old key
+    points to; `-v<n>` for variant n >= 2 (a redo), whose key differs too."""
     turn = f"-t{req.turn_index}" if chain else ""
-    return f"{req.job_id}/{req.request_index}{turn}-{key_digits(req.idempotency_key)[:12]}"
+    variant = f"-v{req.variant}" if req.variant > 1 else ""
+    return f"{req.job_id}/{req.request_index}{turn}{variant}-{key_digits(req.idempotency_key)[:12]}"
 
 
 @dataclass(slots=True)
@@ -104,6 +107,8 @@ class RequestRecord:
     model: str
     route: str
     idempotency_key: str
+    variant: int = 1
+    """1 for a request's first sample, n for the n-th (`--redo rejected`); a record without one is 1."""
     paths: list[str] = field(default_factory=list)
     images: int = 0
     width: int | None = None
@@ -160,6 +165,11 @@ class KeyState:
     answered: RequestRecord | None = None
     """The record planned for that answer, journaled before its files were written."""
     attempts: int = 0
+    variant: int = 1
+    """The variant the key is of, from its journal lines (1 when they name none)."""
+    request: tuple[str, int, int] | None = None
+    """(job_id, request_index, turn_index) of a variant >= 2, from its journal lines; None for variant 1
+    (`tasks.variants` finds a request's variants by it)."""
 
     @property
     def status(self) -> Status | None:
@@ -470,6 +480,10 @@ class OutputStore:
             if not isinstance(key, str) or ev.get("event") == "usage":
                 continue
             st = states.setdefault(key, KeyState())
+            if st.request is None and isinstance(variant := ev.get("variant"), int) and variant > 1:
+                st.variant = variant
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    st.request = (str(ev["job_id"]), int(ev["request_index"]), int(ev["turn_index"]))
             kind = ev.get("event")
             if kind == "attempt_started":
                 if st.outcome is not None:  # a new send supersedes the last outcome
@@ -574,6 +588,22 @@ class OutputStore:
             return None
         return json.loads(path.read_bytes())
 
+    def save_conversation(self, req: PlannedRequest, conversation: dict[str, Any]) -> None:
+        """Keep the conversation behind one native answer (`tasks.conversation`), named after its files."""
+        with self._writing():
+            self.location.put(
+                layout.conversation(file_stem(req, bool(req.job.turns))), json.dumps(conversation).encode()
+            )
+
+    def load_conversation(self, req: PlannedRequest) -> dict[str, Any] | None:
+        """The conversation kept for `req`'s answer, or None (never kept, or unreadable)."""
+        data = self.location.get(layout.conversation(file_stem(req, bool(req.job.turns))))
+        try:
+            loaded = None if data is None else json.loads(data)
+        except ValueError:
+            return None
+        return loaded if isinstance(loaded, dict) else None
+
     def write_results(self, rows: Iterable[dict[str, Any]], metadata_columns: list[str]) -> None:
         """Write results.csv atomically, row by row (no copy of the whole table in memory); cells that a
         spreadsheet would run as a formula are neutralised (`csv_cell`; `read_csv` reads them back)."""
@@ -624,6 +654,7 @@ class AttemptJournal:
             "job_id": req.job_id,
             "request_index": req.request_index,
             "turn_index": req.turn_index,
+            "variant": req.variant,
         }
 
     def __call__(self, event: AttemptEvent) -> None:

@@ -1,0 +1,207 @@
+"""The conversation behind each native answer, kept so that a rejected image can later be edited by a
+follow-up turn (`imagebatch run --redo rejected --edit`), which the spec allows only with the complete
+earlier model content sent back: same parts, same order, unaltered `thoughtSignature`.
+
+What is kept: `chains/<job>/<request>[-t<turn>][-v<n>]-<key12>.json` (`layout.conversation`, named like
+the answer's files), `{"key": ..., "contents": [...]}`: every content sent (the earlier turns, then the
+user turn) and the model content answered, in order. An edit chain's own turns are in its chain file
+(`tasks.chain`) and are not kept twice.
+
+Choice: **the image is kept once**. A model content carries its image inline as base64 (the 1K PNG of
+the service is about 1.5 MB, so 2 MB of base64; 4K, several times more), and the image is already in
+`images/`. So a part's `inlineData.data` is stored as a reference, `{"file": "images/...", "sha256":
+...}` (an output image) or `{"input": "/path/of/reference.png", "sha256": ...}` (a manifest's reference
+image in a user turn), and put back, re-encoded, when the conversation is sent. That is exact only when
+the service's base64 is the standard encoding of the file's bytes: a part is stored as a reference only
+if `base64(file bytes) == data` character for character (else it stays inline, whole), and a reference
+whose file's sha256 no longer matches is refused (`HistoryError`): never a rebuilt or altered turn. What
+stays inline is small: text, signatures, and a thought image if the answer had one. Measured on the
+emulator's 1K answers: README "Regenerate the rejects".
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from imagebatch.gateway import ImageResult
+from imagebatch.manifest import PlannedRequest
+from imagebatch.manifest.plan import idempotency_key
+
+from .build import InputChangedError, read_input
+from .records import Result
+from .store import OutputStore, RequestRecord
+
+Content = dict[str, Any]
+Ref = dict[str, str]
+
+
+class HistoryError(Exception):
+    """A kept conversation cannot be sent back exactly as it was (missing, or a file it names changed)."""
+
+
+def compact(content: Content, ref_for: Callable[[bytes], Ref | None]) -> Content:
+    """`content` with each image part's data replaced by `ref_for(its bytes)` where that names a file and
+    the data is exactly the standard base64 of those bytes; every other part, and every key, unchanged."""
+    parts = content.get("parts")
+    if not isinstance(parts, list):
+        return content
+    out: list[Any] = []
+    for part in parts:
+        inline = part.get("inlineData") if isinstance(part, dict) else None
+        data = inline.get("data") if isinstance(inline, dict) else None
+        ref = _ref(data, ref_for) if isinstance(data, str) else None
+        if ref is None:
+            out.append(part)
+            continue
+        # The reference takes the data's place, keys in their order: put back, the part reads the same.
+        new_inline = {k: (ref if k == "data" else v) for k, v in inline.items()}  # type: ignore[union-attr]
+        out.append({k: (new_inline if k == "inlineData" else v) for k, v in part.items()})
+    return {k: (out if k == "parts" else v) for k, v in content.items()}
+
+
+def _ref(data: str, ref_for: Callable[[bytes], Ref | None]) -> Ref | None:
+    try:
+        raw = binascii.a2b_base64(data, strict_mode=True)
+    except (binascii.Error, ValueError):
+        return None
+    ref = ref_for(raw)
+    if ref is None or base64.b64encode(raw).decode("ascii") != data:
+        return None  # a spelling of the base64 that re-encoding would not give back: kept inline
+    return ref
+
+
+def inline(contents: Sequence[Content], store: OutputStore) -> list[Content]:
+    """The contents to send: each reference put back as the base64 of its file, checked by its sha256."""
+    return [_inline_content(content, store) for content in contents]
+
+
+def _inline_content(content: Content, store: OutputStore) -> Content:
+    parts = content.get("parts")
+    if not isinstance(parts, list) or not any(_is_ref(p) for p in parts):
+        return content
+    out = []
+    for part in parts:
+        if not _is_ref(part):
+            out.append(part)
+            continue
+        data = base64.b64encode(_read(part["inlineData"]["data"], store)).decode("ascii")
+        new_inline = {k: (data if k == "data" else v) for k, v in part["inlineData"].items()}
+        out.append({k: (new_inline if k == "inlineData" else v) for k, v in part.items()})
+    return {k: (out if k == "parts" else v) for k, v in content.items()}
+
+
+def _is_ref(part: Any) -> bool:
+    return (
+        isinstance(part, dict)
+        and isinstance(part.get("inlineData"), dict)
+        and isinstance(part["inlineData"].get("data"), dict)
+    )
+
+
+def _read(ref: Mapping[str, Any], store: OutputStore) -> bytes:
+    sha = ref.get("sha256")
+    if isinstance(ref.get("file"), str):
+        name = ref["file"]
+        data = store.location.get(name)
+        if data is None:
+            raise HistoryError(f"{name}, an image of the kept conversation, is gone")
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise HistoryError(
+                f"{name} changed since its answer was kept: its conversation cannot be sent back"
+            )
+        return data
+    if isinstance(ref.get("input"), str) and isinstance(sha, str):
+        try:
+            return read_input(Path(ref["input"]), sha).data
+        except InputChangedError as exc:
+            raise HistoryError(str(exc)) from None
+    raise HistoryError(f"a kept conversation names an image it cannot find: {ref!r}")
+
+
+def chain_turns(store: OutputStore, req: PlannedRequest, upto: int) -> list[Content]:
+    """The contents of turns 0..upto-1 of `req`'s edit chain, from its chain file, as far as their keys are
+    the plan's; `HistoryError` if they are not all there."""
+    saved = store.load_chain(req.job_id, req.request_index) or {}
+    turns = saved.get("turns") or []
+    contents: list[Content] = []
+    for turn_index in range(upto):
+        want = idempotency_key(req.job, req.request_index, turn_index)
+        if turn_index >= len(turns) or turns[turn_index].get("key") != want:
+            name = store.chain_name(req.job_id, req.request_index)
+            raise HistoryError(f"{name} lacks turn {turn_index} of this chain")
+        contents += turns[turn_index]["contents"]
+    return contents
+
+
+def kept(store: OutputStore, req: PlannedRequest) -> list[Content]:
+    """The whole conversation behind `req`'s answer (stored form, references in place), ending with its
+    model content; `HistoryError` if it was not kept."""
+    if req.variant == 1 and req.job.turns:
+        return chain_turns(store, req, req.turn_index + 1)
+    saved = store.load_conversation(req)
+    if (
+        saved is None
+        or saved.get("key") != req.idempotency_key
+        or not isinstance(saved.get("contents"), list)
+    ):
+        raise HistoryError(f"no conversation was kept for {req.idempotency_key}")
+    return list(saved["contents"])
+
+
+def earlier(store: OutputStore, req: PlannedRequest) -> list[Content]:
+    """What `req` sends before its own user turn (stored form): the edited variant's whole conversation
+    for an edit, the chain's earlier turns for a later turn of a chain, else nothing."""
+    if req.edit_of is not None:
+        return kept(store, req.edit_of.base)
+    if req.turn_index > 0:
+        return chain_turns(store, req, req.turn_index)
+    return []
+
+
+def check(store: OutputStore, contents: Iterable[Content]) -> None:
+    """Every reference of `contents` still names the bytes it was kept with (`HistoryError` if not)."""
+    for content in contents:
+        for part in content.get("parts") or []:
+            if _is_ref(part):
+                _read(part["inlineData"]["data"], store)
+
+
+def keeper(
+    store: OutputStore, req: PlannedRequest, before: list[Content], sent_turn: Content
+) -> Callable[[Result, RequestRecord], None]:
+    """The `on_answer` of a native request: keep `before` (stored form), the user turn sent and the model
+    content answered, images as references to their files (written right after, under these names)."""
+    inputs: dict[str, str] = {}
+    for paths, hashes in _input_files(req):
+        inputs |= {sha: str(path) for path, sha in zip(paths, hashes, strict=False)}
+
+    def keep(result: Result, record: RequestRecord) -> None:
+        content = getattr(result, "model_content", None)
+        if not isinstance(result, ImageResult) or content is None:
+            return  # nothing to edit later
+        images = list(zip(record.paths, result.images, strict=False))
+
+        def ref_for(raw: bytes) -> Ref | None:
+            for path, image in images:
+                if image.data == raw:
+                    return {"file": path, "sha256": hashlib.sha256(raw).hexdigest()}
+            sha = hashlib.sha256(raw).hexdigest()
+            return {"input": inputs[sha], "sha256": sha} if sha in inputs else None
+
+        contents = [*before, compact(sent_turn, ref_for), compact(content, ref_for)]
+        store.save_conversation(req, {"key": req.idempotency_key, "contents": contents})
+
+    return keep
+
+
+def _input_files(req: PlannedRequest) -> list[tuple[list[Path], list[str]]]:
+    """The manifest's images a request of this job may send: the job's, and each turn's."""
+    job = req.job
+    return [(job.reference_images, job.reference_sha256)] + [
+        (turn.reference_images, turn.reference_sha256) for turn in job.turns
+    ]
