@@ -121,7 +121,7 @@ def test_redo_edit_sends_the_rejected_answer_back_byte_for_byte_with_the_note(
     manifest = write_jsonl(
         tmp_path / "m.jsonl",
         [
-            {"id": "a", "prompt": "this mug on a desk", "model": "native-image-2", "reference_images": ["ref.png"]},
+            {"id": "a", "prompt": "a mug on a desk", "reference_images": ["ref.png"]},
             {"id": "b", "prompt": "a chat mug", "route": "chat", "model": "native-image-2"},
             {"id": "c", "prompt": "a mug, no note", "model": "native-image-2"},
             {"id": "d", "prompt": "a mug, history lost", "model": "native-image-2"},
@@ -141,11 +141,13 @@ def test_redo_edit_sends_the_rejected_answer_back_byte_for_byte_with_the_note(
     }  # fmt: skip
     final = [p for p in model["parts"] if "inlineData" in p and not p.get("thought")]
     assert [p["inlineData"]["data"]["file"] for p in final] == read_results(out)[0]["paths"].split(";")
-    assert [p for p in model["parts"] if p.get("thought") and "inlineData" in p][0]["inlineData"][
-        "data"
-    ] == next(
-        p["inlineData"]["data"] for p in a1_log["answer"]["parts"] if p.get("thought") and "inlineData" in p
-    )  # the thought image has no file of its own: kept inline
+
+    def thought_image(content: dict[str, Any]) -> Any:
+        return next(
+            p["inlineData"]["data"] for p in content["parts"] if p.get("thought") and "inlineData" in p
+        )
+
+    assert thought_image(model) == thought_image(a1_log["answer"])  # no file of its own: kept inline
     assert len(json.dumps(kept)) < len(json.dumps(a1_log["answer"])) / 2
 
     decide(out, a1, note="make the handle blue")
