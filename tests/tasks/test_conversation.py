@@ -5,13 +5,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from helpers.images import jpeg, png
 
-from imagebatch.tasks.conversation import HistoryError, compact, inline
+from imagebatch.tasks.conversation import HistoryError, compact_model, compact_user, inline
 from imagebatch.tasks.store import OutputStore
 
 IMAGE = next(data for w in range(40, 50) if len(data := png(w, 30)) % 3)
@@ -32,16 +31,7 @@ def store(tmp_path: Path) -> OutputStore:
     return store
 
 
-def refs(tmp_path: Path) -> Callable[[bytes], dict[str, str] | None]:
-    def ref_for(raw: bytes) -> dict[str, str] | None:
-        sha = hashlib.sha256(raw).hexdigest()
-        if raw == IMAGE:
-            return {"file": "images/job/0-abc.png", "sha256": sha}
-        if raw == INPUT:
-            return {"input": str(tmp_path / "ref.jpg"), "sha256": sha}
-        return None
-
-    return ref_for
+FILES = [("images/job/0-abc.png", IMAGE)]
 
 
 def model_content(data: str = b64(IMAGE)) -> dict[str, object]:
@@ -67,7 +57,8 @@ def test_images_are_kept_as_references_and_put_back_exactly(store: OutputStore, 
         "parts": [{"text": "a mug"}, {"inlineData": {"mimeType": "image/jpeg", "data": b64(INPUT)}}],
     }
     contents = [user, model_content()]
-    kept = [compact(c, refs(tmp_path)) for c in contents]
+    kept = [compact_user(user, [(tmp_path / "ref.jpg", hashlib.sha256(INPUT).hexdigest())]),
+            compact_model(contents[1], FILES)]  # fmt: skip
     assert kept[0]["parts"][1]["inlineData"]["data"]["input"] == str(tmp_path / "ref.jpg")
     assert kept[1]["parts"][3]["inlineData"]["data"]["file"] == "images/job/0-abc.png"
     assert kept[1]["parts"][1] == contents[1]["parts"][1]  # the thought image has no file: kept inline
@@ -84,22 +75,22 @@ def test_base64_that_reencoding_would_not_give_back_stays_inline(store: OutputSt
     other = body[:-1] + spare + standard[len(body) :]
     content = model_content(other)
     assert base64.b64decode(other) == IMAGE and other != standard
-    kept = compact(content, refs(tmp_path))
+    kept = compact_model(content, FILES)
     assert kept["parts"][3] == content["parts"][3]  # the bytes have a file, but this spelling is kept whole
-    assert compact(model_content(), refs(tmp_path))["parts"][3] != content["parts"][3]
+    assert compact_model(model_content(), FILES)["parts"][3] != content["parts"][3]
 
 
 def test_a_reference_whose_file_changed_or_went_is_refused(store: OutputStore, tmp_path: Path) -> None:
-    kept = [compact(model_content(), refs(tmp_path))]
+    kept = [compact_model(model_content(), FILES)]
     (store.root / "images" / "job" / "0-abc.png").write_bytes(png(41, 30))
     with pytest.raises(HistoryError, match="changed"):
         inline(kept, store)
     (store.root / "images" / "job" / "0-abc.png").unlink()
     with pytest.raises(HistoryError, match="gone"):
         inline(kept, store)
-    user = compact(
+    user = compact_user(
         {"role": "user", "parts": [{"inlineData": {"mimeType": "image/jpeg", "data": b64(INPUT)}}]},
-        refs(tmp_path),
+        [(tmp_path / "ref.jpg", hashlib.sha256(INPUT).hexdigest())],
     )
     (tmp_path / "ref.jpg").write_bytes(jpeg(21, 20))
     with pytest.raises(HistoryError, match="changed"):

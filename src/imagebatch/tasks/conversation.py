@@ -22,7 +22,6 @@ emulator's 1K answers: README "Regenerate the rejects".
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -44,35 +43,64 @@ class HistoryError(Exception):
     """A kept conversation cannot be sent back exactly as it was (missing, or a file it names changed)."""
 
 
-def compact(content: Content, ref_for: Callable[[bytes], Ref | None]) -> Content:
-    """`content` with each image part's data replaced by `ref_for(its bytes)` where that names a file and
-    the data is exactly the standard base64 of those bytes; every other part, and every key, unchanged."""
+def compact_model(content: Content, files: Sequence[tuple[str, bytes]]) -> Content:
+    """A model content as kept: its k-th final image part (not a thought) refers to `files[k]` (its name
+    and bytes: the answer's k-th image, decoded from that part by the reader), when the part's data is
+    exactly the standard base64 of those bytes; every other part, and every key, unchanged."""
+    refs: dict[int, Ref] = {}
+    finals = [i for i, p in enumerate(_parts(content)) if _data(p) is not None and not p.get("thought")]
+    for index, (name, data) in zip(finals, files, strict=False):
+        if _standard_base64_of(data, _data(_parts(content)[index]) or ""):
+            refs[index] = {"file": name, "sha256": hashlib.sha256(data).hexdigest()}
+    return _with_refs(content, refs)
+
+
+def compact_user(turn: Content, inputs: Sequence[tuple[Path, str | None]]) -> Content:
+    """A user turn as kept: its k-th image part refers to `inputs[k]` (a manifest's image and the sha256
+    the plan hashed). The turn is imagebatch's own (`gateway.requests.user_turn`, the standard base64 of
+    the bytes `build.read_input` checked against that sha256), so its images are those files."""
+    images = [i for i, p in enumerate(_parts(turn)) if _data(p) is not None]
+    refs = {
+        i: {"input": str(path), "sha256": sha} for i, (path, sha) in zip(images, inputs, strict=False) if sha
+    }
+    return _with_refs(turn, refs)
+
+
+def _parts(content: Content) -> list[Any]:
     parts = content.get("parts")
-    if not isinstance(parts, list):
+    return parts if isinstance(parts, list) else []
+
+
+def _data(part: Any) -> str | None:
+    """The base64 data of an image part, or None (not an image, or already a reference)."""
+    inline = part.get("inlineData") if isinstance(part, dict) else None
+    data = inline.get("data") if isinstance(inline, dict) else None
+    return data if isinstance(data, str) else None
+
+
+def _standard_base64_of(raw: bytes, data: str) -> bool:
+    """Whether `data`, which strict base64 decoding turned into `raw` (the reader's own decoding:
+    alphabet and padding checked), is character for character `base64.b64encode(raw)`: its length is
+    that of the standard encoding, and so is its last group (only the last group has spare bits another
+    spelling could set). Costs a few bytes' encoding, not the image's."""
+    if len(data) != 4 * -(-len(raw) // 3):
+        return False
+    tail = len(raw) % 3 or 3
+    return not raw or base64.b64encode(raw[-tail:]).decode("ascii") == data[-4:]
+
+
+def _with_refs(content: Content, refs: Mapping[int, Ref]) -> Content:
+    """`content` with the data of part i replaced by `refs[i]`, in the data's place (keys in their order:
+    put back, the part reads the same)."""
+    if not refs:
         return content
-    out: list[Any] = []
-    for part in parts:
-        inline = part.get("inlineData") if isinstance(part, dict) else None
-        data = inline.get("data") if isinstance(inline, dict) else None
-        ref = _ref(data, ref_for) if isinstance(data, str) else None
-        if ref is None:
-            out.append(part)
-            continue
-        # The reference takes the data's place, keys in their order: put back, the part reads the same.
-        new_inline = {k: (ref if k == "data" else v) for k, v in inline.items()}  # type: ignore[union-attr]
-        out.append({k: (new_inline if k == "inlineData" else v) for k, v in part.items()})
-    return {k: (out if k == "parts" else v) for k, v in content.items()}
-
-
-def _ref(data: str, ref_for: Callable[[bytes], Ref | None]) -> Ref | None:
-    try:
-        raw = binascii.a2b_base64(data, strict_mode=True)
-    except (binascii.Error, ValueError):
-        return None
-    ref = ref_for(raw)
-    if ref is None or base64.b64encode(raw).decode("ascii") != data:
-        return None  # a spelling of the base64 that re-encoding would not give back: kept inline
-    return ref
+    parts = [
+        {k: ({**v, "data": refs[i]} if k == "inlineData" else v) for k, v in part.items()}
+        if i in refs
+        else part
+        for i, part in enumerate(_parts(content))
+    ]
+    return {k: (parts if k == "parts" else v) for k, v in content.items()}
 
 
 def inline(contents: Sequence[Content], store: OutputStore) -> list[Content]:
@@ -176,32 +204,15 @@ def keeper(
 ) -> Callable[[Result, RequestRecord], None]:
     """The `on_answer` of a native request: keep `before` (stored form), the user turn sent and the model
     content answered, images as references to their files (written right after, under these names)."""
-    inputs: dict[str, str] = {}
-    for paths, hashes in _input_files(req):
-        inputs |= {sha: str(path) for path, sha in zip(paths, hashes, strict=False)}
+    hashes: Sequence[str | None] = req.reference_sha256 or [None] * len(req.reference_images)
+    inputs = list(zip(req.reference_images, hashes, strict=False))
 
     def keep(result: Result, record: RequestRecord) -> None:
         content = getattr(result, "model_content", None)
         if not isinstance(result, ImageResult) or content is None:
             return  # nothing to edit later
-        images = list(zip(record.paths, result.images, strict=False))
-
-        def ref_for(raw: bytes) -> Ref | None:
-            for path, image in images:
-                if image.data == raw:
-                    return {"file": path, "sha256": hashlib.sha256(raw).hexdigest()}
-            sha = hashlib.sha256(raw).hexdigest()
-            return {"input": inputs[sha], "sha256": sha} if sha in inputs else None
-
-        contents = [*before, compact(sent_turn, ref_for), compact(content, ref_for)]
+        files = [(path, image.data) for path, image in zip(record.paths, result.images, strict=False)]
+        contents = [*before, compact_user(sent_turn, inputs), compact_model(content, files)]
         store.save_conversation(req, {"key": req.idempotency_key, "contents": contents})
 
     return keep
-
-
-def _input_files(req: PlannedRequest) -> list[tuple[list[Path], list[str]]]:
-    """The manifest's images a request of this job may send: the job's, and each turn's."""
-    job = req.job
-    return [(job.reference_images, job.reference_sha256)] + [
-        (turn.reference_images, turn.reference_sha256) for turn in job.turns
-    ]
