@@ -5,6 +5,8 @@ Counted by the emulator's request log, over real HTTP, in the session's Prefect 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections import Counter
 from pathlib import Path
@@ -299,3 +301,34 @@ def test_redo_options_are_checked_before_anything_starts(
         "redo": "rejected",
         "edit": True,
     }
+
+
+def test_an_edit_redo_into_a_bucket_from_the_command_line(
+    s3: Any, service_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    service_env.configure(log_contents=True)
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl", [{"id": f"s{i}", "prompt": f"a bucket mug {i}"} for i in range(2)]
+    )
+    url = f"s3://{s3.bucket()}/redo"
+    code, _, err = cli(capsys, "run", str(manifest), "--out", url)
+    assert code == 0, err
+    reqs = planned(manifest)
+    record_decision(open_location(url), Decision(reqs["s0", 0].idempotency_key, 1, "rejected", "add a lid"))
+    before = len(service_env.requests())
+
+    code, out, err = cli(capsys, "run", str(manifest), "--out", url, "--redo", "rejected", "--edit")
+    assert code == 0, err
+    assert "redo: 1 variant(s) of rejected images to send, 1 as edits with the reviewer's note" in out
+    v2 = variant_of(reqs["s0", 0], 2)
+    assert sent_keys(service_env, before) == Counter([v2.idempotency_key])
+    sent = log_of(service_env, v2.idempotency_key)
+    assert sent["status"] == 200 and len(sent["contents"]) == 3 and sent["contents"][1]["role"] == "model"
+    objects = s3.objects(url.split("/")[2], "redo")
+    assert layout.conversation(file_stem(v2, False)) in objects  # kept for an edit of the edit
+    rows = [(r["job_id"], r["variant"], r["status"]) for r in csv_rows(objects["results.csv"])]
+    assert rows == [("s0", "2", "succeeded"), ("s0", "1", "skipped"), ("s1", "1", "skipped")]
+
+
+def csv_rows(data: bytes) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(data.decode())))
