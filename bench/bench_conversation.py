@@ -29,9 +29,9 @@ from PIL import Image
 from imagebatch.gateway import GatewayClient
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.manifest import load_manifest, plan
-from imagebatch.tasks import conversation, layout, records
+from imagebatch.tasks import conversation, records
 from imagebatch.tasks.build import build_request
-from imagebatch.tasks.store import OutputStore, file_stem
+from imagebatch.tasks.store import OutputStore
 
 
 def noise_png(side: int) -> bytes:
@@ -66,8 +66,7 @@ def measure(size: str, answers: int, thought_rate: float, tmp: Path) -> dict[str
             conversation.keeper(store, req, [], sent)(result, record)
             keep_s.append(time.perf_counter() - started)
             whole.append(len(json.dumps([sent, result.model_content]).encode()))  # type: ignore[union-attr]
-            path = store.root / layout.conversation(file_stem(req, False))
-            kept.append(path.stat().st_size)
+            kept.append(len(json.dumps(store.load_conversation(req), separators=(",", ":"))))
             started = time.perf_counter()
             conversation.inline(conversation.kept(store, req), store)
             inline_s.append(time.perf_counter() - started)

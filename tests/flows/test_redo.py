@@ -26,7 +26,7 @@ from imagebatch.manifest import PlannedRequest, load_manifest, plan, variant_of
 from imagebatch.tasks import layout
 from imagebatch.tasks.decisions import Decision, record_decision
 from imagebatch.tasks.storage import open_location
-from imagebatch.tasks.store import file_stem
+from imagebatch.tasks.store import OutputStore, file_stem
 
 
 def planned(manifest: Path) -> dict[tuple[str, int], PlannedRequest]:
@@ -135,7 +135,8 @@ def test_redo_edit_sends_the_rejected_answer_back_byte_for_byte_with_the_note(
     reqs = planned(manifest)
     a1, e1 = reqs["a", 0], reqs["e", 1]
     # Each native answer's conversation is kept, its images as references to the files written.
-    kept = json.loads((out / layout.conversation(file_stem(a1, False))).read_bytes())
+    kept = OutputStore(out).load_conversation(a1)
+    assert kept is not None and kept["key"] == a1.idempotency_key
     a1_log = log_of(service_env, a1.idempotency_key)
     user, model = kept["contents"]
     assert user["parts"][1]["inlineData"]["data"] == {
@@ -156,7 +157,10 @@ def test_redo_edit_sends_the_rejected_answer_back_byte_for_byte_with_the_note(
     decide(out, reqs["b", 0], note="brighter")  # the chat route keeps no signed history
     decide(out, reqs["c", 0])  # no note
     decide(out, reqs["d", 0], note="smaller")
-    (out / layout.conversation(file_stem(reqs["d", 0], False))).unlink()
+    lines = (out / "conversations.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(lines) == 3  # a, c, d: one line per native answer not of a chain (the chat route has none)
+    gone = reqs["d", 0].idempotency_key
+    (out / "conversations.jsonl").write_bytes(b"".join(x for x in lines if gone.encode() not in x))
     decide(out, e1, note="a darker blue")  # the chain's turn 1
     before = len(service_env.requests())
 

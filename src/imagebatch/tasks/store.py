@@ -206,6 +206,10 @@ class OutputStore:
         self.chains_dir = base / layout.CHAINS_DIR
         self.journal_path = base / layout.jsonl(layout.JOURNAL, shard)
         self.usage_path = base / layout.jsonl(layout.USAGE_LEDGER, shard)
+        self.conversations_path = base / layout.jsonl(layout.CONVERSATIONS, shard)
+        self._conversations: dict[str, tuple[Path, int, int]] = {}
+        """Where each key's kept conversation is (`load_conversation`), as far as read."""
+        self._conversations_read: dict[Path, int] = {}
         self.results_path = base / layout.RESULTS_CSV
         self.run_path = base / layout.RUN_JSON
         self._segments: SegmentJournal | None = None
@@ -589,27 +593,39 @@ class OutputStore:
         return json.loads(path.read_bytes())
 
     def save_conversation(self, req: PlannedRequest, conversation: dict[str, Any]) -> None:
-        """Keep the conversation behind one native answer (`tasks.conversation`), named after its files.
+        """Keep the conversation behind one native answer (`tasks.conversation`): in a folder a line of
+        `conversations.jsonl`, appended and not synced; in an object store an object named after the
+        answer's files (`layout.conversation`).
 
-        In a folder, not synced: one more fsync per request would cost a request thread 1-4 ms
-        (bench/README.md "Throughput"), and a file a power cut loses or leaves empty only makes that
-        image's later `--edit` a new sample (counted as "no kept history"), never a wrong request."""
-        name = layout.conversation(file_stem(req, bool(req.job.turns)))
-        data = json.dumps(conversation, separators=(",", ":")).encode()
+        Appended, not a file each: a file costs a request thread about 0.4 ms of CPU (a temporary file and
+        a rename; bench/README.md), a tenth of a request's whole cost in a run; an append, microseconds.
+        Not synced: one more fsync per request would cost a request thread 1-4 ms, and a line a power cut
+        loses only makes that image's later `--edit` a new sample (counted as "no kept history"), never a
+        wrong request."""
+        record = {"key": req.idempotency_key, **conversation}
         with self._writing():
             if self._folder is None:
-                self.location.put(name, data)
-            else:
-                write_atomic(self._folder / name, data, sync=False)
+                name = layout.conversation(file_stem(req, bool(req.job.turns)))
+                self.location.put(name, json.dumps(record, separators=(",", ":")).encode())
+                return
+        self._append(self.conversations_path, record, sync=False)
 
     def load_conversation(self, req: PlannedRequest) -> dict[str, Any] | None:
-        """The conversation kept for `req`'s answer, or None (never kept, or unreadable)."""
-        data = self.location.get(layout.conversation(file_stem(req, bool(req.job.turns))))
-        try:
-            loaded = None if data is None else json.loads(data)
-        except ValueError:
-            return None
-        return loaded if isinstance(loaded, dict) else None
+        """The conversation kept for `req`'s answer by an earlier run, or None (never kept, or unreadable).
+
+        In a folder, the conversation files are read once into an index of where each key's line is (its
+        offset: the lines stay on disk), and past their last indexed line only for a key not found."""
+        if self._folder is None:
+            data = self.location.get(layout.conversation(file_stem(req, bool(req.job.turns))))
+        else:
+            with self._lock:
+                where = self._conversations.get(req.idempotency_key)
+                if where is None:  # not read yet: read what was appended since
+                    _index_conversations(self.root, self._conversations, self._conversations_read)
+                    where = self._conversations.get(req.idempotency_key)
+            data = _read_at(*where) if where is not None else None
+        loaded = None if data is None else json_object(data)
+        return loaded if loaded is not None and loaded.get("key") == req.idempotency_key else None
 
     def write_results(self, rows: Iterable[dict[str, Any]], metadata_columns: list[str]) -> None:
         """Write results.csv atomically, row by row (no copy of the whole table in memory); cells that a
@@ -635,6 +651,42 @@ class OutputStore:
             self.location.put(name, data)
             return
         write_atomic(self.root / name, data)
+
+
+_KEY_PREFIX = b'{"key":"'
+
+
+def _index_conversations(root: Path, index: dict[str, tuple[Path, int, int]], read: dict[Path, int]) -> None:
+    """Add to `index` the (file, offset, length) of each key's last conversation line in a folder (the
+    folder's file, then the shards'), reading each file from where `read` says the last call stopped; a
+    line not yet ended (being written, or cut short by a crash) is left for later."""
+    paths = [
+        root / layout.jsonl(layout.CONVERSATIONS),
+        *sorted(root.glob(layout.shard_jsonl(layout.CONVERSATIONS))),
+    ]
+    for path in paths:
+        if not path.is_file():
+            continue
+        with path.open("rb") as fh:
+            offset = read.get(path, 0)
+            fh.seek(offset)
+            for line in fh:
+                if not line.endswith(b"\n"):
+                    break
+                end = line.find(b'"', len(_KEY_PREFIX))
+                if line.startswith(_KEY_PREFIX) and end > 0:
+                    index[line[len(_KEY_PREFIX) : end].decode("ascii", "replace")] = (path, offset, len(line))
+                offset += len(line)
+            read[path] = offset
+
+
+def _read_at(path: Path, offset: int, length: int) -> bytes | None:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read(length)
+    except OSError:
+        return None
 
 
 class NotJournaledError(OSError):
