@@ -63,12 +63,12 @@ def measure(size: str, answers: int, thought_rate: float, tmp: Path) -> dict[str
                 store.write_file(name, data)
             sent = request.json["contents"][-1] if request.json else {}
             started = time.perf_counter()
-            conversation.keeper(store, req, [], sent)(result, record)
+            conversation.keeper(store, req, conversation.History(), sent)(result, record)
             keep_s.append(time.perf_counter() - started)
             whole.append(len(json.dumps([sent, result.model_content]).encode()))  # type: ignore[union-attr]
             kept.append(len(json.dumps(store.load_conversation(req), separators=(",", ":"))))
             started = time.perf_counter()
-            conversation.inline(conversation.kept(store, req), store)
+            conversation.kept(store, req).sent(store, req)
             inline_s.append(time.perf_counter() - started)
     return {
         "whole": statistics.median(whole),

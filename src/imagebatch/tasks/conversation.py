@@ -2,10 +2,11 @@
 follow-up turn (`imagebatch run --redo rejected --edit`), which the spec allows only with the complete
 earlier model content sent back: same parts, same order, unaltered `thoughtSignature`.
 
-What is kept: `chains/<job>/<request>[-t<turn>][-v<n>]-<key12>.json` (`layout.conversation`, named like
-the answer's files), `{"key": ..., "contents": [...]}`: every content sent (the earlier turns, then the
-user turn) and the model content answered, in order. An edit chain's own turns are in its chain file
-(`tasks.chain`) and are not kept twice.
+What is kept: `{"key": ..., "contents": [...]}`, every content sent (the earlier turns, then the user
+turn) and the model content answered, in order; in a folder one line of `conversations.jsonl` per
+answer (`OutputStore.save_conversation`: appended, not a file each), in an object store one object,
+`chains/<job>/<request>[-t<turn>][-v<n>]-<key12>.json`. An edit chain's own turns are in its chain
+file (`tasks.chain`) and are not kept twice.
 
 Choice: **the image is kept once**. A model content carries its image inline as base64 (the 1K PNG of
 the service is about 1.5 MB, so 2 MB of base64; 4K, several times more), and the image is already in
@@ -15,15 +16,18 @@ image in a user turn), and put back, re-encoded, when the conversation is sent. 
 the service's base64 is the standard encoding of the file's bytes: a part is stored as a reference only
 if `base64(file bytes) == data` character for character (else it stays inline, whole), and a reference
 whose file's sha256 no longer matches is refused (`HistoryError`): never a rebuilt or altered turn. What
-stays inline is small: text, signatures, and a thought image if the answer had one. Measured on the
-emulator's 1K answers: README "Regenerate the rejects".
+stays inline is small: text, signatures, and a thought image if the answer had one (measured:
+`bench/bench_conversation.py`, README "Regenerate the rejects"). The parts are matched by position, not by
+decoding the base64 again: the k-th final image part is the answer's k-th image (the reader's own order),
+a user turn's k-th image the request's k-th reference image.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -166,44 +170,53 @@ def chain_turns(store: OutputStore, req: PlannedRequest, upto: int) -> list[Cont
     return contents
 
 
-def kept(store: OutputStore, req: PlannedRequest) -> list[Content]:
-    """The whole conversation behind `req`'s answer (stored form, references in place), ending with its
-    model content; `HistoryError` if it was not kept."""
+@dataclass(frozen=True)
+class History:
+    """A conversation as kept: the first `chain_turns` turns of the request's edit chain (kept once, in its
+    chain file: `chain_turns`), then `contents`, in stored form (references in place)."""
+
+    chain_turns: int = 0
+    contents: list[Content] = field(default_factory=list)
+
+    def sent(self, store: OutputStore, req: PlannedRequest) -> list[Content]:
+        """The contents to send, as the service returned them (`HistoryError` if they cannot be)."""
+        return chain_turns(store, req, self.chain_turns) + inline(self.contents, store)
+
+    def check(self, store: OutputStore, req: PlannedRequest) -> None:
+        """`HistoryError` unless every turn and every file it names is there as it was kept."""
+        chain_turns(store, req, self.chain_turns)
+        for content in self.contents:
+            for part in _parts(content):
+                if _is_ref(part):
+                    _read(part["inlineData"]["data"], store)
+
+
+def kept(store: OutputStore, req: PlannedRequest) -> History:
+    """The whole conversation behind `req`'s answer, ending with its model content; `HistoryError` if it
+    was not kept."""
     if req.variant == 1 and req.job.turns:
-        return chain_turns(store, req, req.turn_index + 1)
+        return History(req.turn_index + 1)
     saved = store.load_conversation(req)
-    if (
-        saved is None
-        or saved.get("key") != req.idempotency_key
-        or not isinstance(saved.get("contents"), list)
-    ):
+    contents = saved.get("contents") if saved is not None else None
+    turns = saved.get("chain_turns", 0) if saved is not None else 0
+    if not isinstance(contents, list) or not isinstance(turns, int):
         raise HistoryError(f"no conversation was kept for {req.idempotency_key}")
-    return list(saved["contents"])
+    return History(turns, contents)
 
 
-def earlier(store: OutputStore, req: PlannedRequest) -> list[Content]:
-    """What `req` sends before its own user turn (stored form): the edited variant's whole conversation
-    for an edit, the chain's earlier turns for a later turn of a chain, else nothing."""
+def earlier(store: OutputStore, req: PlannedRequest) -> History:
+    """What `req` sends before its own user turn: the edited variant's whole conversation for an edit,
+    the chain's earlier turns for a later turn of a chain, else nothing."""
     if req.edit_of is not None:
         return kept(store, req.edit_of.base)
-    if req.turn_index > 0:
-        return chain_turns(store, req, req.turn_index)
-    return []
-
-
-def check(store: OutputStore, contents: Iterable[Content]) -> None:
-    """Every reference of `contents` still names the bytes it was kept with (`HistoryError` if not)."""
-    for content in contents:
-        for part in content.get("parts") or []:
-            if _is_ref(part):
-                _read(part["inlineData"]["data"], store)
+    return History(req.turn_index)
 
 
 def keeper(
-    store: OutputStore, req: PlannedRequest, before: list[Content], sent_turn: Content
+    store: OutputStore, req: PlannedRequest, before: History, sent_turn: Content
 ) -> Callable[[Result, RequestRecord], None]:
-    """The `on_answer` of a native request: keep `before` (stored form), the user turn sent and the model
-    content answered, images as references to their files (written right after, under these names)."""
+    """The `on_answer` of a native request: keep `before`, the user turn sent and the model content
+    answered, images as references to their files (written right after, under these names)."""
     hashes: Sequence[str | None] = req.reference_sha256 or [None] * len(req.reference_images)
     inputs = list(zip(req.reference_images, hashes, strict=False))
 
@@ -212,7 +225,8 @@ def keeper(
         if not isinstance(result, ImageResult) or content is None:
             return  # nothing to edit later
         files = [(path, image.data) for path, image in zip(record.paths, result.images, strict=False)]
-        contents = [*before, compact_user(sent_turn, inputs), compact_model(content, files)]
-        store.save_conversation(req, {"key": req.idempotency_key, "contents": contents})
+        contents = [*before.contents, compact_user(sent_turn, inputs), compact_model(content, files)]
+        kept: dict[str, Any] = {"chain_turns": before.chain_turns} if before.chain_turns else {}
+        store.save_conversation(req, {**kept, "contents": contents})
 
     return keep

@@ -55,7 +55,7 @@ def send_one(ctx: RunContext, req: PlannedRequest) -> RequestRecord:
         return send_and_record(ctx, req, request, chain)[0]
     try:
         before = conversation.earlier(ctx.store, req)
-        request = build_request(req, conversation.inline(before, ctx.store))
+        request = build_request(req, before.sent(ctx.store, req))
     except (InputChangedError, conversation.HistoryError) as exc:
         return records.record(req, "failed", error=str(exc))
     sent_turn = request.json["contents"][-1] if request.json else {}

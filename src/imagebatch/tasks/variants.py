@@ -153,7 +153,7 @@ def _made(
         why = NOT_NATIVE
     if why is None:
         try:
-            conversation.check(store, conversation.kept(store, base))
+            conversation.kept(store, base).check(store, base)
         except conversation.HistoryError:
             why = NO_HISTORY
     if why is not None:
