@@ -56,14 +56,19 @@ def rows_of(out: Path, job_id: str) -> list[tuple[str, str, str]]:
 def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
     service_env: Any, tmp_path: Path
 ) -> None:
+    service_env.configure(log_contents=True)
     manifest = write_jsonl(
         tmp_path / "m.jsonl",
-        [{"id": f"p{i}", "prompt": f"a redo mug {i}", "model": "native-image-2"} for i in range(4)],
+        [
+            *({"id": f"p{i}", "prompt": f"a redo mug {i}", "model": "native-image-2"} for i in range(4)),
+            {"id": "ch", "prompt": "a redo cup", "turns": ["make it blue"]},
+        ],
     )
     out = tmp_path / "out"
     run_flow(manifest=str(manifest), out=str(out))
     reqs = planned(manifest)
     first = {job: Path(out, read_results(out)[i]["paths"]) for i, job in enumerate(["p0", "p1", "p2", "p3"])}
+    decide(out, reqs["ch", 1])  # a chain's turn 1: sent again after the chain's turn 0 as it was returned
     decide(out, reqs["p0", 0], note="the handle is missing")
     decide(out, reqs["p1", 0])  # no note: a new sample all the same
     decide(out, reqs["p2", 0], "approved")
@@ -73,17 +78,25 @@ def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
 
     info = run_flow(manifest=str(manifest), out=str(out), redo="rejected")
     v2 = {job: variant_of(reqs[job, 0], 2) for job in ("p0", "p1")}
-    assert sent_keys(service_env, before) == Counter(v.idempotency_key for v in v2.values())
+    ch2 = variant_of(reqs["ch", 1], 2)
+    assert sent_keys(service_env, before) == Counter(
+        [*(v.idempotency_key for v in v2.values()), ch2.idempotency_key]
+    )
     assert all(v.idempotency_key != reqs[job, 0].idempotency_key for job, v in v2.items())
     assert variant_of(reqs["p0", 0], 2) == v2["p0"]  # the same key every time it is planned
     assert info["redo"] == {
-        "variants": 2,
+        "variants": 3,
         "edits": 0,
-        "new_samples": 2,
+        "new_samples": 3,
         "fallback": 0,
         "fallback_reasons": {},
     }
-    assert info["counts"]["succeeded"] == 2 and info["counts"]["skipped"] == 4
+    assert info["counts"]["succeeded"] == 3 and info["counts"]["skipped"] == 6
+    assert rows_of(out, "ch") == [("1", "2", "succeeded"), ("0", "1", "skipped"), ("1", "1", "skipped")]
+    ch1_sent = log_of(service_env, reqs["ch", 1].idempotency_key)["contents"]
+    assert len(ch1_sent) == 3 and canonical(
+        log_of(service_env, ch2.idempotency_key)["contents"]
+    ) == canonical(ch1_sent)
     # Every variant of a request, newest first; the first sample's image is where it was.
     assert rows_of(out, "p0") == [("0", "2", "succeeded"), ("0", "1", "skipped")]
     assert rows_of(out, "p2") == [("0", "1", "skipped")]
@@ -97,7 +110,7 @@ def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
     sent = len(service_env.requests())
     again = run_flow(manifest=str(manifest), out=str(out), redo="rejected")
     assert len(service_env.requests()) == sent
-    assert again["counts"]["skipped"] == 6 and again["redo"]["variants"] == 0
+    assert again["counts"]["skipped"] == 9 and again["redo"]["variants"] == 0
     assert rows_of(out, "p1") == [("0", "2", "skipped"), ("0", "1", "skipped")]
 
     # Settled without Prefect (a rerun with nothing to send) lists them the same; a new rejection of
@@ -106,7 +119,7 @@ def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
     common = dict(force=False, retry_unknown=False, report=False, concurrency=4, api_key_secret_block=None,
                   global_limit=None, files_root=None, redo="rejected")  # fmt: skip
     settled = settle_without_prefect(checked, **common)  # type: ignore[arg-type]
-    assert settled is not None and settled["requests"] == 6 and settled["redo"]["variants"] == 0
+    assert settled is not None and settled["requests"] == 9 and settled["redo"]["variants"] == 0
     assert rows_of(out, "p0") == [("0", "2", "skipped"), ("0", "1", "skipped")]
     decide(out, v2["p0"], note="still no handle")
     assert settle_without_prefect(checked, **common) is None  # type: ignore[arg-type]
