@@ -158,6 +158,8 @@ def _read(ref: Mapping[str, Any], store: OutputStore) -> bytes:
 def chain_turns(store: OutputStore, req: PlannedRequest, upto: int) -> list[Content]:
     """The contents of turns 0..upto-1 of `req`'s edit chain, from its chain file, as far as their keys are
     the plan's; `HistoryError` if they are not all there."""
+    if upto == 0:
+        return []  # nothing to read (a plain request: no chain file to look for)
     saved = store.load_chain(req.job_id, req.request_index) or {}
     turns = saved.get("turns") or []
     contents: list[Content] = []
