@@ -16,7 +16,7 @@ import pytest
 from helpers.images import png
 from helpers.runs import cli, read_results, run_flow, write_jsonl
 
-from imagebatch.flows.batch import RunHooks, run_hooks
+from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
 from imagebatch.flows.cli import build_parser
 from imagebatch.flows.config import preflight
 from imagebatch.flows.deploy import check as deploy_check
@@ -224,19 +224,22 @@ def canonical(contents: Any) -> str:
     return json.dumps(contents, sort_keys=True)
 
 
+def made_and_rejected(tmp_path: Path, prompt: str, jobs: int) -> tuple[Path, Path, list[str]]:
+    """A manifest of `jobs` native rows, run once, every image rejected; its path, the output folder and
+    the keys of the variants 2 a redo will send."""
+    rows = [{"id": f"j{i}", "prompt": f"{prompt} {i}", "model": "native-image-2"} for i in range(jobs)]
+    manifest, out = write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "out"
+    run_flow(manifest=str(manifest), out=str(out))
+    reqs = planned(manifest)
+    for i in range(jobs):
+        decide(out, reqs[f"j{i}", 0], note="no")
+    return manifest, out, [variant_of(reqs[f"j{i}", 0], 2).idempotency_key for i in range(jobs)]
+
+
 def test_budgets_apply_to_variants_and_a_failed_variant_waits_for_a_redo(
     service_env: Any, tmp_path: Path
 ) -> None:
-    manifest = write_jsonl(
-        tmp_path / "m.jsonl",
-        [{"id": f"q{i}", "prompt": f"a budget mug {i}", "model": "native-image-2"} for i in range(3)],
-    )
-    out = tmp_path / "out"
-    run_flow(manifest=str(manifest), out=str(out))
-    reqs = planned(manifest)
-    for i in range(3):
-        decide(out, reqs[f"q{i}", 0], note="no")
-    v2 = [variant_of(reqs[f"q{i}", 0], 2).idempotency_key for i in range(3)]
+    manifest, out, v2 = made_and_rejected(tmp_path, "a budget mug", 3)
     before = len(service_env.requests())
 
     info = run_flow(manifest=str(manifest), out=str(out), redo="rejected", max_images=1)
@@ -273,16 +276,7 @@ class StopAfter:
 
 
 def test_an_interrupted_redo_resumes_like_any_run(service_env: Any, tmp_path: Path) -> None:
-    manifest = write_jsonl(
-        tmp_path / "m.jsonl",
-        [{"id": f"r{i}", "prompt": f"a resumed mug {i}", "model": "native-image-2"} for i in range(5)],
-    )
-    out = tmp_path / "out"
-    run_flow(manifest=str(manifest), out=str(out))
-    reqs = planned(manifest)
-    for i in range(5):
-        decide(out, reqs[f"r{i}", 0], note="again")
-    v2 = {variant_of(reqs[f"r{i}", 0], 2).idempotency_key for i in range(5)}
+    manifest, out, v2 = made_and_rejected(tmp_path, "a resumed mug", 5)
     before = len(service_env.requests())
 
     control = RunControl()
@@ -318,6 +312,7 @@ def test_redo_options_are_checked_before_anything_starts(
         "redo": "rejected",
         "edit": True,
     }
+    assert {"redo", "edit"} <= set(generate_from_manifest.parameters.properties)  # the flow's own parameters
 
 
 def test_an_edit_redo_into_a_bucket_from_the_command_line(
