@@ -317,9 +317,14 @@ class RunContext:
                       held=key in self.held)  # fmt: skip
 
 
-def decide(state: KeyState | None, *, force: bool, retry_unknown: bool, held: bool = False) -> Decision:
-    """What a run does with a key in `state`: `send` it, `skip` it (succeeded before), or `carry` its last
-    status (no_image, unknown; and anything but a success for a `held` key, which this run never sends)."""
+def decide(
+    state: KeyState | None, *, force: bool = False, retry_unknown: bool = False, held: bool = False
+) -> Decision:
+    """What a run does with a request whose key the journal left in `state` (None: never sent): `send`
+    it, `skip` it (succeeded before), or `carry` its last status (no_image; unknown unless
+    `retry_unknown`). `--force` sends everything. A `held` key (a variant, outside a `--redo` run:
+    `tasks.variants`) is never sent: anything but a success is carried as it stands. The one rule, for a
+    run and for `validate --out`."""
     status = state.status if state else None
     if held:
         return "skip" if status == "succeeded" else "carry"
