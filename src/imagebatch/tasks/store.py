@@ -108,8 +108,6 @@ class RequestRecord:
     model: str
     route: str
     idempotency_key: str
-    variant: int = 1
-    """1 for a request's first sample, n for the n-th (`--redo rejected`); a record without one is 1."""
     paths: list[str] = field(default_factory=list)
     images: int = 0
     width: int | None = None
@@ -121,6 +119,9 @@ class RequestRecord:
     request_id: str | None = None
     http_status: int | None = None
     """The HTTP status of the answer that made the request `failed` or `unknown` (None: no such answer)."""
+    variant: int = 1
+    """1 for a request's first sample, n for the n-th (`--redo rejected`); a record without one is 1. Last,
+    so that records built by position keep their meaning (results.csv's column order is `RESULT_COLUMNS`)."""
 
     def to_row(self) -> dict[str, Any]:
         row = {k: getattr(self, k) for k in RESULT_COLUMNS}
