@@ -49,7 +49,12 @@ def write_csv(fh: IO[str], columns: Iterable[str], rows: Iterable[Mapping[str, A
 def read_csv(path: Path) -> Iterator[dict[str, str]]:
     """The rows of a CSV file `write_csv` wrote, header and cells as they were before `csv_cell`."""
     with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        header = [csv_value(c) for c in next(reader, [])]
-        for cells in reader:
-            yield dict(zip(header, (csv_value(c) for c in cells), strict=False))
+        yield from csv_rows(fh)
+
+
+def csv_rows(lines: Iterable[str]) -> Iterator[dict[str, str]]:
+    """`read_csv` of text already in hand (an object's bytes decoded, `splitlines(keepends=True)`)."""
+    reader = csv.reader(lines)
+    header = [csv_value(c) for c in next(reader, [])]
+    for cells in reader:
+        yield dict(zip(header, (csv_value(c) for c in cells), strict=False))
