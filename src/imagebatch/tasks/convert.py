@@ -28,6 +28,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import PIL
 from PIL import Image, ImageColor, ImageOps
 
 FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
@@ -75,6 +76,16 @@ class Conversion:
             ) from None
         return cls(format, max_side, quality, (rgb[0], rgb[1], rgb[2]))
 
+    def describe(self) -> str:
+        """What a deliverable's bytes depend on besides its source's: these options and Pillow's
+        version (export.csv keeps it, so that the next export knows when a file is already right)."""
+        quality = self.quality if self.quality is not None else "-"
+        background = "#{:02x}{:02x}{:02x}".format(*self.background)
+        return (
+            f"{self.format or '-'} quality={quality} max-side={self.max_side or '-'} "
+            f"background={background} pillow={PIL.__version__}"
+        )
+
     def target(self, source_format: str) -> str:
         """The format an image in `source_format` (png, jpeg, webp) is delivered in."""
         return self.format or source_format
@@ -101,6 +112,7 @@ class Staged:
     size: int = 0
     width: int = 0
     height: int = 0
+    source_sha256: str = ""
     error: str | None = None
 
 
@@ -194,4 +206,5 @@ def stage(job: StageJob) -> Staged:
     except (OSError, ValueError, SyntaxError) as exc:  # Pillow raises SyntaxError for some broken files
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
         return Staged(job.index, error=why)
-    return Staged(job.index, hashlib.sha256(out).hexdigest(), len(out), width, height)
+    digest, source_digest = hashlib.sha256(out).hexdigest(), hashlib.sha256(data).hexdigest()
+    return Staged(job.index, digest, len(out), width, height, source_digest)
