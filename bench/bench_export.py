@@ -111,8 +111,10 @@ def main() -> None:
             print(f"| {mode} | {workers} | {args.images} | {seconds:.1f} | {args.images / seconds:.1f} |")
             print(f"<!-- {line} -->")
         seconds, line = timed(out, dest, workers, pool, args.quality)
-        print(f"| again, {args.modes[-1]} (unchanged) | {workers} | {args.images} | {seconds:.1f} | "
-              f"{args.images / seconds:.1f} |")
+        print(
+            f"| again, {args.modes[-1]} (unchanged) | {workers} | {args.images} | {seconds:.1f} | "
+            f"{args.images / seconds:.1f} |"
+        )
         print(f"<!-- {line} -->")
         shutil.rmtree(root, ignore_errors=True)
 
