@@ -11,7 +11,10 @@ under a tint and camera-like noise: about 1.2 MB each, which decodes like a phot
 emulator's flat placeholders would decode several times faster), hard-linked under every name: what is
 measured is decoding, converting and writing, not the disk. Then, for each mode, a fresh DEST and
 `imagebatch.tasks.export.export(..., template="{sku}.{ext}", format jpeg)` timed from start to
-export.csv; for the last mode a second export into the same DEST (everything unchanged) too.
+export.csv; then a second export into the last mode's DEST (everything unchanged). "inline" is one
+thread (`workers=1`: converted in the calling thread, no pool); "process" a spawned process pool and
+"thread" a thread pool of `--workers`. CPU ms/image counts every thread and worker process: on a
+shared machine (other jobs running) it says what an image costs when the wall clock cannot.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import hashlib
 import io
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -74,7 +78,15 @@ def make_out(root: Path, images: int, distinct: int, side: int) -> Path:
     return out
 
 
-def timed(out: Path, dest: Path, workers: int, pool: str, quality: int) -> tuple[float, str]:
+def cpu_seconds() -> float:
+    """CPU time of this process and of its waited-for children (a process pool's workers, once shut)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed(out: Path, dest: Path, workers: int, pool: str, quality: int) -> tuple[float, float, str]:
+    """Wall seconds, CPU seconds (every thread and worker process) and the summary of one export."""
+    cpu = cpu_seconds()
     started = time.perf_counter()
     summary = export(
         str(out),
@@ -84,7 +96,7 @@ def timed(out: Path, dest: Path, workers: int, pool: str, quality: int) -> tuple
         workers=workers,
         pool=pool,  # type: ignore[arg-type]
     )
-    return time.perf_counter() - started, summary.line()
+    return time.perf_counter() - started, cpu_seconds() - cpu, summary.line()
 
 
 def main() -> None:
@@ -101,21 +113,22 @@ def main() -> None:
         started = time.perf_counter()
         out = make_out(root, args.images, args.distinct, args.side)
         print(f"made {args.images} sources in {time.perf_counter() - started:.1f} s; {args.workers} workers")
-        print("| mode | workers | images | wall s | images/s |")
-        print("|-|-|-|-|-|")
+        print(f"load average before: {os.getloadavg()[0]:.1f}")
+        print("| mode | workers | images | wall s | images/s | CPU ms/image | load avg (1 min) after |")
+        print("|-|-|-|-|-|-|-|")
         dest = root / "dest"
-        for mode in args.modes:
-            dest = root / f"dest-{mode}"
-            workers, pool = (1, "process") if mode == "inline" else (args.workers, mode)
-            seconds, line = timed(out, dest, workers, pool, args.quality)
-            print(f"| {mode} | {workers} | {args.images} | {seconds:.1f} | {args.images / seconds:.1f} |")
-            print(f"<!-- {line} -->")
-        seconds, line = timed(out, dest, workers, pool, args.quality)
-        print(
-            f"| again, {args.modes[-1]} (unchanged) | {workers} | {args.images} | {seconds:.1f} | "
-            f"{args.images / seconds:.1f} |"
-        )
-        print(f"<!-- {line} -->")
+        workers, pool = 1, "thread"
+        for mode in [*args.modes, "again"]:
+            if mode != "again":
+                dest = root / f"dest-{mode}"
+                workers, pool = (1, "thread") if mode == "inline" else (args.workers, mode)
+            wall, cpu, line = timed(out, dest, workers, pool, args.quality)
+            label = f"again, {args.modes[-1]} (all unchanged)" if mode == "again" else mode
+            print(
+                f"| {label} | {workers} | {args.images:,} | {wall:.1f} | {args.images / wall:.1f} | "
+                f"{1000 * cpu / args.images:.0f} | {os.getloadavg()[0]:.1f} |"
+            )
+            print(f"<!-- {line} -->", flush=True)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -298,3 +300,17 @@ def test_export_into_a_bucket_and_from_one(
     assert {k: v for k, v in tree(local).items() if k != "export.csv"} == {
         k: v for k, v in objects.items() if k != "export.csv"
     }
+
+
+def test_the_command_does_not_import_prefect(make_out: Callable[..., OutMaker], tmp_path: Path) -> None:
+    root = shoe_and_bag(make_out)
+    script = (
+        "import sys\nfrom imagebatch.flows.cli import main\n"
+        f"code = main(['export', {str(root)!r}, '--to', {str(tmp_path / 'dest')!r}])\n"
+        "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "0 []"
+    assert sorted(tree(tmp_path / "dest")) == ["bag/0-0-1.png", "export.csv", "shoe/0-0-1.jpg"]

@@ -403,5 +403,11 @@ def export_main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    except KeyboardInterrupt:  # the conversions in progress finished, the staging folder removed
+        print(
+            "imagebatch export: stopped (Ctrl-C); the files written are whole: rerun to finish",
+            file=sys.stderr,
+        )
+        return 130
     print(summary.line())
     return 0
