@@ -244,7 +244,7 @@ def test_a_second_export_writes_nothing_and_a_changed_file_is_kept_unless_overwr
     code, _, err = cli(capsys, *argv)
     assert code == 2
     assert (
-        "results.csv row 2 (job 'bag', request 0): DEST already has 'SKU-2/sand.jpg' with other bytes" in err
+        "results.csv row 3 (job 'bag', request 0): DEST already has 'SKU-2/sand.jpg' with other bytes" in err
     )
     assert "nothing was written" in err
     assert tree(dest) == kept

@@ -41,10 +41,10 @@ def test_two_images_with_one_name_are_refused_with_both_rows(
     err = refused(capsys, out, tmp_path / "dest", "--name", "{colour}.{ext}")
     # 'red' and 'Red' are one file on macOS and Windows; the two images of 'hat' are one name
     assert (
-        "results.csv row 1 (job 'mug-red', request 0) and results.csv row 2 (job 'cup-red', request 0): "
+        "results.csv row 2 (job 'mug-red', request 0) and results.csv row 3 (job 'cup-red', request 0): "
         "both are named 'Red.png'"
     ) in err
-    hat = "results.csv row 3 (job 'hat', request 0, image {})"
+    hat = "results.csv row 4 (job 'hat', request 0, image {})"
     assert f"{hat.format(1)} and {hat.format(2)}: both are named 'blue.png'" in err
     assert "2 problems; nothing was written" in err
 
@@ -89,7 +89,7 @@ def test_an_unsafe_name_is_refused(
     out: OutMaker, tmp_path: Path, capsys: pytest.CaptureFixture[str], template: str, why: str
 ) -> None:
     err = refused(capsys, out, tmp_path / "dest", "--name", template)
-    assert "results.csv row 1 (job 'mug-red', request 0): its name" in err and why in err
+    assert "results.csv row 2 (job 'mug-red', request 0): its name" in err and why in err
 
 
 def test_a_value_that_would_climb_out_or_hide_is_refused(
@@ -97,8 +97,8 @@ def test_a_value_that_would_climb_out_or_hide_is_refused(
 ) -> None:
     made = rows_of(make_out, ("../../etc", "red"), ("SKU-2", ""))
     err = refused(capsys, made, tmp_path / "dest", "--name", "{sku}/{colour}.{ext}")
-    assert "row 1 (job 'a', request 0): its name '../../etc/red.png' is refused: a '..' segment" in err
-    assert "row 2 (job 'b', request 0): its name 'SKU-2/.png' is refused: the hidden segment '.png'" in err
+    assert "row 2 (job 'a', request 0): its name '../../etc/red.png' is refused: a '..' segment" in err
+    assert "row 3 (job 'b', request 0): its name 'SKU-2/.png' is refused: the hidden segment '.png'" in err
 
 
 @pytest.mark.parametrize(
@@ -133,7 +133,7 @@ def test_something_in_dests_way_is_refused_and_dest_is_left_as_it_was(
         capsys, "export", str(out.root), "--to", str(dest), "--name", "{sku}/{colour}-{n}.{ext}"
     )
     assert code == 2
-    assert "row 1 (job 'mug-red', request 0): DEST has a file 'SKU-1' where its name 'SKU-1/red-1.png'" in err
+    assert "row 2 (job 'mug-red', request 0): DEST has a file 'SKU-1' where its name 'SKU-1/red-1.png'" in err
     assert tree(dest) == before and sorted(p.name for p in dest.iterdir()) == ["SKU-1", "SKU-3"]
 
 
@@ -156,10 +156,10 @@ def test_a_missing_or_broken_source_is_refused_before_anything_is_written(
     (root / gone["paths"]).unlink()
     dest = tmp_path / "deeper" / "dest"
     err = refused(capsys, made, dest, "--name", "{sku}.{ext}")
-    assert f"row 3 (job 'gone', request 0): its image {gone['paths']} is missing from OUT" in err
+    assert f"row 4 (job 'gone', request 0): its image {gone['paths']} is missing from OUT" in err
     (root / gone["paths"]).write_bytes(RED)
     err = refused(capsys, made, dest, "--name", "{sku}.{ext}", "--format", "jpeg")
-    assert f"row 2 (job 'broken', request 0): {broken['paths']} cannot be converted" in err
+    assert f"row 3 (job 'broken', request 0): {broken['paths']} cannot be converted" in err
     assert not (tmp_path / "deeper").exists()  # the folders made for staging are gone too
 
 

@@ -178,6 +178,10 @@ def _variant(row: dict[str, str]) -> int:
     return int(cell) if cell else 1
 
 
+FIRST_ROW = 2
+"""A results.csv row's number as a spreadsheet shows it: its header is row 1."""
+
+
 def _label(number: int, row: dict[str, str], variant: int, n: int | None = None) -> str:
     where = f"job {row.get('job_id', '?')!r}, request {row.get('request_index', '?')}"
     if row.get("turn_index") not in (None, "", "0"):
@@ -190,11 +194,11 @@ def _label(number: int, row: dict[str, str], variant: int, n: int | None = None)
 
 
 def choose(rows: list[dict[str, str]], approved: set[str] | None) -> tuple[list[tuple[int, int]], list[str]]:
-    """The rows to deliver, as (row number from 1, variant), in results.csv's order; and the problems
-    (a `variant` cell that is not a whole number). The rule is the module's docstring."""
+    """The rows to deliver, as (row number from `FIRST_ROW`, variant), in results.csv's order; and the
+    problems (a `variant` cell that is not a whole number). The rule is the module's docstring."""
     best: dict[tuple[str, str, str], tuple[int, int]] = {}
     problems = []
-    for number, row in enumerate(rows, 1):
+    for number, row in enumerate(rows, FIRST_ROW):
         if row.get("status") not in DELIVERED:
             continue
         try:
@@ -236,7 +240,7 @@ def plan(
     chosen, problems = choose(rows, approved)
     out: list[Deliverable] = []
     for number, variant in chosen:
-        row = rows[number - 1]
+        row = rows[number - FIRST_ROW]
         images = _images(row)
         for n, source in enumerate(images, 1):
             label = _label(number, row, variant, n if len(images) > 1 else None)
