@@ -21,6 +21,7 @@ The functions are module-level and take and return plain data, so a process pool
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import PIL
-from PIL import Image, ImageColor, ImageOps
+from PIL import Image, ImageColor, ImageOps, features
 
 FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 """`--format` values and Pillow's names for them."""
@@ -77,13 +78,13 @@ class Conversion:
         return cls(format, max_side, quality, (rgb[0], rgb[1], rgb[2]))
 
     def describe(self) -> str:
-        """What a deliverable's bytes depend on besides its source's: these options and Pillow's
-        version (export.csv keeps it, so that the next export knows when a file is already right)."""
+        """What a deliverable's bytes depend on besides its source's: these options, Pillow's version and
+        its codecs' (export.csv keeps it, so that the next export knows when a file is already right)."""
         quality = self.quality if self.quality is not None else "-"
         background = "#{:02x}{:02x}{:02x}".format(*self.background)
         return (
             f"{self.format or '-'} quality={quality} max-side={self.max_side or '-'} "
-            f"background={background} pillow={PIL.__version__}"
+            f"background={background} {_codecs()}"
         )
 
     def target(self, source_format: str) -> str:
@@ -114,6 +115,13 @@ class Staged:
     height: int = 0
     source_sha256: str = ""
     error: str | None = None
+
+
+@functools.cache
+def _codecs() -> str:
+    """Pillow's version and its encoders' (a build against other libraries may write other bytes)."""
+    versions = {name: features.version(name) for name in ("jpg", "webp", "zlib")}
+    return f"pillow={PIL.__version__} " + " ".join(f"{name}={v}" for name, v in versions.items() if v)
 
 
 def _has_alpha(im: Image.Image) -> bool:

@@ -50,7 +50,8 @@ EXPORT_COLUMNS = (
 )
 """export.csv: the source's key and variant, the deliverable's path in DEST and its facts; then where it
 came from (its row, its image number, its path in OUT and that file's sha256) and how it was made (the
-options and Pillow's version), which let the next export know what it would write without converting."""
+options, the versions of Pillow and its codecs), which let the next export know what it would write
+without converting."""
 DELIVERED = ("succeeded", "skipped")
 REVIEW_JSONL = "review.jsonl"
 REVIEW_OBJECTS = "review/"
