@@ -27,7 +27,8 @@ from helpers.exports import (
 from helpers.runs import cli
 from PIL import Image
 
-from imagebatch.tasks.convert import Conversion
+import imagebatch.tasks.export as export_module
+from imagebatch.tasks.convert import Conversion, stage
 from imagebatch.tasks.csvcells import csv_rows
 from imagebatch.tasks.export import export
 
@@ -220,20 +221,27 @@ def stats(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def test_a_second_export_writes_nothing_and_a_changed_file_is_kept_unless_overwrite(
-    make_out: Callable[..., OutMaker], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    make_out: Callable[..., OutMaker],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     root = shoe_and_bag(make_out)
     dest = tmp_path / "dest"
     argv = ["export", str(root), "--to", str(dest), "--name", "{sku}/{colour}.{ext}", "--format", "jpeg"]
     assert cli(capsys, *argv)[0] == 0
     before = stats(dest)
-    code, stdout, _ = cli(capsys, *argv)
+    converted: list[str] = []
+    monkeypatch.setattr(export_module, "stage", lambda job: converted.append(job.target) or stage(job))
+    code, stdout, _ = cli(capsys, *argv, "--workers", "1")
     assert code == 0 and "0 written, 2 unchanged" in stdout
     assert stats(dest) == before  # not one file (nor export.csv, nor a folder) touched or added
+    assert converted == []  # export.csv vouched for both files: nothing decoded
 
     (dest / "export.csv").unlink()  # without the list, the files are compared by converting again
-    code, stdout, _ = cli(capsys, *argv)
+    code, stdout, _ = cli(capsys, *argv, "--workers", "1")
     assert code == 0 and "0 written, 2 unchanged" in stdout
+    assert len(converted) == 2
     assert {k: v for k, v in stats(dest).items() if k != "export.csv"} == {
         k: v for k, v in before.items() if k != "export.csv"
     }
