@@ -322,3 +322,13 @@ def test_the_command_does_not_import_prefect(make_out: Callable[..., OutMaker], 
     )
     assert done.stdout.splitlines()[-1] == "0 []"
     assert sorted(tree(tmp_path / "dest")) == ["bag/0-0-1.png", "export.csv", "shoe/0-0-1.jpg"]
+
+
+def test_an_image_in_another_format_than_its_name_says_is_delivered_in_the_named_one(
+    make_out: Callable[..., OutMaker], tmp_path: Path
+) -> None:
+    out = make_out(metadata=())
+    out.add("gif", [encoded(Image.new("P", (16, 16), 3), "GIF")])  # stored as .png by the maker
+    out.write()
+    export(str(out.root), str(tmp_path / "dest"), workers=1)
+    assert opened(tmp_path / "dest" / "gif/0-0-1.png").format == "PNG"

@@ -170,8 +170,8 @@ def convert(data: bytes, conversion: Conversion) -> tuple[bytes, int, int]:
         except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
             raise ValueError(f"too large to convert ({exc})") from None
     with im:
-        source = SOURCE_SUFFIXES.get(f".{(im.format or '').lower()}", "png")
-        fmt = conversion.target(source)
+        source = {pillow: ours for ours, pillow in FORMATS.items()}.get(im.format or "")  # None: GIF, TIFF...
+        fmt = conversion.target(source or "png")
         orientation = im.getexif().get(ORIENTATION, 1)
         size = _fitted(im.size, conversion.max_side)
         reencode_for_quality = conversion.quality is not None and fmt != "png"
