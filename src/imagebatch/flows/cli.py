@@ -35,6 +35,7 @@ from imagebatch.flows.limits import DEFAULT_LIMIT
 from imagebatch.flows.worker import GRACE as WORKER_GRACE
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES
 from imagebatch.tasks.layout import REPORT_HTML, RESULTS_CSV
+from imagebatch.tasks.naming import DEFAULT_TEMPLATE
 
 __all__ = ["EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -346,7 +347,7 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="TEMPLATE",
         help="each file's path in DEST over results.csv's columns and {variant} {n} {ext} {key12}, e.g. "
-        "'{sku}/{colour}.{ext}' (default: '{job_id}/{request_index}-{turn_index}-{n}.{ext}')",
+        f"'{{sku}}/{{colour}}.{{ext}}' (default: '{DEFAULT_TEMPLATE}')",
     )
     parser.add_argument(
         "--approved-only",
