@@ -37,6 +37,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -207,8 +208,17 @@ def _jobs(source: Location, todo: list[tuple[int, Deliverable]], staging: Path) 
         yield StageJob(i, data, str(staging / str(i)), d.conversion)
 
 
+Progress = Callable[[int, int], None]
+"""Told (converted so far, to convert) after each image."""
+
+
 def stage_all(
-    source: Location, todo: list[tuple[int, Deliverable]], staging: Path, workers: int, pool: Pool
+    source: Location,
+    todo: list[tuple[int, Deliverable]],
+    staging: Path,
+    workers: int,
+    pool: Pool,
+    progress: Progress | None = None,
 ) -> list[str]:
     """Convert each deliverable of `todo` into `staging` (the file `<index>`); the problems, by row."""
     problems = []
@@ -216,11 +226,13 @@ def stage_all(
     with _executor(pool, min(workers, len(todo))) as executor:
         jobs = _jobs(source, todo, staging)
         made = map(stage, jobs) if executor is None else windowed(executor, stage, jobs, 4 * workers)
-        for staged in made:
+        for done, staged in enumerate(made, 1):
             d = by_index[staged.index]
             d.staged = staged
             if staged.error:
                 problems.append(f"{d.label}: {d.source} cannot be converted: {staged.error}")
+            if progress is not None:
+                progress(done, len(todo))
     return problems
 
 
@@ -324,6 +336,7 @@ def export(
     overwrite: bool = False,
     workers: int | None = None,
     pool: Pool = DEFAULT_POOL,
+    progress: Progress | None = None,
 ) -> ExportSummary:
     """Export OUT's images to DEST (the module's docstring); raises ExportRefused (nothing written) or
     TemplateError (a `--name` that cannot be parsed)."""
@@ -344,7 +357,7 @@ def export(
     same: dict[str, bool] = {}
     if todo:
         with _staging(target) as staging:
-            if problems := stage_all(source, todo, staging, workers or default_workers(), pool):
+            if problems := stage_all(source, todo, staging, workers or default_workers(), pool, progress):
                 raise ExportRefused(problems)
             same = compare(target, todo, existing)
             if not overwrite and (differ := [d for _, d in todo if same.get(d.name) is False]):
@@ -360,6 +373,22 @@ def export(
         target.put(EXPORT_CSV, listing)
         summary.export_csv_written = True
     return summary
+
+
+class Ticker:
+    """`converted 1,200 of 10,000` on a terminal's stderr, rewritten at most every half second (nothing
+    when stderr is not a terminal: a log or a pipe gets the summary only)."""
+
+    def __init__(self) -> None:
+        self.shown = 0.0
+        self.on = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.on and (done == total or now - self.shown >= 0.5):
+            self.shown = now
+            end = "\n" if done == total else ""
+            print(f"\rconverted {done:,} of {total:,}", end=end, file=sys.stderr, flush=True)
 
 
 def export_main(args: argparse.Namespace) -> int:
@@ -382,6 +411,7 @@ def export_main(args: argparse.Namespace) -> int:
             approved_only=args.approved_only,
             overwrite=args.overwrite,
             workers=args.workers,
+            progress=Ticker(),
         )
     except TemplateError as exc:
         print(f"imagebatch export: {exc}", file=sys.stderr)
