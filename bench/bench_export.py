@@ -14,7 +14,8 @@ measured is decoding, converting and writing, not the disk. Then, for each mode,
 export.csv; then a second export into the last mode's DEST (everything unchanged). "inline" is one
 thread (`workers=1`: converted in the calling thread, no pool); "process" a spawned process pool and
 "thread" a thread pool of `--workers`. CPU ms/image counts every thread and worker process: on a
-shared machine (other jobs running) it says what an image costs when the wall clock cannot.
+shared machine (other jobs running) it says what an image costs when the wall clock cannot; "cores busy"
+(CPU seconds over wall seconds) how much of the machine the export got.
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ def main() -> None:
         out = make_out(root, args.images, args.distinct, args.side)
         print(f"made {args.images} sources in {time.perf_counter() - started:.1f} s; {args.workers} workers")
         print(f"load average before: {os.getloadavg()[0]:.1f}")
-        print("| mode | workers | images | wall s | images/s | CPU ms/image | load avg (1 min) after |")
-        print("|-|-|-|-|-|-|-|")
+        print("| mode | workers | images | wall s | images/s | CPU ms/image | cores busy | load after |")
+        print("|-|-|-|-|-|-|-|-|")
         dest = root / "dest"
         workers, pool = 1, "thread"
         for mode in [*args.modes, "again"]:
@@ -126,7 +127,7 @@ def main() -> None:
             label = f"again, {args.modes[-1]} (all unchanged)" if mode == "again" else mode
             print(
                 f"| {label} | {workers} | {args.images:,} | {wall:.1f} | {args.images / wall:.1f} | "
-                f"{1000 * cpu / args.images:.0f} | {os.getloadavg()[0]:.1f} |"
+                f"{1000 * cpu / args.images:.0f} | {cpu / wall:.2f} | {os.getloadavg()[0]:.1f} |"
             )
             print(f"<!-- {line} -->", flush=True)
         shutil.rmtree(root, ignore_errors=True)
