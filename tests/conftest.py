@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,21 @@ def restore_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def _prefect_console_writes_to_this_tests_stderr() -> None:
+    """Prefect binds its console log handler to `sys.stderr` as it is when Prefect first sets logging
+    up; in a test run under `capsys` that is the test's capture, closed once the test ends, and a later
+    test's warning then ends in a logging traceback on its own stderr. A process of imagebatch's never
+    swaps `sys.stderr`, so this is the tests' concern: each test starts with the handler on the stderr
+    of the moment."""
+    handlers_module = sys.modules.get("prefect.logging.handlers")
+    if handlers_module is None:
+        return
+    console_handler = handlers_module.PrefectConsoleHandler
+    for logger in (logging.getLogger(), *(logging.getLogger(name) for name in QUIETED_LOGGERS)):
+        for handler in logger.handlers:
+            if isinstance(handler, console_handler):
+                handler.stream = sys.stderr  # not setStream: it flushes the old one, maybe closed
+                handler.console.file = sys.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -29,8 +28,10 @@ from PIL import Image
 
 import imagebatch.tasks.export as export_module
 from imagebatch.tasks.convert import Conversion, stage
-from imagebatch.tasks.csvcells import csv_rows
+from imagebatch.tasks.csvcells import read_csv
+from imagebatch.tasks.decisions import Decision, record_decision
 from imagebatch.tasks.export import export
+from imagebatch.tasks.storage import open_location
 
 
 def near(pixel: Any, expected: tuple[int, ...], tolerance: int = 12) -> bool:
@@ -45,7 +46,7 @@ def opened(path: Path) -> Image.Image:
 
 
 def listing(dest: Path) -> list[dict[str, str]]:
-    return list(csv_rows((dest / "export.csv").read_text().splitlines(keepends=True)))
+    return list(read_csv(dest / "export.csv"))
 
 
 def solid_png(colour: tuple[int, int, int], size: tuple[int, int] = (64, 64)) -> bytes:
@@ -174,11 +175,9 @@ def test_newest_succeeded_variant_is_delivered(make_out: Callable[..., OutMaker]
 
 
 def decide(out: Path, *decisions: tuple[str, int, str]) -> None:
-    """Append review decisions as the review page records them (review.jsonl, the last one wins)."""
-    with (out / "review.jsonl").open("a") as fh:
-        for at, (key, variant, decision) in enumerate(decisions):
-            line = {"key": key, "variant": variant, "decision": decision, "note": "", "reviewer": "ann"}
-            fh.write(json.dumps({**line, "at": f"2026-01-01T00:00:{at:02d}Z"}) + "\n")
+    """Record review decisions as the review page does (the last one for a key wins)."""
+    for key, variant, decision in decisions:
+        record_decision(open_location(out), Decision(key, variant, decision, reviewer="ann"))  # type: ignore[arg-type]
 
 
 def test_approved_only_delivers_the_newest_approved_variant(

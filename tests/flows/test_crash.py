@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.runs import read_results, run_flow, write_jsonl
+from helpers.runs import Gate, read_results, run_flow, start_run, write_jsonl
 from PIL import Image
 
 from imagebatch.flows.batch import RunHooks, run_hooks
@@ -22,41 +18,6 @@ from imagebatch.tasks.store import OutputStore, read_jsonl
 
 JOBS = 24
 PASS_FIRST = 6  # generations let through before the gate closes and the process is killed
-
-
-class Gate:
-    """The emulator's latency sleep: lets the first N generations through, then holds every later one
-    (so requests are in flight when the client dies) until released."""
-
-    def __init__(self, open_for: int) -> None:
-        self.open_for = open_for
-        self.calls = 0
-        self.closed_on_someone = threading.Event()
-        self.release = threading.Event()
-
-    async def __call__(self, _seconds: float) -> None:
-        self.calls += 1
-        if self.calls <= self.open_for:
-            return
-        self.closed_on_someone.set()
-        await asyncio.to_thread(self.release.wait)
-
-
-def start_run(
-    service_env: Any, prefect_harness: str, manifest: Path, out: Path, *, concurrency: int, text: bool
-) -> subprocess.Popen[Any]:
-    """`imagebatch run` as a real process against the session emulator and the session's Prefect server
-    (so no second Prefect server has to start), its stderr piped."""
-    env = {
-        **os.environ,
-        "IMAGEBATCH_BASE_URL": service_env.url,
-        "IMAGEBATCH_API_KEY": service_env.api_key,
-        "PREFECT_API_URL": prefect_harness,
-    }
-    cmd = [sys.executable, "-m", "imagebatch.flows.cli", "run", str(manifest), "--out", str(out)]
-    cmd += ["--concurrency", str(concurrency)]
-    stdout = subprocess.PIPE if text else subprocess.DEVNULL
-    return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=text)
 
 
 def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_path: Path) -> None:

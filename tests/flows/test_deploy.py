@@ -786,6 +786,101 @@ def test_two_shards_on_two_workers_with_limit_1_run_one_per_worker(
     assert len(sent) == 16 and set(sent.values()) == {1}
 
 
+def test_deploy_into_a_bucket_refuses_a_missing_bucket_and_a_url_with_a_secret_before_deploying(
+    stacks: dict[str, Stack | None], s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 19, item 1: the deployer's credentials reach the bucket before anything is deployed (exit 2,
+    one line naming the bucket and the cause); a URL that holds a secret is refused without showing it."""
+    stack = stacks["sqlite"]
+    assert stack is not None
+    common = f"--name to-bucket --work-pool {POOL} --base-url embedded"
+    assert stack.deploy(f"{CATALOG} --out s3://no-such-bucket-ib/nightly {common}") == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("imagebatch deploy: --out s3://no-such-bucket-ib/nightly: ")
+    assert "the bucket 'no-such-bucket-ib' does not exist (NoSuchBucket" in lines[0]
+    assert stack.deploy(f"{CATALOG} --out s3://AKIAEXAMPLE:Hunter2@{s3.bucket()}/n {common}") == 2
+    err = capsys.readouterr().err
+    assert "holds a user, password or query" in err and "Hunter2" not in err and "AKIAEXAMPLE" not in err
+    with pytest.raises(httpx.HTTPStatusError):
+        stack.deployment("to-bucket")
+
+
+def test_a_sharded_deployment_into_a_bucket_on_two_machines_that_share_nothing_writes_everything_once(
+    stacks: dict[str, Stack | None], s3: Any, tmp_path: Path
+) -> None:
+    """Issue 19, item 4: `deploy --shards 2 --out s3://...`, two real workers (`--limit 1`) whose working
+    folder, HOME, PREFECT_HOME and TMPDIR are their own empty folders, each with the store's address and
+    credentials in its environment: the parent runs one shard, the other machine the other; each request
+    is sent once (the emulator's request log), results.csv is whole in the bucket, the journal is one
+    compacted object, and neither the key nor the store's secret is in an object, the deployment, or a
+    shard child's environment."""
+    from collections import Counter
+
+    from helpers.runs import read_results
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    pool = "imagebatch-bucket"
+    _create_process_pool(stack.api, pool)
+    key = stack.emulator.api_key
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/nightly"
+    manifest = tmp_path / "deployer" / "m.csv"
+    manifest.parent.mkdir()
+    manifest.write_text("id,prompt\n" + "".join(f"b{i:03d},thing {i}\n" for i in range(16)))
+    machines = [tmp_path / f"machine-{i}" for i in range(2)]
+    with ExitStack() as workers:
+        emulator = workers.enter_context(
+            EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2))
+        )
+        for i, home in enumerate(machines):
+            (home / "tmp").mkdir(parents=True)
+            env = {
+                "IMAGEBATCH_API_KEY": key,
+                "HOME": str(home),
+                "PREFECT_HOME": str(home / ".prefect"),
+                "TMPDIR": str(home / "tmp"),
+                **s3.env(),
+            }
+            log = tmp_path / f"w{i}.log"
+            workers.enter_context(
+                running_worker(stack.api, pool, env, log, extra_args=("--limit", "1"), stop_grace=3, cwd=home)
+            )
+        code = stack.deploy(
+            f"{manifest} --out {url} --name {pool} --work-pool {pool} --shards 2 --concurrency 4 "
+            f"--base-url {emulator.url} --shard-start-timeout 120"
+        )
+        assert code == 0
+        deployment = stack.deployment(pool)
+        with _shard_children() as children:
+            parent = stack.wait(stack.run(str(deployment["id"])), timeout=240)
+    assert parent["state_type"] == "COMPLETED", parent["state"]
+    assert deployment["parameters"]["out"] == url
+
+    objects = s3.objects(bucket, "nightly")
+    run = json.loads(objects["run.json"])
+    assert [s["state"] for s in run["shard_runs"]] == ["COMPLETED", "COMPLETED"]
+    assert sorted(s["here"] for s in run["shard_runs"]) == [False, True]  # one shard on each machine
+    (tmp_path / "results.csv").write_bytes(objects["results.csv"])
+    rows = read_results(tmp_path)
+    assert len(rows) == 16 and {r["status"] for r in rows} == {"succeeded"}
+    assert all(objects[p].startswith(b"\x89PNG") for r in rows for p in r["paths"].split(";"))
+    assert "report.html" in objects and len([n for n in objects if n.startswith("thumbs/")]) == 16
+    sent = Counter(r["idempotency_key"] for r in emulator.requests())
+    assert len(sent) == 16 and set(sent.values()) == {1}  # each key sent exactly once, over both machines
+    [journal] = [n for n in objects if n.startswith("journal/")]  # the shards' segments, compacted
+    assert journal.endswith("-compact.jsonl")
+    assert {".imagebatch.lease", ".imagebatch.shard-0-of-2.lease", ".imagebatch.shard-1-of-2.lease"} <= set(
+        objects
+    )
+    assert not [p for home in machines for p in home.rglob("*") if p.suffix in (".png", ".csv", ".jsonl")]
+    secrets_ = (key.encode(), s3.secret_key.encode())
+    assert not [name for name, data in objects.items() if any(s in data for s in secrets_)]
+    assert s3.secret_key not in json.dumps(deployment) and key not in json.dumps(deployment)
+    assert children and not [pid for pid, env in children.items() if any(s in env for s in secrets_)]
+
+
 def test_the_emulator_is_used_in_a_deployment_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 20, item 6: outside a deployment no address means the emulator (the quick start); in one,
     only `embedded` (option or IMAGEBATCH_BASE_URL) does, and no address is refused with one line."""

@@ -254,3 +254,27 @@ def test_kill_9_mid_run_then_a_rerun_from_another_folder_and_home_sends_nothing_
     received = Counter(r["idempotency_key"] for r in service_env.requests())
     assert max(received.values()) == 1, received
     assert not set(received - before) & (in_doubt | set(before))
+
+
+def test_serve_and_deploy_keep_a_buckets_url_as_the_out_parameter(
+    s3: Any, examples: Path, service_env: Any
+) -> None:
+    """Issue 19, item 1: `serve` (its runs run in this process, with this process's key and store
+    credentials) and `deploy` check the bucket and keep `--out` as its URL, never a local path."""
+    from imagebatch.flows.cli import build_parser
+    from imagebatch.flows.config import UsageError
+    from imagebatch.flows.deploy import check, describe
+
+    url = f"s3://{s3.bucket()}/served"
+    manifest = str(examples / "catalog.csv")
+    args = build_parser().parse_args(["serve", manifest, "--out", url + "/", "--name", "s"])
+    parameters = check(args, serve=True)
+    assert parameters["out"] == url and parameters["manifest"] == manifest
+    lines = describe(args, "http://127.0.0.1:9/api", parameters, None, "pool", "id").splitlines()
+    assert f"  out: {url} (a run sends only new and changed rows)" in lines
+    assert "  store credentials: each worker's own (environment, profile or role; never a parameter)" in lines
+    assert s3.secret_key not in repr(parameters)
+    args = build_parser().parse_args(["serve", manifest, "--out", "s3://no-such-bucket-ib/x", "--name", "s"])
+    with pytest.raises(UsageError, match="the bucket 'no-such-bucket-ib' does not exist"):
+        check(args, serve=True)
+    assert service_env.requests() == []

@@ -194,13 +194,15 @@ def start_worker(
     *,
     query_seconds: float = 1.0,
     extra_args: tuple[str, ...] = (),
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `prefect worker start --pool POOL --type process` against `api_url`, in its own session.
 
     `env` is added to the worker's environment (our environment without the key and without `PREFECT_*`);
     the flow runs it starts inherit it, so `{"IMAGEBATCH_API_KEY": key}` is how a key reaches them without
     being a parameter. The worker polls every `query_seconds` (Prefect's default is 10 s) and creates the
-    pool if it does not exist. Stop it with `stop_process_group` (or use `running_worker`).
+    pool if it does not exist. `cwd`: its working folder (default: ours), for a machine that shares no disk.
+    Stop it with `stop_process_group` (or use `running_worker`).
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -217,6 +219,7 @@ def start_worker(
         return subprocess.Popen(
             cmd,
             env=worker_env,
+            cwd=cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -234,10 +237,13 @@ def running_worker(
     query_seconds: float = 1.0,
     extra_args: tuple[str, ...] = (),
     stop_grace: float = 5.0,
+    cwd: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`start_worker`, stopped (its whole process group, flow runs included) on exit: SIGTERM (which a
     worker turns into its graceful SIGINT: no new runs, those running go on), SIGKILL after `stop_grace`."""
-    process = start_worker(api_url, pool, env, log_path, query_seconds=query_seconds, extra_args=extra_args)
+    process = start_worker(
+        api_url, pool, env, log_path, query_seconds=query_seconds, extra_args=extra_args, cwd=cwd
+    )
     try:
         yield process
     finally:

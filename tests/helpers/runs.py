@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -82,3 +85,38 @@ def run_flow(**parameters: Any) -> dict[str, Any]:
     from imagebatch.flows.verdict import summary_of
 
     return summary_of(generate_from_manifest(**parameters, return_state=True))
+
+
+class Gate:
+    """The emulator's latency sleep: lets the first N generations through, then holds every later one
+    (so requests are in flight when the client dies) until released."""
+
+    def __init__(self, open_for: int) -> None:
+        self.open_for = open_for
+        self.calls = 0
+        self.closed_on_someone = threading.Event()
+        self.release = threading.Event()
+
+    async def __call__(self, _seconds: float) -> None:
+        self.calls += 1
+        if self.calls <= self.open_for:
+            return
+        self.closed_on_someone.set()
+        await asyncio.to_thread(self.release.wait)
+
+
+def start_run(
+    service_env: Any, prefect_harness: str, manifest: Path, out: Path, *, concurrency: int, text: bool
+) -> subprocess.Popen[Any]:
+    """`imagebatch run` as a real process against the session emulator and the session's Prefect server
+    (so no second Prefect server has to start), its stderr piped."""
+    env = {
+        **os.environ,
+        "IMAGEBATCH_BASE_URL": service_env.url,
+        "IMAGEBATCH_API_KEY": service_env.api_key,
+        "PREFECT_API_URL": prefect_harness,
+    }
+    cmd = [sys.executable, "-m", "imagebatch.flows.cli", "run", str(manifest), "--out", str(out)]
+    cmd += ["--concurrency", str(concurrency)]
+    stdout = subprocess.PIPE if text else subprocess.DEVNULL
+    return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=text)

@@ -44,7 +44,14 @@ from imagebatch.flows.constants import FLOW_NAME, SHARD_GRACE
 from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
 from imagebatch.flows.finish import run_info, write_records
 from imagebatch.flows.limits import SlotBroker, rate_limit_of
-from imagebatch.flows.shards import START_TIMEOUT, records_after, run_shards, shard_name, shard_of
+from imagebatch.flows.shards import (
+    START_TIMEOUT,
+    records_after,
+    run_shards,
+    shard_name,
+    shard_of,
+    shards_released,
+)
 from imagebatch.flows.verdict import concluded, ran_to_end
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
@@ -111,10 +118,16 @@ def service(base_url: str | None, secret_block: str | None, hooks: RunHooks) -> 
 
 
 @contextlib.contextmanager
-def held(store: OutputStore) -> Iterator[None]:
-    """The output folder's lock for this run (a second run into it would send twice)."""
+def held(store: OutputStore, sharded: int = 0) -> Iterator[None]:
+    """The output folder's lock for this run (a second run into it would send twice); `sharded`: for the
+    whole of a sharded run's parent (`OutputStore.hold_sharded`: an object store's lease, nothing more
+    for a folder)."""
     try:
-        with store.shard_hold() if store.shard else store.hold_and_merge():
+        if sharded:
+            hold = store.hold_sharded(sharded)
+        else:
+            hold = store.shard_hold() if store.shard else store.hold_and_merge()
+        with hold:
             yield
     except OutputLockedError as exc:
         raise locked(exc) from None
@@ -298,11 +311,11 @@ def run_shard(run: Run) -> dict[str, Any]:
 def run_parent(run: Run) -> dict[str, Any]:
     """The parent of a sharded run: start `shards` runs of `shard_deployment` (`flows.shards`), wait for
     them, merge their journals and write the run's records."""
-    checked, options, hooks, info = run.checked, run.options, run.hooks, run.info
+    checked, options = run.checked, run.options
     if not options.shard_deployment:
         raise UsageError(f"{options.shards} shards need the deployment their runs use (shard_deployment)")
     parameters = {
-        "manifest": str(checked.manifest.path), "out": out_text(checked.out),
+        "manifest": checked.manifest.source, "out": out_text(checked.out),
         "concurrency": options.concurrency, "base_url": options.base_url, "force": options.force,
         "retry_unknown": options.retry_unknown, "api_key_secret_block": options.api_key_secret_block,
         "rpm": options.rpm, "adaptive": options.adaptive, "prices": options.prices,
@@ -310,10 +323,20 @@ def run_parent(run: Run) -> dict[str, Any]:
         "allow_failures": options.allow_failures,
     }  # fmt: skip
     store = OutputStore(checked.out)
+    with held(store, sharded=options.shards):  # a bucket's lease, for the whole run (the shards' too)
+        return _parent_records(run, store, options.shard_deployment, parameters)
+
+
+def _parent_records(
+    run: Run, store: OutputStore, deployment: str, parameters: dict[str, Any]
+) -> dict[str, Any]:
+    """The parent's part of a sharded run in the location it holds: its state before, the shards' runs,
+    and the records once every shard has ended."""
+    checked, options, hooks, info = run.checked, run.options, run.hooks, run.info
     with held(store):  # nothing else runs into the folder; the last sharded run's files are merged
         before = store.load_state()
     runs = run_shards(
-        options.shard_deployment,
+        deployment,
         parameters,
         options.shards,
         store,
@@ -322,6 +345,8 @@ def run_parent(run: Run) -> dict[str, Any]:
         start_timeout=options.shard_start_timeout,
     )
     with held(store):  # every shard has ended: merge their journals, then the records
+        if store.is_object_store:
+            shards_released(store, options.shards, hooks.sleep)  # a killed shard's lease, until it expires
         after = store.load_state()
         failed = [
             f"shard {i}: {r['state']} ({r['message']})"

@@ -1,12 +1,14 @@
 """The `imagebatch` command: every subcommand, its options and its exit codes, in this one module.
 
-    imagebatch validate MANIFEST [--format F] [--keys]    check a manifest, print its plan; sends nothing
+    imagebatch validate MANIFEST [--out OUT] [--keys]     check a manifest, print its plan (and what a run
+                                                          into OUT would send); sends nothing
     imagebatch run MANIFEST --out DIR [options]           generate everything it asks for (Prefect flow)
     imagebatch emulator [options]                         serve the emulated gateway on loopback
     imagebatch report OUT                                 (re)build OUT/report.html, the contact sheet
+    imagebatch review OUT [--port P] [--reviewer NAME]    approve or reject each image in a browser
     imagebatch export OUT --to DEST [options]             the run's images as named deliverables
-    imagebatch deploy MANIFEST --out DIR --name NAME ...  a scheduled deployment on a Prefect server
-    imagebatch serve MANIFEST --out DIR --name NAME ...   the same, its runs served from this process
+    imagebatch deploy MANIFEST --out DIR|URL --name NAME ...  a scheduled deployment on a Prefect server
+    imagebatch serve MANIFEST --out DIR|URL --name NAME ...   the same, its runs served from this process
     imagebatch worker --pool POOL [...]                   Prefect's process worker, stopped gracefully
 
 Exit codes (`imagebatch.flows.exits`): 0 done (or valid), 1 some requests did not succeed, 2 an invalid
@@ -27,15 +29,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
 from imagebatch.flows.constants import FLOW_NAME
 from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.flows.limits import DEFAULT_LIMIT
 from imagebatch.flows.worker import GRACE as WORKER_GRACE
-from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES
+from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES, ENV_REVIEWER
 from imagebatch.tasks.layout import REPORT_HTML, RESULTS_CSV
 from imagebatch.tasks.naming import DEFAULT_TEMPLATE
+
+if TYPE_CHECKING:
+    from imagebatch.manifest import Manifest
 
 __all__ = ["EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -55,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     _emulator_arguments(sub.add_parser("emulator", help="serve the emulated gateway on loopback"))
     report = sub.add_parser("report", help=f"(re)build the contact sheet {REPORT_HTML} of an output folder")
     report.add_argument("out", help="an output folder of `imagebatch run`, or its s3://bucket/prefix")
+    _review_arguments(
+        sub.add_parser("review", help="serve the contact sheet on 127.0.0.1 to approve or reject each image")
+    )
     _export_arguments(
         sub.add_parser("export", help="write a run's images to DEST as deliverables, named by a template")
     )
@@ -83,15 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "sheet", None) is not None:
+        if not _workbook(args.manifest, getattr(args, "format", None)):
+            print(f"imagebatch {args.command}: --sheet is for an .xlsx manifest", file=sys.stderr)
+            return EXIT_USAGE
+        args.manifest = type(args.manifest)(f"{args.manifest}#{args.sheet}")  # what a reload reads again
     if args.command == "validate":
-        from imagebatch.manifest import validate_main
-
-        code = validate_main(args)
-        if code == EXIT_OK and args.prices:
-            return _estimate(args.manifest, args.prices, args.files_root)
-        return code
+        return _validate(args)
     if args.command == "report":
         return _report(args.out)
+    if args.command == "review":
+        return _review(args)
     if args.command == "export":
         from imagebatch.tasks.export import export_main
 
@@ -117,24 +128,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_main(args)
 
 
-def _estimate(manifest: Path, prices: str, files_root: list[str] | None) -> int:
+def _workbook(manifest: str | Path, format: str | None) -> bool:
+    return format == "xlsx" or (format is None and Path(manifest).suffix.lower() == ".xlsx")
+
+
+def _validate(args: argparse.Namespace) -> int:
+    """`imagebatch validate`: the manifest's problems or its plan; with --out, what a run into OUT would
+    send now (`tasks.forecast`); with --prices, the most that (or the whole manifest) can cost."""
+    from imagebatch.manifest.validate import check_manifest
+
+    code, manifest = check_manifest(args, keys=args.keys and args.out is None)
+    if manifest is None:
+        return code
+    if args.out is not None:
+        return _forecast(manifest, args)
+    if args.prices:
+        return _estimate(manifest, args.prices)
+    return code
+
+
+def _estimate(manifest: Manifest, prices: str) -> int:
     """`validate --prices`: the most the manifest can cost, by model (images at most x price)."""
-    from imagebatch.manifest import load_manifest, plan
-    from imagebatch.tasks.prices import PriceError, PriceTable, estimate
+    from imagebatch.manifest import plan
+    from imagebatch.tasks.prices import PriceError, PriceTable, estimate_lines
 
     try:
         table = PriceTable.load(prices)
     except PriceError as exc:
         print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    requests = plan(load_manifest(manifest, files_root=files_root))
-    by_model = estimate(requests, table)
     print("\nmost it can cost (images at most x price):")
-    for model, amount in by_model.items():
-        print(f"  {model:<24} {table.money(amount)}")
-    print(f"  {'total':<24} {table.money(sum(by_model.values()))}")
-    if unpriced := table.unpriced(requests):
-        print(f"  no price for {', '.join(unpriced)}: counted as 0")
+    print("\n".join(estimate_lines(plan(manifest), table)))
+    return EXIT_OK
+
+
+def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
+    """`validate --out OUT`: what a run into OUT would do now (read only: no lock taken, nothing written;
+    a folder that does not exist is not made)."""
+    from imagebatch.flows.config import UsageError, check_output_store, output_location
+    from imagebatch.tasks.forecast import forecast, print_forecast
+    from imagebatch.tasks.prices import PriceError, PriceTable
+
+    where = output_location(args.out)
+    try:
+        table = PriceTable.load(args.prices) if args.prices else None
+        if isinstance(where, str):
+            check_output_store(where, lock=False)
+        elif where.exists() and not where.is_dir():
+            raise UsageError(f"--out {where} is a file, not a folder")
+        result = forecast(manifest, where, retry_unknown=args.retry_unknown)
+    except (UsageError, PriceError, OSError) as exc:
+        print(f"imagebatch validate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print_forecast(result, manifest, sys.stdout, keys=args.keys, prices=table)
     return EXIT_OK
 
 
@@ -160,8 +206,39 @@ def _report(out: str) -> int:
     return EXIT_OK
 
 
+def _review(args: argparse.Namespace) -> int:
+    """`imagebatch review OUT`: a local folder, or a bucket's `s3://bucket/prefix` (checked first, as for
+    `report`); serves until Ctrl-C (`report.review`)."""
+    from imagebatch.flows.config import UsageError, check_output_store, output_location
+    from imagebatch.report.review import default_reviewer, serve_review
+    from imagebatch.tasks.storage import open_location
+
+    where = output_location(args.out)
+    try:
+        if isinstance(where, str):
+            check_output_store(where, lock=False)
+        location = open_location(where)
+    except (UsageError, OSError) as exc:
+        print(f"imagebatch review: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return serve_review(location, default_reviewer(args.reviewer), args.port)
+
+
+def _review_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", help="an output folder of `imagebatch run`, or its s3://bucket/prefix")
+    parser.add_argument(
+        "--port", type=int, default=0, help="port on 127.0.0.1 (default 0: a free one, printed)"
+    )
+    parser.add_argument(
+        "--reviewer",
+        default=None,
+        help=f"the name decisions are recorded under (default: ${ENV_REVIEWER}, else the login name)",
+    )
+
+
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", help="CSV, JSON or JSON Lines manifest")
+    parser.add_argument("manifest", help=MANIFEST_HELP)
+    _sheet_argument(parser)
     parser.add_argument("--out", required=True, help="output folder (created; a rerun resumes from it)")
     parser.add_argument(
         "--concurrency",
@@ -225,6 +302,18 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     _global_limit_argument(parser)
 
 
+MANIFEST_HELP = "CSV, JSON, JSON Lines, XLSX (FILE.xlsx#SHEET for a sheet) or Parquet manifest"
+
+
+def _sheet_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sheet",
+        default=None,
+        metavar="NAME",
+        help="the sheet of an .xlsx manifest (default: its first visible sheet); the same as FILE.xlsx#NAME",
+    )
+
+
 def _files_root_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--files-root",
@@ -259,11 +348,13 @@ def _global_limit_argument(parser: argparse.ArgumentParser) -> None:
 def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> None:
     """`deploy` and `serve`: the deployment's name, schedule and runner, and `run`'s options that a
     scheduled run may take (not --force nor --retry-unknown: no one is there to decide)."""
-    parser.add_argument("manifest", help="CSV, JSON or JSON Lines manifest (its absolute path is deployed)")
+    parser.add_argument("manifest", help=f"{MANIFEST_HELP} (its absolute path is deployed)")
+    _sheet_argument(parser)
     parser.add_argument(
         "--out",
         required=True,
-        help="output folder, the same for every run: each sends only new and changed rows",
+        help="output folder or s3://bucket/prefix (gs://, az://), the same for every run: each sends only "
+        "new and changed rows",
     )
     parser.add_argument("--name", required=True, help=f"the deployment's name: runs are '{FLOW_NAME}/NAME'")
     when = parser.add_mutually_exclusive_group()
@@ -422,18 +513,34 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", type=Path, help="the manifest: .csv, .json or .jsonl")
+    parser.add_argument("manifest", type=Path, help=MANIFEST_HELP)
+    _sheet_argument(parser)
     parser.add_argument(
         "--format",
-        choices=("csv", "json", "jsonl"),
+        choices=("csv", "json", "jsonl", "xlsx", "parquet"),
         default=None,
         help="the manifest's format (default: from its extension)",
     )
     parser.add_argument(
-        "--keys", action="store_true", help="also list every planned request with its idempotency key"
+        "--keys",
+        action="store_true",
+        help="also list every planned request with its idempotency key (with --out: and its state)",
     )
     parser.add_argument(
-        "--prices", default=None, help="price table: also print the most the manifest can cost, by model"
+        "--prices",
+        default=None,
+        help="price table: also print the most the manifest (with --out: the run) can cost, by model",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="an output folder or s3://bucket/prefix: also say what a run into it would send now (done, "
+        "new, changed, unknown, rejected), reading it only",
+    )
+    parser.add_argument(
+        "--retry-unknown",
+        action="store_true",
+        help="with --out: count what `run --retry-unknown` would send",
     )
     _files_root_argument(parser)
 

@@ -18,7 +18,7 @@ from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES
 from imagebatch.gateway.errors import ConfigurationError
 from imagebatch.manifest import Manifest, load_manifest
 from imagebatch.tasks.prices import PriceError, PriceTable
-from imagebatch.tasks.storage import is_object_url
+from imagebatch.tasks.storage import is_object_url, shown_url
 from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 MAX_CONCURRENCY = 256
@@ -111,10 +111,10 @@ def check_output_store(url: str, lock: bool = True) -> None:
     try:
         loc = ObjectLocation(url)
     except ValueError as exc:
-        raise UsageError(f"--out {url}: {exc}") from None
+        raise UsageError(f"--out {shown_url(url)}: {exc}") from None
     except Exception as exc:  # obstore refuses its configuration (an unknown region, a bad variable)
         cause = f"the store's configuration is refused ({type(exc).__name__})"
-        raise UsageError(f"--out {url}: {cause}") from None
+        raise UsageError(f"--out {shown_url(url)}: {cause}") from None
     why = loc.check()
     if why:
         raise UsageError(f"--out {loc.url}: {why}")

@@ -1,8 +1,8 @@
 """`imagebatch deploy` and `imagebatch serve`: a Prefect deployment of `generate_from_manifest`, on a real
 Prefect server (`PREFECT_API_URL`), with a schedule, run by a work pool's workers or by this process.
 
-    imagebatch deploy MANIFEST --out DIR --name NAME --work-pool POOL [--cron EXPR | --interval S] ...
-    imagebatch serve  MANIFEST --out DIR --name NAME [--cron EXPR | --interval S] ...   (until Ctrl-C)
+    imagebatch deploy MANIFEST --out DIR|URL --name NAME --work-pool POOL [--cron EXPR | --interval S] ...
+    imagebatch serve  MANIFEST --out DIR|URL --name NAME [--cron EXPR | --interval S] ...  (until Ctrl-C)
 
 Choices (README "Scheduled runs"):
 
@@ -44,7 +44,10 @@ Choices (README "Scheduled runs"):
   runs will read it (the worker's environment: not checkable from here), and an output folder held by a
   running run does not stop a redeploy (the run will release it).
 - Paths (the manifest, `--out`, `--prices`) are made absolute: a worker runs the flow in a temporary
-  directory.
+  directory. An object store's `--out` (`s3://bucket/prefix`) is kept as its URL, which never holds a
+  credential (one with a user, password or query is refused, as by `run`): the bucket is checked here
+  with the deploying shell's credentials (a missing bucket or refused credentials: exit 2, nothing
+  deployed), and each worker reads its own from its store's standard chain when its runs start.
 """
 
 from __future__ import annotations
@@ -58,11 +61,12 @@ from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from imagebatch.flows.allowance import parse_allowance
-from imagebatch.flows.config import EMBEDDED, UsageError, locked, preflight
+from imagebatch.flows.config import EMBEDDED, UsageError, locked, out_text, output_location, preflight
 from imagebatch.flows.constants import FLOW_NAME
 from imagebatch.flows.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL
 from imagebatch.manifest import ManifestError
+from imagebatch.tasks.storage import is_object_url
 from imagebatch.tasks.store import OutputLockedError, OutputStore
 
 if TYPE_CHECKING:
@@ -170,7 +174,8 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
             "are fixed when it is deployed); use one folder: a rerun sends only new and changed rows"
         )
     manifest = Path(args.manifest).expanduser().resolve()
-    out = Path(args.out).expanduser().resolve()
+    where = output_location(args.out)
+    out = where if isinstance(where, str) else where.expanduser().resolve()
     prices = str(Path(args.prices).expanduser().resolve()) if args.prices else None
     roots = [str(Path(r).expanduser().resolve()) for r in args.files_root] if args.files_root else None
     options: dict[str, Any] = {
@@ -193,7 +198,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
             raise
     return {
         "manifest": str(manifest),
-        "out": str(out),
+        "out": out_text(out),
         **options,
         "api_key_secret_block": args.api_key_block,
         "adaptive": args.adaptive,
@@ -203,16 +208,17 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
     }
 
 
-def _held_message(out: Path) -> str | None:
-    """The message `preflight` gives when another run holds `out`, or None when none does."""
-    if not out.is_dir():
+def _held_message(out: Path | str) -> str | None:
+    """The message `preflight` gives when another run holds `out` (a folder, or a bucket's prefix), or
+    None when none does."""
+    if isinstance(out, Path) and not out.is_dir():
         return None
     try:
         with OutputStore(out).hold_and_merge():
             return None
     except OutputLockedError as exc:
         return str(locked(exc))
-    except OSError:
+    except (OSError, ValueError):  # unwritable, or not a URL `--out` takes: `preflight` said why
         return None
 
 
@@ -429,6 +435,9 @@ def describe(
         lines.append(f"  schedule: {when} ({schedule.timezone or 'UTC'})")
     lines.append(f"  manifest: {parameters['manifest']}")
     lines.append(f"  out: {parameters['out']} (a run sends only new and changed rows)")
+    if is_object_url(parameters["out"]):
+        whose = "each worker's" if pool else "this process's"
+        lines.append(f"  store credentials: {whose} own (environment, profile or role; never a parameter)")
     if parameters.get("files_root"):
         lines.append(f"  files root: the manifest's folder and {', '.join(parameters['files_root'])}")
     if pool:

@@ -149,7 +149,7 @@ def run_info(
 ) -> dict[str, Any]:
     """What `run.json` says of a run when it starts (`state: running` until it ends)."""
     return {
-        "manifest": str(checked.manifest.path),
+        "manifest": checked.manifest.source,  # a workbook's with its sheet: `path#Sheet`
         "manifest_sha256": checked.manifest.sha256,
         "out": out_text(checked.out),
         "service": checked.base_url or "embedded emulator",

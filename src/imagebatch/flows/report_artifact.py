@@ -8,6 +8,10 @@ report is (host and absolute path). Each run keeps its report as `report.<stamp>
 artifact keeps naming that run's report; `report.html` stays the newest run's. Not `report-<stamp>.html`:
 `report-N.html` are the pages of `report.html`, which `build_report` replaces and prunes. The newest
 `KEEP` runs' copies are kept (a nightly deployment would otherwise add one a night for ever).
+
+The artifact also says how many of the run's images are unreviewed, approved and rejected (the decisions
+in the output location, `tasks.decisions`). Reviewing is a person's step, in a browser: it is the
+command `imagebatch review OUT`, not a flow; the artifact says so.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,10 +62,31 @@ def keep_run_report(first: Path, stamp: str, keep: int = KEEP) -> Path:
     return out / names[first.name]
 
 
-def report_markdown(info: dict[str, Any], where: str | None, short: list[RequestRecord]) -> str:
-    """The artifact: counts, stop reason, the first requests not done, and where the report is."""
+def review_line(out: str, records: Iterable[RequestRecord]) -> str:
+    """`**Review:** 2 of 6 reviewed: 1 approved, 1 rejected; 4 unreviewed ...`: the decisions in force
+    in the output location `out` on the images of `records`."""
+    from imagebatch.report.html import review_of, review_tally, reviewable
+    from imagebatch.tasks.decisions import decided
+    from imagebatch.tasks.storage import open_location
+
+    decisions = decided(open_location(out))
+    rows = (record.to_row() for record in records)
+    reviews = Counter(review_of(row, decisions) for row in rows if reviewable(row))
+    return (
+        f"**Review:** {review_tally(reviews)}; {reviews['unreviewed']:,} unreviewed "
+        f"(`imagebatch review {out}` opens them in a browser)."
+    )
+
+
+def report_markdown(
+    info: dict[str, Any], where: str | None, short: list[RequestRecord], review: str | None = None
+) -> str:
+    """The artifact: counts, stop reason, the review's counts, the first requests not done, and where
+    the report is."""
     counts = info["counts"]
     lines = [f"# imagebatch report: {Path(info['out']).name}", "", tally(counts), ""]
+    if review:
+        lines += [review, ""]
     if info.get("stopped"):
         lines += [f"**Stopped early:** {info['stopped']}", ""]
     lines += ["| status | requests |", "|-|-|"] + [f"| {s} | {counts.get(s, 0)} |" for s in STATUSES]
@@ -105,7 +131,10 @@ def publish_report(
             short.append(record)
             if len(short) >= SHOWN:
                 break
-    markdown = report_markdown(info, where, short)
+    review = None
+    with contextlib.suppress(Exception):  # an unreadable review record costs the artifact its line only
+        review = review_line(str(info["out"]), records)
+    markdown = report_markdown(info, where, short, review)
     with contextlib.suppress(Exception):
         call(lambda: create_markdown_artifact(
             key="imagebatch-report", markdown=markdown,
@@ -113,4 +142,4 @@ def publish_report(
         ))  # fmt: skip
 
 
-__all__ = ["keep_run_report", "publish_report", "report_markdown"]
+__all__ = ["keep_run_report", "publish_report", "report_markdown", "review_line"]

@@ -1,13 +1,15 @@
 """A shard that the sharded run's parent runs itself (`flows.shards`): `prefect flow-run execute RUN` in a
-child process that gets the API key on its standard input, never in its environment.
+child process that gets the API key and the object store's secrets on its standard input, never in its
+environment.
 
 A child started with the key in its environment would show it in `/proc/PID/environ` (and hand it on to
-anything it starts). So the parent leaves `IMAGEBATCH_API_KEY` out of the child's environment and writes it
-to the child's stdin; the child reads one line, keeps it in its own `os.environ` (where the flow's
-`resolve_api_key` looks; Linux's `/proc/PID/environ` keeps showing the environment the process started
-with), and runs Prefect's own command in this process.
+anything it starts). So the parent leaves `IMAGEBATCH_API_KEY` and the stores' secret variables
+(`tasks.storage.STORE_SECRETS`, such as `AWS_SECRET_ACCESS_KEY`) out of the child's environment and writes
+them to the child's stdin, as one JSON object on one line; the child keeps them in its own `os.environ`
+(where the flow's `resolve_api_key` and the store's credential chain look; Linux's `/proc/PID/environ`
+keeps showing the environment the process started with), and runs Prefect's own command in this process.
 
-    python -m imagebatch.flows.shard_child RUN_ID     (the key, if any, on stdin)
+    python -m imagebatch.flows.shard_child RUN_ID     ({"IMAGEBATCH_API_KEY": ..., ...} on stdin)
 """
 
 from __future__ import annotations
@@ -16,15 +18,19 @@ import runpy
 import sys
 
 from imagebatch.gateway.constants import ENV_API_KEY
+from imagebatch.tasks.storage import STORE_SECRETS
 
 
 def main(argv: list[str]) -> None:
+    import json
     import os
 
-    key = sys.stdin.readline().strip()
+    line = sys.stdin.readline().strip()
     sys.stdin.close()
-    if key:
-        os.environ[ENV_API_KEY] = key
+    secrets = json.loads(line) if line else {}
+    for name in (ENV_API_KEY, *STORE_SECRETS):
+        if isinstance(value := secrets.get(name), str) and value:
+            os.environ[name] = value
     sys.argv = ["prefect", "flow-run", "execute", *argv]
     runpy.run_module("prefect", run_name="__main__", alter_sys=True)
 

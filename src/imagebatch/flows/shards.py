@@ -7,7 +7,10 @@ for the others, merges what they wrote and writes the run's records. Shard `I` s
 idempotency key falls to it (`shard_of`), so no two machines ever send one request; a chain's turns stay
 together. Every shard writes into the one output folder (a network file system in production), each into
 its own journal and usage file (`journal.shard-I-of-N.jsonl`), holding the folder's lock shared and its
-own shard lock alone.
+own shard lock alone. Into an object store's prefix (a bucket: the machines share nothing else), each
+writes its own journal segments (`journal/<run>-I-of-N-<seq>.jsonl`) under a lease of its own, while the
+parent holds the prefix's lease for the whole run (`OutputStore.hold_sharded`, `shard_hold`); the parent
+compacts the segments into one object once every shard has ended.
 
 What the folder must give across machines (NFSv4 does): a file renamed into place is seen whole
 (`rename` is atomic within a directory), an `fsync` is durable on the server, and `flock` locks are seen
@@ -18,6 +21,7 @@ only to its own files, and the merge into `journal.jsonl` happens while the pare
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -31,7 +35,8 @@ from imagebatch.gateway.constants import ENV_API_KEY
 from imagebatch.manifest.plan import key_digits
 from imagebatch.tasks.context import Unit
 from imagebatch.tasks.records import carried, not_attempted
-from imagebatch.tasks.store import KeyState, OutputStore, RequestRecord
+from imagebatch.tasks.storage import STORE_SECRETS
+from imagebatch.tasks.store import KeyState, OutputLockedError, OutputStore, RequestRecord
 
 START_TIMEOUT = 60.0
 """Seconds a shard may wait for a worker before the parent, its own shard done, runs it itself."""
@@ -168,22 +173,23 @@ def _claim(
 
 def _execute(client: Any, run_id: Any) -> subprocess.Popen[bytes]:
     """`prefect flow-run execute RUN` in a child process, as a process worker starts a run: this
-    process's environment (the worker gave it the service) less the API key, which goes to the child on
-    its stdin (`flows.shard_child`: never in a child's environment), the API this run talks to, and the
-    deployment's job variables' `env` (the heartbeat frequency)."""
+    process's environment (the worker gave it the service) less the API key and the object stores'
+    secrets (`STORE_SECRETS`), which go to the child on its stdin (`flows.shard_child`: never in a child's
+    environment), the API this run talks to, and the deployment's job variables' `env` (the heartbeat
+    frequency)."""
     from prefect.settings import PREFECT_API_URL
 
     run = client.read_flow_run(run_id)
     job_env = client.read_deployment(run.deployment_id).job_variables.get("env") or {}
     env = {**os.environ, **{k: str(v) for k, v in job_env.items()}, "PREFECT__FLOW_RUN_ID": str(run_id)}
-    key = env.pop(ENV_API_KEY, "")
+    secrets = {name: env.pop(name) for name in (ENV_API_KEY, *STORE_SECRETS) if name in env}
     if url := PREFECT_API_URL.value():
         env["PREFECT_API_URL"] = str(url)
     command = [sys.executable, "-m", "imagebatch.flows.shard_child", str(run_id)]
     child = subprocess.Popen(command, env=env, stdin=subprocess.PIPE)
     assert child.stdin is not None
     with contextlib.suppress(BrokenPipeError), child.stdin:  # a child that died at once is reaped as such
-        child.stdin.write(key.encode() + b"\n")
+        child.stdin.write(json.dumps(secrets).encode() + b"\n")
     return child
 
 
@@ -229,6 +235,27 @@ def _crash_dead(
             gone = f"shard {name}: its process is gone (lock free for {grace:g} s)"
         if gone:
             client.set_flow_run_state(shard.run_id, Crashed(message=gone), force=True)
+
+
+def shards_released(
+    store: OutputStore,
+    shards: int,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    poll: float = 2.0,
+) -> None:
+    """Return once no shard of the run holds its shard lease in an object store; `OutputLockedError`
+    naming the shard otherwise, after a lease's lifetime (and a little): a shard killed (the parent's own
+    child, its run marked Crashed at once) leaves its lease live until it expires, and one that still
+    holds it then is alive and writing (its run marked ended meanwhile), and the parent must not compact
+    the journal under it."""
+    from imagebatch.tasks.objectstore import LEASE_SECONDS
+
+    deadline = clock() + LEASE_SECONDS + 5.0
+    while held := [n for i in range(shards) if store.shard_held(n := shard_name(i, shards))]:
+        if clock() > deadline:
+            raise OutputLockedError(f"shard {held[0]} (still writing) is using {store.where}")
+        sleep(poll)
 
 
 def records_after(

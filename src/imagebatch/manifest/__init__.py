@@ -1,11 +1,14 @@
-"""Manifests: read a batch description (CSV, JSON or JSON Lines), check it against the spec and the files
-on disk before anything is sent, and plan it into requests with stable idempotency keys.
+"""Manifests: read a batch description (CSV, JSON, JSON Lines, XLSX or Parquet), check it against the
+spec and the files on disk before anything is sent, and plan it into requests with stable idempotency keys.
 
 Formats
     CSV (UTF-8, a byte-order mark is fine; header row; every cell read as text, an empty cell is absent),
     JSON (a list of jobs, or ``{"defaults": {...}, "jobs": [...]}``) and JSON Lines (one job per line).
     CSV headers and JSON keys are the same field names. Problems name CSV rows by their physical line (the
     header is line 1), JSON Lines rows by line, and JSON jobs by their index in ``jobs`` (``job #0``).
+    An XLSX sheet (``file.xlsx#Sheet``, else the first visible one) or a Parquet file is a table read as a
+    CSV is (every cell as the text a person sees: `tables`); its rows are named ``sheet 'S' row 7`` (the
+    spreadsheet's numbering) or ``row 7`` (a Parquet record, from 1).
 
 Fields
     ``id`` (required, unique, ``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``; ids equal but for case are refused,
@@ -76,12 +79,14 @@ Idempotency keys (recipe ``ib1``)
 `load_manifest` checks everything and raises `ManifestError` listing every problem; `plan` expands a
 manifest into `PlannedRequest` objects; `summarise` counts them; `validate_main` is the `imagebatch
 validate` command (its options are in `imagebatch.flows.cli`). This module is the public face; the work
-is done in `read` (CSV, JSON, JSON Lines to raw rows), `check` (the checker, in steps) with `fields` (the
-field table), `template` (prompts), `inputs` (the row model and its errors) and `files` (reference images
-and masks), `models` (Job, Manifest, Problem), `load`, `plan` (requests and keys), `validate`.
+is done in `read` (CSV, JSON, JSON Lines to raw rows), `tables` (XLSX, Parquet), `check` (the checker, in
+steps) with `fields` (the field table), `template` (prompts), `inputs` (the row model and its errors) and
+`files` (reference images and masks), `models` (Job, Manifest, Problem), `load`, `plan` (requests and
+keys), `validate`.
 
 One CSV reader: the csv module, which also finds each record's physical line (pandas cannot report it).
-A second parser would earn nothing; pandas' import alone costs start-up time and 60 MB.
+A second parser would earn nothing; pandas' import alone costs start-up time and 60 MB. XLSX and Parquet
+go through openpyxl and pyarrow (pandas' own engines), imported only for such a file.
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ from .models import (
     Location,
     Problem,
     Turn,
+    location_text,
     wire_route,
 )
 from .read import RawManifest, RawRow
@@ -101,6 +102,9 @@ class JobChecker:
     def __init__(self, raw: RawManifest, base_dir: Path, roots: Sequence[Path] = ()) -> None:
         """`roots`: the resolved folders the operator allows files in besides `base_dir` (--files-root)."""
         self.format = raw.format
+        self.tabular = raw.columns is not None
+        """A table (CSV, XLSX, Parquet): a header of columns, every value text."""
+        self.sheet = raw.sheet
         self.problems: list[Problem] = []
         self._nul = raw.may_hold_nul
         allowed = (base_dir.resolve(), *roots)
@@ -117,7 +121,7 @@ class JobChecker:
         self._defaults_raw: dict[str, Any] = {}
         self._defaults = JobInput()
         self._defaults_set: frozenset[str] = frozenset()
-        if raw.format == "csv":
+        if self.tabular:
             self._check_header(raw)
         else:
             self._check_defaults(raw.defaults)
@@ -131,26 +135,22 @@ class JobChecker:
     def _check_header(self, raw: RawManifest) -> None:
         columns = raw.columns or []
         line = raw.header_line
+
+        def add(field: str, message: str, hint: str | None = None) -> None:
+            self.problems.append(Problem(line, None, field, message, hint, raw.unit, self.sheet))
+
         for required in ("id", "prompt"):
             if required not in columns:
                 self._absent_columns.add(required)
-                self.problems.append(
-                    Problem(
-                        line, None, required, f"the manifest has no {required!r} column; every job needs one"
-                    )
-                )
+                add(required, f"the manifest has no {required!r} column; every job needs one")
         for name in columns:
             self._reported_keys.add(name)
             if (fault := name_fault(name)) is not None:
-                self.problems.append(Problem(line, None, shown(name), *fault))
+                add(shown(name), *fault)
             elif name == "turns":
-                self.problems.append(
-                    Problem(
-                        line, None, "turns", "edit chains (turns) can only be written in JSON or JSON Lines"
-                    )
-                )
+                add("turns", "edit chains (turns) can only be written in JSON or JSON Lines")
             elif (meant := looks_like_field(name)) is not None:
-                self.problems.append(self._lookalike(line, "line", None, name, meant))
+                self.problems.append(self._lookalike(line, raw.unit, None, name, meant))
             elif name not in KNOWN_FIELDS:
                 self._metadata_columns[name] = None
 
@@ -207,7 +207,7 @@ class JobChecker:
     def _lookalike(
         self, line: int | None, unit: Location, job_id: str | None, name: str, meant: str
     ) -> Problem:
-        return Problem(line, job_id, name, *self._lookalike_text(name, meant), unit=unit)
+        return Problem(line, job_id, name, *self._lookalike_text(name, meant), unit=unit, sheet=self.sheet)
 
     @staticmethod
     def _given(inp: JobInput, field: str) -> bool:
@@ -287,7 +287,7 @@ class JobChecker:
                     r.add(shown(key), *fault)
                     continue
                 self._metadata_columns[key] = None
-        if self.format == "csv":
+        if self.tabular:
             r.known.pop("turns", None)  # reported once, at the header
         return r
 
@@ -525,7 +525,7 @@ class _Row:
         raw_id = row.values.get("id")
         shown_id = raw_id.strip() or None if isinstance(raw_id, str) else template_value(raw_id) or None
         self.shown_id = shown(shown_id) if shown_id else None
-        self.location = f"line {row.line}" if row.unit == "line" else f"job #{row.line}"
+        self.location = location_text(row.unit, row.line)
         self.problems: list[Problem] = []
         self.from_defaults: set[str] = set()
         self.known: dict[str, Any] = {}
@@ -536,7 +536,9 @@ class _Row:
     def add(self, field: str | None, message: str, hint: str | None = None) -> None:
         if field in self.from_defaults:
             message += " (value from defaults)"
-        self.problems.append(Problem(self.row.line, self.shown_id, field, message, hint, self.row.unit))
+        self.problems.append(
+            Problem(self.row.line, self.shown_id, field, message, hint, self.row.unit, self.checker.sheet)
+        )
 
     def value(self, field: str) -> Any:
         """The row's own value of `field`, else the manifest's default (noted, for the message)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .check import JobChecker
 from .models import Manifest, ManifestError, ManifestFormat, Problem
-from .read import read_raw
+from .read import read_raw, split_sheet
 
 
 def files_roots(folders: Sequence[str | Path] | None, path: Path | None = None) -> tuple[Path, ...]:
@@ -35,6 +35,7 @@ def load_manifest(
     *,
     format: ManifestFormat | None = None,
     files_root: Sequence[str | Path] | None = None,
+    sheet: str | None = None,
 ) -> Manifest:
     """Read and check a manifest; raise ManifestError with every problem found, or return it.
 
@@ -42,10 +43,13 @@ def load_manifest(
     against the manifest's folder. Each referenced file is read once, whatever the number of rows.
     Every reference image and mask must resolve inside the manifest's folder or one of `files_root`
     (the operator's choice), or inside the narrower folders of the manifest's own `defaults.files_root`.
+
+    A workbook's sheet is `sheet`, or named after `#` in `path` (`catalog.xlsx#Products`), else its first
+    visible sheet (`manifest.tables`).
     """
-    path = Path(path).absolute()
+    path, named = split_sheet(Path(path).absolute(), format)
     roots = files_roots(files_root, path)
-    raw = read_raw(path, format)
+    raw = read_raw(path, format, sheet if sheet is not None else named)
     checker = JobChecker(raw, path.parent, roots)
     jobs = [job for row in raw.rows if (job := checker.check(row)) is not None]
     problems = raw.problems + checker.problems
@@ -54,5 +58,10 @@ def load_manifest(
     if problems:
         raise ManifestError(problems, path)
     return Manifest.model_construct(
-        path=path, sha256=raw.sha256, format=raw.format, jobs=jobs, metadata_columns=checker.metadata_columns
+        path=path,
+        sha256=raw.sha256,
+        format=raw.format,
+        jobs=jobs,
+        metadata_columns=checker.metadata_columns,
+        sheet=raw.sheet,
     )

@@ -19,8 +19,12 @@ from imagebatch.gateway.constants import (
     Route,
 )
 
-ManifestFormat = Literal["csv", "json", "jsonl"]
-"""The three manifest formats; chosen by file extension unless given."""
+ManifestFormat = Literal["csv", "json", "jsonl", "xlsx", "parquet"]
+"""The manifest formats; chosen by file extension unless given. XLSX and Parquet are tables read like a
+CSV (`manifest.tables`)."""
+
+TABLE_FORMATS: tuple[ManifestFormat, ...] = ("csv", "xlsx", "parquet")
+"""The formats whose rows are a header's columns (the CSV rules); JSON and JSON Lines hold objects."""
 
 MANIFEST_ROUTES: tuple[str, ...] = ("native", "chat", "images", "messages", "responses")
 """The values of a job's `route` field. `images` covers both images routes: generations without a
@@ -67,7 +71,19 @@ def is_safe_id(job_id: str) -> bool:
     return ID_PATTERN.fullmatch(job_id) is not None and id_fault(job_id) is None
 
 
-Location = Literal["line", "job"]
+Location = Literal["line", "job", "row"]
+"""How a row is named: `line 7` (CSV, JSON Lines: the physical line), `job #3` (JSON: the index in
+`jobs`), `row 7` (XLSX: the spreadsheet's row number; Parquet: the record's number, from 1)."""
+
+
+def location_text(unit: Location, line: int, sheet: str | None = None) -> str:
+    """`line 7`, `job #3`, `row 7`, or `sheet 'Products' row 7`."""
+    if unit == "job":
+        return f"job #{line}"
+    if unit == "row" and sheet is not None:
+        return f"sheet {sheet!r} row {line}"
+    return f"{unit} {line}"
+
 
 _SAME_NAME_ROUTES = {
     route.value: route for route in (Route.NATIVE, Route.CHAT, Route.MESSAGES, Route.RESPONSES)
@@ -88,7 +104,8 @@ class Problem:
 
     line: int | None
     """CSV: the physical line where the row starts (the header is line 1); JSON Lines: the line;
-    JSON: the index of the job in `jobs` (see `unit`). None for a problem of the whole file."""
+    JSON: the index of the job in `jobs`; XLSX: the spreadsheet's row (the header's included); Parquet:
+    the record's number from 1 (see `unit`). None for a problem of the whole file."""
     job_id: str | None
     """The row's id, when it has one."""
     field: str | None
@@ -97,14 +114,18 @@ class Problem:
     hint: str | None = None
     """A suggestion, e.g. `did you mean '1K'?`."""
     unit: Location = "line"
-    """`line` (CSV, JSON Lines) or `job` (a JSON manifest's job index, shown as `job #i`)."""
+    """`line` (CSV, JSON Lines), `job` (a JSON manifest's job index, shown as `job #i`) or `row` (XLSX,
+    Parquet)."""
+    sheet: str | None = None
+    """XLSX: the sheet the row is on (also named for a problem of the header row)."""
 
     @property
     def location(self) -> str:
-        """`line 7`, `job #3`, or an empty string for a problem of the whole file."""
+        """`line 7`, `job #3`, `sheet 'Products' row 7`, or an empty string for a problem of the whole
+        file."""
         if self.line is None:
             return ""
-        return f"line {self.line}" if self.unit == "line" else f"job #{self.line}"
+        return location_text(self.unit, self.line, self.sheet)
 
     def sort_key(self) -> tuple[int, int]:
         return (0 if self.line is None else 1, self.line or 0)
@@ -229,6 +250,14 @@ class Manifest(BaseModel):
     jobs: list[Job]
     metadata_columns: list[str] = []
     """Names of the metadata columns, in order of first appearance (for results tables)."""
+    sheet: str | None = None
+    """XLSX: the sheet read (the first visible one unless named: `file.xlsx#Sheet`)."""
+
+    @property
+    def source(self) -> str:
+        """The manifest as a run names it again (a shard's parameter, run.json): its path, and for a
+        workbook the sheet read (`/abs/catalog.xlsx#Products`), so that a reload reads the same rows."""
+        return f"{self.path}#{self.sheet}" if self.sheet is not None else str(self.path)
 
     @property
     def base_dir(self) -> Path:

@@ -1,8 +1,11 @@
-"""Reading a manifest file (CSV, JSON or JSON Lines) into raw rows that know where they came from.
+"""Reading a manifest file (CSV, JSON, JSON Lines, and through `manifest.tables` XLSX or Parquet) into raw
+rows that know where they came from.
 
 Nothing here knows the spec: this module turns bytes into `{field: value}` rows with a line number (or a
-job index), and turns unreadable files into clear problems instead of tracebacks. JSON may nest lists and
-objects at most `MAX_DEPTH` deep: deeper is refused with its line, before it can exhaust Python's stack.
+job index, or a spreadsheet row), and turns unreadable files into clear problems instead of tracebacks.
+JSON may nest lists and objects at most `MAX_DEPTH` deep: deeper is refused with its line, before it can
+exhaust Python's stack. The tables (CSV, XLSX, Parquet) share one set of header rules (`table_rows`).
+XLSX and Parquet readers are imported only for such a file, so that a CSV run never imports them.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ EXTENSIONS: dict[str, ManifestFormat] = {
     ".json": "json",
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
+    ".xlsx": "xlsx",
+    ".parquet": "parquet",
 }
+FORMATS: tuple[ManifestFormat, ...] = ("csv", "json", "jsonl", "xlsx", "parquet")
 
 
 @dataclass(slots=True)
@@ -36,10 +42,10 @@ class RawRow:
     """One job as written, before any checking."""
 
     line: int
-    """Physical line (CSV, JSON Lines) or index in `jobs` (JSON)."""
+    """Physical line (CSV, JSON Lines), index in `jobs` (JSON), or row (XLSX, Parquet: see `Location`)."""
     unit: Location
     values: dict[str, Any]
-    """Column or key -> value; CSV values are always strings ("" for an empty cell)."""
+    """Column or key -> value; a table's values are always strings ("" for an empty cell)."""
 
 
 @dataclass(slots=True)
@@ -51,9 +57,14 @@ class RawManifest:
     sha256: str
     rows: list[RawRow]
     columns: list[str] | None = None
-    """CSV only: the header's column names (stripped), in order."""
-    header_line: int = 1
-    """CSV only: the line of the header."""
+    """Tables only (CSV, XLSX, Parquet): the header's column names (stripped), in order."""
+    header_line: int | None = 1
+    """Tables only: the line (CSV) or row (XLSX) of the header; None for Parquet (no header row)."""
+    sheet: str | None = None
+    """XLSX only: the sheet read."""
+    unit: Location = "line"
+    """How the rows (and the header) are named: `line` (CSV, JSON Lines), `job` (JSON), `row` (XLSX,
+    Parquet)."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """JSON only: the `defaults` object."""
     problems: list[Problem] = field(default_factory=list)
@@ -62,12 +73,31 @@ class RawManifest:
     """False when the text holds no NUL character (nor a JSON escape of one): rows need no NUL check."""
 
 
+def split_sheet(path: Path, format: str | None = None) -> tuple[Path, str | None]:
+    """`catalog.xlsx#Products` -> (`catalog.xlsx`, `Products`): a workbook's sheet named after `#` (the
+    first `.xlsx#`: a sheet's name may hold `#` too). A path that exists as given is never split (a file
+    may have `#` in its name), nor one that names no workbook."""
+    name = path.name
+    if "#" not in name or path.exists():
+        return path, None
+    at = name.lower().find(".xlsx#")
+    if at >= 0:
+        file, sheet = name[: at + 5], name[at + 6 :]
+    elif format == "xlsx":
+        file, _, sheet = name.rpartition("#")
+    else:
+        return path, None
+    if not file or not sheet:
+        return path, None
+    return path.with_name(file), sheet
+
+
 def detect_format(path: Path, format: str | None = None) -> ManifestFormat:
     """The format named by `format`, else by the file's extension."""
     if format is not None:
-        if format not in ("csv", "json", "jsonl"):
+        if format not in FORMATS:
             raise ManifestError([Problem(None, None, None, f"unknown manifest format {format!r}")], path)
-        return format  # type: ignore[return-value]
+        return format
     try:
         return EXTENSIONS[path.suffix.lower()]
     except KeyError:
@@ -78,31 +108,23 @@ def detect_format(path: Path, format: str | None = None) -> ManifestFormat:
                     None,
                     None,
                     f"cannot tell the manifest format from the extension {path.suffix or '(none)'!r}",
-                    "use .csv, .json or .jsonl",
+                    "use .csv, .json, .jsonl, .xlsx or .parquet",
                 )
             ],
             path,
         ) from None
 
 
-def read_raw(path: Path, format: str | None = None) -> RawManifest:
-    """Read `path` into raw rows; raise ManifestError when the file cannot be read as a manifest."""
+def read_raw(path: Path, format: str | None = None, sheet: str | None = None) -> RawManifest:
+    """Read `path` into raw rows; raise ManifestError when the file cannot be read as a manifest.
+
+    `sheet`: the sheet of a workbook to read (default: its first visible sheet)."""
     fmt = detect_format(path, format)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError([Problem(None, None, None, f"manifest not found: {path}")], path) from None
-    except IsADirectoryError:
-        raise ManifestError(
-            [Problem(None, None, None, f"{path} is a folder, not a manifest")], path
-        ) from None
-    except OSError as exc:
-        raise ManifestError(
-            [Problem(None, None, None, f"cannot read {path}: {exc.strerror}")], path
-        ) from None
-    except ValueError:  # a path holding a NUL character (a deployment's parameter, say)
-        nul = Problem(None, None, None, "the manifest's path holds a NUL character")
-        raise ManifestError([nul]) from None
+    if fmt in ("xlsx", "parquet"):
+        from .tables import read_table  # their readers: imported only for such a file
+
+        return read_table(path, fmt, sheet)
+    data = read_file(path)
     digest = hashlib.sha256(data).hexdigest()
     text = _decode(data, path)
     if not text.strip():
@@ -116,6 +138,29 @@ def read_raw(path: Path, format: str | None = None) -> RawManifest:
     else:
         _read_jsonl(text, raw)
     return raw
+
+
+def read_file(path: Path, limit: int | None = None) -> bytes:
+    """The manifest file's bytes; ManifestError naming the cause when it cannot be read, or (`limit`) when
+    it is `limit` bytes or more (checked before it is read)."""
+    try:
+        if limit is not None and (size := path.stat().st_size) >= limit:
+            too_big = f"the file is {size:,} bytes; a manifest must be under {limit:,}"
+            raise ManifestError([Problem(None, None, None, too_big)], path)
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError([Problem(None, None, None, f"manifest not found: {path}")], path) from None
+    except IsADirectoryError:
+        raise ManifestError(
+            [Problem(None, None, None, f"{path} is a folder, not a manifest")], path
+        ) from None
+    except OSError as exc:
+        raise ManifestError(
+            [Problem(None, None, None, f"cannot read {path}: {exc.strerror}")], path
+        ) from None
+    except ValueError:  # a path holding a NUL character (a deployment's parameter, say)
+        nul = Problem(None, None, None, "the manifest's path holds a NUL character")
+        raise ManifestError([nul]) from None
 
 
 def _decode(data: bytes, path: Path) -> str:
@@ -169,18 +214,6 @@ def _scan_csv(text: str, path: Path) -> tuple[int, list[str], list[tuple[int, li
 def _read_csv(text: str, raw: RawManifest) -> None:
     header_line, header, records = _scan_csv(text, raw.path)
     fatal: list[Problem] = []
-    seen: dict[str, int] = {}
-    for i, name in enumerate(header):
-        if name and name in seen:
-            fatal.append(
-                Problem(
-                    header_line,
-                    None,
-                    name,
-                    f"column {name!r} appears twice (columns {seen[name] + 1} and {i + 1})",
-                )
-            )
-        seen.setdefault(name, i)
     if len(header) == 1 and ";" in header[0]:
         fatal.append(
             Problem(
@@ -205,6 +238,36 @@ def _read_csv(text: str, raw: RawManifest) -> None:
                     else "quote cells that contain commas, and give every row as many cells as the header",
                 )
             )
+    table_rows(raw, header_line, header, records, fatal)
+
+
+def table_rows(
+    raw: RawManifest,
+    header_line: int | None,
+    header: list[str],
+    records: list[tuple[int, list[str]]],
+    fatal: list[Problem] | None = None,
+) -> None:
+    """A table's rows (CSV, XLSX, Parquet) into `raw`, by the rules every table shares: a column named
+    twice is refused, a nameless column is dropped unless it holds values (reported), and a row of empty
+    cells is not a job. Each record has as many cells as the header (strings); `fatal` problems found by
+    the caller are raised with the header's. Rows are named in `raw.unit`, on `raw.sheet`."""
+    fatal = list(fatal or ())
+    unit, sheet = raw.unit, raw.sheet
+    seen: dict[str, int] = {}
+    for i, name in enumerate(header):
+        if name and name in seen:
+            fatal.append(
+                Problem(
+                    header_line,
+                    None,
+                    name,
+                    f"column {name!r} appears twice (columns {seen[name] + 1} and {i + 1})",
+                    unit=unit,
+                    sheet=sheet,
+                )
+            )
+        seen.setdefault(name, i)
     if fatal:
         raise ManifestError(fatal, raw.path)
 
@@ -215,7 +278,14 @@ def _read_csv(text: str, raw: RawManifest) -> None:
         first = next((line for (line, rec) in records if rec[i].strip()), None)
         if first is not None:
             raw.problems.append(
-                Problem(first, None, None, f"column {i + 1} has no name in the header but holds values")
+                Problem(
+                    first,
+                    None,
+                    None,
+                    f"column {i + 1} has no name in the header but holds values",
+                    unit=unit,
+                    sheet=sheet,
+                )
             )
     raw.columns = [name for name in header if name]
     raw.header_line = header_line
@@ -224,7 +294,7 @@ def _read_csv(text: str, raw: RawManifest) -> None:
             values = {k: v for k, v in values.items() if k}
         # A row of empty cells (`,,,`) is what spreadsheets leave below the data: not a job.
         if any(v.strip() for v in values.values()):
-            raw.rows.append(RawRow(line, "line", values))
+            raw.rows.append(RawRow(line, unit, values))
 
 
 # --- JSON and JSON Lines ------------------------------------------------------------------------------
@@ -331,6 +401,7 @@ def _read_json(text: str, raw: RawManifest) -> None:
         jobs = doc["jobs"]
     else:
         jobs = doc
+    raw.unit = "job"
     if not isinstance(jobs, list):
         raise ManifestError([Problem(None, None, "jobs", "'jobs' must be a list of objects")], raw.path)
     for i, job in enumerate(jobs):

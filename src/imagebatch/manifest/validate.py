@@ -1,6 +1,7 @@
 """`imagebatch validate MANIFEST`: check a manifest and show its plan, sending nothing.
 
-`imagebatch.flows.cli` defines the command's options and calls `validate_main(args)`.
+`imagebatch.flows.cli` defines the command's options and calls `check_manifest(args)`; what a run into an
+output location would do (`--out`) is `tasks.forecast`, which the command prints after the plan.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 from typing import TextIO
 
 from .load import load_manifest
-from .models import ManifestError
+from .models import Manifest, ManifestError
 from .plan import plan, summarise
 
 EXIT_VALID = 0
@@ -23,6 +24,14 @@ def validate_main(args: argparse.Namespace, *, out: TextIO | None = None) -> int
     Everything goes to `out` (standard output by default): the problems are the command's report, meant
     to be read, piped or grepped. No request is sent and no API key is needed.
     """
+    return check_manifest(args, out=out)[0]
+
+
+def check_manifest(
+    args: argparse.Namespace, *, out: TextIO | None = None, keys: bool | None = None
+) -> tuple[int, Manifest | None]:
+    """`validate_main`, also returning the manifest when it is valid (for what the command prints next);
+    `keys` (default: `args.keys`) lists the planned requests."""
     out = out if out is not None else sys.stdout
     name = args.manifest
     try:
@@ -34,12 +43,13 @@ def validate_main(args: argparse.Namespace, *, out: TextIO | None = None) -> int
             print(problem, file=out)
         n = len(exc.problems)
         print(f"{name}: {n} problem{'s' if n != 1 else ''}; nothing was sent", file=out)
-        return EXIT_INVALID
+        return EXIT_INVALID, None
     requests = plan(manifest)
     summary = summarise(requests)
-    print(f"{name}: valid ({manifest.format}, sha256 {manifest.sha256[:16]}); nothing was sent", file=out)
+    kind = manifest.format if manifest.sheet is None else f"{manifest.format}, sheet {manifest.sheet!r}"
+    print(f"{name}: valid ({kind}, sha256 {manifest.sha256[:16]}); nothing was sent", file=out)
     print(summary.table(), file=out)
-    if getattr(args, "keys", False):
+    if getattr(args, "keys", False) if keys is None else keys:
         print(file=out)
         print("job_id\trequest_index\tturn_index\troute\tmodel\tidempotency_key", file=out)
         for r in requests:
@@ -47,4 +57,4 @@ def validate_main(args: argparse.Namespace, *, out: TextIO | None = None) -> int
                 f"{r.job_id}\t{r.request_index}\t{r.turn_index}\t{r.route.value}\t{r.model}\t{r.idempotency_key}",
                 file=out,
             )
-    return EXIT_VALID
+    return EXIT_VALID, manifest

@@ -20,6 +20,8 @@ from PIL import Image, ImageFile, JpegImagePlugin, PngImagePlugin
 
 from imagebatch.tasks import layout
 from imagebatch.tasks.csvcells import read_csv
+from imagebatch.tasks.decisions import Decision, decided
+from imagebatch.tasks.storage import LocalFolder
 
 if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
@@ -27,6 +29,10 @@ if TYPE_CHECKING:
 PAGE_SIZE = 500
 """Cards per page: a 100,000-request run makes 200 pages, none of them heavy."""
 THUMB_SIDE = 256
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+"""The outputs a card shows as a thumbnail (the others are text, or a `no_image` record)."""
+REVIEWABLE = ("succeeded", "skipped")
+"""The statuses whose images a reviewer approves or rejects (the others have no image to judge)."""
 REASONS = {
     "unknown": "sent, but no usable answer was recorded: it may have been made and billed; "
     f"{layout.UNKNOWN_HINT}.",
@@ -40,6 +46,16 @@ class Card:
     prompt: str = ""
     references: list[Path] = field(default_factory=list)
     mask: Path | None = None
+
+
+def image_paths(row: Mapping[str, str]) -> list[str]:
+    """The images of a results.csv row, as relative names (`images/<job>/<file>`)."""
+    return [rel for rel in row.get("paths", "").split(";") if rel.endswith(IMAGE_SUFFIXES)]
+
+
+def reviewable(row: Mapping[str, str]) -> bool:
+    """Whether a row has images to review: done, with at least one image."""
+    return row["status"] in REVIEWABLE and bool(image_paths(row))
 
 
 def thumb_name(rel: str) -> str:
@@ -177,16 +193,17 @@ def _thumb_html(out: Path, source: Path, name: str, label: str, link: str | None
     return f'<img class="ref" loading="lazy" src="{_esc(thumb)}" alt="{label}" title="{label}">'
 
 
-def _manifest_details(out: Path, run: dict[str, Any]) -> dict[str, Any]:
+def manifest_details(run: Mapping[str, Any]) -> dict[str, Any]:
     """Prompts and files by idempotency key, from the manifest run.json names if it is unchanged."""
     from imagebatch.manifest import load_manifest, plan
+    from imagebatch.manifest.read import split_sheet
 
-    path = Path(str(run.get("manifest", "")))
+    path, sheet = split_sheet(Path(str(run.get("manifest", ""))))  # a workbook's: `catalog.xlsx#Sheet`
     try:
         if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != run.get("manifest_sha256"):
             return {}
         roots = (run.get("options") or {}).get("files_root")  # the folders the run was allowed to read
-        return {r.idempotency_key: r for r in plan(load_manifest(path, files_root=roots))}
+        return {r.idempotency_key: r for r in plan(load_manifest(path, files_root=roots, sheet=sheet))}
     except Exception:  # a manifest that no longer loads only costs the report its prompts
         return {}
 
@@ -207,8 +224,43 @@ def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _card_html(out: Path, card: Card) -> str:
+def row_reason(row: Mapping[str, str]) -> str:
+    """Why a request fell short, in words (the service's error, its text on a `no_image`, what `unknown`
+    means); empty for one that succeeded."""
+    status = row["status"]
+    reason = row.get("error") or ""
+    if status == "no_image" and row.get("finish_reason") and row["finish_reason"] not in reason:
+        reason = f"finishReason {row['finish_reason']}. {reason}"
+    reason = reason or REASONS.get(status, "")
+    return reason if status != "succeeded" else ""
+
+
+def row_facts(row: Mapping[str, str]) -> list[str]:
+    """A card's small print: route, model, pixel size, attempts."""
+    size = f"{row['width']}x{row['height']}" if row.get("width") else ""
+    return [x for x in (row["route"], row["model"], size, f"attempts {row.get('attempts') or 0}") if x]
+
+
+def row_title(row: Mapping[str, str]) -> str:
+    """`job #request` (and ` turn N` for a chain's later turns)."""
+    turn = f" turn {row['turn_index']}" if row.get("turn_index") not in (None, "", "0") else ""
+    return f"{row['job_id']} #{row['request_index']}{turn}"
+
+
+def _review_html(row: Mapping[str, str], decision: Decision | None) -> str:
+    """The card's review, read-only: approved or rejected (by whom, the note), or unreviewed."""
+    if not reviewable(row):
+        return ""
+    if decision is None:
+        return '<div class="rv rv-unreviewed">unreviewed</div>'
+    by = f" by {_esc(decision.reviewer)}" if decision.reviewer else ""
+    note = f': <span class="note">{_esc(decision.note)}</span>' if decision.note else ""
+    return f'<div class="rv rv-{_esc(decision.decision)}">{_esc(decision.decision)}{by}{note}</div>'
+
+
+def _card_html(out: Path, card: Card, decision: Decision | None = None) -> str:
     row = card.row
+    decision = decision if decision is None or decision.decision != "cleared" else None
     status = row["status"]
     media: list[str] = []
     texts: list[str] = []
@@ -225,25 +277,20 @@ def _card_html(out: Path, card: Card) -> str:
         name = "ref-" + hashlib.sha256(str(ref).encode()).hexdigest()[:16]
         label = "mask" if card.mask is not None and i == len(card.references) else "reference"
         media.append(_thumb_html(out, Path(ref), name, label))
-    reason = row.get("error") or ""
-    if status == "no_image" and row.get("finish_reason") and row["finish_reason"] not in reason:
-        reason = f"finishReason {row['finish_reason']}. {reason}"
-    reason = reason or REASONS.get(status, "")
-    size = f"{row['width']}x{row['height']}" if row.get("width") else ""
-    turn = f" turn {row['turn_index']}" if row.get("turn_index") not in ("", "0") else ""
-    facts = " · ".join(
-        _esc(x) for x in (row["route"], row["model"], size, f"attempts {row.get('attempts') or 0}") if x
-    )
+    reason = row_reason(row)
+    facts = " · ".join(_esc(x) for x in row_facts(row))
+    review = (decision.decision if decision else "unreviewed") if reviewable(row) else ""
     return (
         f'<div class="card s-{_esc(status)}" data-status="{_esc(status)}" data-route="{_esc(row["route"])}" '
-        f'data-model="{_esc(row["model"])}">'
+        f'data-model="{_esc(row["model"])}" data-review="{review}">'
         f'<div class="media">{"".join(media)}</div>'
-        f'<div class="id">{_esc(row["job_id"])} #{_esc(row["request_index"])}{_esc(turn)} '
+        f'<div class="id">{_esc(row_title(row))} '
         f'<span class="st">{_esc(status)}</span></div>'
         f'<div class="prompt">{_esc(card.prompt)}</div><div class="facts">{facts} · key '
         f"{_esc(row['idempotency_key'][:16])}</div>"
         + "".join(f'<pre class="text">{_esc(t)}</pre>' for t in texts)
-        + (f'<div class="reason">{_esc(reason)}</div>' if reason and status != "succeeded" else "")
+        + (f'<div class="reason">{_esc(reason)}</div>' if reason else "")
+        + _review_html(row, decision)
         + "</div>"
     )
 
@@ -258,8 +305,10 @@ STYLE = """body{font:14px system-ui,sans-serif;margin:1em;background:#fafafa}
 .s-failed .st,.s-unknown .st{color:#b00}
 .prompt{margin:4px 0}.facts{color:#666;font-size:12px}.reason{color:#b00;margin-top:4px}
 pre.text{white-space:pre-wrap;max-height:12em;overflow:auto;background:#f4f4f4;padding:4px}
-nav a{margin-right:8px}"""
-SCRIPT = """const keys=['status','route','model'],f={};function apply(){let n=0;
+nav a{margin-right:8px}
+.rv{margin-top:4px;font-weight:bold}.rv-approved{color:#080}.rv-rejected{color:#b00}.rv-unreviewed{color:#888}
+.rv .note{font-weight:normal;color:#333}"""
+SCRIPT = """const keys=['status','route','model','review'],f={};function apply(){let n=0;
 for(const c of document.querySelectorAll('.card')){const ok=keys.every(k=>!f[k]||c.dataset[k]===f[k]);
 c.hidden=!ok;if(ok)n++;}document.getElementById('shown').textContent=n;}
 for(const s of document.querySelectorAll('select')){
@@ -269,9 +318,9 @@ for(const s of document.querySelectorAll('select')){const v=p.get(s.name);
 if(keys.includes(s.name)&&v&&[...s.options].some(o=>o.value===v)){f[s.name]=v;s.value=v;}}}catch(e){}
 apply();window.addEventListener('load',()=>{const imgs=[...document.images];
 document.body.dataset.images=imgs.length;document.body.dataset.loaded=imgs.filter(i=>i.complete&&i.naturalWidth>0).length;});"""
-"""The filters: a select per key, and the page's `#status=failed&model=...` hash read once at load. Only the
-three keys are read, and a value only when its select offers it (an unknown or malformed hash shows every
-card); the hash never reaches a selector (`#status]=x` had thrown)."""
+"""The filters: a select per key, and the page's `#status=failed&review=rejected...` hash read once at
+load. Only the four keys are read, and a value only when its select offers it (an unknown or malformed
+hash shows every card); the hash never reaches a selector (`#status]=x` had thrown)."""
 
 
 def _page(title: str, summary: str, nav: str, cards: list[str], options: dict[str, list[str]]) -> str:
@@ -293,19 +342,27 @@ def _page(title: str, summary: str, nav: str, cards: list[str], options: dict[st
 
 
 def build_report(
-    out: Path, page_size: int = PAGE_SIZE, details: Mapping[str, PlannedRequest] | None = None
+    out: Path,
+    page_size: int = PAGE_SIZE,
+    details: Mapping[str, PlannedRequest] | None = None,
+    decisions: Mapping[str, Decision] | None = None,
 ) -> Path:
     """Write `report.html` (and further pages) into the output folder `out`; return the first page.
 
     `details`: the planned requests by idempotency key (prompts, references), when the caller has them
-    (a run does); otherwise the manifest run.json names is loaded again, if it is unchanged. results.csv
+    (a run does); otherwise the manifest run.json names is loaded again, if it is unchanged. `decisions`:
+    the review's decisions in force by key (`tasks.decisions.decided`), shown read-only on each card; by
+    default the folder's own (`review.jsonl`; a bucket's report, built in a staging folder, is handed the
+    bucket's). results.csv
     is read twice, for the summary and then a page at a time, so memory holds one page of cards, not the
     run's (a 10,000-request run's report had held every row and a second copy of the plan)."""
     out = Path(out)
     run_json = out / layout.RUN_JSON
     run = json.loads(run_json.read_text()) if run_json.is_file() else {}
-    details = _manifest_details(out, run) if details is None else details
+    details = manifest_details(run) if details is None else details
+    decisions = decided(LocalFolder(out)) if decisions is None else decisions
     counts: Counter[str] = Counter()
+    reviews: Counter[str] = Counter()
     by_model: Counter[str] = Counter()
     routes: set[str] = set()
     images = 0
@@ -314,6 +371,8 @@ def build_report(
         by_model[row["model"]] += 1
         routes.add(row["route"])
         images += int(row.get("images") or 0) if row["status"] in ("succeeded", "skipped") else 0
+        if reviewable(row):
+            reviews[review_of(row, decisions)] += 1
     total = counts.total()
     summary = (
         f"<p>{total} requests · {images} images · "
@@ -321,8 +380,10 @@ def build_report(
         + "</p><p>by model: "
         + " · ".join(f"{_esc(m)} {n}" for m, n in sorted(by_model.items()))
         + f"</p><p>run: {_esc(run.get('state', '?'))} {_esc(run.get('stopped') or '')}</p>"
+        + f"<p>review: {review_tally(reviews)} (<code>imagebatch review OUT</code> to review)</p>"
     )
     options = {"status": sorted(counts), "route": sorted(routes), "model": sorted(by_model)}
+    options["review"] = [r for r in ("unreviewed", "approved", "rejected") if reviews[r]]
     names = [layout.report_page(n) for n in range(1, max(1, math.ceil(total / page_size)) + 1)]
     nav = (
         "".join(f'<a href="{name}">page {i}</a>' for i, name in enumerate(names, 1)) if len(names) > 1 else ""
@@ -331,9 +392,23 @@ def build_report(
     for number, name in enumerate(names, 1):
         page = [_card(row, details) for row in itertools.islice(rows, page_size)]
         title = f"imagebatch report: {out.name}" + (f" (page {number})" if len(names) > 1 else "")
-        (out / name).write_text(_page(title, summary, nav, [_card_html(out, c) for c in page], options))
+        cards = [_card_html(out, c, decisions.get(c.row["idempotency_key"])) for c in page]
+        (out / name).write_text(_page(title, summary, nav, cards, options))
     rows.close()
     for stale in out.glob(layout.REPORT_PAGES):
         if stale.name not in names:
             stale.unlink()
     return out / names[0]
+
+
+def review_of(row: Mapping[str, str], decisions: Mapping[str, Decision]) -> str:
+    """A reviewable row's review: `approved`, `rejected` or `unreviewed` (`decisions`: those in force)."""
+    decision = decisions.get(row["idempotency_key"])
+    return decision.decision if decision is not None and decision.decision != "cleared" else "unreviewed"
+
+
+def review_tally(reviews: Mapping[str, int]) -> str:
+    """`312 of 1,000 reviewed: 250 approved, 62 rejected` (from counts of approved, rejected, unreviewed)."""
+    approved, rejected = reviews.get("approved", 0), reviews.get("rejected", 0)
+    total = approved + rejected + reviews.get("unreviewed", 0)
+    return f"{approved + rejected:,} of {total:,} reviewed: {approved:,} approved, {rejected:,} rejected"

@@ -16,7 +16,7 @@ from .build import InputChangedError, build_request
 from .context import RunContext, Unit
 from .records import Result
 from .send import send_and_record
-from .store import RequestRecord
+from .store import OutputStore, RequestRecord
 
 
 def run_chain(ctx: RunContext, unit: Unit, out: list[RequestRecord]) -> list[RequestRecord]:
@@ -74,10 +74,13 @@ def run_chain(ctx: RunContext, unit: Unit, out: list[RequestRecord]) -> list[Req
 
 def saved_history(ctx: RunContext, unit: Unit) -> list[dict[str, Any]]:
     """The saved turns of a chain, as far as their keys still match the plan (and none when forcing)."""
-    if ctx.force:
-        return []
+    return [] if ctx.force else saved_turns(ctx.store, unit)
+
+
+def saved_turns(store: OutputStore, unit: Unit) -> list[dict[str, Any]]:
+    """The turns of a chain saved under `chains/`, as far as their keys still match the plan."""
     first = unit.requests[0]
-    saved = ctx.store.load_chain(first.job_id, first.request_index) or {}
+    saved = store.load_chain(first.job_id, first.request_index) or {}
     turns: list[dict[str, Any]] = []
     for turn, req in zip(saved.get("turns", []), unit.requests, strict=False):
         if turn.get("key") != req.idempotency_key:

@@ -306,15 +306,21 @@ class RunContext:
 
     def decision(self, key: str) -> Decision:
         """`send` it, `skip` it (succeeded before), or `carry` its last status (no_image, unknown)."""
-        if self.force:
-            return "send"
-        state = self.states.get(key)
-        status = state.status if state else None
-        if status == "succeeded":
-            return "skip"
-        if status == "no_image" or (status == "unknown" and not self.retry_unknown):
-            return "carry"
+        return decide(self.states.get(key), force=self.force, retry_unknown=self.retry_unknown)
+
+
+def decide(state: KeyState | None, *, force: bool = False, retry_unknown: bool = False) -> Decision:
+    """What a run does with a request whose key the journal left in `state` (None: never sent): `send`
+    it, `skip` it (succeeded before), or `carry` its last status (no_image; unknown unless
+    `retry_unknown`). `--force` sends everything. The one rule, for a run and for `validate --out`."""
+    if force:
         return "send"
+    status = state.status if state else None
+    if status == "succeeded":
+        return "skip"
+    if status == "no_image" or (status == "unknown" and not retry_unknown):
+        return "carry"
+    return "send"
 
 
 class Pacer:

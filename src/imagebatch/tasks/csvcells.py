@@ -8,6 +8,7 @@ every writer and reader, so that what a program reads back is what was written.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -46,15 +47,14 @@ def write_csv(fh: IO[str], columns: Iterable[str], rows: Iterable[Mapping[str, A
         writer.writerow([csv_cell(row.get(c)) for c in names])
 
 
-def read_csv(path: Path) -> Iterator[dict[str, str]]:
-    """The rows of a CSV file `write_csv` wrote, header and cells as they were before `csv_cell`."""
-    with path.open(newline="", encoding="utf-8") as fh:
-        yield from csv_rows(fh)
-
-
-def csv_rows(lines: Iterable[str]) -> Iterator[dict[str, str]]:
-    """`read_csv` of text already in hand (an object's bytes decoded, `splitlines(keepends=True)`)."""
-    reader = csv.reader(lines)
-    header = [csv_value(c) for c in next(reader, [])]
-    for cells in reader:
-        yield dict(zip(header, (csv_value(c) for c in cells), strict=False))
+def read_csv(path: Path | IO[str]) -> Iterator[dict[str, str]]:
+    """The rows of a CSV file `write_csv` wrote (a path, or a text stream opened with `newline=""`, such
+    as an object's bytes in `io.StringIO`), header and cells as they were before `csv_cell`."""
+    opened = (
+        path.open(newline="", encoding="utf-8") if isinstance(path, Path) else contextlib.nullcontext(path)
+    )
+    with opened as fh:
+        reader = csv.reader(fh)
+        header = [csv_value(c) for c in next(reader, [])]
+        for cells in reader:
+            yield dict(zip(header, (csv_value(c) for c in cells), strict=False))

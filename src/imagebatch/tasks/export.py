@@ -53,7 +53,7 @@ from .exportplan import (
     Deliverable,
     ExportRefused,
     ExportSummary,
-    decisions,
+    approved_keys,
     export_csv,
     in_the_way,
     listed,
@@ -343,7 +343,7 @@ def export(
     name_template = NameTemplate.parse(template or DEFAULT_TEMPLATE)
     source, target = _places(out, dest)
     columns, rows = read_results(source)
-    approved = {k for k, d in decisions(source).items() if d == "approved"} if approved_only else None
+    approved = approved_keys(source) if approved_only else None
     sources = set(source.list(f"{layout.IMAGES_DIR}/"))
     deliverables = plan(columns, rows, name_template, conversion or Conversion(), approved, sources)
     summary = ExportSummary(target.url, delivered=len(deliverables), deliverables=deliverables)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
-import importlib
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +26,10 @@ from imagebatch.manifest.plan import key_digits
 
 from . import layout
 from .convert import EXTENSIONS, SOURCE_SUFFIXES, Conversion, Staged
-from .csvcells import csv_rows, csv_value, write_csv
+from .csvcells import csv_value, read_csv, write_csv
+from .decisions import read_decisions
 from .naming import NameTemplate, TemplateError, clashes, folded, unsafe
-from .storage import Location, json_object
+from .storage import Location
 
 EXPORT_CSV = "export.csv"
 EXPORT_COLUMNS = (
@@ -53,8 +53,6 @@ came from (its row, its image number, its path in OUT and that file's sha256) an
 options, the versions of Pillow and its codecs), which let the next export know what it would write
 without converting."""
 DELIVERED = ("succeeded", "skipped")
-REVIEW_JSONL = "review.jsonl"
-REVIEW_OBJECTS = "review/"
 
 
 class ExportRefused(Exception):
@@ -129,7 +127,7 @@ def export_csv(deliverables: list[Deliverable]) -> bytes:
 def _table(data: bytes) -> tuple[list[str], list[dict[str, str]]]:
     text = data.decode("utf-8")
     header = next(csv.reader(io.StringIO(text)), [])
-    return [csv_value(c) for c in header], list(csv_rows(text.splitlines(keepends=True)))
+    return [csv_value(c) for c in header], list(read_csv(io.StringIO(text, newline="")))
 
 
 def listed(dest: Location) -> dict[str, dict[str, str]]:
@@ -152,26 +150,10 @@ def read_results(out: Location) -> tuple[list[str], list[dict[str, str]]]:
     return _table(data)
 
 
-def decisions(out: Location) -> dict[str, str]:
-    """Each key's last review decision ("approved", "rejected", "cleared"), from
-    `imagebatch.tasks.decisions.read_decisions` when that module is installed; else read here from the
-    same contract: `review.jsonl` lines (in a folder) and the objects under `review/` (in a bucket),
-    each {key, variant, decision, note, reviewer, at}, in order, the last one for a key winning."""
-    try:
-        module = importlib.import_module("imagebatch.tasks.decisions")
-    except ModuleNotFoundError as exc:
-        if exc.name != "imagebatch.tasks.decisions":
-            raise
-    else:
-        return {key: str(d.decision) for key, d in module.read_decisions(out).items()}
-    blobs = [out.get(REVIEW_JSONL)] + [out.get(name) for name in out.list(REVIEW_OBJECTS)]
-    last: dict[str, str] = {}
-    for blob in blobs:
-        for raw in (blob or b"").splitlines():
-            obj = json_object(raw)
-            if obj is not None and isinstance(obj.get("key"), str) and isinstance(obj.get("decision"), str):
-                last[obj["key"]] = obj["decision"]
-    return last
+def approved_keys(out: Location) -> set[str]:
+    """The keys whose decision in force is `approved` (`tasks.decisions`: the last one for a key wins, so
+    an approval later cleared or turned into a rejection does not count)."""
+    return {key for key, d in read_decisions(out).items() if d.decision == "approved"}
 
 
 def _variant(row: dict[str, str]) -> int:

@@ -10,7 +10,9 @@ compare-and-swap on an ETag (`If-Match`), through `obstore` (Rust `object_store`
   `journal/<run>-[<shard>-]<seq>.jsonl` (zero-padded: listing gives the order), compacted at a run's end.
 - `Lease`: the folder lock as an object (`.imagebatch.lease`), taken create-only and renewed by
   compare-and-swap; it expires `LEASE_SECONDS` after its last renewal, and only then may another run take
-  the prefix over.
+  the prefix over. A sharded run's parent holds it (marked with its number of shards) from its start to
+  its end; each shard holds a lease of its own (`.imagebatch.shard-I-of-N.lease`) and writes only while
+  its parent's lease is live (`ParentLease`), so no run can take the prefix over while a shard writes.
 
 One module over 450 lines on purpose: the segments' names, the compaction, the lease and the location
 share one contract with the store (create-only writes that recognise their own retried success, one
@@ -39,9 +41,16 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 
 from . import layout
-from .storage import OutputLockedError, json_object
+from .storage import OutputLockedError, json_object, shown_url
 
 LEASE_NAME = ".imagebatch.lease"
+
+
+def shard_lease_name(shard: str) -> str:
+    """The lease shard `I-of-N` of a sharded run holds alone while it sends (the folder's shard lock)."""
+    return f".imagebatch.shard-{shard}.lease"
+
+
 LEASE_SECONDS = 60.0
 """How long a lease lasts past its last renewal. A crashed run's prefix can be taken over this long after
 it died: short next to a pod's restart, long enough to ride out two missed renewals plus a store's
@@ -98,8 +107,10 @@ class ObjectLocation:
     ) -> None:
         match = _URL.match(url.rstrip("/"))
         if match is None:
+            secret = any(c in url for c in "@?#")
+            why = "holds a user, password or query" if secret else "is not an object store URL"
             raise ValueError(
-                f"{url!r} is not an object store URL: use s3://bucket/prefix, gs://bucket/prefix or "
+                f"{shown_url(url)!r} {why}: use s3://bucket/prefix, gs://bucket/prefix or "
                 "az://container/prefix (credentials come from the environment, never the URL)"
             )
         self.scheme = match["scheme"].lower()
@@ -330,6 +341,9 @@ class SegmentJournal:
             blobs = [b or b"" for b in self.loc.get_many(names)]
             data = b"".join(b if not b or b.endswith(b"\n") else b + b"\n" for b in blobs)
             self.fence()
+            # Named by the highest run it holds: a sharded run's shards numbered their segments at their
+            # own start, after this run took its number; segments a crash left behind are then ignored.
+            self.run = max(self.run, *map(_run_of, names))
             target = f"{JOURNAL}{self.run:08d}-compact.jsonl"
             if not self.loc.put_new(target, data):
                 raise StoreError(errno.EEXIST, f"{self.loc.url}/{target} exists: another run is writing here")
@@ -355,8 +369,11 @@ class Lease:
         name: str = LEASE_NAME,
         clock: Callable[[], float] | None = None,
         on_lost: Callable[[OSError], None] | None = None,
+        shards: int | None = None,
     ) -> None:
         self.loc, self.what, self.name = loc, what, name
+        self.shards = shards
+        """A sharded run's parent: its number of shards, which may write under this lease (`ParentLease`)."""
         self.clock = clock or time.time
         self.on_lost = on_lost
         self.owner = uuid.uuid4().hex
@@ -368,7 +385,8 @@ class Lease:
 
     def _body(self, expires_at: float) -> bytes:
         holder = f"{socket.gethostname()} pid {os.getpid()}"
-        return json.dumps({"owner": self.owner, "holder": holder, "expires_at": expires_at}).encode()
+        body = {"owner": self.owner, "holder": holder, "expires_at": expires_at}
+        return json.dumps(body | ({"shards": self.shards} if self.shards else {})).encode()
 
     def acquire(self) -> None:
         """Take the lease, or raise `OutputLockedError` naming the holder while its lease is live."""
@@ -436,6 +454,56 @@ class Lease:
         self._etag = None
 
 
+def live_lease(
+    loc: ObjectLocation, name: str, clock: Callable[[], float] | None = None
+) -> dict[str, Any] | None:
+    """The body of the lease `name` while it is live (not expired, not released), else None."""
+    got = loc.get(name)
+    body = _parse(got) if got is not None else {}
+    return body if float(body.get("expires_at", 0)) > (clock or time.time)() else None
+
+
+class ParentLease:
+    """A shard's view of its sharded run's parent's lease on the prefix (the folder's lock, held shared).
+
+    A shard starts only under a live lease marked with its number of shards, and writes (its fence,
+    `check`) only while that same lease is live, short of `SAFETY_SECONDS`: the lease is read again
+    when less than a renewal period is left of the expiry last seen (one GET about every 20 s of
+    writing). A parent that died stops renewing, so its shards stop writing before its lease expires
+    and another run may take the prefix over (a run that is not sharded is refused until then)."""
+
+    def __init__(self, loc: ObjectLocation, shard: str, clock: Callable[[], float] | None = None) -> None:
+        self.loc, self.shard = loc, shard
+        self.clock = clock or time.time
+        body = live_lease(loc, LEASE_NAME, self.clock)
+        shards = int(shard.rpartition("-of-")[2])
+        if body is None:
+            raise OutputLockedError(
+                f"shard {shard} writes into {loc.url} only while its sharded run holds it, and no run does"
+            )
+        if body.get("shards") != shards:
+            holder = body.get("holder", "another machine")
+            what = "a run that is not sharded" if not body.get("shards") else "another sharded run"
+            raise OutputLockedError(f"{what} ({holder}) is using {loc.url}")
+        self.owner, self.expires_at = body.get("owner"), float(body["expires_at"])
+
+    def check(self) -> None:
+        """Raise (an OSError) unless the parent's lease is still live, short of the safety margin."""
+        if self.clock() >= self.expires_at - SAFETY_SECONDS - RENEW_SECONDS:
+            body = _parse(self.loc.get(LEASE_NAME) or b"")
+            self.expires_at = float(body.get("expires_at", 0)) if body.get("owner") == self.owner else 0.0
+        if self.clock() >= self.expires_at - SAFETY_SECONDS:
+            why = f"shard {self.shard}: its sharded run no longer holds {self.loc.url} (its parent died?)"
+            raise StoreError(errno.EBUSY, why)
+
+
+def lease_holder(loc: ObjectLocation, clock: Callable[[], float] | None = None) -> str | None:
+    """Who holds the prefix's lease now (its holder as the lease names it), or None when nobody does:
+    read only, the lease is never taken (`validate --out` asks while a run may be sending)."""
+    body = live_lease(loc, LEASE_NAME, clock)
+    return None if body is None else f"another imagebatch run ({body.get('holder', 'another machine')})"
+
+
 def _parse(data: bytes) -> dict[str, Any]:
     try:
         obj = json.loads(data)
@@ -474,10 +542,12 @@ def report_in(loc: ObjectLocation, details: Any = None, to: Any = None) -> str:
 
     from imagebatch.report import build_report
 
+    from .decisions import decided
+
     with contextlib.ExitStack() as stack:
         folder = Path(to) if to is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         had = stage(loc, folder)
-        build_report(folder, details=details)
+        build_report(folder, details=details, decisions=decided(loc))
         pages = sorted(p.name for p in folder.glob("report*.html"))
         thumbs = layout.THUMBS_DIR
         made = [p for p in (folder / thumbs).glob("*.jpg") if f"{thumbs}/{p.name}" not in had]

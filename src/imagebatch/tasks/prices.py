@@ -107,3 +107,14 @@ def estimate(requests: Iterable[PlannedRequest], prices: PriceTable) -> dict[str
     for req in requests:
         by[req.model] = by.get(req.model, 0.0) + prices.most(req)
     return dict(sorted(by.items()))
+
+
+def estimate_lines(requests: list[PlannedRequest], prices: PriceTable) -> list[str]:
+    """`estimate` as `imagebatch validate --prices` prints it: a line per model, the total, and the models
+    the table does not price."""
+    by_model = estimate(requests, prices)
+    lines = [f"  {model:<24} {prices.money(amount)}" for model, amount in by_model.items()]
+    lines.append(f"  {'total':<24} {prices.money(sum(by_model.values()))}")
+    if unpriced := prices.unpriced(requests):
+        lines.append(f"  no price for {', '.join(unpriced)}: counted as 0")
+    return lines

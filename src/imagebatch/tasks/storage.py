@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,32 @@ def is_object_url(out: str | os.PathLike[str]) -> bool:
     """Whether `--out` names an object store (`s3://bucket/prefix`, `gs://...`, `az://...`)."""
     text = str(out) if isinstance(out, str) else ""
     return text.split("://", 1)[0].lower() in OBJECT_SCHEMES and "://" in text
+
+
+def shown_url(url: str) -> str:
+    """`url` as a message may show it: without a user name, password, query or fragment (where a
+    credential would hide), which `--out` refuses anyway."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    authority = authority.rpartition("@")[2]
+    shown = f"{scheme}://{authority}{slash}{path}"
+    return re.split(r"[?#]", shown, maxsplit=1)[0]
+
+
+STORE_SECRETS = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "AZURE_STORAGE_SAS_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_CLIENT_SECRET",
+)
+"""The variables of the stores' standard credential chains that hold a secret: a process that imagebatch
+starts itself (a shard the parent runs) gets them on its stdin, never in its environment."""
 
 
 def local_path(out: str | os.PathLike[str]) -> Path:

@@ -20,7 +20,8 @@ cut short by a crash (kill -9 in the middle of a write) is ignored when the jour
 In an object store (`s3://bucket/prefix`, `tasks.objectstore`) the same names hold whole objects, except
 the journal: its lines (and usage's, as `"event": "usage"` lines) go to `journal/<run>-<seq>.jsonl`
 segments, one create-only PUT per group commit, compacted into one object at the end of a run; the lock is
-the lease object `.imagebatch.lease`; `thumbs/` and `report*.html` are uploaded whole.
+the lease object `.imagebatch.lease` (a sharded run's parent holds it throughout, each shard its own
+`.imagebatch.shard-I-of-N.lease` too); `thumbs/` and `report*.html` are uploaded whole.
 
 One module on purpose: the journal's write order, its replay (`load_state`), the
 locks and the shards' merge are one protocol; split, each half would have to restate the other's rules.
@@ -45,7 +46,7 @@ from imagebatch.gateway import AttemptEvent, AttemptStarted
 from imagebatch.manifest.plan import key_digits
 
 from . import layout
-from .csvcells import write_csv
+from .csvcells import read_csv, write_csv
 from .storage import (
     LocalFolder,
     Location,
@@ -274,8 +275,12 @@ class OutputStore:
         before it merged them) are merged first: every later line goes after theirs.
 
         In an object store, the lease (`tasks.objectstore.Lease`) is held instead, renewed in the
-        background; the journal's segments are written under it."""
+        background; the journal's segments are written under it. A store that holds it already (a sharded
+        run's parent, `hold_sharded`) goes on holding it."""
         if self._folder is None:
+            if self._lease is not None:
+                yield
+                return
             with self._leased("another imagebatch run"):
                 yield
             return
@@ -284,11 +289,26 @@ class OutputStore:
             yield
 
     @contextlib.contextmanager
-    def _leased(self, what: str) -> Iterator[None]:
+    def hold_sharded(self, shards: int) -> Iterator[None]:
+        """Hold the location for the parent of a sharded run, from its start to its end.
+
+        An object store's prefix: its lease, marked with the number of shards, held throughout (the shards
+        write under it, each holding its own shard lease: `shard_hold`; a run that is not sharded is
+        refused); the parent's `hold_and_merge` inside it holds nothing more. A local folder: nothing here
+        (its parent holds the folder alone, `hold_and_merge`, at its start and at its end, and its shards
+        hold it shared meanwhile)."""
+        if self._folder is not None:
+            yield
+            return
+        with self._leased("another imagebatch run", shards=shards):
+            yield
+
+    @contextlib.contextmanager
+    def _leased(self, what: str, shards: int | None = None) -> Iterator[None]:
         from .objectstore import JOURNAL, Lease, SegmentJournal, next_run
 
         loc = self._object_location()
-        lease = Lease(loc, what, clock=self.clock, on_lost=self._note_write_error)
+        lease = Lease(loc, what, clock=self.clock, on_lost=self._note_write_error, shards=shards)
         lease.acquire()
         try:
             lease.start()
@@ -301,19 +321,74 @@ class OutputStore:
 
     @contextlib.contextmanager
     def shard_hold(self) -> Iterator[None]:
-        """Hold the folder as one shard: shared with the other shards of the run, alone for this shard."""
+        """Hold the folder as one shard: shared with the other shards of the run, alone for this shard.
+
+        In an object store: this shard's own lease, under its parent's lease on the prefix
+        (`tasks.objectstore.ParentLease`); its segments, `journal/<run>-<I-of-N>-<seq>.jsonl`, are written
+        only while both are held."""
         if self._folder is None:
-            raise OutputLockedError(f"a sharded run into an object store ({self.where}) is not supported yet")
+            with self._shard_leased():
+                yield
+            return
         with (
             self._flock(layout.LOCK, fcntl.LOCK_SH, "a run that is not sharded"),
             self._flock(layout.shard_lock(str(self.shard)), fcntl.LOCK_EX, f"shard {self.shard}"),
         ):
             yield
 
-    def shard_held(self, shard: str) -> bool:
-        """Whether a process holds shard `shard`'s lock now (a shard's process holds it while it sends)."""
+    def in_use(self) -> str | None:
+        """Who is sending into the location now (a run, or a shard of one), or None: tested without
+        holding anything. A folder's locks are each tried shared and non-blocking, and let go at once (a
+        run holds its lock alone, a shard its own); a lock file never made means no run ever held it, and
+        none is made. An object store's lease object is read (`objectstore.lease_holder`)."""
         if self._folder is None:
-            return False
+            from .objectstore import lease_holder
+
+            return lease_holder(self._object_location(), self.clock)
+        names = [layout.LOCK, *(p.name for p in self.root.glob(layout.shard_lock("*")))]
+        for name in names:
+            try:
+                fd = os.open(self.root / name, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return "a shard of a sharded run" if name != layout.LOCK else "another imagebatch run"
+            finally:
+                os.close(fd)  # lets go of the shared lock, if it was taken
+        return None
+
+    @contextlib.contextmanager
+    def _shard_leased(self) -> Iterator[None]:
+        from .objectstore import JOURNAL, Lease, ParentLease, SegmentJournal, next_run, shard_lease_name
+
+        loc, shard = self._object_location(), str(self.shard)
+        name = shard_lease_name(shard)
+        lease = Lease(loc, f"shard {shard}", name=name, clock=self.clock, on_lost=self._note_write_error)
+        lease.acquire()
+        try:
+            parent = ParentLease(loc, shard, clock=self.clock)  # refused unless its sharded run holds it
+            lease.start()
+
+            def fence() -> None:
+                lease.check()
+                parent.check()
+
+            self._lease = lease
+            self._segments = SegmentJournal(loc, next_run(loc.list(JOURNAL)), shard=shard, fence=fence)
+            yield
+        finally:
+            self._segments = self._lease = None
+            lease.release()
+
+    def shard_held(self, shard: str) -> bool:
+        """Whether a process holds shard `shard`'s lock now (a shard's process holds it while it sends);
+        in an object store, whether its shard lease is live."""
+        if self._folder is None:
+            from .objectstore import live_lease, shard_lease_name
+
+            return live_lease(self._object_location(), shard_lease_name(shard), self.clock) is not None
         try:
             with self._flock(layout.shard_lock(shard), fcntl.LOCK_EX, f"shard {shard}"):
                 return False
@@ -457,18 +532,21 @@ class OutputStore:
         its files already make it done on replay, see `load_state`)."""
         self.journal("outcome", sync=record.status != "succeeded", **asdict(record))
 
-    def load_state(self) -> dict[str, KeyState]:
+    def load_state(self, seen: Callable[[dict[str, Any]], None] | None = None) -> dict[str, KeyState]:
         """Replay the journal into the state of every idempotency key it names.
 
         A success whose files are all on disk counts as succeeded even if the process died before its
         outcome was journaled (the `answered` event names the files first); a succeeded outcome whose
-        files are gone counts as never done, so a rerun makes them again.
+        files are gone counts as never done, so a rerun makes them again. `seen` is given every event
+        that names a key, in order, as it is replayed (`validate --out` notes each request's last key).
         """
         states: dict[str, KeyState] = {}
         for ev in self._journal_events():
             key = ev.get("idempotency_key")
             if not isinstance(key, str) or ev.get("event") == "usage":
                 continue
+            if seen is not None:
+                seen(ev)
             st = states.setdefault(key, KeyState())
             kind = ev.get("event")
             if kind == "attempt_started":
@@ -588,6 +666,14 @@ class OutputStore:
             write_csv(text, columns, rows)
             text.flush()
             text.detach()  # `atomic_file` syncs and closes the file itself
+
+    def read_results(self) -> list[dict[str, str]] | None:
+        """results.csv's rows, every cell as it was before the writer neutralised formulas (`csvcells`);
+        None when the location has none (no run has ended there)."""
+        data = self.location.get(layout.RESULTS_CSV)
+        if data is None:
+            return None
+        return list(read_csv(io.StringIO(data.decode("utf-8"), newline="")))
 
     def write_run(self, info: dict[str, Any]) -> None:
         self.write_top(layout.RUN_JSON, (json.dumps(info, indent=2, default=str) + "\n").encode())

@@ -63,6 +63,15 @@ def _first(usage: dict[str, Any], names: tuple[str, ...]) -> int | None:
     return None
 
 
+def token_counts(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """(input, output, total) tokens of one answer's usage object, by whichever names its route uses;
+    the total is input + output when the route gives none."""
+    inp, out, total = _first(usage, INPUT_TOKENS), _first(usage, OUTPUT_TOKENS), _first(usage, TOTAL_TOKENS)
+    if total is None and inp is not None and out is not None:
+        total = inp + out
+    return inp, out, total
+
+
 def _add(total: int | None, value: int | None) -> int | None:
     if value is None:
         return total
@@ -97,10 +106,7 @@ def summarise_usage(
             r.images += int(line.get("images") or 0)
         usage = line.get("usage")
         if isinstance(usage, dict):
-            inp, out = _first(usage, INPUT_TOKENS), _first(usage, OUTPUT_TOKENS)
-            total = _first(usage, TOTAL_TOKENS)
-            if total is None and inp is not None and out is not None:
-                total = inp + out
+            inp, out, total = token_counts(usage)
             r.input_tokens = _add(r.input_tokens, inp)
             r.output_tokens = _add(r.output_tokens, out)
             r.total_tokens = _add(r.total_tokens, total)

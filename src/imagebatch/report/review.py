@@ -1,0 +1,424 @@
+"""`imagebatch review OUT`: the run's contact sheet served on 127.0.0.1, for a person to approve or reject
+each image (with a note), keyboard first. Each decision is recorded in the output location before the
+browser is answered (`tasks.decisions`: `review.jsonl` in a folder, one object under `review/` in a
+bucket), so nothing is lost to a closed tab or a second reviewer; the last decision for an image wins.
+Review is a person's interactive step, so it is this command, not a Prefect flow; a run's Prefect
+artifact counts what is unreviewed, approved and rejected.
+
+The server is the standard library's `ThreadingHTTPServer`, not the FastAPI/uvicorn the emulator uses: it
+serves one page, its decisions and its thumbnails to a browser or two on this machine; a thread per
+connection suits `record_decision`, which blocks until the decision is synced (flock and fsync, or a
+create-only PUT), and nothing here needs an event loop. It starts at once, adds no import, and each
+check below is a few explicit lines rather than middleware settings.
+
+Security: a loopback server is still reachable from every web page its user opens, so
+- it binds 127.0.0.1 only;
+- every request's `Host` must be `127.0.0.1:PORT` or `localhost:PORT`: a page on another name that
+  resolves to 127.0.0.1 (DNS rebinding) is refused, and so can read neither the page nor its token;
+- a decision (`POST /api/decision`) needs the server's random token, which only its page carries (in
+  `X-Review-Token`), an `Origin` of this server, `Content-Type: application/json` (a form or a `no-cors`
+  fetch from another site can set none of these), and `Sec-Fetch-Site: same-origin` when the browser
+  sends it; anything else is answered 403 and writes nothing;
+- the only files served are the images results.csv names and their thumbnails, addressed by request key
+  and image number (no path comes from the URL); a name that is absolute, has `..` or lies outside
+  `images/` is never served, nor a local file whose real path (symlinks resolved) leaves OUT;
+- the page's Content-Security-Policy runs its own script only (a nonce) and loads nothing from elsewhere;
+  no other site may frame the page or embed its images (`frame-ancestors`, `Cross-Origin-Resource-Policy`).
+
+Choices where the issue is silent: the cards are results.csv's rows with an image (succeeded or skipped;
+requests without one have nothing to judge: report.html shows them); a request's variants are separate
+cards, newest first, each with its own key; the reviewer's name is `--reviewer`, else
+`$IMAGEBATCH_REVIEWER`, else the login name, and the page may set its own (kept in that browser); the
+keys, the note and undo are described in `report.review_page`. A missing thumbnail is made on the spot in
+a folder (as the report would) and in a bucket the image itself is served instead.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hmac
+import json
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
+
+from imagebatch.gateway.constants import ENV_REVIEWER
+from imagebatch.tasks import layout
+from imagebatch.tasks.decisions import DECISIONS, Decision
+from imagebatch.tasks.storage import LocalFolder, Location
+
+from .html import TooLarge, _thumb, thumb_name
+from .review_data import (
+    DecisionCache,
+    ReviewCard,
+    ReviewError,
+    confined,
+    decision_json,
+    load_cards,
+    local_file,
+)
+from .review_page import inline_json, render_page
+
+HOST = "127.0.0.1"
+TOKEN_HEADER = "X-Review-Token"
+MAX_BODY = 16 * 1024
+"""The largest decision a POST may carry (a note is at most `MAX_NOTE` characters)."""
+MAX_NOTE = 2000
+MAX_REVIEWER = 100
+IDLE_TIMEOUT = 60.0
+"""Seconds an idle keep-alive connection is kept."""
+CONTENT_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
+
+__all__ = ["ReviewError", "ReviewServer", "default_reviewer", "serve_review"]
+
+
+def default_reviewer(given: str | None = None) -> str:
+    """The name decisions are recorded under: `given`, else `$IMAGEBATCH_REVIEWER`, else the login name."""
+    if given:
+        return given
+    if os.environ.get(ENV_REVIEWER):
+        return os.environ[ENV_REVIEWER]
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container's unnamed uid)
+        return "reviewer"
+
+
+class ReviewServer:
+    """The review page of the run in `location`, served on 127.0.0.1:`port` (0: a free one) from a
+    thread once started. `with ReviewServer(...) as server:` starts and stops it; `server.url`."""
+
+    def __init__(
+        self, location: Location, reviewer: str, port: int = 0, refresh_interval: float = 1.0
+    ) -> None:
+        self.location = location
+        self.reviewer = reviewer
+        self.token = secrets.token_urlsafe(32)
+        self.decisions = DecisionCache(location, interval=refresh_interval)
+        self._cards_lock = threading.Lock()
+        self._cards_seen: object = None
+        self.cards: dict[str, ReviewCard] = {}
+        self._cards_json = "[]"
+        self.aside = ""
+        self._load_cards()
+        self._httpd = _HTTPServer((HOST, port), _Handler, self)
+        self.port = int(self._httpd.server_address[1])
+        self.url = f"http://{HOST}:{self.port}/"
+        self.hosts = frozenset({f"{HOST}:{self.port}", f"localhost:{self.port}"})
+        self.origins = frozenset(f"http://{host}" for host in self.hosts)
+        self._thread: threading.Thread | None = None
+        self.refused = 0
+        """Requests refused (403) since the server started."""
+
+    def start(self) -> ReviewServer:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="imagebatch-review"
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._httpd.server_close()
+
+    def __enter__(self) -> ReviewServer:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    # --- what the handler asks -------------------------------------------------------------------
+
+    def _load_cards(self) -> None:
+        """Read results.csv again if it changed (a folder: its size and time; a bucket: at start only)."""
+        seen: object = "bucket"
+        if isinstance(self.location, LocalFolder):
+            try:
+                stat = (self.location.root / layout.RESULTS_CSV).stat()
+                seen = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+            except OSError:
+                seen = None
+        with self._cards_lock:
+            if seen is not None and seen == self._cards_seen:
+                return
+            cards, without, refused = load_cards(self.location)
+            self.cards = {card.key: card for card in cards}
+            self._cards_json = inline_json([card.shown for card in cards])
+            aside = (
+                [f"{_count(without, 'request')} without an image not shown (report.html)"] if without else []
+            )
+            if refused:
+                aside.append(f"{_count(refused, 'image name')} outside images/ not served")
+            self.aside = "; ".join(aside)
+            self._cards_seen = seen
+
+    def page(self, nonce: str) -> bytes:
+        self._load_cards()
+        version, decisions = self.decisions.since(-1)
+        cards, shown = self.cards, self._cards_json
+        data = {
+            "decisions": {k: decision_json(d) for k, d in decisions.items() if k in cards},
+            "version": version,
+            "reviewer": self.reviewer,
+            "aside": self.aside,
+        }
+        return render_page(f"imagebatch review: {_name(self.location)}", self.token, nonce, shown, data)
+
+    def decide(self, body: dict[str, Any]) -> tuple[HTTPStatus, dict[str, Any]]:
+        """Record the decision a page posted, after checking each field."""
+        key, kind = body.get("key"), body.get("decision")
+        note, reviewer = body.get("note", ""), body.get("reviewer") or self.reviewer
+        card = self.cards.get(key) if isinstance(key, str) else None
+        if card is None:
+            return HTTPStatus.BAD_REQUEST, {"error": "no image of this run has that key"}
+        if kind not in DECISIONS:
+            return HTTPStatus.BAD_REQUEST, {"error": f"decision must be one of {', '.join(DECISIONS)}"}
+        if not isinstance(note, str) or len(note) > MAX_NOTE:
+            return HTTPStatus.BAD_REQUEST, {"error": f"note must be text of at most {MAX_NOTE} characters"}
+        if not isinstance(reviewer, str) or len(reviewer) > MAX_REVIEWER:
+            return HTTPStatus.BAD_REQUEST, {"error": f"reviewer must be at most {MAX_REVIEWER} characters"}
+        stored = self.decisions.record(Decision(card.key, card.variant, kind, note.strip(), reviewer.strip()))
+        return HTTPStatus.OK, {"decision": decision_json(stored), "version": self.decisions.version}
+
+    def image(self, key: str, number: str, thumbnail: bool) -> tuple[bytes, str] | None:
+        """Image `number` of the request `key` (or its thumbnail) and its content type; None if there is
+        no such image, or it may not be served."""
+        card = self.cards.get(key)
+        if card is None or not number.isdigit() or int(number) >= len(card.images):
+            return None
+        rel = card.images[int(number)]
+        if isinstance(self.location, LocalFolder):
+            return _local_image(self.location.root, rel, thumbnail)
+        if thumbnail and (data := self.location.get(f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg")):
+            return data, "image/jpeg"
+        data = self.location.get(rel)
+        return None if data is None else (data, CONTENT_TYPES[Path(rel).suffix])
+
+    def host_ok(self, host: str | None) -> bool:
+        return host is not None and host.lower() in self.hosts
+
+    def post_refusal(self, headers: Any) -> str | None:
+        """Why a POST is not from this server's page, or None if it is."""
+        if headers.get("Origin") not in self.origins:
+            return "refused: not from this review page (Origin)"
+        if headers.get("Sec-Fetch-Site", "same-origin") != "same-origin":
+            return "refused: not from this review page (Sec-Fetch-Site)"
+        if not hmac.compare_digest(headers.get(TOKEN_HEADER, "").encode(), self.token.encode()):
+            return "refused: missing or wrong token (reload the page)"
+        if headers.get_content_type() != "application/json":
+            return "refused: a decision is sent as application/json"
+        return None
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
+
+
+def _name(location: Location) -> str:
+    return location.root.name if isinstance(location, LocalFolder) else location.url
+
+
+def _local_image(root: Path, rel: str, thumbnail: bool) -> tuple[bytes, str] | None:
+    source = local_file(root, rel)
+    if source is None:
+        return None
+    if thumbnail:
+        # The report's own thumbnail, made once into thumbs/ if missing; never through a symlink out of OUT.
+        name = thumb_name(rel)
+        for place in (layout.THUMBS_DIR, f"{layout.THUMBS_DIR}/{name}.jpg"):
+            if os.path.lexists(root / place) and confined(root, place) is None:
+                return None
+        try:
+            made = _thumb(root, source, name)
+        except TooLarge:
+            return None
+        thumb = local_file(root, made) if made else None
+        return None if thumb is None else (thumb.read_bytes(), "image/jpeg")
+    return source.read_bytes(), CONTENT_TYPES[Path(rel).suffix]
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    """One thread per connection; the open connections are shut down on close, so that a browser's
+    idle keep-alive connection does not hold the close up."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], review: ReviewServer):
+        self.review = review
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        with self._open_lock:
+            for conn in self._open:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        super().server_close()  # joins the connections' threads
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    protocol_version = "HTTP/1.1"
+    timeout = IDLE_TIMEOUT
+    disable_nagle_algorithm = True  # headers and body are two writes: Nagle held the body for the ACK (40 ms)
+    server_version = "imagebatch-review"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per request is noise
+        pass
+
+    def do_GET(self) -> None:
+        review = self.server.review
+        if not review.host_ok(self.headers.get("Host")):
+            return self._json(HTTPStatus.FORBIDDEN, {"error": "refused: unknown Host"}, close=True)
+        url = urlsplit(self.path)
+        try:
+            self._get(review, url)
+        except (OSError, ReviewError) as exc:  # the folder or the store failed to answer: say so
+            self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"cannot read {review.location.url}: {exc}"})
+
+    def _get(self, review: ReviewServer, url: SplitResult) -> None:
+        parts = url.path.split("/")
+        if url.path == "/":
+            nonce = secrets.token_urlsafe(16)
+            csp = (
+                f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; img-src 'self'; "
+                "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+            )
+            body = review.page(nonce)
+            return self._send(
+                HTTPStatus.OK, body, "text/html; charset=utf-8", {"Content-Security-Policy": csp}
+            )
+        if url.path == "/api/decisions":
+            try:
+                since = int(parse_qs(url.query).get("since", ["-1"])[0])
+            except ValueError:
+                since = -1
+            version, changed = review.decisions.since(since)
+            decisions = {k: decision_json(d) for k, d in changed.items()}
+            return self._json(HTTPStatus.OK, {"version": version, "decisions": decisions})
+        if url.path == "/favicon.ico":  # none: an empty answer rather than a 404 in the console
+            return self._send(HTTPStatus.OK, b"", "image/x-icon", {})
+        if len(parts) == 4 and parts[1] in ("thumb", "image"):
+            found = review.image(unquote(parts[2]), parts[3], thumbnail=parts[1] == "thumb")
+            if found is not None:
+                return self._send(
+                    HTTPStatus.OK, found[0], found[1], {"Cache-Control": "private, max-age=3600"}
+                )
+        return self._json(HTTPStatus.NOT_FOUND, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        review = self.server.review
+        if not review.host_ok(self.headers.get("Host")):
+            return self._json(HTTPStatus.FORBIDDEN, {"error": "refused: unknown Host"}, close=True)
+        if urlsplit(self.path).path != "/api/decision":
+            return self._json(HTTPStatus.NOT_FOUND, {"error": "not found"}, close=True)
+        why = review.post_refusal(self.headers)
+        if why:
+            return self._json(HTTPStatus.FORBIDDEN, {"error": why}, close=True)
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit() or int(length) > MAX_BODY:
+            return self._json(
+                HTTPStatus.BAD_REQUEST, {"error": f"a body of at most {MAX_BODY} bytes"}, close=True
+            )
+        try:
+            body = json.loads(self.rfile.read(int(length)))
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return self._json(HTTPStatus.BAD_REQUEST, {"error": "the body is not a JSON object"})
+        try:
+            status, answer = review.decide(body)
+        except OSError as exc:
+            status, answer = HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not recorded: {exc.strerror or exc}"}
+        self._json(status, answer)
+
+    def _json(self, status: HTTPStatus, data: Any, close: bool = False) -> None:
+        if status == HTTPStatus.FORBIDDEN:
+            self.server.review.refused += 1
+        body = json.dumps(data, ensure_ascii=False).encode()
+        self._send(status, body, "application/json", {}, close)
+
+    def _send(
+        self, status: HTTPStatus, body: bytes, kind: str, headers: dict[str, str], close: bool = False
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in {
+            "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+            "X-Frame-Options": "DENY",
+            "Cross-Origin-Resource-Policy": "same-origin",
+            **headers,
+        }.items():
+            self.send_header(name, value)
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def serve_review(
+    location: Location,
+    reviewer: str,
+    port: int = 0,
+    announce: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> int:
+    """`imagebatch review`: serve until SIGINT or SIGTERM; 0 then, 2 if there is nothing to review or
+    the port cannot be had."""
+    try:
+        server = ReviewServer(location, reviewer, port)
+    except ReviewError as exc:
+        print(f"imagebatch review: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"imagebatch review: cannot listen on {HOST}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, on_signal)
+    try:
+        with server:
+            images = f"{len(server.cards):,} images"
+            announce(f"imagebatch review: {server.url} ({images}; reviewer {reviewer}; Ctrl-C stops)")
+            while not stop.wait(0.5):
+                pass
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 0

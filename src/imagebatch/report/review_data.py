@@ -1,0 +1,247 @@
+"""What the review page shows and records: its cards (results.csv's rows with images, newest variant
+first), the image files it may serve (only those results.csv names, confined to the output location),
+and the decisions in force, kept current without reading the whole record again (`DecisionCache`).
+
+Every read goes through the output location (`tasks.storage`), so a bucket is reviewed as a folder is.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from imagebatch.tasks import layout
+from imagebatch.tasks.csvcells import read_csv
+from imagebatch.tasks.decisions import REVIEW_FILE, REVIEW_PREFIX, Decision, record_decision
+from imagebatch.tasks.storage import LocalFolder, Location, json_object
+
+from .html import image_paths, manifest_details, reviewable, row_facts, row_title
+
+PROMPT_SHOWN = 400
+"""A card shows at most this many characters of its prompt (the page holds every card's data)."""
+
+
+class ReviewError(ValueError):
+    """The output location cannot be reviewed (no results.csv): a usage error."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewCard:
+    """One image request to review: its key and variant, its images, and what the page shows of it."""
+
+    key: str
+    variant: int
+    images: tuple[str, ...]
+    """Its images' names in the output location (`images/<job>/<file>`), each checked by `safe_name`."""
+    shown: dict[str, Any]
+    """The page's data: `k` key, `v` variant, `nv` variants of its request, `t` title, `s` status, `p`
+    prompt, `f` facts, `n` images."""
+
+
+def variant_of(row: Mapping[str, str]) -> int:
+    """A row's variant: results.csv's `variant` cell, 1 where the column or the cell is missing."""
+    try:
+        return max(1, int(row.get("variant") or 1))
+    except ValueError:
+        return 1
+
+
+def safe_name(rel: str) -> bool:
+    """Whether an image name from results.csv may be served: relative, under `images/`, plain parts
+    (no `..`, `.`, empty part, backslash or control character). A local file is also checked for where
+    it really is (`local_file`)."""
+    path = PurePosixPath(rel)
+    return (
+        path.as_posix() == rel
+        and not path.is_absolute()
+        and len(path.parts) > 1
+        and path.parts[0] == layout.IMAGES_DIR
+        and not {"..", "."} & set(path.parts)
+        and "\\" not in rel
+        and all(ch >= " " and ch != "\x7f" for ch in rel)
+    )
+
+
+def confined(root: Path, rel: str) -> Path | None:
+    """What `root/rel` really is (symlinks resolved), or None if it is missing or lies outside `root` (a
+    symlink out of the output folder is refused)."""
+    try:
+        real = (root / rel).resolve(strict=True)
+        base = root.resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, or a symlink loop
+        return None
+    return real if real.is_relative_to(base) else None
+
+
+def local_file(root: Path, rel: str) -> Path | None:
+    """The regular file `root/rel` really is, if it is one and inside `root` (`confined`)."""
+    real = confined(root, rel)
+    return real if real is not None and real.is_file() else None
+
+
+def load_cards(location: Location) -> tuple[list[ReviewCard], int, int]:
+    """The cards of the run in `location`, and how many requests have no image to review and how many
+    image names were refused (not `safe_name`). Cards keep results.csv's order of requests (job, request,
+    turn), each request's variants newest first. Raises `ReviewError` without results.csv."""
+    raw = location.get(layout.RESULTS_CSV)
+    if raw is None:
+        raise ReviewError(
+            f"{location.url} has no {layout.RESULTS_CSV} (not an output folder of a finished run)"
+        )
+    rows = list(read_csv(io.StringIO(raw.decode("utf-8", errors="replace"), newline="")))
+    details = manifest_details(json_object(location.get(layout.RUN_JSON) or b"{}") or {})
+    shown = [row for row in rows if reviewable(row)]
+    groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    for row in shown:
+        groups.setdefault((row["job_id"], row["request_index"], row.get("turn_index") or "0"), []).append(row)
+    cards, refused = [], 0
+    for variants in groups.values():
+        # A later variant's key is its own; its prompt is its request's (any variant the plan knows).
+        planned = next(
+            (details[r["idempotency_key"]] for r in variants if r["idempotency_key"] in details), None
+        )
+        for row in sorted(variants, key=variant_of, reverse=True):
+            images = tuple(rel for rel in image_paths(row) if safe_name(rel))
+            refused += len(image_paths(row)) - len(images)
+            if not images:
+                continue
+            key, variant = row["idempotency_key"], variant_of(row)
+            prompt = str(getattr(planned, "prompt", "") or "")
+            data = {
+                "k": key, "v": variant, "nv": len(variants), "t": row_title(row), "s": row["status"],
+                "p": prompt[:PROMPT_SHOWN] + ("…" if len(prompt) > PROMPT_SHOWN else ""),
+                "f": " · ".join([*row_facts(row), f"key {key[:16]}"]), "n": len(images),
+            }  # fmt: skip
+            cards.append(ReviewCard(key, variant, images, data))
+    return cards, len(rows) - len(shown), refused
+
+
+def decision_json(decision: Decision) -> dict[str, str]:
+    """A decision as the page reads it (its key is the map's). Not `asdict`: at 10,000 decisions its deep
+    copies took a second of the page's making."""
+    return {
+        "decision": decision.decision,
+        "note": decision.note,
+        "reviewer": decision.reviewer,
+        "at": decision.at,
+    }
+
+
+class DecisionCache:
+    """The decisions in force in a location, by key, refreshed from the record at most once every
+    `interval` seconds, and only what is new: a folder's `review.jsonl` is read from where the last read
+    stopped (read whole again only if it shrank), a bucket's `review/` listed and only its new objects
+    fetched. Each key carries the version at which its decision last changed, so a page asks for what
+    changed since the version it has (`since`).
+
+    `record` appends a decision (durable before it returns) and puts it in force at once; a refresh
+    applies the record in its own order afterwards, so the last recorded wins here as in
+    `tasks.decisions.read_decisions`."""
+
+    def __init__(
+        self, location: Location, interval: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.location = location
+        self.interval = interval
+        self.clock = clock
+        self.version = 0
+        self._lock = threading.Lock()
+        self._refreshing = threading.Lock()
+        self._in_force: dict[str, Decision] = {}
+        self._changed: dict[str, int] = {}
+        self._checked = float("-inf")
+        self._offset = 0  # a folder: the bytes of review.jsonl read so far
+        self._objects: dict[str, Decision | None] = {}  # a bucket: every decision object read so far
+        self.refresh(force=True)
+
+    def record(self, decision: Decision) -> Decision:
+        stored = record_decision(self.location, decision)
+        with self._lock:
+            self._apply([stored])
+        return stored
+
+    def since(self, version: int) -> tuple[int, dict[str, Decision]]:
+        """The current version and the decisions that changed after `version` (all for -1)."""
+        self.refresh()
+        with self._lock:
+            changed = {k: self._in_force[k] for k, v in self._changed.items() if v > version}
+            return self.version, changed
+
+    def refresh(self, force: bool = False) -> None:
+        """Read what was recorded since the last read (by this or another server), unless that was less
+        than `interval` seconds ago. One refresh at a time; a caller that finds one running goes on."""
+        if not force and self.clock() - self._checked < self.interval:
+            return
+        if not self._refreshing.acquire(blocking=force):
+            return
+        try:
+            self._checked = self.clock()
+            if isinstance(self.location, LocalFolder):
+                self._read_file(self.location.root / REVIEW_FILE)
+            else:
+                self._read_objects()
+        finally:
+            self._refreshing.release()
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        """Put `decisions` in force, in order (the caller holds the lock)."""
+        bumped = False
+        for decision in decisions:
+            if self._in_force.get(decision.key) != decision:
+                if not bumped:
+                    self.version += 1
+                    bumped = True
+                self._in_force[decision.key] = decision
+                self._changed[decision.key] = self.version
+
+    def _read_file(self, path: Path) -> None:
+        try:
+            with path.open("rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                start = self._offset if size >= self._offset else 0  # shrank: replaced, read it whole
+                fh.seek(start)
+                chunk = fh.read(size - start)
+        except FileNotFoundError:
+            return
+        complete = chunk.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offset = start + complete
+        decisions = [d for line in chunk[:complete].splitlines() if (d := _decision(line)) is not None]
+        with self._lock:
+            if start == 0 and self._in_force:
+                self._replace(decisions)
+            else:
+                self._apply(decisions)
+
+    def _read_objects(self) -> None:
+        names = self.location.list(REVIEW_PREFIX)
+        new = [name for name in names if name not in self._objects]
+        if not new:
+            return
+        last_read = max(self._objects, default="")
+        with ThreadPoolExecutor(max_workers=min(16, len(new))) as pool:
+            for name, raw in zip(new, pool.map(self.location.get, new), strict=True):
+                self._objects[name] = None if raw is None else _decision(raw)
+        with self._lock:
+            if new[0] > last_read:  # the usual case: every new object sorts after those read before
+                self._apply([d for name in new if (d := self._objects[name]) is not None])
+            else:  # one listed among those read before (another server's clock): fold them all again
+                self._replace([d for name in names if (d := self._objects.get(name)) is not None])
+
+    def _replace(self, decisions: list[Decision]) -> None:
+        """The record read whole: its last decision per key is in force (the caller holds the lock)."""
+        last: dict[str, Decision] = {}
+        for decision in decisions:
+            last[decision.key] = decision
+        self._apply([d for key, d in last.items() if self._in_force.get(key) != d])
+
+
+def _decision(raw: bytes) -> Decision | None:
+    data = json_object(raw)
+    return None if data is None else Decision.from_json(data)

@@ -1,0 +1,140 @@
+"""An output folder to review, written directly (a manifest, its plan, one drawn PNG per request, results.csv
+and run.json as a run leaves them; no run, so no Prefect), and Chromium driven by Selenium through Debian's
+chromedriver (never a downloaded driver)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image, ImageDraw
+
+from helpers.browser import CHROMIUM, FLAGS
+from imagebatch.manifest import load_manifest, plan
+from imagebatch.tasks.csvcells import write_csv
+from imagebatch.tasks.store import RESULT_COLUMNS
+
+CHROMEDRIVER = shutil.which("chromedriver")
+PRODUCTS = [
+    ("ceramic mug", "cobalt blue", (38, 74, 168)), ("ceramic mug", "sage green", (132, 160, 120)),
+    ("canvas tote bag", "sand", (212, 188, 140)), ("desk lamp", "brushed brass", (181, 148, 74)),
+    ("wool scarf", "burgundy", (128, 30, 48)), ("water bottle", "slate grey", (96, 104, 112)),
+]  # fmt: skip
+
+
+def product_png(shape: int, colour: tuple[int, int, int], side: int = 256) -> bytes:
+    """A catalog-like picture: a coloured product on white with a soft shadow."""
+    import io
+
+    im = Image.new("RGB", (side, side), (250, 250, 248))
+    draw = ImageDraw.Draw(im)
+    s = side / 256
+    draw.ellipse((60 * s, 200 * s, 196 * s, 222 * s), fill=(225, 225, 222))
+    if shape % 3 == 0:  # a mug
+        draw.rounded_rectangle((78 * s, 70 * s, 168 * s, 206 * s), radius=int(12 * s), fill=colour)
+        draw.arc((150 * s, 100 * s, 200 * s, 170 * s), 270, 90, fill=colour, width=int(12 * s))
+    elif shape % 3 == 1:  # a bag
+        draw.rectangle((64 * s, 96 * s, 192 * s, 210 * s), fill=colour)
+        draw.arc((94 * s, 50 * s, 162 * s, 130 * s), 180, 360, fill=colour, width=int(8 * s))
+    else:  # a lamp
+        draw.polygon(
+            [(88 * s, 60 * s), (168 * s, 60 * s), (190 * s, 120 * s), (66 * s, 120 * s)], fill=colour
+        )
+        draw.rectangle((122 * s, 120 * s, 134 * s, 200 * s), fill=colour)
+        draw.rectangle((92 * s, 196 * s, 164 * s, 210 * s), fill=colour)
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def review_folder(root: Path, requests: int = 12, redone: int | None = 1) -> Path:
+    """`root/out`, an output folder as a run over a catalog manifest of `requests` rows leaves it (every
+    request succeeded, a 256 px PNG each), plus one failed request (no image), and, if `redone` is given,
+    a second variant of that request (its own key, `variant` 2, as a redo adds it). The manifest is
+    `root/catalog.csv`, named by run.json, so the page shows each prompt."""
+    manifest = root / "catalog.csv"
+    lines = ["id,sku,product_name,colour,prompt"]
+    for i in range(requests):
+        name, colour, _ = PRODUCTS[i % len(PRODUCTS)]
+        lines.append(
+            f"p{i:03d},SKU-{1000 + i},{name},{colour},Studio photo of a {{product_name}} in {{colour}}"
+        )
+    lines.append("broken,SKU-9999,mug,black,Studio photo of a {product_name} in {colour}")
+    manifest.write_text("\n".join(lines) + "\n")
+    out = root / "out"
+    rows: list[dict[str, Any]] = []
+    for n, req in enumerate(plan(load_manifest(manifest))):
+        row: dict[str, Any] = {
+            "job_id": req.job_id, "request_index": req.request_index, "turn_index": req.turn_index,
+            "status": "succeeded", "images": 1, "width": 256, "height": 256, "mime_type": "image/png",
+            "model": req.model, "route": "native", "idempotency_key": req.idempotency_key, "attempts": 1,
+            "finish_reason": "STOP", "request_id": f"req_{n}", "variant": 1,
+        }  # fmt: skip
+        if req.job_id == "broken":
+            rows.append(
+                row | {"status": "failed", "images": 0, "width": "", "height": "", "error": "HTTP 503"}
+            )
+            continue
+        rel = f"images/{req.job_id}/0-{req.idempotency_key[-12:]}.png"
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(product_png(n, PRODUCTS[n % len(PRODUCTS)][2]))
+        rows.append(row | {"paths": rel})
+        if redone == n:
+            key = "ib1-" + hashlib.sha256(f"{req.idempotency_key} variant 2".encode()).hexdigest()
+            rel2 = f"images/{req.job_id}/0-{key[-12:]}.png"
+            (out / rel2).write_bytes(product_png(n + 1, (20, 20, 20)))
+            rows.append(row | {"paths": rel2, "idempotency_key": key, "variant": 2, "request_id": "req_v2"})
+    with (out / "results.csv").open("w", newline="") as fh:
+        write_csv(fh, [*RESULT_COLUMNS, "variant"], rows)
+    sha = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    run = {"manifest": str(manifest), "manifest_sha256": sha, "state": "finished"}
+    (out / "run.json").write_text(json.dumps(run))
+    return out
+
+
+def chromium(profile: Path, width: int = 1280, height: int = 900) -> Any:
+    """A headless Chromium under Selenium (the caller quits it); skips the test without Debian's chromium
+    and chromedriver."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("chromium or chromedriver is not installed (apt-get install chromium chromium-driver)")
+    import subprocess
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in [*FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"]:
+        options.add_argument(flag)
+    service = Service(executable_path=CHROMEDRIVER, log_output=subprocess.DEVNULL)  # no driver download
+    return webdriver.Chrome(options=options, service=service)
+
+
+def request(
+    url: str,
+    method: str = "GET",
+    path: str = "/",
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
+    """One HTTP request to the server at `url` (`http://127.0.0.1:PORT/`), headers exactly as given
+    (http.client adds `Host` only if `headers` has none)."""
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        given = dict(headers or {})
+        conn.putrequest(method, path, skip_host="Host" in given, skip_accept_encoding=True)
+        for name, value in given.items():
+            conn.putheader(name, value)
+        if body is not None:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        answer = conn.getresponse()
+        return answer.status, answer.read()
+    finally:
+        conn.close()

@@ -1,0 +1,108 @@
+"""The review server's view of the decisions (`DecisionCache`): only what was appended since is read, a
+line still being written waits, the record's order decides (as `read_decisions` says), on a folder and on
+a bucket (moto); and the cards' order and the names they may serve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from imagebatch.report.review_data import DecisionCache, load_cards, safe_name
+from imagebatch.tasks.decisions import REVIEW_FILE, Decision, read_decisions, record_decision
+from imagebatch.tasks.storage import LocalFolder, open_location
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_folders_cache_reads_what_others_append_and_waits_for_a_whole_line(tmp_path: Path) -> None:
+    folder, clock = LocalFolder(tmp_path), Clock()
+    record_decision(folder, Decision("ib1-a", 1, "approved"))
+    cache = DecisionCache(folder, interval=1.0, clock=clock)
+    version, now = cache.since(-1)
+    assert {k: d.decision for k, d in now.items()} == {"ib1-a": "approved"}
+
+    record_decision(folder, Decision("ib1-b", 1, "rejected", "too dark"))  # another reviewer's server
+    assert cache.since(version) == (version, {})  # read again at most once a second
+    clock.now += 1.0
+    later, changed = cache.since(version)
+    assert later > version and {k: d.note for k, d in changed.items()} == {"ib1-b": "too dark"}
+
+    line = json.dumps(
+        {"key": "ib1-a", "variant": 1, "decision": "rejected", "note": "", "reviewer": "", "at": "x"}
+    )
+    with (tmp_path / REVIEW_FILE).open("ab") as fh:  # a writer halfway through its line
+        fh.write(line[:20].encode())
+    clock.now += 1.0
+    assert cache.since(later)[1] == {}
+    with (tmp_path / REVIEW_FILE).open("ab") as fh:
+        fh.write(line[20:].encode() + b"\n")
+    clock.now += 1.0
+    assert {k: d.decision for k, d in cache.since(later)[1].items()} == {"ib1-a": "rejected"}
+
+    mine = cache.record(Decision("ib1-c", 1, "approved", reviewer="me"))  # in force at once
+    assert cache.since(-1)[1]["ib1-c"] == mine
+    assert cache.since(-1)[1] == read_decisions(folder)
+
+
+def test_a_buckets_cache_fetches_only_new_objects_and_keeps_the_listings_order(s3: Any) -> None:
+    location = open_location(f"s3://{s3.bucket()}/run")
+    record_decision(location, Decision("ib1-a", 1, "approved", reviewer="ann"))
+    cache = DecisionCache(location, interval=0)
+    assert cache.since(-1)[1]["ib1-a"].decision == "approved"
+    # An object listed before the one already read (another server's clock was behind): it is older, so
+    # the approval stays in force, as read_decisions says.
+    early = {"key": "ib1-a", "variant": 1, "decision": "rejected", "note": "", "reviewer": "bob",
+             "at": "2000-01-01T00:00:00.000000Z"}  # fmt: skip
+    assert location.put_new("review/20000101T000000.000000Z-0a0a0a0a0a0a.json", json.dumps(early).encode())
+    record_decision(location, Decision("ib1-b", 1, "rejected", reviewer="bob"))
+    in_force = cache.since(-1)[1]
+    assert {k: d.decision for k, d in in_force.items()} == {"ib1-a": "approved", "ib1-b": "rejected"}
+    assert in_force == read_decisions(location)
+
+
+def test_cards_are_the_rows_with_images_each_requests_variants_newest_first(tmp_path: Path) -> None:
+    header = "job_id,request_index,turn_index,status,paths,images,model,route,idempotency_key,variant\n"
+    rows = [
+        "a,0,0,succeeded,images/a/0-1.png,1,m,native,ib1-a1,1",
+        "b,0,0,failed,,0,m,native,ib1-b1,",
+        "a,0,0,succeeded,images/a/0-3.png,1,m,native,ib1-a3,3",
+        "c,0,0,skipped,images/c/0-1.png;images/c/0-1.txt,1,m,native,ib1-c1,",
+        "a,0,0,succeeded,images/a/0-2.png,1,m,native,ib1-a2,2",
+        "d,0,0,succeeded,../d.png;/etc/x.png;images/../d.png;thumbs/x.png,1,m,native,ib1-d1,1",
+    ]
+    (tmp_path / "results.csv").write_text(header + "\n".join(rows) + "\n")
+    cards, without, refused = load_cards(LocalFolder(tmp_path))
+    assert [(c.key, c.variant, c.shown["nv"]) for c in cards] == [
+        ("ib1-a3", 3, 3), ("ib1-a2", 2, 3), ("ib1-a1", 1, 3), ("ib1-c1", 1, 1),
+    ]  # fmt: skip
+    assert cards[3].images == ("images/c/0-1.png",)
+    assert (without, refused) == (1, 4)
+
+
+def test_only_plain_names_under_images_may_be_served() -> None:
+    assert safe_name("images/job/0-abc.png")
+    for name in ("/images/x.png", "images/../x.png", "images/./x.png", "images//x.png", "x.png",
+                 "thumbs/x.jpg", "images\\..\\x.png", "images/x\n.png", "images/"):  # fmt: skip
+        assert not safe_name(name), name
+
+
+def test_the_pages_inline_data_cannot_end_its_script_element() -> None:
+    import re
+
+    from imagebatch.report.review_page import inline_json, render_page
+
+    prompt = "a mug </script><script>alert(1)</script><!-- & more"
+
+    page = render_page(
+        "t", "token", "nonce", inline_json([{"k": "ib1-a", "p": prompt}]), {"aside": "x"}
+    ).decode()
+    (data,) = re.findall(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
+    assert json.loads(data) == {"cards": [{"k": "ib1-a", "p": prompt}], "aside": "x"}
+    assert "<script>alert" not in page and page.count("</script>") == 2
