@@ -308,6 +308,15 @@ def test_export_into_a_bucket_and_from_one(
         k: v for k, v in objects.items() if k != "export.csv"
     }
 
+    run = open_location(f"s3://{bucket}/run")  # decisions in a bucket: one object each under review/
+    record_decision(run, Decision(key_of("shoe", 0), 1, "approved"))
+    record_decision(run, Decision(key_of("bag", 0), 1, "rejected"))
+    approved = tmp_path / "approved"
+    assert (
+        cli(capsys, "export", f"s3://{bucket}/run", "--to", str(approved), *argv, "--approved-only")[0] == 0
+    )
+    assert sorted(tree(approved)) == ["SKU-1/red.jpg", "export.csv"]
+
 
 def test_the_command_does_not_import_prefect(make_out: Callable[..., OutMaker], tmp_path: Path) -> None:
     root = shoe_and_bag(make_out)
