@@ -193,6 +193,8 @@ def test_approved_only_delivers_the_newest_approved_variant(
     out.add("box", [red], sku="BOX")  # never reviewed
     out.add("bin", [red], sku="BIN")  # rejected, then approved
     root = out.write()
+    code, stdout, _ = cli(capsys, "export", str(root), "--to", str(tmp_path / "none"), "--approved-only")
+    assert code == 0 and "no image is approved" in stdout and not (tmp_path / "none").exists()
     decide(
         root,
         (key_of("mug", 0, 1), 1, "approved"), (key_of("mug", 0, 2), 2, "rejected"),

@@ -346,7 +346,9 @@ def export(
     approved = approved_keys(source) if approved_only else None
     sources = set(source.list(f"{layout.IMAGES_DIR}/"))
     deliverables = plan(columns, rows, name_template, conversion or Conversion(), approved, sources)
-    summary = ExportSummary(target.url, delivered=len(deliverables), deliverables=deliverables)
+    summary = ExportSummary(
+        target.url, len(deliverables), deliverables=deliverables, approved_only=approved_only
+    )
     if not deliverables:
         return summary
     existing = set(target.list(""))

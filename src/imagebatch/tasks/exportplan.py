@@ -107,10 +107,16 @@ class ExportSummary:
     overwritten: int = 0
     export_csv_written: bool = False
     deliverables: list[Deliverable] = field(default_factory=list, repr=False)
+    approved_only: bool = False
 
     def line(self) -> str:
         if not self.delivered:
-            return f"nothing to export to {self.dest}"
+            why = (
+                "no image is approved (`imagebatch review OUT`)"
+                if self.approved_only
+                else "no image succeeded"
+            )
+            return f"nothing to export to {self.dest}: {why}; nothing written"
         replaced = f", {self.overwritten} replaced (--overwrite)" if self.overwritten else ""
         return (
             f"exported {self.delivered} image{'s' if self.delivered != 1 else ''} to {self.dest}: "
