@@ -21,6 +21,7 @@ from imagebatch.manifest import (
     load_manifest,
     plan,
     summarise,
+    variant_of,
 )
 
 KEY = re.compile(r"ib1-[0-9a-f]{32}")
@@ -209,6 +210,34 @@ def test_golden_key() -> None:
         idempotency_key(job, 1, 0)
     with pytest.raises(ValueError):
         idempotency_key(job, 0, 2)
+
+
+def test_variant_keys_add_the_variant_and_leave_first_samples_alone(project: Path) -> None:
+    job = load_manifest(project / "m.csv").jobs[0]
+    material = key_material(job, 0)
+    assert "variant" not in material and key_material(job, 0, 0, 1) == material  # old folders keep their keys
+    assert key_material(job, 0, 0, 2) == {**material, "variant": 2}
+    first = plan(load_manifest(project / "m.csv"))[0]
+    second, third = variant_of(first, 2), variant_of(first, 3)
+    assert variant_of(first, 1) == first and variant_of(third, 2) == second  # from any variant, the same
+    assert len({first.idempotency_key, second.idempotency_key, third.idempotency_key}) == 3
+    assert (second.variant, second.idempotency_key) == (2, idempotency_key(job, 0, 0, 2))
+    assert KEY.fullmatch(second.idempotency_key)
+    with pytest.raises(ValueError):
+        idempotency_key(job, 0, 0, 0)
+
+
+def test_golden_variant_keys() -> None:
+    # As test_golden_key: a change here changes the key of every variant users have made.
+    job = Job(
+        id="sku-1", line=2, location="line 2", prompt="Studio photo of a mug", model="native-image-2.1",
+        route="native", aspect_ratio="1:1", image_size="1K", reference_images=[Path("/anywhere/a.png")],
+        reference_sha256=["0" * 64], max_images=1,
+        turns=[Turn(prompt="warmer", reference_images=[], reference_sha256=[])],
+    )  # fmt: skip
+    assert idempotency_key(job, 0, 0, 1) == "ib1-40e517cdf1d3b8bfa11dcc617269c348"
+    assert idempotency_key(job, 0, 0, 2) == "ib1-a9564ff078070a4b0fe669f6d5c9337e"
+    assert idempotency_key(job, 0, 1, 2) == "ib1-d49b9f5364845dbe07adab18db2621a9"
 
 
 def test_plan_keys_match_idempotency_key(project: Path) -> None:

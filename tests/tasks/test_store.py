@@ -337,7 +337,7 @@ def test_write_results_columns_paths_and_empty_values(store: OutputStore) -> Non
         header = next(reader)
     assert header == [*RESULT_COLUMNS, "sku", "colour"]
     assert header[: len(RESULT_COLUMNS)] == [
-        "job_id", "request_index", "turn_index", "status", "paths", "images", "width", "height",
+        "job_id", "request_index", "turn_index", "variant", "status", "paths", "images", "width", "height",
         "mime_type", "model", "route", "idempotency_key", "attempts", "finish_reason", "error",
         "request_id",
     ]  # fmt: skip

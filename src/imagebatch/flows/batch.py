@@ -56,7 +56,8 @@ from imagebatch.flows.verdict import concluded, ran_to_end
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
 from imagebatch.tasks.context import Pacer, RunContext, Unit, group_units
-from imagebatch.tasks.store import OutputLockedError, OutputStore
+from imagebatch.tasks.store import KeyState, OutputLockedError, OutputStore
+from imagebatch.tasks.variants import with_variants
 
 
 @dataclass
@@ -174,6 +175,8 @@ class RunOptions:
     files_root: list[str] | None = None
     allow_failures: str | None = None
     shard_start_timeout: float = START_TIMEOUT
+    redo: str | None = None
+    edit: bool = False
 
 
 @dataclass
@@ -184,6 +187,8 @@ class Run:
     options: RunOptions
     hooks: RunHooks
     units: list[Unit]
+    """The plan's units; once the folder's state is read, with every variant of their requests
+    (`plan_variants`)."""
     info: dict[str, Any]
     """What `run.json` says (`flows.finish.run_info`), completed as the run ends."""
     rate_limit: str | None
@@ -220,6 +225,8 @@ def generate_from_manifest(
     files_root: list[str] | None = None,
     allow_failures: str | None = None,
     shard_start_timeout: float = START_TIMEOUT,
+    redo: str | None = None,
+    edit: bool = False,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
@@ -237,6 +244,9 @@ def generate_from_manifest(
     `files_root` names folders reference images and masks may come from besides the manifest's folder.
     `allow_failures` (`3`, or `2.5%` of the requests) lets a run that was not stopped end Completed with
     that many requests not done (`flows.verdict`).
+    `redo="rejected"` sends a new variant of each request whose newest image a reviewer rejected, and
+    nothing else new; with `edit`, as an edit turn on the rejected image with the reviewer's note where it
+    can be (`tasks.variants`).
     The flow run ends Completed, Failed or Cancelled (`flows.verdict.final_state`), its state's data the run
     summary (counts by status, paths), which is also written to `out/run.json`: call it with
     `return_state=True` and read the summary with `flows.verdict.summary_of(state)`.
@@ -246,14 +256,14 @@ def generate_from_manifest(
         api_key_secret_block=api_key_secret_block, rpm=rpm, adaptive=adaptive, max_images=max_images,
         max_spend=max_spend, prices=prices, global_limit=global_limit, report=report, shards=shards,
         shard=shard, shard_deployment=shard_deployment, files_root=files_root,
-        allow_failures=allow_failures, shard_start_timeout=shard_start_timeout,
+        allow_failures=allow_failures, shard_start_timeout=shard_start_timeout, redo=redo, edit=edit,
     )  # fmt: skip
     hooks = _hooks.get() or RunHooks()
     checked = hooks.checked or preflight(
         manifest, out, concurrency=concurrency, base_url=base_url,
         api_key_secret_block=api_key_secret_block, rpm=rpm, max_images=max_images,
         max_spend=max_spend, prices=prices, shard=shard is not None, files_root=files_root,
-        deployed=deployment.id is not None,
+        deployed=deployment.id is not None, redo=redo, edit=edit, force=force,
     )  # fmt: skip
     if shards < 1 or (shard is not None and not 0 <= shard < shards):
         raise UsageError(f"shard {shard} of {shards}: shards must be 1 or more, and a shard 0 to shards - 1")
@@ -263,7 +273,7 @@ def generate_from_manifest(
     info = run_info(checked, planned, concurrency, force, retry_unknown, api_key_secret_block)
     info["options"] |= {
         "global_limit": global_limit, "report": report, "shards": shards, "shard": shard,
-        "files_root": files_root, "allow_failures": allow_failures,
+        "files_root": files_root, "allow_failures": allow_failures, "redo": redo, "edit": edit,
     }  # fmt: skip
     run = Run(checked, options, hooks, units, info, rate_limit)
     if shards > 1 and shard is None:
@@ -278,8 +288,10 @@ def run_here(run: Run) -> dict[str, Any]:
     checked, options = run.checked, run.options
     store = OutputStore(checked.out)
     with _output(run, store) as (url, key):
+        states = store.load_state()
+        held_keys = plan_variants(run, store, states)
         store.write_run(run.info)  # a crash leaves a run.json that says the run never ended
-        ctx, tasks = _send(run, store, run.units, url, key)
+        ctx, tasks = _send(run, store, run.units, url, key, states, held_keys)
         run.info["sent"] = len(ctx.started_keys)
         try:
             return write_records(
@@ -294,11 +306,13 @@ def run_shard(run: Run) -> dict[str, Any]:
     run's records once every shard has ended (`run_parent`)."""
     options, info = run.options, run.info
     assert options.shard is not None
-    units = [u for u in run.units if shard_of(u, options.shards) == options.shard]
-    info["requests"] = sum(len(unit.requests) for unit in units)
     store = OutputStore(run.checked.out, shard_name(options.shard, options.shards))
     with _output(run, store) as (url, key):
-        ctx, _tasks = _send(run, store, units, url, key)
+        states = store.load_state()
+        held_keys = plan_variants(run, store, states)
+        units = [u for u in run.units if shard_of(u, options.shards) == options.shard]
+        info["requests"] = sum(len(unit.requests) for unit in units)
+        ctx, _tasks = _send(run, store, units, url, key, states, held_keys)
         try:
             counts = Counter(r.status for unit in units for r in ctx.results[unit.index])
             ended = datetime.now(UTC).isoformat()
@@ -320,7 +334,7 @@ def run_parent(run: Run) -> dict[str, Any]:
         "retry_unknown": options.retry_unknown, "api_key_secret_block": options.api_key_secret_block,
         "rpm": options.rpm, "adaptive": options.adaptive, "prices": options.prices,
         "global_limit": options.global_limit, "report": options.report, "files_root": options.files_root,
-        "allow_failures": options.allow_failures,
+        "allow_failures": options.allow_failures, "redo": options.redo, "edit": options.edit,
     }  # fmt: skip
     store = OutputStore(checked.out)
     with held(store, sharded=options.shards):  # a bucket's lease, for the whole run (the shards' too)
@@ -335,6 +349,7 @@ def _parent_records(
     checked, options, hooks, info = run.checked, run.options, run.hooks, run.info
     with held(store):  # nothing else runs into the folder; the last sharded run's files are merged
         before = store.load_state()
+        plan_variants(run, store, before)  # the shards plan the same from the same state
     runs = run_shards(
         deployment,
         parameters,
@@ -374,19 +389,43 @@ def _output(run: Run, store: OutputStore) -> Iterator[tuple[str, str]]:
         yield url, key
 
 
-def _send(run: Run, store: OutputStore, units: list[Unit], url: str, key: str) -> tuple[RunContext, int]:
+def plan_variants(run: Run, store: OutputStore, states: dict[str, KeyState]) -> frozenset[str]:
+    """Add every variant of the plan's requests to `run.units` (and, for `--redo rejected`, the new ones),
+    from the folder's state as this run found it (`tasks.variants`); return the keys the run must not
+    send (variants, outside a redo)."""
+    options = run.options
+    run.units, held_keys, redo = with_variants(
+        run.units, states, store, redo=options.redo is not None, edit=options.edit,
+        retry_unknown=options.retry_unknown,
+    )  # fmt: skip
+    run.info["requests"] = sum(len(unit.requests) for unit in run.units)
+    if redo is not None:
+        run.info["redo"] = redo.info()
+    return held_keys
+
+
+def _send(
+    run: Run,
+    store: OutputStore,
+    units: list[Unit],
+    url: str,
+    key: str,
+    states: dict[str, KeyState],
+    held_keys: frozenset[str],
+) -> tuple[RunContext, int]:
     """Send `units` (`flows.dispatch`) with the run's client, limit, pacing, caps and signal handling;
-    return the run context (its records) and the number of Prefect task runs started."""
+    `states` is the folder's state as the run found it; return the run context (its records) and the
+    number of Prefect task runs started."""
     options, hooks = run.options, run.hooks
     slots = SlotBroker(options.global_limit, run.rate_limit) if options.global_limit else None
     client = GatewayClient(
         url, key, sleep=hooks.sleep, transport=hooks.transport, slot=slots or contextlib.nullcontext
     )
     ctx = RunContext(
-        client, store, store.load_state(),
+        client, store, states,
         force=options.force, retry_unknown=options.retry_unknown,
         key_source=key_source(options.api_key_secret_block), thumbnails=options.report,
-        requests=sum(len(unit.requests) for unit in units),
+        requests=sum(len(unit.requests) for unit in units), held=held_keys,
     )  # fmt: skip
     with (
         client,

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
+from imagebatch.flows.config import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, REDO_CHOICES
 from imagebatch.flows.constants import FLOW_NAME
 from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.flows.limits import DEFAULT_LIMIT
@@ -293,6 +293,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="resend requests whose outcome is unknown (check your usage history first)",
     )
+    _redo_arguments(parser)
     _files_root_argument(parser)
     parser.add_argument(
         "--api-key-block",
@@ -300,6 +301,22 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"name of a Prefect Secret block holding the API key (default: ${ENV_API_KEY})",
     )
     _global_limit_argument(parser)
+
+
+def _redo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--redo",
+        choices=REDO_CHOICES,
+        default=None,
+        help="send a new variant of each request whose newest image a reviewer rejected (review.jsonl), "
+        "and nothing else new; earlier variants stay",
+    )
+    parser.add_argument(
+        "--edit",
+        action="store_true",
+        help="with --redo rejected: make each variant as an edit of the rejected image with the reviewer's "
+        "note (native route, where its conversation was kept; else a new sample, counted)",
+    )
 
 
 MANIFEST_HELP = "CSV, JSON, JSON Lines, XLSX (FILE.xlsx#SHEET for a sheet) or Parquet manifest"
@@ -347,7 +364,8 @@ def _global_limit_argument(parser: argparse.ArgumentParser) -> None:
 
 def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> None:
     """`deploy` and `serve`: the deployment's name, schedule and runner, and `run`'s options that a
-    scheduled run may take (not --force nor --retry-unknown: no one is there to decide)."""
+    scheduled run may take (not --force nor --retry-unknown: no one is there to decide; --redo rejected
+    is decided by the reviewers' decisions, so a team can schedule it)."""
     parser.add_argument("manifest", help=f"{MANIFEST_HELP} (its absolute path is deployed)")
     _sheet_argument(parser)
     parser.add_argument(
@@ -425,6 +443,7 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     _files_root_argument(parser)
     _allow_failures_argument(parser)
     _global_limit_argument(parser)
+    _redo_arguments(parser)
 
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:

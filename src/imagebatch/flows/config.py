@@ -157,6 +157,21 @@ class Preflight:
     prices: PriceTable | None = None
 
 
+REDO_CHOICES = ("rejected",)
+"""What `--redo` takes: the images whose decision in force is `rejected` (`tasks.variants`)."""
+
+
+def check_redo(redo: str | None, edit: bool, force: bool) -> None:
+    """`--redo rejected` (and `--edit` only with it; never with `--force`, which remakes every first
+    sample instead)."""
+    if redo is not None and redo not in REDO_CHOICES:
+        raise UsageError(f"--redo takes {', '.join(REDO_CHOICES)}, not {redo!r}")
+    if edit and redo is None:
+        raise UsageError("--edit makes the variants of --redo rejected as edits: give --redo rejected too")
+    if redo is not None and force:
+        raise UsageError("--redo and --force cannot go together: --force makes every request again")
+
+
 def preflight(
     manifest: str | Path,
     out: str | Path,
@@ -171,6 +186,9 @@ def preflight(
     shard: bool = False,
     files_root: list[str] | None = None,
     deployed: bool = False,
+    redo: str | None = None,
+    edit: bool = False,
+    force: bool = False,
 ) -> Preflight:
     """Every check that needs neither Prefect nor the service: the manifest and its files (inside the
     manifest's folder or `files_root`), the options, the output folder, the base URL and the key's presence
@@ -183,6 +201,7 @@ def preflight(
         raise UsageError(f"--rpm must be at least 1, not {rpm}")
     if max_images is not None and max_images < 0:
         raise UsageError(f"--max-images must be 0 or more, not {max_images}")
+    check_redo(redo, edit, force)
     try:
         table = PriceTable.from_option(prices)
     except PriceError as exc:

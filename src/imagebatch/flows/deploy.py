@@ -190,7 +190,15 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
     block = args.api_key_block if serve else args.api_key_block or _KEY_AT_RUN_TIME
     parse_allowance(args.allow_failures)
     try:
-        preflight(manifest, out, api_key_secret_block=block, deployed=True, **options)
+        preflight(
+            manifest,
+            out,
+            api_key_secret_block=block,
+            deployed=True,
+            redo=args.redo,
+            edit=args.edit,
+            **options,
+        )
     except UsageError as exc:
         # A running run holding the folder does not stop a redeploy; `preflight` checks the folder last,
         # so the message tells whether that was the only problem.
@@ -205,6 +213,8 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
         "global_limit": args.global_limit,
         "report": args.report,
         "allow_failures": args.allow_failures,
+        "redo": args.redo,
+        "edit": args.edit,
     }
 
 

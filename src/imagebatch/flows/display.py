@@ -28,6 +28,10 @@ def report(
     from imagebatch.flows.allowance import parse_allowance, verdict
 
     print_summary(out, info)
+    if info.get("redo") is not None:
+        from imagebatch.tasks.variants import describe
+
+        out.print(describe(info["redo"]), markup=False, highlight=False)
     print_usage(out, info.get("usage", []))
     if info.get("spend"):
         s = info["spend"]

@@ -24,6 +24,7 @@ from imagebatch.manifest import plan
 from imagebatch.tasks.context import RunContext, group_units
 from imagebatch.tasks.store import OutputLockedError, OutputStore, RequestRecord
 from imagebatch.tasks.unit import run_unit
+from imagebatch.tasks.variants import with_variants
 
 NOT_STARTED = {"flow_run_id": None, "task_runs": 0, "started": False}
 """What run.json says of Prefect for a run settled here."""
@@ -40,6 +41,8 @@ def settle_without_prefect(
     global_limit: str | None,
     files_root: list[str] | None,
     allow_failures: str | None = None,
+    redo: str | None = None,
+    edit: bool = False,
 ) -> dict[str, Any] | None:
     """The run's summary if it has nothing to send (its records written), else None (the flow runs).
 
@@ -54,7 +57,7 @@ def settle_without_prefect(
         with store.hold_and_merge():
             options = {
                 "global_limit": global_limit, "report": report, "shards": 1, "shard": None,
-                "files_root": files_root, "allow_failures": allow_failures,
+                "files_root": files_root, "allow_failures": allow_failures, "redo": redo, "edit": edit,
             }  # fmt: skip
             return _settle(checked, store, retry_unknown, report, concurrency, api_key_secret_block, options)
     except OutputLockedError:
@@ -70,9 +73,13 @@ def _settle(
     secret_block: str | None,
     options: dict[str, Any],
 ) -> dict[str, Any] | None:
-    units = group_units(plan(checked.manifest))
-    ctx = RunContext(None, store, store.load_state(), retry_unknown=retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
-                     key_source=key_source(secret_block), thumbnails=report)  # fmt: skip
+    states = store.load_state()
+    units, held, redo = with_variants(
+        group_units(plan(checked.manifest)), states, store, redo=options["redo"] is not None,
+        edit=options["edit"], retry_unknown=retry_unknown,
+    )  # fmt: skip
+    ctx = RunContext(None, store, states, retry_unknown=retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
+                     key_source=key_source(secret_block), thumbnails=report, held=held)  # fmt: skip
     try:
         if any(ctx.decision(r.idempotency_key) == "send" for unit in units for r in unit.requests):
             return None
@@ -84,4 +91,6 @@ def _settle(
     info = run_info(checked, planned, concurrency, False, retry_unknown, secret_block)
     info["options"] |= options  # as the flow records them (flows.batch)
     info["sent"] = 0
+    if redo is not None:
+        info["redo"] = redo.info()
     return write_files(checked, store, units, results, info, None, report, dict(NOT_STARTED))

@@ -302,6 +302,8 @@ def _generate(args: argparse.Namespace, guard: PrefectGuard) -> dict[str, Any]:
             report=args.report,
             files_root=args.files_root,
             allow_failures=args.allow_failures,
+            redo=args.redo,
+            edit=args.edit,
             return_state=True,
         )
         return summary_of(state)  # raises what the flow raised
@@ -327,6 +329,7 @@ def _settled(args: argparse.Namespace, checked: Preflight) -> dict[str, Any] | N
         checked, force=args.force, retry_unknown=args.retry_unknown, report=args.report,
         concurrency=args.concurrency, api_key_secret_block=args.api_key_block,
         global_limit=args.global_limit, files_root=args.files_root, allow_failures=args.allow_failures,
+        redo=args.redo, edit=args.edit,
     )  # fmt: skip
 
 
@@ -350,6 +353,9 @@ def _preflight(args: argparse.Namespace, err: Console) -> Preflight | None:
             max_spend=args.max_spend,
             prices=args.prices,
             files_root=args.files_root,
+            redo=args.redo,
+            edit=args.edit,
+            force=args.force,
         )
     except ManifestError as exc:
         for problem in exc.problems:

@@ -31,6 +31,7 @@ from imagebatch.flows.allowance import Allowance, parse_allowance, verdict
 from imagebatch.flows.stopping import graceful_stop, safe_output
 from imagebatch.tasks.layout import UNKNOWN_HINT
 from imagebatch.tasks.outcome import NOT_DONE, not_done, tally
+from imagebatch.tasks.variants import describe
 
 PREFIX = "imagebatch: "
 """How every verdict's message begins, so a parent run tells a shard that ran to its end from one that
@@ -73,6 +74,8 @@ def log_summary(logger: logging.Logger, info: dict[str, Any], state: State[Any])
         line += f"; estimated spend {spend['spent']:,.2f} {spend['currency']}".rstrip()
         if spend.get("in_doubt"):
             line += f" (up to {spend['spent'] + spend['in_doubt']:,.2f} if the unknown ones were billed)"
+    if (redo := info.get("redo")) is not None:
+        line += f"; {describe(redo)}"
     logger.info(line)
     for warning in warnings(info):
         logger.warning(warning)

@@ -65,7 +65,8 @@ Idempotency keys (recipe ``ib1``)
          "reference_sha256": [sha256 of each reference image's bytes, in order],
          "mask_sha256": sha256 of the mask's bytes, or null,
          "job_id": id, "request_index": 0..count-1, "turn_index": 0 (the prompt) or 1..T (a turn),
-         "turns": [{"prompt", "reference_sha256"} of turns 1..turn_index]}
+         "turns": [{"prompt", "reference_sha256"} of turns 1..turn_index],
+         "variant": n, only for variant n >= 2 (absent for a request's first sample)}
 
     So the key depends on what is sent, never on where: file paths, the manifest's folder, row order,
     line numbers, file times and metadata columns do not enter it (metadata reaches a key only through a
@@ -75,6 +76,14 @@ Idempotency keys (recipe ``ib1``)
     to a chain adds a key without changing the keys of the earlier turns (a chain's turn 0 has the key
     the same job would have without turns). A turn's key covers what the manifest asks for, not the
     service's earlier replies: those are history that a run keeps in its output folder.
+
+    Variants: ``imagebatch run --redo rejected`` makes a new sample (variant 2, 3, ...) of a request
+    whose newest image a reviewer rejected. Variant 1 is the request itself, its key unchanged (output
+    folders made before variants existed keep theirs); variant n >= 2 adds ``"variant": n`` to the
+    material, so it is a request of its own, never confused with the one it redoes, and a rerun does not
+    send it again. How a variant is made (a new sample, or an edit turn with the reviewer's note under
+    ``--edit``) is not in its key: variant n of a request is made once, whichever way the run that
+    sends it chose.
 
 `load_manifest` checks everything and raises `ManifestError` listing every problem; `plan` expands a
 manifest into `PlannedRequest` objects; `summarise` counts them; `validate_main` is the `imagebatch
@@ -110,6 +119,7 @@ from .models import (
 )
 from .plan import (
     RECIPE_VERSION,
+    EditOf,
     PlanCounts,
     PlannedRequest,
     PlanSummary,
@@ -120,6 +130,7 @@ from .plan import (
     plan_job,
     request_parameters,
     summarise,
+    variant_of,
 )
 from .read import detect_format
 from .template import TemplateError, render_prompt
@@ -133,6 +144,7 @@ __all__ = [
     "MAX_NATIVE_IMAGE_BYTES",
     "RECIPE_VERSION",
     "WINDOWS_RESERVED_NAMES",
+    "EditOf",
     "Job",
     "Manifest",
     "ManifestError",
@@ -156,4 +168,5 @@ __all__ = [
     "request_parameters",
     "summarise",
     "validate_main",
+    "variant_of",
 ]

@@ -24,8 +24,8 @@ ROUTE_FIELDS: dict[str, frozenset[str]] = {
     "responses": frozenset(),
 }
 RESULTS_ONLY_COLUMNS: tuple[str, ...] = (
-    "job_id", "request_index", "turn_index", "status", "paths", "images", "width", "height", "mime_type",
-    "idempotency_key", "attempts", "finish_reason", "error", "request_id",
+    "job_id", "request_index", "turn_index", "variant", "status", "paths", "images", "width", "height",
+    "mime_type", "idempotency_key", "attempts", "finish_reason", "error", "request_id",
 )  # fmt: skip
 """The columns of results.csv (`tasks.store.RESULT_COLUMNS`) that are not manifest fields. A metadata
 column of one of these names would be overwritten there by the request's own value, so it is refused at

@@ -43,14 +43,18 @@ def request_parameters(job: Job, route: Route | None = None) -> dict[str, Any]:
     return {}
 
 
-def key_material(job: Job, request_index: int, turn_index: int = 0) -> dict[str, Any]:
-    """Everything the idempotency key of one request is a hash of (see the recipe)."""
+def key_material(job: Job, request_index: int, turn_index: int = 0, variant: int = 1) -> dict[str, Any]:
+    """Everything the idempotency key of one request is a hash of (see the recipe). `variant` 1 (a
+    request's first sample) adds nothing, so first samples keep the keys they had before variants
+    existed; variant n >= 2 adds `"variant": n`."""
+    if variant < 1:
+        raise ValueError(f"variant {variant} out of range for job {job.id!r} (1 or more)")
     if not 0 <= request_index < job.count:
         raise ValueError(f"request_index {request_index} out of range for job {job.id!r} (count {job.count})")
     if not 0 <= turn_index <= len(job.turns):
         raise ValueError(f"turn_index {turn_index} out of range for job {job.id!r} ({len(job.turns)} turns)")
     route = job.wire_route
-    return {
+    material = {
         "recipe": RECIPE_VERSION,
         "route": route.value,
         "model": job.model,
@@ -66,6 +70,9 @@ def key_material(job: Job, request_index: int, turn_index: int = 0) -> dict[str,
             for turn in job.turns[:turn_index]
         ],
     }
+    if variant > 1:
+        material["variant"] = variant
+    return material
 
 
 def canonical_json(value: Any) -> bytes:
@@ -84,9 +91,20 @@ def key_digits(key: str) -> str:
     return key.removeprefix(KEY_PREFIX)
 
 
-def idempotency_key(job: Job, request_index: int = 0, turn_index: int = 0) -> str:
-    """The idempotency key of request `request_index` (0..count-1), turn `turn_index` (0 = the prompt)."""
-    return key_from_material(key_material(job, request_index, turn_index))
+def idempotency_key(job: Job, request_index: int = 0, turn_index: int = 0, variant: int = 1) -> str:
+    """The idempotency key of request `request_index` (0..count-1), turn `turn_index` (0 = the prompt),
+    sample `variant` (1 = the first)."""
+    return key_from_material(key_material(job, request_index, turn_index, variant))
+
+
+@dataclass(frozen=True, slots=True)
+class EditOf:
+    """How a variant is made when it is an edit: a follow-up turn on an earlier variant's answer (its
+    whole conversation sent back, then `instruction`: the reviewer's note) instead of a new sample."""
+
+    base: PlannedRequest
+    """The variant whose answer is edited (the one the reviewer rejected)."""
+    instruction: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,33 +123,44 @@ class PlannedRequest:
     images_at_most: int
     """`max_images` on native and chat, 1 on the images routes, 0 on the text routes."""
     job: Job = field(repr=False, compare=False)
+    variant: int = 1
+    """1 for a request's first sample; 2, 3, ... for the samples `--redo rejected` adds (`variant_of`)."""
+    edit_of: EditOf | None = field(default=None, repr=False, compare=False)
+    """A variant made as an edit of an earlier variant's answer (`--redo rejected --edit`), else None."""
 
     @property
     def prompt(self) -> str:
-        """What this request sends as its instruction: the prompt, or the turn's prompt."""
+        """What this request sends as its instruction: the prompt, the turn's prompt, or an edit's note."""
+        if self.edit_of is not None:
+            return self.edit_of.instruction
         return self.job.prompt if self.turn_index == 0 else self.job.turns[self.turn_index - 1].prompt
 
     @property
     def reference_images(self) -> list[Path]:
-        """The images this request adds (a turn's own images for a turn; earlier ones are history)."""
+        """The images this request adds (a turn's own images for a turn; earlier ones are history; an
+        edit adds none: the image it edits is in the history)."""
+        if self.edit_of is not None:
+            return []
         if self.turn_index == 0:
             return self.job.reference_images
         return self.job.turns[self.turn_index - 1].reference_images
 
     @property
     def reference_sha256(self) -> list[str]:
+        if self.edit_of is not None:
+            return []
         if self.turn_index == 0:
             return self.job.reference_sha256
         return self.job.turns[self.turn_index - 1].reference_sha256
 
     @property
     def mask(self) -> Path | None:
-        return self.job.mask if self.turn_index == 0 else None
+        return self.job.mask if self.turn_index == 0 and self.edit_of is None else None
 
     # Request parameters: a field the job's route does not use is None in the job and reads as its default.
     @property
     def mask_sha256(self) -> str | None:
-        return self.job.mask_sha256 if self.turn_index == 0 else None
+        return self.job.mask_sha256 if self.turn_index == 0 and self.edit_of is None else None
 
     @property
     def image_size(self) -> str:
@@ -173,6 +202,16 @@ def plan_job(job: Job) -> list[PlannedRequest]:
             key = key_from_material(material)
             out.append(PlannedRequest(job.id, request_index, turn_index, route, job.model, key, images, job))
     return out
+
+
+def variant_of(req: PlannedRequest, variant: int, edit_of: EditOf | None = None) -> PlannedRequest:
+    """Sample `variant` of the request `req` is a sample of (any variant of it): the same request, with a
+    key of its own (`"variant": n` in its key material; variant 1 is the plan's own request)."""
+    key = key_from_material(key_material(req.job, req.request_index, req.turn_index, variant))
+    return PlannedRequest(
+        req.job_id, req.request_index, req.turn_index, req.route, req.model, key, req.images_at_most,
+        req.job, variant, edit_of,
+    )  # fmt: skip
 
 
 def plan(manifest: Manifest | Iterable[Job]) -> list[PlannedRequest]:

@@ -280,11 +280,12 @@ def _card_html(out: Path, card: Card, decision: Decision | None = None) -> str:
     reason = row_reason(row)
     facts = " · ".join(_esc(x) for x in row_facts(row))
     review = (decision.decision if decision else "unreviewed") if reviewable(row) else ""
+    variant = f" variant {row['variant']}" if row.get("variant") not in (None, "", "1") else ""
     return (
         f'<div class="card s-{_esc(status)}" data-status="{_esc(status)}" data-route="{_esc(row["route"])}" '
         f'data-model="{_esc(row["model"])}" data-review="{review}">'
         f'<div class="media">{"".join(media)}</div>'
-        f'<div class="id">{_esc(row_title(row))} '
+        f'<div class="id">{_esc(row_title(row))}{_esc(variant)} '
         f'<span class="st">{_esc(status)}</span></div>'
         f'<div class="prompt">{_esc(card.prompt)}</div><div class="facts">{facts} · key '
         f"{_esc(row['idempotency_key'][:16])}</div>"

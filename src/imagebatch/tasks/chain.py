@@ -56,7 +56,9 @@ def run_chain(ctx: RunContext, unit: Unit, out: list[RequestRecord]) -> list[Req
             continue
         sent_turn = request.json["contents"][-1] if request.json else {}
 
-        def keep_history(result: Result, req: Any = req, sent_turn: dict[str, Any] = sent_turn) -> None:
+        def keep_history(
+            result: Result, _record: RequestRecord, req: Any = req, sent_turn: dict[str, Any] = sent_turn
+        ) -> None:
             # Saved before the turn's files: a turn that counts as done on disk is always in the history.
             model_content = getattr(result, "model_content", None)
             if isinstance(result, ImageResult) and model_content is not None:

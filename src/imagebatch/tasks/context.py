@@ -38,18 +38,22 @@ class Unit:
 
     @property
     def name(self) -> str:
-        return f"{self.job.id}#{self.requests[0].request_index}"
+        first = self.requests[0]
+        variant = f" v{first.variant}" if first.variant > 1 else ""
+        turn = f" t{first.turn_index}" if variant and first.turn_index else ""
+        return f"{self.job.id}#{first.request_index}{turn}{variant}"
 
     @property
     def is_chain(self) -> bool:
-        return bool(self.job.turns)
+        """The turns of a chain, sent in order (a variant of one turn is a unit of its own, not a chain)."""
+        return bool(self.job.turns) and self.requests[0].variant == 1
 
 
 def group_units(requests: list[PlannedRequest]) -> list[Unit]:
-    """One unit per (job, request index): a plain request, or a chain's turns in order."""
-    units: dict[tuple[str, int], Unit] = {}
+    """One unit per (job, request index, variant): a plain request, or a chain's turns in order."""
+    units: dict[tuple[str, int, int], Unit] = {}
     for req in requests:
-        key = (req.job_id, req.request_index)
+        key = (req.job_id, req.request_index, req.variant)
         if key not in units:
             units[key] = Unit(len(units), req.job, [])
         units[key].requests.append(req)
@@ -262,12 +266,15 @@ class RunContext:
         key_source: str = ENV_API_KEY,
         thumbnails: bool = True,
         requests: int = 0,
+        held: frozenset[str] = frozenset(),
     ) -> None:
         self.client = client
         self.store = store
         self.states = states
         self.force = force
         self.retry_unknown = retry_unknown
+        self.held = held
+        """Keys this run carries as they stand, whatever their state: variants, outside a `--redo` run."""
         self.key_source = key_source
         self.thumbnails = thumbnails
         """Make each image's report thumbnail as it arrives."""
@@ -306,16 +313,23 @@ class RunContext:
 
     def decision(self, key: str) -> Decision:
         """`send` it, `skip` it (succeeded before), or `carry` its last status (no_image, unknown)."""
-        return decide(self.states.get(key), force=self.force, retry_unknown=self.retry_unknown)
+        return decide(self.states.get(key), force=self.force, retry_unknown=self.retry_unknown,
+                      held=key in self.held)  # fmt: skip
 
 
-def decide(state: KeyState | None, *, force: bool = False, retry_unknown: bool = False) -> Decision:
+def decide(
+    state: KeyState | None, *, force: bool = False, retry_unknown: bool = False, held: bool = False
+) -> Decision:
     """What a run does with a request whose key the journal left in `state` (None: never sent): `send`
     it, `skip` it (succeeded before), or `carry` its last status (no_image; unknown unless
-    `retry_unknown`). `--force` sends everything. The one rule, for a run and for `validate --out`."""
+    `retry_unknown`). `--force` sends everything. A `held` key (a variant, outside a `--redo` run:
+    `tasks.variants`) is never sent: anything but a success is carried as it stands. The one rule, for a
+    run and for `validate --out`."""
+    status = state.status if state else None
+    if held:
+        return "skip" if status == "succeeded" else "carry"
     if force:
         return "send"
-    status = state.status if state else None
     if status == "succeeded":
         return "skip"
     if status == "no_image" or (status == "unknown" and not retry_unknown):

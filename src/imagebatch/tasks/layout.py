@@ -10,11 +10,15 @@ from __future__ import annotations
 IMAGES_DIR = "images"
 """Every image and text output, under `<job>/`."""
 CHAINS_DIR = "chains"
-"""The edit history of each chain, after each turn."""
+"""The edit history of each chain, after each turn (`<job>/<request>.json`); in an object store, also the
+conversation behind each native answer (`conversation`)."""
 THUMBS_DIR = "thumbs"
 """The report's thumbnails, one JPEG per image."""
 JOURNAL = "journal"
 """The write-ahead journal, `journal.jsonl` (a shard's own: `journal.shard-I-of-N.jsonl`)."""
+CONVERSATIONS = "conversations"
+"""A folder's conversations behind its native answers, one line each, `conversations.jsonl` (a shard's
+own: `conversations.shard-I-of-N.jsonl`); an object store keeps one object each (`conversation`)."""
 USAGE_LEDGER = "usage"
 """One line per HTTP attempt, `usage.jsonl` (a shard's own: `usage.shard-I-of-N.jsonl`)."""
 RESULTS_CSV = "results.csv"
@@ -46,6 +50,12 @@ def shard_jsonl(kind: str) -> str:
 def shard_lock(shard: str) -> str:
     """The lock a shard's process holds alone while it sends."""
     return f".imagebatch.shard-{shard}.lock"
+
+
+def conversation(stem: str) -> str:
+    """An object store's conversation kept for the answer whose files are `images/<stem>...`:
+    `chains/<stem>.json`."""
+    return f"{CHAINS_DIR}/{stem}.json"
 
 
 def report_page(number: int) -> str:

@@ -40,6 +40,7 @@ def record(req: PlannedRequest, status: str, **fields: Any) -> RequestRecord:
         model=req.model,
         route=req.route.value,  # the enum's own string: str() makes a copy per record
         idempotency_key=req.idempotency_key,
+        variant=req.variant,
         **fields,
     )
 
@@ -115,12 +116,15 @@ def failure(req: PlannedRequest, exc: GatewayError) -> RequestRecord:
 
 
 def carried(req: PlannedRequest, state: KeyState | None) -> RequestRecord:
-    """The record of a request this run does not send: succeeded before (skipped), no_image, or unknown."""
+    """The record of a request this run does not send: succeeded before (skipped), no_image, or unknown;
+    or a variant that only a `--redo` run sends (`context.decide`), as it stands."""
     previous = state.outcome if state else None
     if previous is not None and previous.status == "succeeded":
         return dataclasses.replace(previous, status="skipped")
     if previous is not None:
         return previous
+    if state is not None and state.status is None:  # a variant whose files are gone, left to a redo
+        return not_attempted(req, f"variant {req.variant} is made again only by a run with --redo rejected")
     attempts = state.attempts if state else 0
     why = f"sent, but no answer was recorded; {UNKNOWN_HINT}"
     return record(req, "unknown", attempts=attempts, error=why)

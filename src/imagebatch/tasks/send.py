@@ -34,12 +34,13 @@ def send_and_record(
     req: PlannedRequest,
     request: GatewayRequest,
     chain: bool = False,
-    on_answer: Callable[[Result], None] | None = None,
+    on_answer: Callable[[Result, RequestRecord], None] | None = None,
 ) -> tuple[RequestRecord, Result | None]:
     """Send `request` (the wire form of `req`), save its answer in the crash-safe order, journal the outcome.
 
-    `on_answer` runs after the answer is journaled and before its files are written (a chain saves its
-    history there, so a turn that counts as done on disk is always in the history).
+    `on_answer(result, record)` runs after the answer is journaled and before its files are written (a
+    chain saves its history there, so a turn that counts as done on disk is always in the history; a native
+    request its conversation, `tasks.conversation`).
     """
     store = ctx.store
     state = ctx.states.get(req.idempotency_key)
@@ -81,7 +82,7 @@ def send_and_record(
     try:
         store.journal("answered", **asdict(record))
         if on_answer is not None:
-            on_answer(result)
+            on_answer(result, record)
         for name, data in files:
             written.append((store.write_file(name, data), data))
     except OSError as exc:

@@ -89,8 +89,9 @@ class Location(Protocol):
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[BinaryIO]:
-    """A file to write that replaces `path` whole when the block ends (synced), or never if it raises."""
+def atomic_file(path: Path, *, sync: bool = True) -> Iterator[BinaryIO]:
+    """A file to write that replaces `path` whole when the block ends (synced, unless `sync` is False: a
+    file a crash may lose), or never if it raises."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -98,16 +99,17 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
     """Write `data` to `path` so that a reader sees either the old file or the whole new one."""
-    with atomic_file(path) as fh:
+    with atomic_file(path, sync=sync) as fh:
         fh.write(data)
 
 

@@ -71,6 +71,7 @@ RESULT_COLUMNS = (
     "job_id",
     "request_index",
     "turn_index",
+    "variant",
     "status",
     "paths",
     "images",
@@ -88,10 +89,12 @@ RESULT_COLUMNS = (
 
 
 def file_stem(req: PlannedRequest, chain: bool) -> str:
-    """`<job>/<request>[-t<turn>]-<key>`: one folder per job (ids are unique, so names cannot collide),
-    and the key in the name, so an edited row's image never overwrites the one its old key points to."""
+    """`<job>/<request>[-t<turn>][-v<variant>]-<key>`: one folder per job (ids are unique, so names cannot
+    collide), and the key in the name, so an edited row's image never overwrites the one its old key
+    points to; `-v<n>` for variant n >= 2 (a redo), whose key differs too."""
     turn = f"-t{req.turn_index}" if chain else ""
-    return f"{req.job_id}/{req.request_index}{turn}-{key_digits(req.idempotency_key)[:12]}"
+    variant = f"-v{req.variant}" if req.variant > 1 else ""
+    return f"{req.job_id}/{req.request_index}{turn}{variant}-{key_digits(req.idempotency_key)[:12]}"
 
 
 @dataclass(slots=True)
@@ -116,6 +119,9 @@ class RequestRecord:
     request_id: str | None = None
     http_status: int | None = None
     """The HTTP status of the answer that made the request `failed` or `unknown` (None: no such answer)."""
+    variant: int = 1
+    """1 for a request's first sample, n for the n-th (`--redo rejected`); a record without one is 1. Last,
+    so that records built by position keep their meaning (results.csv's column order is `RESULT_COLUMNS`)."""
 
     def to_row(self) -> dict[str, Any]:
         row = {k: getattr(self, k) for k in RESULT_COLUMNS}
@@ -161,6 +167,11 @@ class KeyState:
     answered: RequestRecord | None = None
     """The record planned for that answer, journaled before its files were written."""
     attempts: int = 0
+    variant: int = 1
+    """The variant the key is of, from its journal lines (1 when they name none)."""
+    request: tuple[str, int, int] | None = None
+    """(job_id, request_index, turn_index) of a variant >= 2, from its journal lines; None for variant 1
+    (`tasks.variants` finds a request's variants by it)."""
 
     @property
     def status(self) -> Status | None:
@@ -197,6 +208,10 @@ class OutputStore:
         self.chains_dir = base / layout.CHAINS_DIR
         self.journal_path = base / layout.jsonl(layout.JOURNAL, shard)
         self.usage_path = base / layout.jsonl(layout.USAGE_LEDGER, shard)
+        self.conversations_path = base / layout.jsonl(layout.CONVERSATIONS, shard)
+        self._conversations: dict[str, tuple[Path, int, int]] = {}
+        """Where each key's kept conversation is (`load_conversation`), as far as read."""
+        self._conversations_read: dict[Path, int] = {}
         self.results_path = base / layout.RESULTS_CSV
         self.run_path = base / layout.RUN_JSON
         self._segments: SegmentJournal | None = None
@@ -548,6 +563,10 @@ class OutputStore:
             if seen is not None:
                 seen(ev)
             st = states.setdefault(key, KeyState())
+            if st.request is None and isinstance(variant := ev.get("variant"), int) and variant > 1:
+                st.variant = variant
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    st.request = (str(ev["job_id"]), int(ev["request_index"]), int(ev["turn_index"]))
             kind = ev.get("event")
             if kind == "attempt_started":
                 if st.outcome is not None:  # a new send supersedes the last outcome
@@ -652,6 +671,41 @@ class OutputStore:
             return None
         return json.loads(path.read_bytes())
 
+    def save_conversation(self, req: PlannedRequest, conversation: dict[str, Any]) -> None:
+        """Keep the conversation behind one native answer (`tasks.conversation`): in a folder a line of
+        `conversations.jsonl`, appended and not synced; in an object store an object named after the
+        answer's files (`layout.conversation`).
+
+        Appended, not a file each: a file costs a request thread about 0.4 ms of CPU (a temporary file and
+        a rename; bench/README.md), a tenth of a request's whole cost in a run; an append, microseconds.
+        Not synced: one more fsync per request would cost a request thread 1-4 ms, and a line a power cut
+        loses only makes that image's later `--edit` a new sample (counted as "no kept history"), never a
+        wrong request."""
+        record = {"key": req.idempotency_key, **conversation}
+        with self._writing():
+            if self._folder is None:
+                name = layout.conversation(file_stem(req, bool(req.job.turns)))
+                self.location.put(name, json.dumps(record, separators=(",", ":")).encode())
+                return
+        self._append(self.conversations_path, record, sync=False)
+
+    def load_conversation(self, req: PlannedRequest) -> dict[str, Any] | None:
+        """The conversation kept for `req`'s answer by an earlier run, or None (never kept, or unreadable).
+
+        In a folder, the conversation files are read once into an index of where each key's line is (its
+        offset: the lines stay on disk), and past their last indexed line only for a key not found."""
+        if self._folder is None:
+            data = self.location.get(layout.conversation(file_stem(req, bool(req.job.turns))))
+        else:
+            with self._lock:
+                where = self._conversations.get(req.idempotency_key)
+                if where is None:  # not read yet: read what was appended since
+                    _index_conversations(self.root, self._conversations, self._conversations_read)
+                    where = self._conversations.get(req.idempotency_key)
+            data = _read_at(*where) if where is not None else None
+        loaded = None if data is None else json_object(data)
+        return loaded if loaded is not None and loaded.get("key") == req.idempotency_key else None
+
     def write_results(self, rows: Iterable[dict[str, Any]], metadata_columns: list[str]) -> None:
         """Write results.csv atomically, row by row (no copy of the whole table in memory); cells that a
         spreadsheet would run as a formula are neutralised (`csv_cell`; `read_csv` reads them back)."""
@@ -686,6 +740,42 @@ class OutputStore:
         write_atomic(self.root / name, data)
 
 
+_KEY_PREFIX = b'{"key":"'
+
+
+def _index_conversations(root: Path, index: dict[str, tuple[Path, int, int]], read: dict[Path, int]) -> None:
+    """Add to `index` the (file, offset, length) of each key's last conversation line in a folder (the
+    folder's file, then the shards'), reading each file from where `read` says the last call stopped; a
+    line not yet ended (being written, or cut short by a crash) is left for later."""
+    paths = [
+        root / layout.jsonl(layout.CONVERSATIONS),
+        *sorted(root.glob(layout.shard_jsonl(layout.CONVERSATIONS))),
+    ]
+    for path in paths:
+        if not path.is_file():
+            continue
+        with path.open("rb") as fh:
+            offset = read.get(path, 0)
+            fh.seek(offset)
+            for line in fh:
+                if not line.endswith(b"\n"):
+                    break
+                end = line.find(b'"', len(_KEY_PREFIX))
+                if line.startswith(_KEY_PREFIX) and end > 0:
+                    index[line[len(_KEY_PREFIX) : end].decode("ascii", "replace")] = (path, offset, len(line))
+                offset += len(line)
+            read[path] = offset
+
+
+def _read_at(path: Path, offset: int, length: int) -> bytes | None:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read(length)
+    except OSError:
+        return None
+
+
 class NotJournaledError(OSError):
     """An attempt could not be journaled before it was sent, so it was not sent."""
 
@@ -710,6 +800,7 @@ class AttemptJournal:
             "job_id": req.job_id,
             "request_index": req.request_index,
             "turn_index": req.turn_index,
+            "variant": req.variant,
         }
 
     def __call__(self, event: AttemptEvent) -> None:

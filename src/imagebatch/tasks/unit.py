@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from . import records
+from imagebatch.gateway.constants import Route
+from imagebatch.manifest import PlannedRequest
+
+from . import conversation, records
 from .build import InputChangedError, build_request
 from .chain import run_chain
 from .context import RunContext, Unit
@@ -36,13 +39,28 @@ def run_unit(ctx: RunContext, unit: Unit, out: list[RequestRecord] | None = None
     elif ctx.halt.is_set():
         out.append(records.not_attempted(req, ctx.halt_reason or "the run was stopped"))
     else:
+        out.append(send_one(ctx, req))
+    return out
+
+
+def send_one(ctx: RunContext, req: PlannedRequest) -> RequestRecord:
+    """Build and send one request that is not a turn of a chain being made (a plain request, or a variant);
+    on the native route its conversation is kept (`tasks.conversation`) for a later edit."""
+    chain = bool(req.job.turns)
+    if req.route is not Route.NATIVE:
         try:
             request = build_request(req)
         except InputChangedError as exc:
-            out.append(records.record(req, "failed", error=str(exc)))
-        else:
-            out.append(send_and_record(ctx, req, request)[0])
-    return out
+            return records.record(req, "failed", error=str(exc))
+        return send_and_record(ctx, req, request, chain)[0]
+    try:
+        before = conversation.earlier(ctx.store, req)
+        request = build_request(req, before.sent(ctx.store, req))
+    except (InputChangedError, conversation.HistoryError) as exc:
+        return records.record(req, "failed", error=str(exc))
+    sent_turn = request.json["contents"][-1] if request.json else {}
+    keep = conversation.keeper(ctx.store, req, before, sent_turn)
+    return send_and_record(ctx, req, request, chain, on_answer=keep)[0]
 
 
 def run_unit_safely(ctx: RunContext, unit: Unit) -> list[RequestRecord]:

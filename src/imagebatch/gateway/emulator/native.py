@@ -225,10 +225,13 @@ async def generate_content(
     )
     usage = _usage(native, image_size, count, thought_image, text)
     blocked = attempt.fault == "no_image"
+    content = {"role": "model", "parts": emu.signer.sign(parts, digests[-1])}
+    if emu.settings.log_contents:
+        record.contents, record.answer = body["contents"], content
     answer = {
         "candidates": [
             {
-                "content": {"role": "model", "parts": emu.signer.sign(parts, digests[-1])},
+                "content": content,
                 "finishReason": "SAFETY" if blocked else "STOP",
                 "index": 0,
                 "safetyRatings": [

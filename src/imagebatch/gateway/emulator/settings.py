@@ -163,6 +163,9 @@ class EmulatorSettings(BaseModel):
     """Concurrency limit: generations in flight at once for the key; over it, 429 `Retry-After: 1`."""
     overload: OverloadBursts | None = None
     """Periodic overload bursts (off by default)."""
+    log_contents: bool = False
+    """Keep each native request's `contents` and the model content answered in the request log (`contents`,
+    `answer`): what a test compares an edit's history with. Off by default: it holds every image sent."""
     clock: Callable[[], float] = time.monotonic
     """The clock of the rate limit's window (tests pass a fake one)."""
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep

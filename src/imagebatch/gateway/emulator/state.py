@@ -45,6 +45,10 @@ class RequestLogEntry:
     """When the answer was sent (or the connection dropped), same clock as `time`; None while in flight."""
     limit: str | None = None
     """`rpm` or `max_in_flight` when a limit refused the request (429); `overload 503` (or 429) in a burst."""
+    contents: list[Any] | None = None
+    """The native request's `contents` as received, when the setting `log_contents` is on (else None)."""
+    answer: dict[str, Any] | None = None
+    """The model content the native route answered, signed, when `log_contents` is on (else None)."""
     drop: bool = field(default=False, repr=False)
     holds_slot: bool = field(default=False, repr=False)
     """It counts towards `max_in_flight` until its answer is sent."""

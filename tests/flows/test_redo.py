@@ -1,0 +1,346 @@
+"""`imagebatch run --redo rejected [--edit]` (issue 24, item 2): a new variant of each request whose newest
+image a reviewer rejected, and nothing else; as an edit of the rejected image with the reviewer's note,
+its whole conversation sent back exactly as the service returned it (the emulator checks the signatures).
+Counted by the emulator's request log, over real HTTP, in the session's Prefect harness."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.images import png
+from helpers.runs import cli, read_results, run_flow, write_jsonl
+
+from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
+from imagebatch.flows.cli import build_parser
+from imagebatch.flows.config import preflight
+from imagebatch.flows.deploy import check as deploy_check
+from imagebatch.flows.dispatch import RunControl
+from imagebatch.flows.settled import settle_without_prefect
+from imagebatch.manifest import PlannedRequest, load_manifest, plan, variant_of
+from imagebatch.tasks import layout
+from imagebatch.tasks.decisions import Decision, record_decision
+from imagebatch.tasks.storage import open_location
+from imagebatch.tasks.store import OutputStore, file_stem
+
+
+def planned(manifest: Path) -> dict[tuple[str, int], PlannedRequest]:
+    """The manifest's requests (variant 1) by (job id, turn index)."""
+    return {(r.job_id, r.turn_index): r for r in plan(load_manifest(manifest))}
+
+
+def decide(out: Path, req: PlannedRequest, decision: str = "rejected", note: str = "") -> None:
+    record_decision(open_location(out), Decision(req.idempotency_key, req.variant, decision, note, "tester"))  # type: ignore[arg-type]
+
+
+def sent_keys(emulator: Any, since: int = 0) -> Counter[str]:
+    return Counter(r["idempotency_key"] for r in emulator.requests()[since:])
+
+
+def log_of(emulator: Any, key: str) -> dict[str, Any]:
+    """The one request the emulator received under `key`."""
+    (entry,) = [r for r in emulator.requests() if r["idempotency_key"] == key]
+    return entry
+
+
+def rows_of(out: Path, job_id: str) -> list[tuple[str, str, str]]:
+    """(turn, variant, status) of a job's rows in results.csv, in their order."""
+    return [(r["turn_index"], r["variant"], r["status"]) for r in read_results(out) if r["job_id"] == job_id]
+
+
+def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
+    service_env: Any, tmp_path: Path
+) -> None:
+    service_env.configure(log_contents=True)
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl",
+        [
+            *({"id": f"p{i}", "prompt": f"a redo mug {i}", "model": "native-image-2"} for i in range(4)),
+            {"id": "ch", "prompt": "a redo cup", "turns": ["make it blue"]},
+        ],
+    )
+    out = tmp_path / "out"
+    run_flow(manifest=str(manifest), out=str(out))
+    reqs = planned(manifest)
+    first = {job: Path(out, read_results(out)[i]["paths"]) for i, job in enumerate(["p0", "p1", "p2", "p3"])}
+    decide(out, reqs["ch", 1])  # a chain's turn 1: sent again after the chain's turn 0 as it was returned
+    decide(out, reqs["p0", 0], note="the handle is missing")
+    decide(out, reqs["p1", 0])  # no note: a new sample all the same
+    decide(out, reqs["p2", 0], "approved")
+    decide(out, reqs["p3", 0], "rejected", "wrong colour")
+    decide(out, reqs["p3", 0], "cleared")  # undone: not rejected any more
+    before = len(service_env.requests())
+
+    info = run_flow(manifest=str(manifest), out=str(out), redo="rejected")
+    v2 = {job: variant_of(reqs[job, 0], 2) for job in ("p0", "p1")}
+    ch2 = variant_of(reqs["ch", 1], 2)
+    assert sent_keys(service_env, before) == Counter(
+        [*(v.idempotency_key for v in v2.values()), ch2.idempotency_key]
+    )
+    assert all(v.idempotency_key != reqs[job, 0].idempotency_key for job, v in v2.items())
+    assert variant_of(reqs["p0", 0], 2) == v2["p0"]  # the same key every time it is planned
+    assert info["redo"] == {
+        "variants": 3,
+        "edits": 0,
+        "new_samples": 3,
+        "fallback": 0,
+        "fallback_reasons": {},
+    }
+    assert info["counts"]["succeeded"] == 3 and info["counts"]["skipped"] == 6
+    assert rows_of(out, "ch") == [("1", "2", "succeeded"), ("0", "1", "skipped"), ("1", "1", "skipped")]
+    ch1_sent = log_of(service_env, reqs["ch", 1].idempotency_key)["contents"]
+    assert len(ch1_sent) == 3 and canonical(
+        log_of(service_env, ch2.idempotency_key)["contents"]
+    ) == canonical(ch1_sent)
+    # Every variant of a request, newest first; the first sample's image is where it was.
+    assert rows_of(out, "p0") == [("0", "2", "succeeded"), ("0", "1", "skipped")]
+    assert rows_of(out, "p2") == [("0", "1", "skipped")]
+    rows = {(r["job_id"], r["variant"]): r for r in read_results(out)}
+    assert rows["p0", "2"]["idempotency_key"] == v2["p0"].idempotency_key
+    assert "/0-v2-" in rows["p0", "2"]["paths"] and (out / rows["p0", "2"]["paths"]).is_file()
+    assert all(path.is_file() for path in first.values())
+    assert rows["p0", "1"]["paths"] == str(first["p0"].relative_to(out))
+
+    # The same command again: variant 2 exists and is not rejected, so nothing is sent.
+    sent = len(service_env.requests())
+    again = run_flow(manifest=str(manifest), out=str(out), redo="rejected")
+    assert len(service_env.requests()) == sent
+    assert again["counts"]["skipped"] == 9 and again["redo"]["variants"] == 0
+    assert rows_of(out, "p1") == [("0", "2", "skipped"), ("0", "1", "skipped")]
+
+    # Settled without Prefect (a rerun with nothing to send) lists them the same; a new rejection of
+    # the newest variant is something to send, for the flow.
+    checked = preflight(manifest, out, concurrency=4, base_url=service_env.url, api_key_secret_block=None)
+    common = dict(force=False, retry_unknown=False, report=False, concurrency=4, api_key_secret_block=None,
+                  global_limit=None, files_root=None, redo="rejected")  # fmt: skip
+    settled = settle_without_prefect(checked, **common)  # type: ignore[arg-type]
+    assert settled is not None and settled["requests"] == 9 and settled["redo"]["variants"] == 0
+    assert rows_of(out, "p0") == [("0", "2", "skipped"), ("0", "1", "skipped")]
+    decide(out, v2["p0"], note="still no handle")
+    assert settle_without_prefect(checked, **common) is None  # type: ignore[arg-type]
+    run_flow(manifest=str(manifest), out=str(out), redo="rejected")
+    assert sent_keys(service_env, sent) == Counter([variant_of(reqs["p0", 0], 3).idempotency_key])
+    assert [v for _, v, _ in rows_of(out, "p0")] == ["3", "2", "1"]
+
+
+def test_redo_edit_sends_the_rejected_answer_back_byte_for_byte_with_the_note(
+    service_env: Any, tmp_path: Path
+) -> None:
+    service_env.configure(log_contents=True, thought_image_rate=1.0)  # a thought image in every answer
+    (tmp_path / "ref.png").write_bytes(png(48, 48, (10, 120, 200)))
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl",
+        [
+            {"id": "a", "prompt": "a mug on a desk", "reference_images": ["ref.png"]},
+            {"id": "b", "prompt": "a chat mug", "route": "chat", "model": "native-image-2"},
+            {"id": "c", "prompt": "a mug, no note", "model": "native-image-2"},
+            {"id": "d", "prompt": "a mug, history lost", "model": "native-image-2"},
+            {"id": "e", "prompt": "a cup", "model": "native-image-2.1", "turns": ["make it blue"]},
+        ],
+    )  # fmt: skip
+    out = tmp_path / "out"
+    run_flow(manifest=str(manifest), out=str(out))
+    reqs = planned(manifest)
+    a1, e1 = reqs["a", 0], reqs["e", 1]
+    # Each native answer's conversation is kept, its images as references to the files written.
+    kept = OutputStore(out).load_conversation(a1)
+    assert kept is not None and kept["key"] == a1.idempotency_key
+    a1_log = log_of(service_env, a1.idempotency_key)
+    user, model = kept["contents"]
+    assert user["parts"][1]["inlineData"]["data"] == {
+        "input": str((tmp_path / "ref.png").resolve()), "sha256": a1.reference_sha256[0]
+    }  # fmt: skip
+    final = [p for p in model["parts"] if "inlineData" in p and not p.get("thought")]
+    assert [p["inlineData"]["data"]["file"] for p in final] == read_results(out)[0]["paths"].split(";")
+
+    def thought_image(content: dict[str, Any]) -> Any:
+        return next(
+            p["inlineData"]["data"] for p in content["parts"] if p.get("thought") and "inlineData" in p
+        )
+
+    assert thought_image(model) == thought_image(a1_log["answer"])  # no file of its own: kept inline
+    assert len(json.dumps(kept)) < len(json.dumps(a1_log["answer"])) / 2
+
+    decide(out, a1, note="make the handle blue")
+    decide(out, reqs["b", 0], note="brighter")  # the chat route keeps no signed history
+    decide(out, reqs["c", 0])  # no note
+    decide(out, reqs["d", 0], note="smaller")
+    lines = (out / "conversations.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(lines) == 3  # a, c, d: one line per native answer not of a chain (the chat route has none)
+    gone = reqs["d", 0].idempotency_key
+    (out / "conversations.jsonl").write_bytes(b"".join(x for x in lines if gone.encode() not in x))
+    decide(out, e1, note="a darker blue")  # the chain's turn 1
+    before = len(service_env.requests())
+
+    info = run_flow(manifest=str(manifest), out=str(out), redo="rejected", edit=True)
+    assert info["redo"] == {
+        "variants": 5, "edits": 2, "new_samples": 3, "fallback": 3,
+        "fallback_reasons": {"not the native route": 1, "no note": 1, "no kept history": 1},
+    }  # fmt: skip
+    assert info["counts"]["succeeded"] == 5
+    a2, e2 = variant_of(a1, 2), variant_of(e1, 2)
+    assert len(sent_keys(service_env, before)) == 5 and max(sent_keys(service_env, before).values()) == 1
+
+    # The edit: the first request's user turn and the model content exactly as returned, then the note.
+    a2_log = log_of(service_env, a2.idempotency_key)
+    assert a2_log["status"] == 200  # the emulator verified the signatures of the turn sent back
+    expected = [
+        a1_log["contents"][0],
+        a1_log["answer"],
+        {"role": "user", "parts": [{"text": "make the handle blue"}]},
+    ]
+    assert canonical(a2_log["contents"]) == canonical(expected)
+    # The chain's turn 1, edited: the chain's turns as sent and returned, then the note.
+    e1_log, e2_log = log_of(service_env, e1.idempotency_key), log_of(service_env, e2.idempotency_key)
+    note = {"role": "user", "parts": [{"text": "a darker blue"}]}
+    assert e2_log["status"] == 200
+    assert canonical(e2_log["contents"]) == canonical([*e1_log["contents"], e1_log["answer"], note])
+    # The fallbacks were sent as the first request was.
+    for job in ("c", "d"):
+        assert canonical(
+            log_of(service_env, variant_of(reqs[job, 0], 2).idempotency_key)["contents"]
+        ) == canonical(log_of(service_env, reqs[job, 0].idempotency_key)["contents"])
+    assert rows_of(out, "e") == [("1", "2", "succeeded"), ("0", "1", "skipped"), ("1", "1", "skipped")]
+
+    # An edit of the edit: its whole conversation, then the new note.
+    decide(out, a2, note="and a thinner rim")
+    since = len(service_env.requests())
+    info = run_flow(manifest=str(manifest), out=str(out), redo="rejected", edit=True)
+    a3 = variant_of(a1, 3)
+    assert sent_keys(service_env, since) == Counter([a3.idempotency_key]) and info["redo"]["edits"] == 1
+    a3_log = log_of(service_env, a3.idempotency_key)
+    note3 = {"role": "user", "parts": [{"text": "and a thinner rim"}]}
+    assert a3_log["status"] == 200
+    assert canonical(a3_log["contents"]) == canonical([*a2_log["contents"], a2_log["answer"], note3])
+
+
+def canonical(contents: Any) -> str:
+    """A value's JSON with its keys sorted: equal exactly when every value, string and order is equal."""
+    return json.dumps(contents, sort_keys=True)
+
+
+def made_and_rejected(tmp_path: Path, prompt: str, jobs: int) -> tuple[Path, Path, list[str]]:
+    """A manifest of `jobs` native rows, run once, every image rejected; its path, the output folder and
+    the keys of the variants 2 a redo will send."""
+    rows = [{"id": f"j{i}", "prompt": f"{prompt} {i}", "model": "native-image-2"} for i in range(jobs)]
+    manifest, out = write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "out"
+    run_flow(manifest=str(manifest), out=str(out))
+    reqs = planned(manifest)
+    for i in range(jobs):
+        decide(out, reqs[f"j{i}", 0], note="no")
+    return manifest, out, [variant_of(reqs[f"j{i}", 0], 2).idempotency_key for i in range(jobs)]
+
+
+def test_budgets_apply_to_variants_and_a_failed_variant_waits_for_a_redo(
+    service_env: Any, tmp_path: Path
+) -> None:
+    manifest, out, v2 = made_and_rejected(tmp_path, "a budget mug", 3)
+    before = len(service_env.requests())
+
+    info = run_flow(manifest=str(manifest), out=str(out), redo="rejected", max_images=1)
+    assert len(sent_keys(service_env, before)) == 1
+    assert info["counts"]["succeeded"] == 1 and info["counts"]["not_attempted"] == 2
+    assert info["stopped"].startswith("--max-images 1 reached")
+    # The rest, with one of them failing (the native route makes a single attempt).
+    failing = next(k for k in v2 if k not in sent_keys(service_env, before))
+    service_env.set_faults(scripts=[{"outcomes": [503], "match": failing}])
+    info = run_flow(manifest=str(manifest), out=str(out), redo="rejected")
+    assert sent_keys(service_env, before) == Counter(v2)
+    assert info["counts"]["failed"] == 1
+    service_env.set_faults()
+    # A run without --redo never sends a variant: the failed one is carried as it stands.
+    since = len(service_env.requests())
+    plain = run_flow(manifest=str(manifest), out=str(out))
+    assert len(service_env.requests()) == since and plain["counts"]["failed"] == 1
+    # A redo run sends it again (every resume rule applies to variants), and makes no variant 3.
+    info = run_flow(manifest=str(manifest), out=str(out), redo="rejected")
+    assert sent_keys(service_env, since) == Counter([failing])
+    assert info["counts"]["succeeded"] == 1 and info["counts"]["failed"] == 0
+
+
+class StopAfter:
+    """The emulator's latency sleep: stops the run (as Ctrl-C does) during its `n`-th generation."""
+
+    def __init__(self, control: RunControl, n: int) -> None:
+        self.control, self.n, self.calls = control, n, 0
+
+    async def __call__(self, _seconds: float) -> None:
+        self.calls += 1
+        if self.calls == self.n:
+            self.control.stop("stopped by the test")
+
+
+def test_an_interrupted_redo_resumes_like_any_run(service_env: Any, tmp_path: Path) -> None:
+    manifest, out, v2 = made_and_rejected(tmp_path, "a resumed mug", 5)
+    before = len(service_env.requests())
+
+    control = RunControl()
+    service_env.configure(latency=0.001, sleep=StopAfter(control, 2))
+    with run_hooks(RunHooks(control=control)):
+        stopped = run_flow(manifest=str(manifest), out=str(out), redo="rejected", concurrency=1)
+    first = sent_keys(service_env, before)
+    assert stopped["stopped"] == "stopped by the test" and 1 <= len(first) < 5
+    assert stopped["counts"]["not_attempted"] == 5 - len(first)
+    service_env.configure(latency=0.0)
+
+    done = run_flow(manifest=str(manifest), out=str(out), redo="rejected")
+    assert sent_keys(service_env, before) == Counter(v2)  # each variant sent once, over both runs
+    assert done["counts"]["succeeded"] == 5 - len(first) and done["redo"]["variants"] == 5 - len(first)
+
+
+def test_redo_options_are_checked_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "x", "prompt": "a mug"}])
+    out = str(tmp_path / "out")
+    code, _, err = cli(capsys, "run", str(manifest), "--out", out, "--edit")
+    assert code == 2 and "--edit" in err and "--redo rejected" in err
+    code, _, err = cli(capsys, "run", str(manifest), "--out", out, "--redo", "rejected", "--force")
+    assert code == 2 and "--force" in err
+    assert not (tmp_path / "out" / "journal.jsonl").exists()
+    # A deployment carries them, so a team can schedule the redo.
+    args = build_parser().parse_args(
+        ["deploy", str(manifest), "--out", out, "--name", "redo", "--base-url", "embedded",
+         "--redo", "rejected", "--edit"]
+    )  # fmt: skip
+    assert {k: v for k, v in deploy_check(args).items() if k in ("redo", "edit")} == {
+        "redo": "rejected",
+        "edit": True,
+    }
+    assert {"redo", "edit"} <= set(generate_from_manifest.parameters.properties)  # the flow's own parameters
+
+
+def test_an_edit_redo_into_a_bucket_from_the_command_line(
+    s3: Any, service_env: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    service_env.configure(log_contents=True)
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl", [{"id": f"s{i}", "prompt": f"a bucket mug {i}"} for i in range(2)]
+    )
+    url = f"s3://{s3.bucket()}/redo"
+    code, _, err = cli(capsys, "run", str(manifest), "--out", url)
+    assert code == 0, err
+    reqs = planned(manifest)
+    record_decision(open_location(url), Decision(reqs["s0", 0].idempotency_key, 1, "rejected", "add a lid"))
+    before = len(service_env.requests())
+
+    code, out, err = cli(capsys, "run", str(manifest), "--out", url, "--redo", "rejected", "--edit")
+    assert code == 0, err
+    assert "redo: 1 variant(s) of rejected images to send, 1 as edits with the reviewer's note" in out
+    v2 = variant_of(reqs["s0", 0], 2)
+    assert sent_keys(service_env, before) == Counter([v2.idempotency_key])
+    sent = log_of(service_env, v2.idempotency_key)
+    assert sent["status"] == 200 and len(sent["contents"]) == 3 and sent["contents"][1]["role"] == "model"
+    objects = s3.objects(url.split("/")[2], "redo")
+    assert layout.conversation(file_stem(v2, False)) in objects  # kept for an edit of the edit
+    rows = [(r["job_id"], r["variant"], r["status"]) for r in csv_rows(objects["results.csv"])]
+    assert rows == [("s0", "2", "succeeded"), ("s0", "1", "skipped"), ("s1", "1", "skipped")]
+
+
+def csv_rows(data: bytes) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(data.decode())))
