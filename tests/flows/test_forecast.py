@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import csv
 import json
 import signal
 from pathlib import Path
@@ -172,18 +171,22 @@ def test_rejected_images_wait_for_a_redo_by_their_newest_variant(
     assert keys[rows[0]["idempotency_key"]]["state"] == "rejected"
     assert "  rejected: line 1 (id=row-0)" in text and "only with --redo rejected" in text
 
-    # Variant 2 of the rejected image (as `--redo rejected` makes it), approved: no longer waiting.
-    variant2 = rows[0] | {"idempotency_key": "ib1-" + "2" * 32, "variant": "2"}
-    with (out / "results.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, [*rows[0], "variant"])
-        writer.writeheader()
-        writer.writerows([variant2, *rows])  # the newest variant first; `variant` empty: 1
+    # `--redo rejected` makes variant 2 of the rejected image: waiting no more, then by v2's own decision.
+    code, _, err = cli(capsys, "run", str(manifest), "--out", str(out), "--redo", "rejected")
+    assert code == EXIT_OK, err
+    variant2 = next(r for r in OutputStore(out).read_results() or [] if r.get("variant") == "2")
+    table, _, _ = validate(capsys, manifest, out)
+    assert table == {"done": (3, 0), "total": (3, 0)}
     record_decision(where, Decision(variant2["idempotency_key"], 2, "approved"))
     table, _, _ = validate(capsys, manifest, out)
     assert table == {"done": (3, 0), "total": (3, 0)}
     record_decision(where, Decision(variant2["idempotency_key"], 2, "rejected", "still wrong"))
     table, _, _ = validate(capsys, manifest, out)
     assert table == {"rejected": (1, 0), "done": (2, 0), "total": (3, 0)}
+    sent = len(service_env.ledger())
+    code, _, err = cli(capsys, "run", str(manifest), "--out", str(out), "--redo", "rejected")
+    assert code == EXIT_OK, err
+    assert len(service_env.ledger()) == sent + 1  # what validate said: one rejected request, its variant 3
 
 
 def test_validate_out_names_a_live_run_and_holds_no_lock(

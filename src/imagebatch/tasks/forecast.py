@@ -9,8 +9,9 @@ turns are not sent, and a turn to send whose earlier turns are not saved under `
 (`chain.saved_turns`). What this module adds is names: a key the journal never saw is `new`, or `changed`
 when the journal holds another key for the same job, request and turn (the row was edited since: it is
 sent under its new key, and the old images stay, under their own key's file names); a done request whose
-newest variant's review decision in force is `rejected` (`tasks.decisions`; the variant from results.csv,
-a missing `variant` being 1) waits for `--redo rejected`, which alone sends it again.
+newest variant's review decision in force is `rejected` (`tasks.decisions`; its newest variant as the
+journal knows it, the rule `--redo rejected` itself follows: `tasks.variants.rejected_requests`) waits
+for `--redo rejected`, which alone sends it again.
 
 Read only: no lock is taken, so a live run is never in the way (nor blocked). Whether one is sending now
 is only tested (`OutputStore.in_use`); if one is, the counts are a snapshot of what it has recorded.
@@ -27,9 +28,9 @@ from imagebatch.manifest import Manifest, PlannedRequest, plan
 
 from .chain import saved_turns
 from .context import Unit, decide, group_units
-from .decisions import read_decisions
 from .prices import PriceTable, estimate_lines
 from .store import KeyState, OutputStore
+from .variants import rejected_requests
 
 State = Literal["new", "changed", "retry", "unknown", "rejected", "done", "no_image", "blocked", "no_history"]
 STATES: dict[State, str] = {
@@ -90,9 +91,10 @@ def forecast(manifest: Manifest, out: Path | str, *, retry_unknown: bool = False
         last_key[(ev.get("job_id"), ev.get("request_index"), ev.get("turn_index"))] = ev["idempotency_key"]
 
     states = store.load_state(note)
-    rejected = _rejected(store)
+    units = group_units(plan(manifest))
+    rejected = rejected_requests(units, states, store)
     fates: list[Fate] = []
-    for unit in group_units(plan(manifest)):
+    for unit in units:
         fates += _unit_fates(store, unit, states, last_key, rejected, retry_unknown)
     return Forecast(store.where, fates, in_use, bool(states), retry_unknown)
 
@@ -141,41 +143,6 @@ def _unit_fates(
         else:
             fates.append(Fate(req, "new", True))
     return fates
-
-
-def _rejected(store: OutputStore) -> set[str]:
-    """The keys (as planned: a request's first variant) whose newest variant's decision in force is
-    `rejected`. A request's variants are results.csv's rows of its job, request and turn (`variant`
-    missing: 1); a key results.csv does not show goes by its own decision."""
-    decisions = read_decisions(store.location)
-    if not any(d.decision == "rejected" for d in decisions.values()):
-        return set()
-    variants: dict[tuple[str, str, str], list[tuple[int, str]]] = {}
-    for row in store.read_results() or []:
-        request = (row.get("job_id", ""), row.get("request_index", ""), row.get("turn_index", ""))
-        variants.setdefault(request, []).append(
-            (_variant(row.get("variant")), row.get("idempotency_key", ""))
-        )
-    rejected: set[str] = set()
-    shown: set[str] = set()
-    for rows in variants.values():
-        newest = decisions.get(max(rows)[1])
-        for variant, key in rows:
-            if variant == 1:
-                shown.add(key)
-                if newest is not None and newest.decision == "rejected":
-                    rejected.add(key)
-    rejected |= {
-        k for k, d in decisions.items() if k not in shown and d.variant == 1 and d.decision == "rejected"
-    }
-    return rejected
-
-
-def _variant(cell: str | None) -> int:
-    try:
-        return int(cell) if cell else 1
-    except ValueError:
-        return 1
 
 
 # --- the report -------------------------------------------------------------------------------------

@@ -90,10 +90,7 @@ def with_variants(
     every variant, when not redoing); and, when redoing, what it is to send.
 
     Costs nothing when the journal knows no variant and the run redoes nothing."""
-    newest: dict[tuple[str, int, int], int] = {}
-    for st in states.values():
-        if st.request is not None:
-            newest[st.request] = max(newest.get(st.request, 1), st.variant)
+    newest = _newest(states)
     if not newest and not redo:
         return units, frozenset(), None
     decisions = decided(store.location) if redo else {}
@@ -119,6 +116,33 @@ def with_variants(
     for index, unit in enumerate(out):
         unit.index = index
     return out, frozenset(held), summary
+
+
+def _newest(states: Mapping[str, KeyState]) -> dict[tuple[str, int, int], int]:
+    """The newest variant the journal knows of each request (job, request, turn) it holds a variant of."""
+    newest: dict[tuple[str, int, int], int] = {}
+    for st in states.values():
+        if st.request is not None:
+            newest[st.request] = max(newest.get(st.request, 1), st.variant)
+    return newest
+
+
+def rejected_requests(units: list[Unit], states: Mapping[str, KeyState], store: OutputStore) -> set[str]:
+    """The planned keys (first samples) of the requests whose newest variant the journal knows has
+    `rejected` as its decision in force: those `--redo rejected` makes a new variant of (`validate --out`
+    counts them by this same rule)."""
+    decisions = decided(store.location)
+    if not any(d.decision == "rejected" for d in decisions.values()):
+        return set()
+    newest = _newest(states)
+    rejected: set[str] = set()
+    for unit in units:
+        for req in unit.requests:
+            chain = _existing(req, states, newest.get((req.job_id, req.request_index, req.turn_index), 1))
+            last = decisions.get(chain[-1].idempotency_key)
+            if last is not None and last.decision == "rejected":
+                rejected.add(req.idempotency_key)
+    return rejected
 
 
 def _existing(req: PlannedRequest, states: Mapping[str, KeyState], top: int) -> list[PlannedRequest]:
