@@ -7,6 +7,7 @@
     imagebatch report OUT                                 (re)build OUT/report.html, the contact sheet
     imagebatch report s3://bucket/prefix --to DIR         copy a bucket's report into DIR, to open there
     imagebatch review OUT [--port P] [--reviewer NAME]    approve or reject each image in a browser
+    imagebatch export OUT --to DEST [options]             the run's images as named deliverables
     imagebatch deploy MANIFEST --out DIR|URL --name NAME ...  a scheduled deployment on a Prefect server
     imagebatch serve MANIFEST --out DIR|URL --name NAME ...   the same, its runs served from this process
     imagebatch worker --pool POOL [...]                   Prefect's process worker, stopped gracefully
@@ -38,6 +39,7 @@ from imagebatch.flows.limits import DEFAULT_LIMIT
 from imagebatch.flows.worker import GRACE as WORKER_GRACE
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES, ENV_REVIEWER
 from imagebatch.tasks.layout import REPORT_HTML, RESULTS_CSV
+from imagebatch.tasks.naming import DEFAULT_TEMPLATE
 
 if TYPE_CHECKING:
     from imagebatch.manifest import Manifest
@@ -69,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _review_arguments(
         sub.add_parser("review", help="serve the contact sheet on 127.0.0.1 to approve or reject each image")
+    )
+    _export_arguments(
+        sub.add_parser("export", help="write a run's images to DEST as deliverables, named by a template")
     )
     _deploy_arguments(
         sub.add_parser(
@@ -106,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(args.out, args.to)
     if args.command == "review":
         return _review(args)
+    if args.command == "export":
+        from imagebatch.tasks.export import export_main
+
+        return export_main(args)
     if args.command == "limits":
         from imagebatch.flows.limits import limits_main
 
@@ -458,6 +467,60 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     _allow_failures_argument(parser)
     _global_limit_argument(parser)
     _redo_arguments(parser)
+
+
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    """`export`: the choices behind each default are in `tasks/export.py` and `tasks/convert.py`."""
+    parser.add_argument("out", help="an output folder of `imagebatch run`, or its s3://bucket/prefix")
+    parser.add_argument(
+        "--to", required=True, metavar="DEST", help="the folder (or s3://bucket/prefix) to fill"
+    )
+    parser.add_argument(
+        "--name",
+        default=None,
+        metavar="TEMPLATE",
+        help="each file's path in DEST over results.csv's columns and {variant} {n} {ext} {key12}, e.g. "
+        f"'{{sku}}/{{colour}}.{{ext}}' (default: '{DEFAULT_TEMPLATE}')",
+    )
+    parser.add_argument(
+        "--approved-only",
+        action="store_true",
+        help="only images whose last review decision is approved (default: every succeeded image)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("png", "jpeg", "webp"),
+        default=None,
+        help="the deliverables' format (default: each image's own)",
+    )
+    parser.add_argument(
+        "--max-side",
+        type=int,
+        default=None,
+        metavar="N",
+        help="shrink images longer than N px (never enlarged)",
+    )
+    parser.add_argument(
+        "--quality", type=int, default=None, metavar="Q", help="JPEG/WebP quality 1-100 (default 90)"
+    )
+    parser.add_argument(
+        "--background",
+        default="white",
+        metavar="COLOR",
+        help="what transparency is flattened onto for JPEG: a name, #rrggbb or rgb(r,g,b) (default white)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a file in DEST that has other bytes (default: refuse)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="images converted at once (default: every core)",
+    )
 
 
 def _limits_arguments(parser: argparse.ArgumentParser) -> None:

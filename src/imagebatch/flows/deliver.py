@@ -1,0 +1,83 @@
+"""`export_deliverables`: `imagebatch export` as a Prefect flow, for teams that schedule delivery or
+chain it after the generation flow (README, "Review and delivery"):
+
+    from prefect import flow
+    from imagebatch.flows.batch import generate_from_manifest
+    from imagebatch.flows.deliver import export_deliverables
+
+    @flow
+    def nightly_catalog() -> None:
+        generate_from_manifest(manifest="catalog.csv", out="s3://shop/catalog")
+        export_deliverables(out="s3://shop/catalog", to="s3://shop-cdn/products", name="{sku}/{colour}.{ext}",
+                            format="jpeg", max_side=2000, quality=85, approved_only=True)
+
+The work is `tasks.export.export`, the same as the command's (the command does not start Prefect). A
+refused export (the rows named in the log) fails the flow run and writes nothing; the flow run's
+markdown artifact `imagebatch-export` gives the counts. The parameters are the command's options; none
+is a secret (an object store's credentials come from its standard chain where the flow runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prefect import flow, get_run_logger
+
+from imagebatch.tasks.convert import Conversion
+from imagebatch.tasks.export import export
+from imagebatch.tasks.exportplan import EXPORT_CSV, ExportRefused
+
+EXPORT_FLOW_NAME = "export-deliverables"
+
+
+@flow(name=EXPORT_FLOW_NAME, log_prints=False, validate_parameters=True)
+def export_deliverables(
+    out: str,
+    to: str,
+    name: str | None = None,
+    approved_only: bool = False,
+    format: str | None = None,
+    max_side: int | None = None,
+    quality: int | None = None,
+    background: str = "white",
+    overwrite: bool = False,
+    workers: int | None = None,
+) -> dict[str, int]:
+    """Export OUT's images to `to` as `imagebatch export OUT --to TO ...` does; the counts delivered,
+    written, unchanged and overwritten. Raises (the flow run Failed, nothing written) when the export
+    is refused: an unknown column, unsafe or colliding names, a different file in the way."""
+    logger = get_run_logger()
+    conversion = Conversion.from_options(format, max_side, quality, background)
+    try:
+        summary = export(
+            out,
+            to,
+            template=name,
+            conversion=conversion,
+            approved_only=approved_only,
+            overwrite=overwrite,
+            workers=workers,
+        )
+    except ExportRefused as exc:
+        for problem in exc.problems:
+            logger.error(problem)
+        raise
+    logger.info(summary.line())
+    counts = {
+        "delivered": summary.delivered,
+        "written": summary.written,
+        "unchanged": summary.unchanged,
+        "overwritten": summary.overwritten,
+    }
+    markdown = "\n".join(
+        [f"# imagebatch export: {out} -> {summary.dest}", "", "| images | count |", "|-|-|"]
+        + [f"| {what} | {n} |" for what, n in counts.items()]
+        + ["", f"Each file's source, size and sha256: `{EXPORT_CSV}` in the destination."]
+    )
+    with contextlib.suppress(Exception):  # the files are written; the artifact is a courtesy
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(
+            key="imagebatch-export", markdown=markdown, description="what the export wrote"
+        )
+    return counts

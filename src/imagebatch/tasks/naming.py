@@ -1,0 +1,137 @@
+"""The names of `imagebatch export`'s deliverables: a template (`--name`) over results.csv's columns,
+and the checks every rendered name passes before anything is written.
+
+A template is Python's format syntax with plain names only: `{sku}/{colour}.{ext}`,
+`{job_id}/{request_index:03d}-{n}.{ext}`. A field is a column of results.csv (the manifest's metadata
+columns are there, next to `job_id`, `request_index`, `turn_index`, `model`, ...) or a built-in
+(`BUILTINS`); a built-in wins over a metadata column of the same name. Attribute and index lookups
+(`{a.b}`, `{a[0]}`), conversions (`{a!r}`) and nested fields are refused: a template is data.
+
+A rendered name is a relative, `/`-separated path that every common file system and object store takes
+as it is: no absolute path, no `.`/`..` or empty segment, no hidden segment (one starting with `.`:
+usually an empty value before an extension), no control character nor `\\ : * ? " < > |`, no segment
+ending in a space or a dot, no Windows device name (`CON`, `nul.jpg`, `COM1`...), at most 255 bytes a
+segment and 1,024 in all. Two names that differ only in case or Unicode normalisation are one name
+(they would be one file on macOS or Windows, or after a copy there), and a name may not be a folder of
+another.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import unicodedata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+BUILTINS = {
+    "variant": "the image's variant (1 for a first sample)",
+    "n": "the image's number within its row, from 1 (a row of a request for several images has several)",
+    "ext": "the deliverable's extension: png, jpg or webp",
+    "key12": "the first 12 hex digits of the request's idempotency key",
+}
+"""Template fields every export has, besides results.csv's columns."""
+DEFAULT_TEMPLATE = "{job_id}/{request_index}-{turn_index}-{n}.{ext}"
+"""Unique by construction: one job id per manifest row, and export delivers one variant of each
+request (job, request, turn), each of its images numbered."""
+
+_REFUSED_CHARS = re.compile(r'[\x00-\x1f\x7f\\:*?"<>|]')
+_DEVICE_NAMES = re.compile(r"(?i)^(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³])(\..*)?$")
+MAX_SEGMENT_BYTES = 255
+MAX_NAME_BYTES = 1024
+
+
+class TemplateError(ValueError):
+    """A `--name` template that cannot be used (its syntax, or a field that is not a column)."""
+
+
+@dataclass(frozen=True)
+class NameTemplate:
+    text: str
+    fields: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> NameTemplate:
+        """Parse `text`, refusing what is not a plain `{name}` or `{name:spec}` field."""
+        fields: list[str] = []
+        try:
+            parsed = list(string.Formatter().parse(text))
+        except ValueError as exc:
+            raise TemplateError(f"--name {text!r}: {exc}") from None
+        for _, field, spec, conversion in parsed:
+            if field is None:
+                continue
+            if field == "" or field.isdigit():
+                raise TemplateError(f"--name {text!r}: every field needs a column's name, as in {{sku}}")
+            if "." in field or "[" in field or conversion or (spec and "{" in spec):
+                raise TemplateError(
+                    f"--name {text!r}: {{{field}}} must be a plain column name (no '.', '[', '!' or "
+                    "nested field)"
+                )
+            fields.append(field)
+        if not fields:
+            raise TemplateError(f"--name {text!r} has no field: every image would get the same name")
+        return cls(text, tuple(dict.fromkeys(fields)))
+
+    def unknown(self, columns: Iterable[str]) -> list[str]:
+        """The fields that are neither a column of `columns` nor a built-in."""
+        known = set(columns) | set(BUILTINS)
+        return [f for f in self.fields if f not in known]
+
+    def render(self, values: Mapping[str, object]) -> str:
+        """The name for one image; raises TemplateError if a format spec does not fit its value."""
+        try:
+            return self.text.format_map(values)
+        except (ValueError, TypeError) as exc:
+            raise TemplateError(str(exc)) from None
+
+
+def unsafe(name: str) -> str | None:
+    """Why `name` cannot be a deliverable's path, or None if it can."""
+    if not name:
+        return "the name is empty"
+    if name.startswith("/"):
+        return "an absolute path"
+    if len(name.encode()) > MAX_NAME_BYTES:
+        return f"longer than {MAX_NAME_BYTES} bytes"
+    for segment in name.split("/"):
+        if segment == "":
+            return "an empty segment ('//', or a '/' at the end)"
+        if segment in (".", ".."):
+            return f"a {segment!r} segment"
+        if bad := _REFUSED_CHARS.search(segment):
+            return f"the character {bad.group()!r}, which file systems refuse"
+        if segment.startswith("."):
+            return f"the hidden segment {segment!r} (an empty value before an extension?)"
+        if segment[-1] in " .":
+            return f"the segment {segment!r} ends in {segment[-1]!r}, which Windows drops"
+        if _DEVICE_NAMES.match(segment):
+            return f"{segment!r} is a device name on Windows"
+        if len(segment.encode()) > MAX_SEGMENT_BYTES:
+            return f"a segment longer than {MAX_SEGMENT_BYTES} bytes"
+    return None
+
+
+def folded(name: str) -> str:
+    """The form two names share if a case-insensitive or normalising file system makes them one."""
+    return unicodedata.normalize("NFC", name).casefold()
+
+
+def clashes(names: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    """The pairs of labels whose names are one file, or where one is a folder of the other, with the
+    name: `names` maps a label (the row it comes from) to its rendered name."""
+    first: dict[str, str] = {}
+    found = []
+    for label, name in names.items():
+        key = folded(name)
+        if key in first:
+            found.append((first[key], label, name))
+        else:
+            first[key] = label
+    for label, name in names.items():
+        parts = folded(name).split("/")
+        for depth in range(1, len(parts)):
+            folder = "/".join(parts[:depth])
+            if folder in first:
+                found.append((first[folder], label, name))
+    return found
