@@ -435,7 +435,7 @@ def test_prefect_yaml_refuses_without_an_address_and_makes_what_imagebatch_deplo
     given = {k: v for k, v in command["parameters"].items() if v is not None}
     assert yaml["parameters"] == {k: v for k, v in given.items() if k in yaml["parameters"]}
     assert yaml["parameters"]["base_url"] == "embedded"
-    assert {k for k in given if k not in yaml["parameters"]} <= {"adaptive", "report"}  # the flow's defaults
+    assert {k for k in given if k not in yaml["parameters"]} <= {"adaptive", "report", "edit"}  # defaults
     [schedule] = yaml["schedules"]
     assert schedule["schedule"]["cron"] == command["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
     assert len(stack.post("/automations/filter")) >= 1
