@@ -7,9 +7,10 @@
     r.usage.groupby("model")[["images", "total_tokens"]].sum()
     r.results.merge(r.decisions, left_on="idempotency_key", right_on="key", how="left")
 
-- `results`: results.csv, one row per request (the last run's), its columns in order (then `variant`,
-  added as 1 where the file has none, then the manifest's metadata columns); cells read back as written
-  (`csvcells`); counts as nullable integers (`Int64`), everything else text, an empty cell missing (`<NA>`).
+- `results`: results.csv, one row per request (the last run's), its columns in order (`variant` added
+  as 1, in its place, where a file written before variants has none; then the manifest's metadata
+  columns); cells read back as written (`csvcells`); counts as nullable integers (`Int64`), everything
+  else text, an empty cell missing (`<NA>`).
   A location whose run never ended has no results.csv: an empty table with results.csv's columns.
 - `usage`: the usage ledger, one row per HTTP attempt of every run into the location (a folder's
   `usage.jsonl`; in an object store, the journal segments' usage lines), with the answer's token counts
@@ -86,7 +87,7 @@ def results_frame(rows: list[dict[str, str]]) -> pd.DataFrame:
     """results.csv's rows (as `OutputStore.read_results` reads them) as a DataFrame."""
     frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=list(RESULT_COLUMNS))
     if VARIANT not in frame.columns:
-        frame.insert(min(len(RESULT_COLUMNS), len(frame.columns)), VARIANT, "")
+        frame.insert(min(RESULT_COLUMNS.index(VARIANT), len(frame.columns)), VARIANT, "")
     frame[VARIANT] = frame[VARIANT].replace("", "1")
     for name in frame.columns:
         column = frame[name].replace("", None)
