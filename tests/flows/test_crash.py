@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.runs import Gate, read_results, run_flow, start_run, write_jsonl
+from helpers.runs import Gate, kill_mid_run, read_results, run_flow, start_run, write_jsonl
 from PIL import Image
 
 from imagebatch.flows.batch import RunHooks, run_hooks
@@ -25,20 +25,8 @@ def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_p
         tmp_path / "m.jsonl", [{"id": f"job{i:02d}", "prompt": f"crash {i}"} for i in range(JOBS)]
     )
     out = tmp_path / "out"
-    gate = Gate(PASS_FIRST)
-    service_env.configure(latency=0.001, sleep=gate)
-    child = start_run(service_env, prefect_harness, manifest, out, concurrency=3, text=False)
-    try:
-        assert gate.closed_on_someone.wait(timeout=180), child.stderr.read().decode() if child.poll() else ""
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-    finally:
-        gate.release.set()
-        if child.poll() is None:
-            child.kill()
-        if child.stderr:
-            child.stderr.close()
-    assert child.returncode == -signal.SIGKILL
+    code = kill_mid_run(service_env, prefect_harness, manifest, out, let_through=PASS_FIRST, concurrency=3)
+    assert code == -signal.SIGKILL
 
     # What the killed run left is readable, and every outcome it recorded as succeeded has its image.
     states = OutputStore(out).load_state()

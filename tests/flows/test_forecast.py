@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
 import openpyxl
 import pytest
-from helpers.runs import Gate, cli, start_run, write_jsonl
+from helpers.runs import cli, kill_mid_run, write_jsonl
 
 from imagebatch.flows.cli import EXIT_OK, EXIT_USAGE
 from imagebatch.tasks.decisions import Decision, record_decision
@@ -115,20 +113,7 @@ def test_validate_out_after_a_kill_counts_the_unknown_and_the_run_leaves_them(
         tmp_path / "m.jsonl", [{"id": f"job{i:02d}", "prompt": f"kill {i}"} for i in range(12)]
     )
     out = tmp_path / "out"
-    gate = Gate(3)
-    service_env.configure(latency=0.001, sleep=gate)
-    child = start_run(service_env, prefect_harness, manifest, out, concurrency=2, text=False)
-    try:
-        assert gate.closed_on_someone.wait(timeout=180)
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-    finally:
-        gate.release.set()
-        if child.poll() is None:
-            child.kill()
-        if child.stderr:
-            child.stderr.close()
-    service_env.configure(sleep=asyncio.sleep, latency=0.0)
+    kill_mid_run(service_env, prefect_harness, manifest, out, let_through=3, concurrency=2)
     states = OutputStore(out).load_state()
     in_doubt = {k for k, s in states.items() if s.status == "unknown"}
     done = {k for k, s in states.items() if s.status == "succeeded"}

@@ -190,11 +190,10 @@ def test_a_store_that_fails_for_good_stops_the_run_as_a_full_disk_does(
 def test_kill_9_mid_run_then_a_rerun_from_another_folder_and_home_sends_nothing_twice(
     s3: Any, service_env: Any, prefect_harness: str, tmp_path: Path
 ) -> None:
-    import asyncio
-    import signal
     from collections import Counter
 
-    from test_crash import JOBS, PASS_FIRST, Gate, start_run
+    from helpers.runs import kill_mid_run
+    from test_crash import JOBS, PASS_FIRST
 
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(
@@ -202,20 +201,7 @@ def test_kill_9_mid_run_then_a_rerun_from_another_folder_and_home_sends_nothing_
     )
     bucket = s3.bucket()
     url = f"s3://{bucket}/killed"
-    gate = Gate(PASS_FIRST)
-    service_env.configure(latency=0.001, sleep=gate)
-    child = start_run(service_env, prefect_harness, manifest, url, concurrency=3, text=False)  # type: ignore[arg-type]
-    try:
-        assert gate.closed_on_someone.wait(timeout=180), child.stderr.read().decode() if child.poll() else ""
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-    finally:
-        gate.release.set()
-        if child.poll() is None:
-            child.kill()
-        if child.stderr:
-            child.stderr.close()
-    service_env.configure(sleep=asyncio.sleep, latency=0.0)
+    kill_mid_run(service_env, prefect_harness, manifest, url, let_through=PASS_FIRST, concurrency=3)
     states = OutputStore(url).load_state()
     in_doubt = {k for k, s in states.items() if s.status == "unknown"}
     assert in_doubt and any(s.status == "succeeded" for s in states.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -120,3 +121,31 @@ def start_run(
     cmd += ["--concurrency", str(concurrency)]
     stdout = subprocess.PIPE if text else subprocess.DEVNULL
     return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=text)
+
+
+def kill_mid_run(
+    service_env: Any,
+    prefect_harness: str,
+    manifest: Path,
+    out: Path | str,
+    *,
+    let_through: int,
+    concurrency: int,
+) -> int:
+    """`imagebatch run` as a real process, killed with SIGKILL once `let_through` generations are answered
+    and later ones are held in flight; the emulator is left answering at once again. Its return code."""
+    gate = Gate(let_through)
+    service_env.configure(latency=0.001, sleep=gate)
+    child = start_run(service_env, prefect_harness, manifest, out, concurrency=concurrency, text=False)  # type: ignore[arg-type]
+    try:
+        assert gate.closed_on_someone.wait(timeout=180), child.stderr.read().decode() if child.poll() else ""
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        gate.release.set()
+        if child.poll() is None:
+            child.kill()
+        if child.stderr:
+            child.stderr.close()
+    service_env.configure(sleep=asyncio.sleep, latency=0.0)
+    return child.returncode

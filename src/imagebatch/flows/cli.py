@@ -385,6 +385,36 @@ def _global_limit_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _work_pool_arguments(parser: argparse.ArgumentParser) -> None:
+    """`deploy` only: the work pool that runs it, its shards, and `--check`."""
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="split each run into N runs on the pool's workers (a second deployment NAME-shards)",
+    )
+    parser.add_argument(
+        "--shard-start-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="with --shards: a shard no worker has started within SECONDS is run by the parent's "
+        "process once its own shard is done (default 60)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="make every check and set up the heartbeat automation, but deploy nothing "
+        "(prefect.yaml's build step)",
+    )
+    parser.add_argument(
+        "--work-pool",
+        default=None,
+        help="the process work pool whose workers run it "
+        "(default: $PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME)",
+    )
+
+
 def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> None:
     """`deploy` and `serve`: the deployment's name, schedule and runner, and `run`'s options that a
     scheduled run may take (not --force nor --retry-unknown: no one is there to decide; --redo rejected
@@ -405,32 +435,7 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
         "--timezone", default=None, help="time zone of the schedule, e.g. Europe/Paris (default: UTC)"
     )
     if work_pool:
-        parser.add_argument(
-            "--shards",
-            type=int,
-            default=1,
-            help="split each run into N runs on the pool's workers (a second deployment NAME-shards)",
-        )
-        parser.add_argument(
-            "--shard-start-timeout",
-            type=float,
-            default=60.0,
-            metavar="SECONDS",
-            help="with --shards: a shard no worker has started within SECONDS is run by the parent's "
-            "process once its own shard is done (default 60)",
-        )
-        parser.add_argument(
-            "--check",
-            action="store_true",
-            help="make every check and set up the heartbeat automation, but deploy nothing "
-            "(prefect.yaml's build step)",
-        )
-        parser.add_argument(
-            "--work-pool",
-            default=None,
-            help="the process work pool whose workers run it "
-            "(default: $PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME)",
-        )
+        _work_pool_arguments(parser)
     parser.add_argument(
         "--concurrency",
         type=int,

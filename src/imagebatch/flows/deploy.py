@@ -48,6 +48,10 @@ Choices (README "Scheduled runs"):
   credential (one with a user, password or query is refused, as by `run`): the bucket is checked here
   with the deploying shell's credentials (a missing bucket or refused credentials: exit 2, nothing
   deployed), and each worker reads its own from its store's standard chain when its runs start.
+
+Over 450 lines on purpose: `deploy` and `serve` are one set of checks (address, pool, bucket, manifest,
+shards) feeding one deployment; the heartbeat automation is the one other piece, and it exists only for
+these deployments.
 """
 
 from __future__ import annotations
