@@ -1,4 +1,4 @@
-"""What keeping each native answer's conversation costs (issue 24, `tasks.conversation`): its bytes on
+"""What keeping each native answer's conversation costs (issue 24, `work.conversation`): its bytes on
 disk, kept whole and as kept (images as references to their files), and the CPU time of keeping it and of
 putting it back for an edit.
 
@@ -29,9 +29,9 @@ from PIL import Image
 from imagebatch.gateway import GatewayClient
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.manifest import load_manifest, plan
-from imagebatch.tasks import conversation, records
-from imagebatch.tasks.build import build_request
-from imagebatch.tasks.store import OutputStore
+from imagebatch.work import conversation, records
+from imagebatch.work.build import build_request
+from imagebatch.work.store import OutputStore
 
 
 def noise_png(side: int) -> bytes:

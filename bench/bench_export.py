@@ -10,7 +10,7 @@ images/<job>/ and a results.csv written by the run's own writer (`OutputStore.wr
 under a tint and camera-like noise: about 1.2 MB each, which decodes like a photograph, where the
 emulator's flat placeholders would decode several times faster), hard-linked under every name: what is
 measured is decoding, converting and writing, not the disk. Then, for each mode, a fresh DEST and
-`imagebatch.tasks.export.export(..., template="{sku}.{ext}", format jpeg)` timed from start to
+`imagebatch.delivery.export.export(..., template="{sku}.{ext}", format jpeg)` timed from start to
 export.csv; then a second export into the last mode's DEST (everything unchanged). "inline" is one
 thread (`workers=1`: converted in the calling thread, no pool); "process" a spawned process pool and
 "thread" a thread pool of `--workers`. CPU ms/image counts every thread and worker process: on a
@@ -32,9 +32,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from imagebatch.tasks.convert import Conversion
-from imagebatch.tasks.export import default_workers, export
-from imagebatch.tasks.store import OutputStore
+from imagebatch.delivery.convert import Conversion
+from imagebatch.delivery.export import default_workers, export
+from imagebatch.work.store import OutputStore
 
 
 def photo(seed: int, side: int) -> bytes:

@@ -35,7 +35,7 @@ def write_manifest(path: Path, rows: int) -> None:
 
 def start_emulator(latency: float) -> tuple[subprocess.Popen[str], str]:
     cmd = [
-        sys.executable, "-m", "imagebatch.flows.cli", "emulator", "--port", "0", "--api-key", KEY,
+        sys.executable, "-m", "imagebatch.cli.main", "emulator", "--port", "0", "--api-key", KEY,
         "--latency", str(latency), "--jpeg-rate", "0", "--thought-image-rate", "0",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -51,7 +51,7 @@ def start_emulator(latency: float) -> tuple[subprocess.Popen[str], str]:
 def run_once(manifest: Path, out: Path, url: str, concurrency: int) -> tuple[float, int, int]:
     """Return (wall seconds, peak RSS in KiB of the run process, exit code)."""
     env = {**os.environ, "IMAGEBATCH_BASE_URL": url, "IMAGEBATCH_API_KEY": KEY}
-    cmd = [sys.executable, "-m", "imagebatch.flows.cli", "run", str(manifest), "--out", str(out)]
+    cmd = [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--out", str(out)]
     cmd += ["--concurrency", str(concurrency)]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     env = {**os.environ, "IMAGEBATCH_API_KEY": KEY}
     emulator = subprocess.Popen(
-        [sys.executable, "-m", "imagebatch.flows.cli", "emulator", "--port", "0", "--api-key", KEY,
+        [sys.executable, "-m", "imagebatch.cli.main", "emulator", "--port", "0", "--api-key", KEY,
          "--max-in-flight", str(args.limit), "--latency", str(args.latency)],
         stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
@@ -56,7 +56,7 @@ def main() -> None:
                 out = Path(tmp) / label.split()[0]
                 t0 = time.monotonic()
                 subprocess.run(
-                    [sys.executable, "-m", "imagebatch.flows.cli", "run", str(manifest), "--out", str(out),
+                    [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--out", str(out),
                      "--base-url", url, "--concurrency", str(args.concurrency), *extra],
                     env=env, capture_output=True, check=False,
                 )  # fmt: skip

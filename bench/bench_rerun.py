@@ -55,7 +55,7 @@ def main() -> None:
             for rows in args.rows:
                 manifest = Path(tmp) / f"m{rows}.csv"
                 write_manifest(manifest, rows)
-                base = [sys.executable, "-m", "imagebatch.flows.cli", "run", str(manifest), "--no-report"]
+                base = [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--no-report"]
                 base += ["--concurrency", str(args.concurrency)]
                 places = (
                     ("local folder", str(Path(tmp) / f"out{rows}")),

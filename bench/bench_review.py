@@ -35,9 +35,9 @@ from PIL import Image
 
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.report.review import ReviewServer
-from imagebatch.tasks.csvcells import write_csv
-from imagebatch.tasks.storage import LocalFolder
-from imagebatch.tasks.store import RESULT_COLUMNS
+from imagebatch.storage.csvcells import write_csv
+from imagebatch.storage.location import LocalFolder
+from imagebatch.work.store import RESULT_COLUMNS
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip

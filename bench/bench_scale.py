@@ -59,7 +59,7 @@ from tests.helpers.prefect_server import (  # noqa: E402
 )
 
 KEY = "bench-scale-key-0123456789abcdef"
-CLI = [sys.executable, "-m", "imagebatch.flows.cli"]
+CLI = [sys.executable, "-m", "imagebatch.cli.main"]
 PEER = [sys.executable, str(ROOT / "bench" / "peer.py")]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PROMPTS = 8  # distinct prompts cycled through the rows (the emulator's render cache holds 16)
@@ -379,7 +379,7 @@ def run_imagebatch(
     """`imagebatch run` as a whole process; with `server`, its CPU and database growth around the run.
 
     `extra`: more options of `imagebatch run` (`--no-report`, `--global-limit NAME`); `launcher`: the
-    command that starts the CLI (default `python -m imagebatch.flows.cli`; `start` also times `uv run
+    command that starts the CLI (default `python -m imagebatch.cli.main`; `start` also times `uv run
     imagebatch` and `.venv/bin/imagebatch`)."""
     emu.reset()
     env = base_env() | {"IMAGEBATCH_API_KEY": KEY, "PREFECT_HOME": str(client_home)}

@@ -68,7 +68,7 @@ def one_variant(
     ]
     try:
         deploy = [
-            sys.executable, "-m", "imagebatch.flows.cli", "deploy", str(manifest), "--out", str(out),
+            sys.executable, "-m", "imagebatch.cli.main", "deploy", str(manifest), "--out", str(out),
             "--name", name, "--work-pool", pool, "--concurrency", str(concurrency), "--no-adaptive",
             "--base-url", emu.url, "--shards", str(shards), "--no-report",
         ]  # fmt: skip

@@ -6,7 +6,7 @@ concurrency limit"). Not a test.
 Against a running `prefect server start` with a limit of 64 (never binding), `--slots` slots are taken and
 given back, by one thread and then by `--threads` threads:
 - `prefect concurrency()`: Prefect's `concurrency(name, lease_duration=300, strict=True)` per slot (what
-  `--global-limit` did before `flows.limits.SlotBroker`);
+  `--global-limit` did before `run.limits.SlotBroker`);
 - `lease per slot`: one `increment-with-lease` and one `decrement-with-lease` per slot on one shared client
   (the floor for asking the server each time);
 - `SlotBroker`: imagebatch's broker, which passes a slot from one holder to the next waiting one.
@@ -62,7 +62,8 @@ def main() -> None:
         from prefect.client.orchestration import get_client
         from prefect.concurrency.sync import concurrency
 
-        from imagebatch.flows.limits import SlotBroker, set_limits
+        from imagebatch.platform.limits import set_limits
+        from imagebatch.run.limits import SlotBroker
 
         set_limits(LIMIT, 64, None)
         with ExitStack() as stack:

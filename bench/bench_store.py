@@ -114,7 +114,7 @@ def main() -> None:
                 "AWS_ENDPOINT_URL": store,
                 "AWS_ALLOW_HTTP": "true",
             }
-            base = [sys.executable, "-m", "imagebatch.flows.cli", "run", str(manifest), "--no-report"]
+            base = [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--no-report"]
             base += ["--concurrency", str(args.concurrency)]
             print(
                 f"{args.rows} requests, latency {args.latency} s, "

@@ -112,7 +112,7 @@ def main() -> None:
         ]
         for label, extra in (("imagebatch, adaptive", []), ("imagebatch, --no-adaptive", ["--no-adaptive"])):
             out = tmp / label.split(",")[1].strip().lstrip("-")
-            cmd = [sys.executable, "-m", "imagebatch.flows.cli", "run", str(manifest), "--out", str(out)]
+            cmd = [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--out", str(out)]
             cmd += ["--concurrency", str(args.concurrency), "--no-report", *extra]
             results.append(run(label, cmd, env | {"PREFECT_HOME": str(out) + "-home"}, emulator, out))
     ideal = args.requests * args.latency / args.concurrency

@@ -23,12 +23,12 @@ from helpers.images import blank_png
 CHILD = """
 import json, resource, sys, time
 from pathlib import Path
-from imagebatch.report import html
+from imagebatch.work import thumbnails
 source, out = Path(sys.argv[1]), Path(sys.argv[2])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 started = time.perf_counter()
 try:
-    result = html._thumb(out, source, source.stem)
+    result = thumbnails.ensure_thumbnail(out, source, source.stem)
 except Exception as exc:
     result = f"{type(exc).__name__}: {exc}"
 seconds = time.perf_counter() - started

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-import imagebatch.flows  # noqa: F401 - sets Prefect's environment defaults before Prefect is imported
+import imagebatch  # noqa: F401 - sets Prefect's environment defaults before Prefect is imported
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 
 EMULATOR_API_KEY = "test-emulator-key"

@@ -26,12 +26,12 @@ from helpers.exports import (
 from helpers.runs import cli
 from PIL import Image
 
-import imagebatch.tasks.export as export_module
-from imagebatch.tasks.convert import Conversion, stage
-from imagebatch.tasks.csvcells import read_csv
-from imagebatch.tasks.decisions import Decision, record_decision
-from imagebatch.tasks.export import export
-from imagebatch.tasks.storage import open_location
+import imagebatch.delivery.export as export_module
+from imagebatch.delivery.convert import Conversion, stage
+from imagebatch.delivery.export import export
+from imagebatch.storage.csvcells import read_csv
+from imagebatch.storage.location import open_location
+from imagebatch.work.decisions import Decision, record_decision
 
 
 def near(pixel: Any, expected: tuple[int, ...], tolerance: int = 12) -> bool:
@@ -323,7 +323,7 @@ def test_export_into_a_bucket_and_from_one(
 def test_the_command_does_not_import_prefect(make_out: Callable[..., OutMaker], tmp_path: Path) -> None:
     root = shoe_and_bag(make_out)
     script = (
-        "import sys\nfrom imagebatch.flows.cli import main\n"
+        "import sys\nfrom imagebatch.cli.main import main\n"
         f"code = main(['export', {str(root)!r}, '--to', {str(tmp_path / 'dest')!r}])\n"
         "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))\n"
     )

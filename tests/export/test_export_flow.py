@@ -14,9 +14,9 @@ from helpers.runs import run_flow
 from PIL import Image
 
 from imagebatch.flows.deliver import export_deliverables
-from imagebatch.tasks.csvcells import read_csv
-from imagebatch.tasks.decisions import Decision, record_decision
-from imagebatch.tasks.storage import open_location
+from imagebatch.storage.csvcells import read_csv
+from imagebatch.storage.location import open_location
+from imagebatch.work.decisions import Decision, record_decision
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "restore_logging")
 

@@ -12,7 +12,7 @@ from helpers.exports import OutMaker, encoded, transparent_png, tree
 from helpers.runs import cli
 from PIL import Image
 
-from imagebatch.tasks.naming import NameTemplate, TemplateError, clashes, unsafe
+from imagebatch.delivery.naming import NameTemplate, TemplateError, clashes, unsafe
 
 RED = encoded(Image.new("RGB", (8, 8), (255, 0, 0)), "PNG")
 

@@ -13,8 +13,8 @@ import pytest
 from helpers.runs import read_jsonl, read_results, run_flow, write_jsonl
 from PIL import Image
 
-from imagebatch.flows.batch import RunHooks, run_hooks
 from imagebatch.gateway.constants import RETRY_DELAYS
+from imagebatch.run.hooks import RunHooks, run_hooks
 
 
 def run(manifest: Path, out: Path, **kw: Any) -> tuple[dict[str, Any], list[float]]:
@@ -242,7 +242,7 @@ def test_embedded_emulator_is_the_default(
 
 @pytest.mark.parametrize("concurrency", [0, 257])
 def test_concurrency_is_bounded(service_env: Any, examples: Path, tmp_path: Path, concurrency: int) -> None:
-    from imagebatch.flows.batch import UsageError
+    from imagebatch.run.preflight import UsageError
 
     with pytest.raises(UsageError):
         run(examples / "catalog.csv", tmp_path / "out", concurrency=concurrency)
@@ -303,8 +303,8 @@ def test_halt_keeps_the_status_of_what_was_done(service_env: Any, examples: Path
 
 
 def test_an_output_folder_in_use_is_refused(service_env: Any, examples: Path, tmp_path: Path) -> None:
-    from imagebatch.flows.batch import UsageError
-    from imagebatch.tasks.store import OutputStore
+    from imagebatch.run.preflight import UsageError
+    from imagebatch.work.store import OutputStore
 
     out = tmp_path / "out"
     with OutputStore(out).hold_and_merge(), pytest.raises(UsageError, match="another imagebatch run"):

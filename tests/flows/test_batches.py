@@ -11,8 +11,8 @@ from typing import Any
 
 from helpers.runs import Rendezvous, peak_in_flight, read_jsonl, read_results, run_flow
 
-from imagebatch.flows.batch import RunHooks, run_hooks
-from imagebatch.tasks.context import Batch, Unit, batch_size, group_batches
+from imagebatch.run.hooks import RunHooks, run_hooks
+from imagebatch.work.context import Batch, Unit, batch_size, group_batches
 
 
 def catalog(path: Path, rows: int) -> Path:
@@ -93,9 +93,9 @@ def test_a_small_run_keeps_one_task_run_per_request(service_env: Any, tmp_path: 
 
 
 def test_shards_split_the_units_disjointly_and_alike_on_every_machine(tmp_path: Path) -> None:
-    from imagebatch.flows.shards import shard_of
     from imagebatch.manifest import load_manifest, plan
-    from imagebatch.tasks.context import group_units
+    from imagebatch.run.shards import shard_of
+    from imagebatch.work.context import group_units
 
     units = group_units(plan(load_manifest(catalog(tmp_path / "m.csv", 300))))
     split = [[u.index for u in units if shard_of(u, 3) == i] for i in range(3)]
@@ -106,8 +106,8 @@ def test_shards_split_the_units_disjointly_and_alike_on_every_machine(tmp_path: 
 
 
 def test_the_dispatcher_gives_freed_memory_back_every_so_many_requests(monkeypatch: Any) -> None:
-    from imagebatch.flows import dispatch
-    from imagebatch.tasks.store import RequestRecord
+    from imagebatch.run import dispatch
+    from imagebatch.work.store import RequestRecord
 
     trims: list[int] = []
     monkeypatch.setattr(dispatch, "TRIM_EVERY", 3)

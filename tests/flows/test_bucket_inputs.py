@@ -16,7 +16,7 @@ import pytest
 from helpers.images import png
 from helpers.runs import cli
 
-from imagebatch.flows.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, build_parser
+from imagebatch.cli.main import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, build_parser
 from imagebatch.gateway.emulator.render import Renderer, RenderSpec, images_pixel_size
 
 REF_A = png(48, 48, (200, 30, 30))
@@ -72,7 +72,7 @@ def test_a_run_of_a_manifest_in_a_bucket_sends_each_references_bytes(
 def test_a_reference_changed_between_check_and_send_fails_only_its_request(
     s3: Any, bucket: str, capsys: Any, service_env: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import imagebatch.flows.config as config
+    import imagebatch.run.preflight as config
 
     checked = config.preflight
 
@@ -98,7 +98,7 @@ def test_a_reference_changed_between_check_and_send_fails_only_its_request(
 def test_deploy_checks_the_manifest_in_the_bucket_and_its_objects_before_deploying(
     s3: Any, bucket: str, capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from imagebatch.flows.deploy import check
+    from imagebatch.platform.deploy import check
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # reached only after the checks
     s3.client.put_object(
@@ -129,7 +129,7 @@ def test_a_rerun_into_a_bucket_with_nothing_to_send_reads_no_image_and_starts_no
 ) -> None:
     """The rerun of the benchmark's table (bench/README.md, `--no-report` as there), on a small run: a
     few store requests, none of them on images/ or thumbs/, and Prefect not started (as for a folder:
-    flows/settled.py)."""
+    run/nothing_to_send.py)."""
     from helpers.s3 import FaultProxy
 
     url, out = f"s3://{bucket}/cat/m.csv", f"s3://{bucket}/out"
@@ -140,7 +140,7 @@ def test_a_rerun_into_a_bucket_with_nothing_to_send_reads_no_image_and_starts_no
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
         env |= {"AWS_ENDPOINT_URL": proxy.url, "PREFECT_HOME": str(tmp_path / "home")}
-        cmd = [sys.executable, "-m", "imagebatch.flows.cli", "run", url, "--out", out, "--no-report"]
+        cmd = [sys.executable, "-m", "imagebatch.cli.main", "run", url, "--out", out, "--no-report"]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     finally:
         proxy.stop()

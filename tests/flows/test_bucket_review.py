@@ -13,8 +13,8 @@ import pytest
 from helpers.browser import dom
 from helpers.runs import cli
 
-from imagebatch.flows.cli import EXIT_OK, EXIT_USAGE
-from imagebatch.flows.report_artifact import console_url
+from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
+from imagebatch.run.report_artifact import console_url
 
 LINK = re.compile(r'(?:href|src)="([^"]+)"')
 

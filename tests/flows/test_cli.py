@@ -14,7 +14,7 @@ import pytest
 from helpers.runs import cli, read_results, summary_counts
 from PIL import Image
 
-from imagebatch.flows.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, main
+from imagebatch.cli.main import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, main
 from imagebatch.manifest import ManifestError
 
 
@@ -461,8 +461,8 @@ def test_files_root_lets_a_run_send_a_file_from_another_folder(
 def test_deploy_passes_the_files_root_as_an_absolute_parameter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from imagebatch.flows.cli import build_parser
-    from imagebatch.flows.deploy import check
+    from imagebatch.cli.main import build_parser
+    from imagebatch.platform.deploy import check
 
     (tmp_path / "m").mkdir()
     (tmp_path / "shared").mkdir()

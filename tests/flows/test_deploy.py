@@ -43,9 +43,9 @@ from helpers.prefect_server import (
     submitted_by,
 )
 
-from imagebatch.flows.cli import main
-from imagebatch.flows.config import NO_SERVICE
+from imagebatch.cli.main import main
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+from imagebatch.run.preflight import NO_SERVICE
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO / "manifests" / "examples" / "catalog.csv"
@@ -371,7 +371,7 @@ def test_deploy_refuses_without_a_prefect_server(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "imagebatch.flows.cli",
+        "imagebatch.cli.main",
         "deploy",
         str(CATALOG),
         "--out",
@@ -498,8 +498,8 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
     from helpers.runs import read_results, run_flow
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from imagebatch.flows.batch import RunHooks, run_hooks
-    from imagebatch.flows.verdict import ran_to_end
+    from imagebatch.run.final_state import ran_to_end
+    from imagebatch.run.hooks import RunHooks, run_hooks
 
     stack = stacks["sqlite"]
     assert stack is not None
@@ -578,7 +578,7 @@ def test_a_deployment_run_without_an_address_fails_with_one_line(stack: Stack, t
     embedded emulator is never started."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from imagebatch.flows.deploy import build_deployment
+    from imagebatch.platform.deploy import build_deployment
 
     parameters = {"manifest": str(CATALOG), "out": str(tmp_path / "out")}
     with temporary_settings({PREFECT_API_URL: stack.api}):
@@ -590,7 +590,7 @@ def test_a_deployment_run_without_an_address_fails_with_one_line(stack: Stack, t
 
 
 def _automations(stack: Stack) -> list[dict[str, Any]]:
-    from imagebatch.flows.deploy import AUTOMATION_NAME
+    from imagebatch.platform.deploy import AUTOMATION_NAME
 
     return [a for a in stack.post("/automations/filter") if a["name"] == AUTOMATION_NAME]
 
@@ -670,7 +670,7 @@ def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
 
         with running_worker(stack.api, pool, env, tmp_path / "w2.log", stop_grace=3):
             second = stack.wait(stack.run(deployment_id), timeout=180)
-        # Not cancelled by a zombie's slot: the run ran to its own verdict (flows.verdict), which is Failed
+        # Not cancelled by a zombie's slot: the run ran to its own verdict (run.final_state), which is Failed
         # only for the requests the killed run left `unknown` (sent, never answered; not resent).
         assert second["state_type"] in ("COMPLETED", "FAILED"), second["state"]
         assert second["state"]["message"].startswith("imagebatch: "), second["state"]
@@ -695,7 +695,7 @@ def _sharded_deploy(stack: Stack, tmp_path: Path, pool: str, emulator: EmulatorS
 
 @contextlib.contextmanager
 def _shard_children() -> Iterator[dict[int, bytes]]:
-    """The environment (`/proc/PID/environ`) of every `imagebatch.flows.shard_child` process seen while
+    """The environment (`/proc/PID/environ`) of every `imagebatch.run.shard_child` process seen while
     the block runs (polled; a shard child lives for seconds)."""
     seen: dict[int, bytes] = {}
     done = threading.Event()
@@ -706,7 +706,7 @@ def _shard_children() -> Iterator[dict[int, bytes]]:
                 if not proc.name.isdigit() or int(proc.name) in seen:
                     continue
                 with contextlib.suppress(OSError):
-                    if b"imagebatch.flows.shard_child" in (proc / "cmdline").read_bytes():
+                    if b"imagebatch.run.shard_child" in (proc / "cmdline").read_bytes():
                         seen[int(proc.name)] = (proc / "environ").read_bytes()
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -884,7 +884,7 @@ def test_a_sharded_deployment_into_a_bucket_on_two_machines_that_share_nothing_w
 def test_the_emulator_is_used_in_a_deployment_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 20, item 6: outside a deployment no address means the emulator (the quick start); in one,
     only `embedded` (option or IMAGEBATCH_BASE_URL) does, and no address is refused with one line."""
-    from imagebatch.flows.config import UsageError, resolve_base_url
+    from imagebatch.run.preflight import UsageError, resolve_base_url
 
     monkeypatch.delenv("IMAGEBATCH_BASE_URL", raising=False)
     assert resolve_base_url(None) is None

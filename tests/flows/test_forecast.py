@@ -11,10 +11,10 @@ import openpyxl
 import pytest
 from helpers.runs import cli, kill_mid_run, write_jsonl
 
-from imagebatch.flows.cli import EXIT_OK, EXIT_USAGE
-from imagebatch.tasks.decisions import Decision, record_decision
-from imagebatch.tasks.storage import open_location
-from imagebatch.tasks.store import OutputStore
+from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
+from imagebatch.storage.location import open_location
+from imagebatch.work.decisions import Decision, record_decision
+from imagebatch.work.store import OutputStore
 
 JOBS = [{"id": f"row-{i}", "prompt": f"a red cup, angle {i}", "model": "compat-image-2"} for i in range(6)]
 CHAIN = {"id": "chain", "prompt": "a cup", "model": "native-image-2.1", "turns": ["make it blue"]}

@@ -16,8 +16,8 @@ import httpx
 from helpers.runs import read_jsonl, read_results, run_flow, write_jsonl
 from PIL import Image
 
-from imagebatch.flows.batch import RunHooks, run_hooks
 from imagebatch.gateway.redaction import carries_key
+from imagebatch.run.hooks import RunHooks, run_hooks
 
 
 def echoing_service(upstream: httpx.Client, key: str) -> httpx.MockTransport:

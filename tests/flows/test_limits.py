@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 from helpers.runs import Rendezvous, cli, peak_in_flight, run_flow
 
-from imagebatch.flows.batch import RunHooks, UsageError, run_hooks
-from imagebatch.flows.limits import (
+from imagebatch.platform.limits import set_limits
+from imagebatch.run.hooks import RunHooks, run_hooks
+from imagebatch.run.limits import (
     LEASE_SECONDS,
     LINGER_SECONDS,
     REUSE_SECONDS,
     SlotBroker,
     rate_limit_name,
-    set_limits,
 )
+from imagebatch.run.preflight import UsageError
 
 
 def read_limit(name: str) -> Any:

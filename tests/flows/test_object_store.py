@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from helpers.runs import cli, summary_counts
 
-from imagebatch.flows.cli import EXIT_OK, EXIT_USAGE
-from imagebatch.tasks.store import OutputStore
+from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
+from imagebatch.work.store import OutputStore
 
 
 def _results(objects: dict[str, bytes]) -> list[dict[str, str]]:
@@ -102,7 +102,7 @@ def faults(s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
     from helpers.s3 import FaultProxy
 
-    import imagebatch.tasks.objectstore as objectstore
+    import imagebatch.storage.objectstore as objectstore
 
     proxy = FaultProxy(s3.url)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
@@ -149,7 +149,7 @@ def test_throttling_errors_and_dropped_connections_are_retried(
 def test_a_store_that_fails_for_good_stops_the_run_as_a_full_disk_does(
     faults: Any, s3: Any, tmp_path: Path, capsys: Any, service_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import imagebatch.tasks.objectstore as objectstore
+    import imagebatch.storage.objectstore as objectstore
 
     monkeypatch.setattr(objectstore, "RETRY", {**objectstore.RETRY, "max_retries": 2})
     images = [0]
@@ -214,7 +214,7 @@ def test_kill_9_mid_run_then_a_rerun_from_another_folder_and_home_sends_nothing_
     cmd = [
         sys.executable,
         "-m",
-        "imagebatch.flows.cli",
+        "imagebatch.cli.main",
         "run",
         str(manifest),
         "--out",
@@ -247,9 +247,9 @@ def test_serve_and_deploy_keep_a_buckets_url_as_the_out_parameter(
 ) -> None:
     """Issue 19, item 1: `serve` (its runs run in this process, with this process's key and store
     credentials) and `deploy` check the bucket and keep `--out` as its URL, never a local path."""
-    from imagebatch.flows.cli import build_parser
-    from imagebatch.flows.config import UsageError
-    from imagebatch.flows.deploy import check, describe
+    from imagebatch.cli.main import build_parser
+    from imagebatch.platform.deploy import check, describe
+    from imagebatch.run.preflight import UsageError
 
     url = f"s3://{s3.bucket()}/served"
     manifest = str(examples / "catalog.csv")

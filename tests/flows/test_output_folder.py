@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from helpers.runs import cli, read_results, summary_counts, write_jsonl
 
-from imagebatch.flows.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
-from imagebatch.tasks.store import OutputStore
+from imagebatch.cli.main import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
+from imagebatch.work.store import OutputStore
 
 
 def _mount(target: Path, options: str) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-from imagebatch.flows.prefect_guard import MISSES, NOTE, STOPPED_ANSWERING, PrefectGuard
+from imagebatch.run.api_guard import MISSES, NOTE, STOPPED_ANSWERING, PrefectGuard
 
 WAIT = 60.0  # generous bounds on events that come at once
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from helpers.runs import read_results, write_jsonl
 
-from imagebatch.flows.prefect_guard import NOTE
+from imagebatch.run.api_guard import NOTE
 
 JOBS = 40
 HOLD_AFTER = 8  # generations let through before the gate holds the rest
@@ -51,14 +51,15 @@ def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _server_of(pid: int) -> int:
-    """The pid of the temporary server run `pid` started (`python -m imagebatch.flows.prefect_server PID`)."""
+    """The pid of the temporary server run `pid` started (`python -m
+    imagebatch.platform.prefect_server PID`)."""
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 args = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"imagebatch.flows.prefect_server" in args and str(pid).encode() in args[3].split(b":"):
+            if b"imagebatch.platform.prefect_server" in args and str(pid).encode() in args[3].split(b":"):
                 return int(proc.name)
     raise AssertionError(f"run {pid} has no temporary Prefect server")
 
@@ -73,7 +74,7 @@ def _start(service_env: Any, prefect_home: Path, tmp_path: Path) -> tuple[subpro
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env |= {"PREFECT_HOME": str(prefect_home), "IMAGEBATCH_BASE_URL": service_env.url}
     env["IMAGEBATCH_API_KEY"] = service_env.api_key
-    cmd = [sys.executable, "-m", "imagebatch.flows.cli", "run", str(manifest), "--out", str(out)]
+    cmd = [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--out", str(out)]
     cmd += ["--concurrency", "4", "--no-report"]
     child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return child, out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebatch.flows.prefect_server import TemporaryServer, prefect_api_configured, server_environment
+from imagebatch.platform.prefect_server import TemporaryServer, prefect_api_configured, server_environment
 
 KEY = "sk-imagebatch-test-key-0123456789"
 
@@ -21,8 +21,8 @@ KEY = "sk-imagebatch-test-key-0123456789"
 # (`during-start`) or once it is healthy (`ready`), then waits to be killed.
 SCRIPT = """
 import os, sys, threading
-import imagebatch.flows
-from imagebatch.flows.prefect_server import TemporaryServer
+import imagebatch
+from imagebatch.platform.prefect_server import TemporaryServer
 server = TemporaryServer().start()
 if sys.argv[1] == "ready":
     server.wait_ready(timeout=120)
@@ -157,7 +157,7 @@ def test_a_run_without_a_prefect_api_starts_its_own_server_and_leaves_none(
     cmd = [
         sys.executable,
         "-m",
-        "imagebatch.flows.cli",
+        "imagebatch.cli.main",
         "run",
         str(examples / "catalog.csv"),
         "--out",
@@ -172,7 +172,7 @@ def test_a_run_without_a_prefect_api_starts_its_own_server_and_leaves_none(
 
 
 def _servers() -> list[int]:
-    """Pids of the temporary servers running now (`python -m imagebatch.flows.prefect_server ...`)."""
+    """Pids of the temporary servers running now (`python -m imagebatch.platform.prefect_server ...`)."""
     pids = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -180,7 +180,7 @@ def _servers() -> list[int]:
                 args = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"imagebatch.flows.prefect_server" in args and _alive(int(proc.name)):
+            if b"imagebatch.platform.prefect_server" in args and _alive(int(proc.name)):
                 pids.append(int(proc.name))
     return pids
 
@@ -189,7 +189,7 @@ def test_a_run_on_the_temporary_server_sends_no_heartbeats() -> None:
     """Nothing reads a temporary server's heartbeats; with them on, a run's end waits up to 1 s for them."""
     from prefect.settings import get_current_settings, temporary_settings
 
-    from imagebatch.flows.terminal import _temporary_server_settings
+    from imagebatch.cli.terminal import _temporary_server_settings
 
     assert get_current_settings().flows.heartbeat_frequency is not None  # Prefect's default: on
     with temporary_settings(_temporary_server_settings("http://127.0.0.1:1/api")):
@@ -201,7 +201,7 @@ def test_a_run_on_the_temporary_server_sends_no_heartbeats() -> None:
 def test_the_wait_for_the_temporary_server_imports_what_the_flow_will_need() -> None:
     code = (
         "import sys\n"
-        "from imagebatch.flows.terminal import _warm_imports\n"
+        "from imagebatch.cli.terminal import _warm_imports\n"
         "wanted = {'prefect.flow_engine', 'fastapi.encoders', 'uvicorn.server', 'PIL.ImageDraw'}\n"
         "before = wanted & set(sys.modules)\n"
         "_warm_imports(emulator=True, report=True)\n"
@@ -216,7 +216,7 @@ def test_the_wait_for_the_temporary_server_imports_what_the_flow_will_need() -> 
 
 DIES_WITH_PARENT = """
 import subprocess, sys
-code = "import os, sys, threading; from imagebatch.flows.prefect_server import die_with_parent; "
+code = "import os, sys, threading; from imagebatch.platform.prefect_server import die_with_parent; "
 code += "print(die_with_parent(int(sys.argv[1])), flush=True); threading.Event().wait()"
 child = subprocess.Popen([sys.executable, "-c", code, str(__import__("os").getpid())], stdout=subprocess.PIPE)
 print(child.pid, child.stdout.readline().decode().strip(), flush=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from imagebatch.flows.prefect_server import TemporaryServer
-from imagebatch.flows.prefect_template import default_database, seed_database, template_path
+from imagebatch.platform.prefect_server import TemporaryServer
+from imagebatch.platform.prefect_template import default_database, seed_database, template_path
 
 
 def _facts(database: Path) -> dict[str, object]:
@@ -46,15 +46,15 @@ def _unpack(template: Path, dest: Path) -> Path:
 
 def test_the_shipped_template_is_what_this_prefect_builds(tmp_path: Path) -> None:
     """Fails after a Prefect upgrade until the template is made again (`python -m
-    imagebatch.flows.prefect_template`), and if the shipped file differs from Prefect's own build."""
+    imagebatch.platform.prefect_template`), and if the shipped file differs from Prefect's own build."""
     shipped = template_path()
     assert shipped.is_file(), (
-        "no template for the installed Prefect: run python -m imagebatch.flows.prefect_template"
+        "no template for the installed Prefect: run python -m imagebatch.platform.prefect_template"
     )
     fresh = tmp_path / "fresh.db.gz"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     subprocess.run(
-        [sys.executable, "-m", "imagebatch.flows.prefect_template", str(fresh)],
+        [sys.executable, "-m", "imagebatch.platform.prefect_template", str(fresh)],
         env=env, check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     ours, prefects = _facts(_unpack(shipped, tmp_path / "a.db")), _facts(_unpack(fresh, tmp_path / "b.db"))

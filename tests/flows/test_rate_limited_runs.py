@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from helpers.runs import read_results, run_flow, write_jsonl
 
-from imagebatch.flows.batch import RunHooks, run_hooks
-from imagebatch.flows.dispatch import Window
-from imagebatch.tasks.context import Pacer
+from imagebatch.run.dispatch import Window
+from imagebatch.run.hooks import RunHooks, run_hooks
+from imagebatch.work.context import Pacer
 
 
 def test_the_window_starts_low_doubles_then_halves_once_per_overshoot() -> None:

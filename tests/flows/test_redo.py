@@ -16,17 +16,18 @@ import pytest
 from helpers.images import png
 from helpers.runs import cli, read_results, run_flow, write_jsonl
 
-from imagebatch.flows.batch import RunHooks, generate_from_manifest, run_hooks
-from imagebatch.flows.cli import build_parser
-from imagebatch.flows.config import preflight
-from imagebatch.flows.deploy import check as deploy_check
-from imagebatch.flows.dispatch import RunControl
-from imagebatch.flows.settled import settle_without_prefect
+from imagebatch.cli.main import build_parser
+from imagebatch.flows.batch import generate_from_manifest
 from imagebatch.manifest import PlannedRequest, load_manifest, plan, variant_of
-from imagebatch.tasks import layout
-from imagebatch.tasks.decisions import Decision, record_decision
-from imagebatch.tasks.storage import open_location
-from imagebatch.tasks.store import OutputStore, file_stem
+from imagebatch.platform.deploy import check as deploy_check
+from imagebatch.run.dispatch import RunControl
+from imagebatch.run.hooks import RunHooks, run_hooks
+from imagebatch.run.nothing_to_send import settle_without_prefect
+from imagebatch.run.preflight import preflight
+from imagebatch.storage import layout
+from imagebatch.storage.location import open_location
+from imagebatch.work.decisions import Decision, record_decision
+from imagebatch.work.store import OutputStore, file_stem
 
 
 def planned(manifest: Path) -> dict[tuple[str, int], PlannedRequest]:

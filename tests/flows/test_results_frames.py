@@ -13,12 +13,12 @@ import pytest
 from helpers.runs import cli, run_flow, write_jsonl
 
 import imagebatch
-from imagebatch.flows.batch import RunHooks, run_hooks
-from imagebatch.flows.cli import EXIT_OK
-from imagebatch.tasks.decisions import Decision, record_decision
-from imagebatch.tasks.frames import DECISION_COLUMNS, USAGE_COLUMNS
-from imagebatch.tasks.storage import open_location
-from imagebatch.tasks.store import RESULT_COLUMNS
+from imagebatch.cli.main import EXIT_OK
+from imagebatch.delivery.frames import DECISION_COLUMNS, USAGE_COLUMNS
+from imagebatch.run.hooks import RunHooks, run_hooks
+from imagebatch.storage.location import open_location
+from imagebatch.work.decisions import Decision, record_decision
+from imagebatch.work.store import RESULT_COLUMNS
 
 JOBS = [
     {"id": f"mug-{i}", "prompt": f"a mug, angle {i}", "model": "compat-image-2", "sku": f"00{i}"}

@@ -12,16 +12,16 @@ from typing import Any
 
 from helpers.runs import write_jsonl
 
-from imagebatch.flows.config import preflight
-from imagebatch.flows.settled import settle_without_prefect
-from imagebatch.tasks.store import OutputStore
+from imagebatch.run.nothing_to_send import settle_without_prefect
+from imagebatch.run.preflight import preflight
+from imagebatch.work.store import OutputStore
 
 JOBS = [{"id": f"row-{i}", "prompt": f"a red cup, angle {i}", "model": "compat-image-2"} for i in range(5)]
 CHAIN = {"id": "chain", "prompt": "a cup", "model": "native-image-2.1", "turns": ["make it blue"]}
 
 
 def _run(env: dict[str, str], manifest: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "imagebatch.flows.cli", "run", str(manifest), "--out", str(out), *extra]
+    cmd = [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--out", str(out), *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 

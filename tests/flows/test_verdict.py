@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from helpers.runs import cli, read_results, run_flow, write_jsonl
 
-from imagebatch.flows.allowance import Allowance, parse_allowance
-from imagebatch.flows.batch import RunHooks, run_hooks
-from imagebatch.flows.config import UsageError
-from imagebatch.flows.dispatch import RunControl
-from imagebatch.flows.stopping import SafeStream, Stopper, safe_output
-from imagebatch.flows.verdict import TaskRunNoise, final_state, ran_to_end
+from imagebatch.run.dispatch import RunControl
+from imagebatch.run.final_state import TaskRunNoise, final_state, ran_to_end
+from imagebatch.run.graceful_stop import SafeStream, Stopper, safe_output
+from imagebatch.run.hooks import RunHooks, run_hooks
+from imagebatch.run.preflight import UsageError
+from imagebatch.run.verdict import Allowance, parse_allowance
 
 ALL_DONE = {"succeeded": 4, "skipped": 2}
 
@@ -193,8 +193,8 @@ def test_a_run_with_one_no_image_ends_failed_with_its_counts_and_a_warning(
     service_env: Any, tmp_path: Path
 ) -> None:
     from imagebatch.flows.batch import generate_from_manifest
-    from imagebatch.flows.verdict import summary_of
     from imagebatch.gateway.emulator.settings import FaultConfig, parse_script
+    from imagebatch.run.final_state import summary_of
 
     service_env.configure(faults=FaultConfig(scripts=[parse_script("no_image@noimage")]))
     try:

@@ -1,4 +1,4 @@
-"""`imagebatch worker`'s stop sequence (`flows.worker.Drain`), with its clock, process table and signals
+"""`imagebatch worker`'s stop sequence (`platform.worker.Drain`), with its clock, process table and signals
 injected; tests/flows/test_worker_states.py runs it for real against a worker and a flow run."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from imagebatch.flows.worker import Drain
+from imagebatch.platform.worker import Drain
 
 
 class FakeWorker:
@@ -66,7 +66,7 @@ def test_flow_run_processes_are_the_workers_children_that_run_a_flow(tmp_path: A
     import subprocess
     import sys
 
-    from imagebatch.flows.worker import flow_run_processes
+    from imagebatch.platform.worker import flow_run_processes
 
     env = {**os.environ, "PREFECT__FLOW_RUN_ID": "00000000-0000-0000-0000-000000000001"}
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env) as child:

@@ -33,7 +33,7 @@ from helpers.prefect_server import (
 )
 from helpers.runs import read_results
 
-from imagebatch.flows.cli import main
+from imagebatch.cli.main import main
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.gateway.emulator.settings import FaultConfig, parse_script
 
@@ -117,7 +117,7 @@ class Scene:
             self.worker = start_worker(self.server.api_url, POOL, env, self.worker_log)
             return self.worker
         env |= {"PREFECT_API_URL": self.server.api_url, "PREFECT_WORKER_QUERY_SECONDS": "1"}
-        command = [sys.executable, "-m", "imagebatch.flows.cli", "worker", "--pool", POOL]
+        command = [sys.executable, "-m", "imagebatch.cli.main", "worker", "--pool", POOL]
         with open(self.worker_log, "ab") as log:
             self.worker = subprocess.Popen(
                 command, env=base_environment(env), stdout=log, stderr=subprocess.STDOUT,
@@ -238,7 +238,8 @@ def _rerun_sends_only_the_rest(here: Scene) -> None:
 
 
 def test_sigterm_to_the_worker_stops_the_run_gracefully(scene: Callable[..., Scene]) -> None:
-    """`imagebatch worker`: `prefect worker start` alone SIGKILLs its flow runs on SIGTERM (flows.worker)."""
+    """`imagebatch worker`: `prefect worker start` alone SIGKILLs its flow runs on SIGTERM
+    (platform.worker)."""
     here = scene(latency=1.0)
     here.deploy()
     worker = here.start_worker(imagebatch=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 from PIL import Image, ImageCms
 
-from imagebatch.tasks.store import OutputStore
+from imagebatch.work.store import OutputStore
 
 ORIENTATION = 0x0112
 SRGB = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()

@@ -16,8 +16,8 @@ from PIL import Image, ImageDraw
 
 from helpers.browser import CHROMIUM, FLAGS
 from imagebatch.manifest import load_manifest, plan
-from imagebatch.tasks.csvcells import write_csv
-from imagebatch.tasks.store import RESULT_COLUMNS
+from imagebatch.storage.csvcells import write_csv
+from imagebatch.work.store import RESULT_COLUMNS
 
 CHROMEDRIVER = shutil.which("chromedriver")
 PRODUCTS = [

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from imagebatch.flows.cli import main
-from imagebatch.tasks.csvcells import read_csv
+from imagebatch.cli.main import main
+from imagebatch.storage.csvcells import read_csv
 
 
 def write_jsonl(path: Path, jobs: list[dict[str, Any]]) -> Path:
@@ -83,7 +83,7 @@ def run_flow(**parameters: Any) -> dict[str, Any]:
     """Run the flow here and return its run summary, whatever its final state (Completed, Failed,
     Cancelled); what the flow raised is raised."""
     from imagebatch.flows.batch import generate_from_manifest
-    from imagebatch.flows.verdict import summary_of
+    from imagebatch.run.final_state import summary_of
 
     return summary_of(generate_from_manifest(**parameters, return_state=True))
 
@@ -117,7 +117,7 @@ def start_run(
         "IMAGEBATCH_API_KEY": service_env.api_key,
         "PREFECT_API_URL": prefect_harness,
     }
-    cmd = [sys.executable, "-m", "imagebatch.flows.cli", "run", str(manifest), "--out", str(out)]
+    cmd = [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--out", str(out)]
     cmd += ["--concurrency", str(concurrency)]
     stdout = subprocess.PIPE if text else subprocess.DEVNULL
     return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=text)

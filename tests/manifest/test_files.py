@@ -18,7 +18,7 @@ from imagebatch.manifest import ManifestError, Problem, load_manifest
 from imagebatch.manifest.fields import KNOWN_FIELDS, RESULTS_ONLY_COLUMNS
 from imagebatch.manifest.files import FileChecker, InputFileError, read_regular
 from imagebatch.manifest.read import MAX_DEPTH, TooDeepError, parse_json
-from imagebatch.tasks.store import RESULT_COLUMNS
+from imagebatch.work.store import RESULT_COLUMNS
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from helpers.images import mask, png
 
-from imagebatch.flows.cli import build_parser
+from imagebatch.cli.main import build_parser
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.manifest.files import InputFileError, read_reference
 from imagebatch.manifest.validate import validate_main

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from imagebatch.flows.cli import EXIT_OK, EXIT_USAGE, main
+from imagebatch.cli.main import EXIT_OK, EXIT_USAGE, main
 from imagebatch.manifest import ManifestError, load_manifest, plan
 from imagebatch.manifest.tables import MAX_TABLE_BYTES, cell_text, read_table
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebatch.flows.cli import build_parser, main
+from imagebatch.cli.main import build_parser, main
 from imagebatch.manifest import load_manifest, plan, summarise
 from imagebatch.manifest.validate import validate_main
 

@@ -117,14 +117,14 @@ def test_thumbnails_asked_for_by_many_threads_are_decoded_in_two_threads_of_thei
 
     from PIL import Image
 
-    from imagebatch.report import html
+    from imagebatch.work import thumbnails
 
     png = io.BytesIO()
     Image.effect_noise((600, 400), 64).convert("RGB").save(png, "PNG")
     threads: set[str] = set()
     now, peak = [0], [0]
     lock = threading.Lock()
-    save = html._save_thumbnail
+    save = thumbnails.save_thumbnail
 
     def watched(source: Any, target: Path) -> None:
         with lock:
@@ -137,14 +137,16 @@ def test_thumbnails_asked_for_by_many_threads_are_decoded_in_two_threads_of_thei
             with lock:
                 now[0] -= 1
 
-    monkeypatch.setattr(html, "_save_thumbnail", watched)
+    monkeypatch.setattr(thumbnails, "save_thumbnail", watched)
     with ThreadPoolExecutor(16, thread_name_prefix="request") as pool:
         list(
-            pool.map(lambda i: html.make_thumbnail(tmp_path, f"images/j/{i}.png", png.getvalue()), range(32))
+            pool.map(
+                lambda i: thumbnails.make_thumbnail(tmp_path, f"images/j/{i}.png", png.getvalue()), range(32)
+            )
         )
-    assert len(threads) <= html.THUMBNAIL_THREADS  # not the 16 request threads that asked
+    assert len(threads) <= thumbnails.THUMBNAIL_THREADS  # not the 16 request threads that asked
     assert all(name.startswith("imagebatch-thumbnail") for name in threads)
     thumbs = sorted((tmp_path / "thumbs").iterdir())
-    assert len(thumbs) == 32 and peak[0] <= html.THUMBNAIL_THREADS
+    assert len(thumbs) == 32 and peak[0] <= thumbnails.THUMBNAIL_THREADS
     with Image.open(thumbs[0]) as im:
-        assert max(im.size) == html.THUMB_SIDE
+        assert max(im.size) == thumbnails.THUMB_SIDE

@@ -15,7 +15,9 @@ import pytest
 from helpers.browser import dom
 from helpers.images import blank_png
 
-from imagebatch.report import build_report, html, make_thumbnail
+from imagebatch.report import build_report
+from imagebatch.work import thumbnails
+from imagebatch.work.thumbnails import make_thumbnail
 
 HEADER = "job_id,request_index,turn_index,status,paths,images,width,height,mime_type,model,route,"
 HEADER += "idempotency_key,attempts,finish_reason,error,request_id\n"
@@ -24,10 +26,10 @@ KEY = "ib1-" + "0" * 32
 CHILD = """
 import json, resource, sys
 from pathlib import Path
-from imagebatch.report import html
+from imagebatch.work import thumbnails
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
-    result = html._thumb(Path(sys.argv[2]), Path(sys.argv[1]), "t")
+    result = thumbnails.ensure_thumbnail(Path(sys.argv[2]), Path(sys.argv[1]), "t")
 except ValueError as exc:
     result = str(exc)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -80,7 +82,7 @@ def test_a_run_skips_the_thumbnail_of_a_huge_image_it_receives(tmp_path: Path) -
     make_thumbnail(tmp_path, "images/j/big.png", blank_png(13000, 13000))
     make_thumbnail(tmp_path, "images/j/ok.png", blank_png(600, 500))
     assert sorted(p.name for p in (tmp_path / "thumbs").iterdir()) == ["j__ok.png.jpg"]
-    assert html.THUMB_MAX_PIXELS < 13000 * 13000
+    assert thumbnails.THUMB_MAX_PIXELS < 13000 * 13000
 
 
 def two_card_report(tmp_path: Path) -> Path:

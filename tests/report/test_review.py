@@ -24,8 +24,8 @@ from helpers.runs import cli, read_jsonl
 from imagebatch.report import build_report
 from imagebatch.report.review import TOKEN_HEADER, ReviewServer
 from imagebatch.report.review_data import load_cards
-from imagebatch.tasks.decisions import Decision, decided, read_decisions, record_decision
-from imagebatch.tasks.storage import LocalFolder, open_location
+from imagebatch.storage.location import LocalFolder, open_location
+from imagebatch.work.decisions import Decision, decided, read_decisions, record_decision
 
 BOUND = 30.0
 """Seconds a test waits for the page to do what it was asked (on a loaded machine)."""
@@ -389,7 +389,7 @@ def test_the_report_shows_the_decisions_read_only(browser: Any, out: Path) -> No
 
 
 def test_a_bucket_is_reviewed_through_its_location(s3: Any, tmp_path: Path) -> None:
-    from imagebatch.tasks.objectstore import report_in
+    from imagebatch.report.location import report_in
 
     local = review_folder(tmp_path, requests=3, redone=None)
     build_report(local)  # its thumbnails, as a run into a bucket uploads them
@@ -423,7 +423,7 @@ def test_the_command_serves_until_ctrl_c(
     out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     env = {**os.environ, "IMAGEBATCH_REVIEWER": "carol"}
-    command = [sys.executable, "-m", "imagebatch.flows.cli", "review", str(out), "--port", "0"]
+    command = [sys.executable, "-m", "imagebatch.cli.main", "review", str(out), "--port", "0"]
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     ) as proc:
@@ -443,9 +443,9 @@ def test_the_command_serves_until_ctrl_c(
 
 
 def test_the_runs_prefect_artifact_counts_the_review(out: Path) -> None:
-    from imagebatch.flows.report_artifact import report_markdown, review_line
-    from imagebatch.tasks.csvcells import read_csv
-    from imagebatch.tasks.store import RequestRecord
+    from imagebatch.run.report_artifact import report_markdown, review_line
+    from imagebatch.storage.csvcells import read_csv
+    from imagebatch.work.store import RequestRecord
 
     records = [
         RequestRecord(r["job_id"], int(r["request_index"]), int(r["turn_index"]), r["status"], r["model"],  # type: ignore[arg-type]

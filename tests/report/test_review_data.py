@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from imagebatch.report.review_data import DecisionCache, load_cards, safe_name
-from imagebatch.tasks.decisions import REVIEW_FILE, Decision, read_decisions, record_decision
-from imagebatch.tasks.storage import LocalFolder, open_location
+from imagebatch.storage.location import LocalFolder, open_location
+from imagebatch.work.decisions import REVIEW_FILE, Decision, read_decisions, record_decision
 
 
 class Clock:

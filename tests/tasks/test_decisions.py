@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from imagebatch.tasks.decisions import (
+from imagebatch.storage.location import LocalFolder, Location
+from imagebatch.storage.objectstore import ObjectLocation
+from imagebatch.work.decisions import (
     REVIEW_FILE,
     Decision,
     decided,
@@ -17,8 +19,6 @@ from imagebatch.tasks.decisions import (
     read_decisions,
     record_decision,
 )
-from imagebatch.tasks.objectstore import ObjectLocation
-from imagebatch.tasks.storage import LocalFolder, Location
 
 
 def _decide(location: Location) -> None:

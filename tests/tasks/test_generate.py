@@ -27,12 +27,12 @@ from helpers.images import b64, png
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.manifest.files import READ_LIMIT
-from imagebatch.tasks import records
-from imagebatch.tasks import unit as unit_module
-from imagebatch.tasks.context import RunContext, Unit, group_units
-from imagebatch.tasks.records import UNKNOWN_HINT
-from imagebatch.tasks.store import OutputStore, RequestRecord, read_jsonl
-from imagebatch.tasks.unit import run_unit, run_unit_safely
+from imagebatch.work import records
+from imagebatch.work import unit as unit_module
+from imagebatch.work.context import RunContext, Unit, group_units
+from imagebatch.work.records import UNKNOWN_HINT
+from imagebatch.work.store import OutputStore, RequestRecord, read_jsonl
+from imagebatch.work.unit import run_unit, run_unit_safely
 
 API_KEY = "secret-key"
 
@@ -285,7 +285,7 @@ def test_a_power_cut_keeps_what_the_journal_fsyncs_covered_and_a_rerun_resends_n
     the journal at its last fsync and the rerun still finds the success done and the failure failed."""
     import os
 
-    from imagebatch.tasks import store as store_module
+    from imagebatch.work import store as store_module
 
     ok, bad = h.units(CAT, {"id": "b", "prompt": "dog"})
     synced: list[int] = []  # the journal's size at each of its fsyncs
@@ -324,7 +324,7 @@ def test_the_end_of_a_run_syncs_the_lines_that_rode_on_later_fsyncs(
 ) -> None:
     import os
 
-    from imagebatch.tasks import store as store_module
+    from imagebatch.work import store as store_module
 
     store = h.context().store
     store.journal("outcome", sync=False, idempotency_key="k")
@@ -428,7 +428,7 @@ def test_native_503_is_failed_and_resent_next_run(h: Harness) -> None:
 def test_a_rate_limited_failure_is_counted_by_its_status_not_by_its_message(h: Harness) -> None:
     """run.json's `rate_limited` counts records whose last answer was a 429 (a typed field the journal
     keeps for a rerun or a sharded run's parent), not messages that happen to say "HTTP 429"."""
-    from imagebatch.flows.finish import rate_limited
+    from imagebatch.run.outputs import rate_limited
 
     units = h.units(CAT, {"id": "dog", "prompt": "a dog"})
     h.service.reply(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from imagebatch.tasks.objectstore import (
+from imagebatch.storage.objectstore import (
     LEASE_SECONDS,
     RENEW_SECONDS,
     SAFETY_SECONDS,
@@ -18,7 +18,7 @@ from imagebatch.tasks.objectstore import (
     ObjectLocation,
     journal_objects,
 )
-from imagebatch.tasks.store import OutputLockedError, OutputStore, RequestRecord
+from imagebatch.work.store import OutputLockedError, OutputStore, RequestRecord
 
 
 class Clock:
@@ -254,7 +254,7 @@ def test_a_shard_stops_writing_once_its_parent_stops_renewing_before_another_run
 
 
 def test_the_parent_waits_for_a_killed_shards_lease_to_expire_but_not_for_a_live_one(s3: Any) -> None:
-    from imagebatch.flows.shards import shards_released
+    from imagebatch.run.shards import shards_released
 
     clock = Clock()
     loc = ObjectLocation(f"s3://{s3.bucket()}/wait")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from imagebatch.tasks.context import DiskReserve, RecordSpool, reserve_size
-from imagebatch.tasks.store import RequestRecord
+from imagebatch.work.context import DiskReserve, RecordSpool, reserve_size
+from imagebatch.work.store import RequestRecord
 
 
 def rec(i: int, status: str = "succeeded") -> RequestRecord:

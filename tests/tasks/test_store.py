@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from imagebatch.tasks import store as store_module
-from imagebatch.tasks.store import RESULT_COLUMNS, OutputStore, RequestRecord, read_jsonl, write_atomic
+from imagebatch.work import store as store_module
+from imagebatch.work.store import RESULT_COLUMNS, OutputStore, RequestRecord, read_jsonl, write_atomic
 
 KEY = "ib1-0123456789abcdef0123456789abcdef"
 OTHER = "ib1-fedcba9876543210fedcba9876543210"
@@ -490,7 +490,7 @@ def test_an_unanswered_attempt_before_a_retried_error_keeps_the_key_in_doubt(sto
 
 
 def test_hold_and_merge_refuses_a_second_holder_and_releases_after_the_block(tmp_path: Path) -> None:
-    from imagebatch.tasks.store import OutputLockedError
+    from imagebatch.work.store import OutputLockedError
 
     first, second = OutputStore(tmp_path / "out"), OutputStore(tmp_path / "out")
     with first.hold_and_merge():
@@ -571,7 +571,7 @@ def test_journal_lines_written_together_share_an_fsync_and_each_returns_durable(
 
 
 def test_shards_write_their_own_files_and_a_run_holding_the_folder_alone_merges_them(tmp_path: Path) -> None:
-    from imagebatch.tasks.store import OutputLockedError
+    from imagebatch.work.store import OutputLockedError
 
     one, two = OutputStore(tmp_path, shard="0-of-2"), OutputStore(tmp_path, shard="1-of-2")
     with one.shard_hold(), two.shard_hold():  # shards share the folder, each holds its own shard

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from imagebatch.tasks.csvcells import read_csv
-from imagebatch.tasks.store import RequestRecord
-from imagebatch.tasks.usage import percentile, summarise_usage, usage_summary, write_usage_summary
+from imagebatch.storage.csvcells import read_csv
+from imagebatch.work.store import RequestRecord
+from imagebatch.work.usage import percentile, summarise_usage, usage_summary, write_usage_summary
 
 
 def attempt(key: str, route: str, model: str, outcome: str, **extra: Any) -> dict[str, Any]:

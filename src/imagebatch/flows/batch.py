@@ -1,9 +1,9 @@
 """The batch flow: check -> plan -> skip what is done -> dispatch -> records.
 
 `generate_from_manifest` only orchestrates, in one of three modes: a run here (`run_here`), one shard of a
-sharded run (`run_shard`), or the shards' parent (`run_parent`, with `flows.shards`). Dispatch is
-`flows/dispatch.py` (with the `generate` task of `imagebatch.tasks.generate`), the end of the run (its
-records and Prefect artifacts) `flows/finish.py`, the files are kept by `imagebatch.tasks.store`. Tasks
+sharded run (`run_shard`), or the shards' parent (`run_parent`, with `run.shards`). Dispatch is
+`run/dispatch.py` (with the `generate` task of `imagebatch.work.generate`), the end of the run (its
+records and Prefect artifacts) `run/outputs.py`, the files are kept by `imagebatch.work.store`. Tasks
 return nothing (their records go to the run context), so Prefect keeps no per-task results in memory.
 """
 
@@ -12,24 +12,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 from prefect import flow
 from prefect.logging import get_run_logger
 from prefect.runtime import deployment
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from imagebatch.flows import prefect_guard
-from imagebatch.flows.artifacts import ProgressArtifact, budgets
-from imagebatch.flows.config import (
+from imagebatch.gateway import GatewayClient
+from imagebatch.manifest import plan
+from imagebatch.run import api_guard as prefect_guard
+from imagebatch.run.artifacts import ProgressArtifact, budgets
+from imagebatch.run.constants import FLOW_NAME
+from imagebatch.run.dispatch import dispatch
+from imagebatch.run.final_state import concluded, ran_to_end
+from imagebatch.run.hooks import RunHooks, current_hooks
+from imagebatch.run.limits import SlotBroker, rate_limit_of
+from imagebatch.run.outputs import run_info, write_records
+from imagebatch.run.preflight import (
     DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
     Preflight,
@@ -40,11 +45,7 @@ from imagebatch.flows.config import (
     preflight,
     resolve_api_key,
 )
-from imagebatch.flows.constants import FLOW_NAME, SHARD_GRACE
-from imagebatch.flows.dispatch import ProgressSnapshot, RunControl, dispatch
-from imagebatch.flows.finish import run_info, write_records
-from imagebatch.flows.limits import SlotBroker, rate_limit_of
-from imagebatch.flows.shards import (
+from imagebatch.run.shards import (
     START_TIMEOUT,
     records_after,
     run_shards,
@@ -52,48 +53,9 @@ from imagebatch.flows.shards import (
     shard_of,
     shards_released,
 )
-from imagebatch.flows.verdict import concluded, ran_to_end
-from imagebatch.gateway import GatewayClient
-from imagebatch.manifest import plan
-from imagebatch.tasks.context import Pacer, RunContext, Unit, group_units
-from imagebatch.tasks.store import KeyState, OutputLockedError, OutputStore
-from imagebatch.tasks.variants import with_variants
-
-
-@dataclass
-class RunHooks:
-    """Injected dependencies of a run: tests pass a recording sleep, the CLI a progress callback."""
-
-    sleep: Callable[[float], None] = time.sleep
-    clock: Callable[[], float] = time.monotonic
-    """The clock `--rpm`'s pacing reads (tests advance a fake one in `sleep`)."""
-    transport: httpx.BaseTransport | None = None
-    on_progress: Callable[[ProgressSnapshot], None] | None = None
-    """Called from the flow's thread after each dispatch step and each finished unit."""
-    emulator_settings: dict[str, Any] = field(default_factory=dict)
-    """Extra settings for the embedded emulator (tests: faults, latency)."""
-    control: RunControl = field(default_factory=RunControl)
-    """Stops the run gracefully from outside (the CLI's Ctrl-C)."""
-    checked: Preflight | None = None
-    """The command's own preflight of the same run, so the flow does not load the manifest again."""
-    shard_grace: float = SHARD_GRACE
-    """How long a Running shard's lock may be free before its run counts as crashed (`flows.shards`)."""
-    signals: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
-    """The command's Ctrl-C/SIGTERM handling, installed again around dispatch (Prefect's flow engine
-    installs its own SIGTERM handler, which crashes the run instead of stopping it)."""
-
-
-_hooks: ContextVar[RunHooks | None] = ContextVar("imagebatch_run_hooks", default=None)
-
-
-@contextlib.contextmanager
-def run_hooks(hooks: RunHooks) -> Iterator[RunHooks]:
-    """Use `hooks` for the flows run inside this block (in this thread)."""
-    token = _hooks.set(hooks)
-    try:
-        yield hooks
-    finally:
-        _hooks.reset(token)
+from imagebatch.work.context import Pacer, RunContext, Unit, group_units
+from imagebatch.work.store import KeyState, OutputLockedError, OutputStore
+from imagebatch.work.variants import with_variants
 
 
 @contextlib.contextmanager
@@ -190,20 +152,20 @@ class Run:
     """The plan's units; once the folder's state is read, with every variant of their requests
     (`plan_variants`)."""
     info: dict[str, Any]
-    """What `run.json` says (`flows.finish.run_info`), completed as the run ends."""
+    """What `run.json` says (`run.outputs.run_info`), completed as the run ends."""
     rate_limit: str | None
-    """The name of the global limit's rate limit (`flows.limits.rate_limit_of`), when it has one."""
+    """The name of the global limit's rate limit (`run.limits.rate_limit_of`), when it has one."""
 
 
 # Over 60 lines only by its parameters and their docstring: the body is the run's story, a screen long.
 @flow(
     name=FLOW_NAME,
-    # At most one batch per unit in flight, plus the one being admitted (see flows.dispatch).
+    # At most one batch per unit in flight, plus the one being admitted (see run.dispatch).
     task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENCY + 1),  # type: ignore[arg-type]  # Prefect's own generics
     log_prints=False,
     validate_parameters=True,
 )
-@concluded  # the summary becomes the run's final state; a stop under a worker is graceful (flows.verdict)
+@concluded  # the summary becomes the run's final state; a stop under a worker is graceful (run.final_state)
 def generate_from_manifest(
     manifest: str,
     out: str,
@@ -233,23 +195,23 @@ def generate_from_manifest(
     The API key is read from the Prefect Secret block named by `api_key_secret_block`, else from
     `IMAGEBATCH_API_KEY`; with no `base_url` (and no `IMAGEBATCH_BASE_URL`) the embedded emulator is used.
     `rpm` spaces request starts (60 / rpm seconds apart); `adaptive` (default) starts with a few requests
-    in flight and adapts to the service's 429s (see `flows.dispatch.Window`), never above `concurrency`.
-    `max_images` caps the images this run may deliver (see `flows.dispatch.Dispatcher`). `global_limit`
-    names a Prefect global concurrency limit whose slot each request holds on the wire (`flows.limits`).
+    in flight and adapts to the service's 429s (see `run.dispatch.Window`), never above `concurrency`.
+    `max_images` caps the images this run may deliver (see `run.dispatch.Dispatcher`). `global_limit`
+    names a Prefect global concurrency limit whose slot each request holds on the wire (`run.limits`).
     With `report=False` no thumbnail is made and no `report.html` written (`imagebatch report OUT` makes
     them later): a thumbnail costs ~15 ms of CPU per 1K image, as much as the rest of a request's work.
     With `shards` > 1 the run starts that many runs of `shard_deployment` (each `shard` I of them sends
     its share) on a work pool's workers (shard 0, and one no worker starts within `shard_start_timeout`
-    seconds, run in this run's process), waits, and writes the records (see `flows.shards`).
+    seconds, run in this run's process), waits, and writes the records (see `run.shards`).
     `files_root` names folders reference images and masks may come from besides the manifest's folder.
     `allow_failures` (`3`, or `2.5%` of the requests) lets a run that was not stopped end Completed with
-    that many requests not done (`flows.verdict`).
+    that many requests not done (`run.final_state`).
     `redo="rejected"` sends a new variant of each request whose newest image a reviewer rejected, and
     nothing else new; with `edit`, as an edit turn on the rejected image with the reviewer's note where it
-    can be (`tasks.variants`).
-    The flow run ends Completed, Failed or Cancelled (`flows.verdict.final_state`), its state's data the run
+    can be (`work.variants`).
+    The flow run ends Completed, Failed or Cancelled (`run.final_state.final_state`), its state's data the run
     summary (counts by status, paths), which is also written to `out/run.json`: call it with
-    `return_state=True` and read the summary with `flows.verdict.summary_of(state)`.
+    `return_state=True` and read the summary with `run.final_state.summary_of(state)`.
     """
     options = RunOptions(
         concurrency=concurrency, base_url=base_url, force=force, retry_unknown=retry_unknown,
@@ -258,7 +220,7 @@ def generate_from_manifest(
         shard=shard, shard_deployment=shard_deployment, files_root=files_root,
         allow_failures=allow_failures, shard_start_timeout=shard_start_timeout, redo=redo, edit=edit,
     )  # fmt: skip
-    hooks = _hooks.get() or RunHooks()
+    hooks = current_hooks() or RunHooks()
     checked = hooks.checked or preflight(
         manifest, out, concurrency=concurrency, base_url=base_url,
         api_key_secret_block=api_key_secret_block, rpm=rpm, max_images=max_images,
@@ -284,7 +246,7 @@ def generate_from_manifest(
 
 
 def run_here(run: Run) -> dict[str, Any]:
-    """A run in this process: send its units, then write its records (`flows.finish`)."""
+    """A run in this process: send its units, then write its records (`run.outputs`)."""
     checked, options = run.checked, run.options
     store = OutputStore(checked.out)
     with _output(run, store) as (url, key):
@@ -323,7 +285,7 @@ def run_shard(run: Run) -> dict[str, Any]:
 
 
 def run_parent(run: Run) -> dict[str, Any]:
-    """The parent of a sharded run: start `shards` runs of `shard_deployment` (`flows.shards`), wait for
+    """The parent of a sharded run: start `shards` runs of `shard_deployment` (`run.shards`), wait for
     them, merge their journals and write the run's records."""
     checked, options = run.checked, run.options
     if not options.shard_deployment:
@@ -391,7 +353,7 @@ def _output(run: Run, store: OutputStore) -> Iterator[tuple[str, str]]:
 
 def plan_variants(run: Run, store: OutputStore, states: dict[str, KeyState]) -> frozenset[str]:
     """Add every variant of the plan's requests to `run.units` (and, for `--redo rejected`, the new ones),
-    from the folder's state as this run found it (`tasks.variants`); return the keys the run must not
+    from the folder's state as this run found it (`work.variants`); return the keys the run must not
     send (variants, outside a redo)."""
     options = run.options
     run.units, held_keys, redo = with_variants(
@@ -413,7 +375,7 @@ def _send(
     states: dict[str, KeyState],
     held_keys: frozenset[str],
 ) -> tuple[RunContext, int]:
-    """Send `units` (`flows.dispatch`) with the run's client, limit, pacing, caps and signal handling;
+    """Send `units` (`run.dispatch`) with the run's client, limit, pacing, caps and signal handling;
     `states` is the folder's state as the run found it; return the run context (its records) and the
     number of Prefect task runs started."""
     options, hooks = run.options, run.hooks

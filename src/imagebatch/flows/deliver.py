@@ -11,7 +11,7 @@ chain it after the generation flow (README, "Review and delivery"):
         export_deliverables(out="s3://shop/catalog", to="s3://shop-cdn/products", name="{sku}/{colour}.{ext}",
                             format="jpeg", max_side=2000, quality=85, approved_only=True)
 
-The work is `tasks.export.export`, the same as the command's (the command does not start Prefect). A
+The work is `delivery.export.export`, the same as the command's (the command does not start Prefect). A
 refused export (the rows named in the log) fails the flow run and writes nothing; the flow run's
 markdown artifact `imagebatch-export` gives the counts. The parameters are the command's options; none
 is a secret (an object store's credentials come from its standard chain where the flow runs).
@@ -23,9 +23,9 @@ import contextlib
 
 from prefect import flow, get_run_logger
 
-from imagebatch.tasks.convert import Conversion
-from imagebatch.tasks.export import export
-from imagebatch.tasks.exportplan import EXPORT_CSV, ExportRefused
+from imagebatch.delivery.convert import Conversion
+from imagebatch.delivery.export import export
+from imagebatch.delivery.exportplan import EXPORT_CSV, ExportRefused
 
 EXPORT_FLOW_NAME = "export-deliverables"
 

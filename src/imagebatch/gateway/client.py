@@ -121,9 +121,9 @@ class GatewayClient:
     ends in one is refused with a clear error rather than silently rewritten, since it usually means the
     user copied an SDK setting). `sleep` and `transport` are injectable for tests. `slot` is entered around
     each attempt while it is on the wire (not during a retry's wait): a run passes a slot of a Prefect
-    global concurrency limit shared by every run and machine of an account (`flows.limits`).
+    global concurrency limit shared by every run and machine of an account (`run.limits`).
 
-    Build a request with `imagebatch.gateway.requests` and `send` it, as a run does (`tasks.send`). The
+    Build a request with `imagebatch.gateway.requests` and `send` it, as a run does (`work.send`). The
     route methods below are the public typed API for a caller with a body given whole (as an SDK user
     would write it): one call per route, the body checked by the same builders, then `send`. Kept for
     that caller and for the client's tests, which drive each route through them; a run never needs them.

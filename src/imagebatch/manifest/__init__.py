@@ -87,7 +87,7 @@ Idempotency keys (recipe ``ib1``)
 
 `load_manifest` checks everything and raises `ManifestError` listing every problem; `plan` expands a
 manifest into `PlannedRequest` objects; `summarise` counts them; `validate_main` is the `imagebatch
-validate` command (its options are in `imagebatch.flows.cli`). This module is the public face; the work
+validate` command (its options are in `imagebatch.cli.main`). This module is the public face; the work
 is done in `read` (CSV, JSON, JSON Lines to raw rows), `tables` (XLSX, Parquet), `check` (the checker, in
 steps) with `fields` (the field table), `template` (prompts), `inputs` (the row model and its errors) and
 `files` (reference images and masks), `models` (Job, Manifest, Problem), `load`, `plan` (requests and

@@ -27,7 +27,7 @@ RESULTS_ONLY_COLUMNS: tuple[str, ...] = (
     "job_id", "request_index", "turn_index", "variant", "status", "paths", "images", "width", "height",
     "mime_type", "idempotency_key", "attempts", "finish_reason", "error", "request_id",
 )  # fmt: skip
-"""The columns of results.csv (`tasks.store.RESULT_COLUMNS`) that are not manifest fields. A metadata
+"""The columns of results.csv (`work.store.RESULT_COLUMNS`) that are not manifest fields. A metadata
 column of one of these names would be overwritten there by the request's own value, so it is refused at
 check time (a test keeps this list equal to the store's)."""
 SETTINGS: tuple[str, ...] = ("files_root",)

@@ -18,7 +18,7 @@ from imagebatch.gateway.constants import (
     TEXT_ROUTES,
     Route,
 )
-from imagebatch.tasks.storage import is_object_url
+from imagebatch.storage.location import is_object_url
 
 
 def _file_ref(value: Any) -> Any:

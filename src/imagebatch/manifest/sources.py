@@ -6,7 +6,7 @@
   `/key` from the bucket's root, a whole URL as itself; `..` is resolved by `normalise`, never above the
   bucket. It must then lie `inside` a files root, as a path must lie inside a folder: the manifest's
   prefix, or a `--files-root` given as a URL prefix (which also lets a local manifest name objects).
-- Reads go through `tasks.objectstore.ObjectLocation`: the store's standard credential chain, its retries
+- Reads go through `storage.objectstore.ObjectLocation`: the store's standard credential chain, its retries
   and its causes in a few words (no response body, no secret). One location per bucket (and per set of
   the store's variables) is kept for the process (`location`): making one costs ~20 ms, and it keeps its
   connections for the next read, at check time and again when the request is sent.
@@ -22,10 +22,10 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from imagebatch.tasks.storage import is_object_url
+from imagebatch.storage.location import is_object_url
 
 if TYPE_CHECKING:
-    from imagebatch.tasks.objectstore import ObjectLocation
+    from imagebatch.storage.objectstore import ObjectLocation
 
 MANIFEST_LIMIT = 1 << 30
 """The largest manifest object read (exclusive): a guard against naming a bucket's archive by mistake
@@ -42,7 +42,7 @@ def is_url(ref: object) -> bool:
 
 def split(url: str) -> tuple[str, str]:
     """`s3://bucket/a/b.png` as (`s3://bucket`, `a/b.png`); ValueError for what is not an object URL."""
-    from imagebatch.tasks.objectstore import split_url
+    from imagebatch.storage.objectstore import split_url
 
     scheme, bucket, key = split_url(url)
     return f"{scheme}://{bucket}", key
@@ -93,7 +93,7 @@ _lock = threading.Lock()
 def location(bucket: str) -> ObjectLocation:
     """The `ObjectLocation` of `scheme://bucket`, made once per process and per value of the store's
     variables (a test, or a long-lived `serve`, may change them; only a digest of them is kept)."""
-    from imagebatch.tasks.objectstore import ObjectLocation, StoreError
+    from imagebatch.storage.objectstore import ObjectLocation, StoreError
 
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_STORE_VARIABLES))
     key = (bucket, hashlib.sha256(repr(env).encode()).hexdigest())

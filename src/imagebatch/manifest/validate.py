@@ -1,7 +1,7 @@
 """`imagebatch validate MANIFEST`: check a manifest and show its plan, sending nothing.
 
-`imagebatch.flows.cli` defines the command's options and calls `check_manifest(args)`; what a run into an
-output location would do (`--out`) is `tasks.forecast`, which the command prints after the plan.
+`imagebatch.cli.main` defines the command's options and calls `check_manifest(args)`; what a run into an
+output location would do (`--out`) is `work.forecast`, which the command prints after the plan.
 """
 
 from __future__ import annotations

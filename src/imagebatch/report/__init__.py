@@ -7,6 +7,6 @@ system. `imagebatch report OUT` rebuilds it; every run builds it at its end.
 
 from __future__ import annotations
 
-from .html import PAGE_SIZE, build_report, make_thumbnail
+from imagebatch.report.html import PAGE_SIZE, build_report
 
-__all__ = ["PAGE_SIZE", "build_report", "make_thumbnail"]
+__all__ = ["PAGE_SIZE", "build_report"]

@@ -1,6 +1,6 @@
 """`imagebatch review OUT`: the run's contact sheet served on 127.0.0.1, for a person to approve or reject
 each image (with a note), keyboard first. Each decision is recorded in the output location before the
-browser is answered (`tasks.decisions`: `review.jsonl` in a folder, one object under `review/` in a
+browser is answered (`work.decisions`: `review.jsonl` in a folder, one object under `review/` in a
 bucket), so nothing is lost to a closed tab or a second reviewer; the last decision for an image wins.
 Review is a person's interactive step, so it is this command, not a Prefect flow; a run's Prefect
 artifact counts what is unreviewed, approved and rejected.
@@ -53,12 +53,7 @@ from typing import Any
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from imagebatch.gateway.constants import ENV_REVIEWER
-from imagebatch.tasks import layout
-from imagebatch.tasks.decisions import DECISIONS, Decision
-from imagebatch.tasks.storage import LocalFolder, Location
-
-from .html import TooLarge, _thumb, thumb_name
-from .review_data import (
+from imagebatch.report.review_data import (
     DecisionCache,
     ReviewCard,
     ReviewError,
@@ -67,7 +62,11 @@ from .review_data import (
     load_cards,
     local_file,
 )
-from .review_page import inline_json, render_page
+from imagebatch.report.review_page import inline_json, render_page
+from imagebatch.storage import layout
+from imagebatch.storage.location import LocalFolder, Location
+from imagebatch.work.decisions import DECISIONS, Decision
+from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail, thumb_name
 
 HOST = "127.0.0.1"
 TOKEN_HEADER = "X-Review-Token"
@@ -242,7 +241,7 @@ def _local_image(root: Path, rel: str, thumbnail: bool) -> tuple[bytes, str] | N
             if os.path.lexists(root / place) and confined(root, place) is None:
                 return None
         try:
-            made = _thumb(root, source, name)
+            made = ensure_thumbnail(root, source, name)
         except TooLarge:
             return None
         thumb = local_file(root, made) if made else None

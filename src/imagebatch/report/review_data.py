@@ -2,7 +2,7 @@
 first), the image files it may serve (only those results.csv names, confined to the output location),
 and the decisions in force, kept current without reading the whole record again (`DecisionCache`).
 
-Every read goes through the output location (`tasks.storage`), so a bucket is reviewed as a folder is.
+Every read goes through the output location (`storage.location`), so a bucket is reviewed as a folder is.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from imagebatch.tasks import layout
-from imagebatch.tasks.csvcells import read_csv
-from imagebatch.tasks.decisions import REVIEW_FILE, REVIEW_PREFIX, Decision, record_decision
-from imagebatch.tasks.storage import LocalFolder, Location, json_object
-
-from .html import image_paths, manifest_details, reviewable, row_facts, row_title
+from imagebatch.report.html import image_paths, manifest_details, reviewable, row_facts, row_title
+from imagebatch.storage import layout
+from imagebatch.storage.csvcells import read_csv
+from imagebatch.storage.location import LocalFolder, Location, json_object
+from imagebatch.work.decisions import REVIEW_FILE, REVIEW_PREFIX, Decision, record_decision
 
 PROMPT_SHOWN = 400
 """A card shows at most this many characters of its prompt (the page holds every card's data)."""
@@ -143,7 +142,7 @@ class DecisionCache:
 
     `record` appends a decision (durable before it returns) and puts it in force at once; a refresh
     applies the record in its own order afterwards, so the last recorded wins here as in
-    `tasks.decisions.read_decisions`."""
+    `work.decisions.read_decisions`."""
 
     def __init__(
         self, location: Location, interval: float = 1.0, clock: Callable[[], float] = time.monotonic

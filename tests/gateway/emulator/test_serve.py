@@ -3,6 +3,7 @@ API key handling, options, and a port already taken."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from imagebatch.flows.cli import EMULATOR_PORT, build_parser
+from imagebatch.gateway.emulator.options import PORT, emulator_arguments
 from imagebatch.gateway.emulator.serve import settings_from_args
 
 URL_LINE = re.compile(r"^imagebatch emulator listening on (http://127\.0\.0\.1:\d+)$")
@@ -98,11 +99,18 @@ def test_port_already_taken_fails_with_status_1() -> None:
     assert "cannot listen" in result.stderr
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The emulator's own parser, as `python -m imagebatch.gateway.emulator` builds it."""
+    parser = argparse.ArgumentParser(prog="emulator")
+    emulator_arguments(parser)
+    return parser
+
+
 def test_options_and_defaults() -> None:
-    defaults = build_parser().parse_args(["emulator"])
-    assert (defaults.host, defaults.port, defaults.api_key) == ("127.0.0.1", EMULATOR_PORT, None)
+    defaults = build_parser().parse_args([])
+    assert (defaults.host, defaults.port, defaults.api_key) == ("127.0.0.1", PORT, None)
     args = build_parser().parse_args(
-        ["emulator", "--seed", "7", "--latency", "0.5", "--jpeg-rate", "1",
+        ["--seed", "7", "--latency", "0.5", "--jpeg-rate", "1",
          "--fault", "503:0.1", "--fault", "drop:0.05", "--script", "429,ok@cat",
          "--max-images-policy", "cap", "--slow-seconds", "3"]
     )  # fmt: skip
@@ -116,5 +124,5 @@ def test_options_and_defaults() -> None:
 @pytest.mark.parametrize("bad", [["--fault", "503"], ["--fault", "teapot:0.1"], ["--script", "503,nope"]])
 def test_bad_fault_options_are_usage_errors(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        build_parser().parse_args(["emulator", *bad])
+        build_parser().parse_args(bad)
     assert exit_info.value.code == 2

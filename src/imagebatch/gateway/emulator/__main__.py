@@ -1,12 +1,14 @@
-"""`python -m imagebatch.gateway.emulator ARGS`: the same as `imagebatch emulator ARGS`.
-
-An entry point, not library code: the one command line (`imagebatch.flows.cli`) defines the options."""
+"""`python -m imagebatch.gateway.emulator ARGS`: the same as `imagebatch emulator ARGS`."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-if __name__ == "__main__":
-    from imagebatch.flows.cli import main
+from imagebatch.gateway.emulator.options import emulator_arguments
+from imagebatch.gateway.emulator.serve import serve
 
-    sys.exit(main(["emulator", *sys.argv[1:]]))
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m imagebatch.gateway.emulator")
+    emulator_arguments(parser)
+    sys.exit(serve(parser.parse_args()))

@@ -1,6 +1,6 @@
 """The `imagebatch emulator` command: serve the emulator in the foreground until Ctrl-C or SIGTERM.
 
-Its options are defined with every other command's in `imagebatch.flows.cli`, which calls
+Its options are defined with every other command's in `imagebatch.cli.main`, which calls
 `serve(args)`. Stdout gets exactly one line, `imagebatch emulator listening on <URL>`, once the server
 accepts connections; anything else goes to stderr.
 """

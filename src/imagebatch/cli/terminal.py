@@ -1,0 +1,386 @@
+"""`imagebatch run` on a terminal: the checks before Prefect starts, the temporary server, Ctrl-C and
+SIGTERM, and the end of the command. What it prints (the progress bar, the summary, the exit code it
+decides) is `cli/display.py`; the command line itself (every option) is in `cli.py`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from imagebatch.cli import display
+from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_USAGE, exit_code_for
+from imagebatch.storage import layout
+
+if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
+    from imagebatch.platform.prefect_server import TemporaryServer
+    from imagebatch.run.api_guard import PrefectGuard
+    from imagebatch.run.hooks import RunHooks
+    from imagebatch.run.preflight import Preflight
+
+
+def _quiet_prefect() -> None:
+    """Keep the terminal for the progress bar: Prefect's per-task chatter goes to its UI, not here."""
+    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect", "httpx", "uvicorn"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+def _silence_prefect() -> None:
+    """Prefect's server is lost: its loggers' complaints (a traceback for the flow run's final state, one
+    error per event it cannot send) would bury the summary, which says it in one line."""
+    names = [n for n in logging.root.manager.loggerDict if n == "prefect" or n.startswith("prefect.")]
+    for name in ["prefect", *names]:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
+SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
+ENDING_GRACE = 5.0
+"""How long Prefect's engine may take to record a run's end once the records are written and Prefect's
+server is lost, before the command prints the summary and exits without it."""
+
+
+class Ending:
+    """How the command ends when Prefect would hold it after the run's records are written (issue 21 #2):
+    a signal then, or Prefect's server lost then for `ENDING_GRACE` seconds, prints the summary from the
+    records and exits at once; a second signal abandons the run and marks run.json so (issue 21 #9)."""
+
+    def __init__(
+        self, out: Console, err: Console, server: TemporaryServer | None, guard: PrefectGuard
+    ) -> None:
+        self.out, self.err, self.server, self.guard = out, err, server, guard
+        self.signals: list[int] = []
+        self._once = threading.Lock()
+
+    @contextlib.contextmanager
+    def watching(self, signals: list[int]) -> Iterator[None]:
+        """While the flow runs: end without Prefect once it is lost after the records are written."""
+        self.signals = signals
+        done = threading.Event()
+
+        def watch() -> None:
+            self.guard.lost.wait()
+            self.guard.written.wait()
+            if not done.wait(ENDING_GRACE):
+                self.now()
+
+        threading.Thread(target=watch, name="imagebatch-ending", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def now(self) -> None:
+        """Print the summary from the written records and exit (from any thread; once)."""
+        if self.guard.result is None or not self._once.acquire(blocking=False):
+            return
+        if not self.guard.lost.is_set():
+            self.guard.lose("the run was stopped while Prefect recorded its end")
+        self.guard.finish()
+        self.exit(display.report(self.out, self.err, self.guard.result, self.signals, self.guard))
+
+    def exit(self, code: int) -> None:
+        """Exit now, past Prefect's exit handlers (they would wait for a lost server)."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        if self.server is not None:
+            self.server.kill()
+        os._exit(code)
+
+    def abandoned(self, run_json: Path, reason: str) -> None:
+        """Mark a run abandoned in its run.json (still "running": the run never wrote its end)."""
+        from imagebatch.work.store import write_atomic
+
+        with contextlib.suppress(OSError, ValueError):
+            info = json.loads(run_json.read_text())
+            if info.get("state") == "running":
+                info |= {"state": "abandoned", "ended_at": datetime.now(UTC).isoformat(), "stopped": reason}
+                write_atomic(run_json, (json.dumps(info, indent=2, default=str) + "\n").encode())
+
+
+@contextlib.contextmanager
+def interrupts(
+    hooks: RunHooks,
+    err: Console,
+    server: TemporaryServer | None,
+    ending: Ending | None = None,
+    run_json: Path | None = None,
+) -> Iterator[list[int]]:
+    """First Ctrl-C or SIGTERM: stop gracefully (no new request; those in flight finish and are saved);
+    once the records are written, exit at once (what is left is Prefect's bookkeeping). Second: abandon
+    what is in flight (the journal already marks it sent, so it will be `unknown`), mark run.json
+    "abandoned", and exit. Yields the list of signals received (the exit code follows the first).
+
+    The handler is also given to the flow (`hooks.signals`), which installs it again around dispatch:
+    Prefect's flow engine replaces SIGTERM's handler with its own, which would crash the run."""
+    received: list[int] = []
+    control = hooks.control
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        name = SIGNAL_NAMES[signal.Signals(signum)]
+        if len(received) == 1:
+            control.stop(f"interrupted ({name})")
+            if ending is not None:
+                ending.now()  # only once the records are written
+            err.print(
+                f"\nStopping ({name}): no new requests; waiting for those in flight to finish and be saved. "
+                f"{name} again to abandon them (they would be 'unknown').",
+                markup=False,
+            )
+            return
+        err.print("Abandoned the requests in flight: a rerun reports them as 'unknown'.", markup=False)
+        if ending is not None and run_json is not None:
+            first = SIGNAL_NAMES[signal.Signals(received[0])]
+            ending.abandoned(run_json, f"abandoned ({first}, then {name}): requests in flight are unknown")
+        if server is not None:
+            # SIGKILL, not SIGTERM: a terminated server prints tracebacks for the writes it was
+            # making; SQLite rolls an interrupted write back either way.
+            server.kill()
+        os._exit(exit_code_for(received[0]))
+
+    hooks.signals = lambda: handling(on_signal)
+    with handling(on_signal):
+        yield received
+
+
+@contextlib.contextmanager
+def handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """Handle Ctrl-C and SIGTERM with `handler` inside this block (main thread only), then restore."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNAL_NAMES}
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
+
+
+def _warm_imports(*, emulator: bool, report: bool) -> None:
+    """Import now what the flow imports once it starts, while the temporary server is still starting (it
+    takes about 3 s, this process is idle until then): Prefect's flow engine, FastAPI's encoder (Prefect
+    serialises the flow's parameters with it), the embedded emulator's web stack and the thumbnails'
+    drawing. About 0.5 s off a run's start on the temporary server (bench/README.md "Fixed start")."""
+    import importlib
+
+    names = ["prefect.flow_engine", "prefect.task_engine", "fastapi.encoders"]
+    if emulator:
+        names += ["imagebatch.gateway.emulator.app", "imagebatch.gateway.emulator.server", "uvicorn.server"]
+    if report or emulator:
+        names += ["PIL.ImageDraw", "PIL.ImageFont"]
+    for name in names:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+def _temporary_server_settings(api_url: str) -> dict[Any, Any]:
+    """Prefect's settings for a run on its temporary server: its address, and no flow-run heartbeats.
+
+    Heartbeats let a long-lived server's automations notice a flow run whose process died; the temporary
+    server dies with the run, so nothing could ever read them. Off, the end of the run does not wait
+    for the heartbeat thread's current one-second sleep (0 to 1 s, Prefect's `_send_heartbeats`). Against
+    a running server (`PREFECT_API_URL`) Prefect's own setting is left as it is."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {PREFECT_API_URL: api_url, "flows.heartbeat_frequency": None}
+
+
+def run_main(args: argparse.Namespace) -> int:
+    """`imagebatch run`: every check first (exit 2 before anything is sent), then the flow.
+
+    Without a configured Prefect API, Prefect's temporary server is started first of all, so that it
+    starts while this process imports Prefect and checks the manifest (see `prefect_server`)."""
+    from imagebatch.platform.prefect_server import TemporaryServer, prefect_api_configured
+
+    server = None if prefect_api_configured() else TemporaryServer().start()
+    try:
+        return _run(args, server)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
+    from imagebatch.run.preflight import UsageError
+
+    err = Console(stderr=True, soft_wrap=True)
+    out = Console(soft_wrap=True)
+    checked = _preflight(args, err)
+    if checked is None:
+        return EXIT_USAGE
+    if server is not None and (info := _settled(args, checked)) is not None:
+        server.kill()  # it was started while we checked; nothing will use it
+        err.print("Nothing to send: every request is done or left alone; Prefect was not started.")
+        return display.report(out, err, info, [])
+
+    _quiet_prefect()
+    from prefect.settings import temporary_settings
+
+    from imagebatch.run.api_guard import PrefectGuard, guarding
+    from imagebatch.run.hooks import RunHooks, run_hooks
+
+    if not checked.base_url:
+        err.print(
+            "No service address configured: using the embedded emulator on 127.0.0.1 "
+            "(its images are placeholders).",
+            markup=False,
+        )
+    progress, on_progress = display.progress_bar(err)
+    hooks = RunHooks(on_progress=on_progress, checked=checked)
+    server = _prefect_server(server, emulator=not checked.base_url, report=args.report)
+    try:
+        api = (
+            temporary_settings(_temporary_server_settings(server.wait_ready()))
+            if server
+            else contextlib.nullcontext()
+        )
+    except RuntimeError as exc:
+        err.print(
+            f"{exc}; nothing was sent. Set PREFECT_API_URL to use a running Prefect server.", markup=False
+        )
+        return EXIT_INCOMPLETE
+    guard = PrefectGuard()
+    guard.on_lost.append(_silence_prefect)
+    ending = Ending(out, err, server, guard)
+    try:
+        with (
+            api,
+            interrupts(hooks, err, server, ending, _run_json(checked)) as signals,
+            progress,
+            run_hooks(hooks),
+            guarding(guard),
+            ending.watching(signals),
+        ):
+            info = _generate(args, guard)
+    except UsageError as exc:
+        err.print(f"{exc}; nothing was sent.", markup=False)
+        return EXIT_USAGE
+    code = display.report(out, err, info, signals, guard)
+    guard.finish()
+    if guard.lost.is_set():  # Prefect's exit handlers would try to send its queued events for minutes
+        ending.exit(code)
+    return code
+
+
+def _generate(args: argparse.Namespace, guard: PrefectGuard) -> dict[str, Any]:
+    """Run the flow; its summary. Once the run's records are written, a failure of Prefect's engine to
+    record the run's end (its server lost) does not make the run fail: the records are the run's."""
+    from imagebatch.flows.batch import generate_from_manifest
+    from imagebatch.run.final_state import summary_of
+
+    try:
+        state = generate_from_manifest(
+            manifest=str(args.manifest),
+            out=str(args.out),
+            concurrency=args.concurrency,
+            base_url=args.base_url,
+            force=args.force,
+            retry_unknown=args.retry_unknown,
+            api_key_secret_block=args.api_key_block,
+            rpm=args.rpm,
+            adaptive=args.adaptive,
+            max_images=args.max_images,
+            max_spend=args.max_spend,
+            prices=args.prices,
+            global_limit=args.global_limit,
+            report=args.report,
+            files_root=args.files_root,
+            allow_failures=args.allow_failures,
+            redo=args.redo,
+            edit=args.edit,
+            return_state=True,
+        )
+        return summary_of(state)  # raises what the flow raised
+    except Exception as exc:
+        if guard.result is None:
+            raise
+        guard.lose(f"its flow engine could not record the run's end: {exc!r}")
+        return guard.result
+
+
+def _run_json(checked: Preflight) -> Path | None:
+    """The run.json a second signal marks abandoned: a local folder's (a bucket's run is marked by the
+    next run, which finds its lease expired)."""
+    return checked.out / layout.RUN_JSON if isinstance(checked.out, Path) else None
+
+
+def _settled(args: argparse.Namespace, checked: Preflight) -> dict[str, Any] | None:
+    """The run's summary when it has nothing to send, its records written without Prefect
+    (`run.nothing_to_send`); else None."""
+    from imagebatch.run.nothing_to_send import settle_without_prefect
+
+    return settle_without_prefect(
+        checked, force=args.force, retry_unknown=args.retry_unknown, report=args.report,
+        concurrency=args.concurrency, api_key_secret_block=args.api_key_block,
+        global_limit=args.global_limit, files_root=args.files_root, allow_failures=args.allow_failures,
+        redo=args.redo, edit=args.edit,
+    )  # fmt: skip
+
+
+def _preflight(args: argparse.Namespace, err: Console) -> Preflight | None:
+    """Everything that can be checked without Prefect, checked first (a mistake costs no start-up); None,
+    the problems printed, when the run cannot start."""
+    from imagebatch.manifest import ManifestError
+    from imagebatch.run.preflight import UsageError, preflight
+    from imagebatch.run.verdict import parse_allowance
+
+    try:
+        parse_allowance(args.allow_failures)
+        return preflight(
+            args.manifest,
+            args.out,
+            concurrency=args.concurrency,
+            base_url=args.base_url,
+            api_key_secret_block=args.api_key_block,
+            rpm=args.rpm,
+            max_images=args.max_images,
+            max_spend=args.max_spend,
+            prices=args.prices,
+            files_root=args.files_root,
+            redo=args.redo,
+            edit=args.edit,
+            force=args.force,
+        )
+    except ManifestError as exc:
+        for problem in exc.problems:
+            err.print(str(problem), markup=False, highlight=False)
+        err.print(f"{args.manifest}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
+        return None
+    except UsageError as exc:
+        err.print(f"{exc}; nothing was sent.", markup=False)
+        return None
+
+
+def _prefect_server(
+    server: TemporaryServer | None, *, emulator: bool, report: bool
+) -> TemporaryServer | None:
+    """The temporary server to run on, or None when Prefect's settings name a running one."""
+    from prefect.settings import PREFECT_API_URL
+
+    from imagebatch.platform.prefect_server import TemporaryServer
+
+    if PREFECT_API_URL.value():
+        if server is not None:  # configured in a way the quick look missed: Prefect's own settings win
+            server.stop()
+            server = None
+    elif server is None:
+        server = TemporaryServer().start()
+    if server is not None:
+        _warm_imports(emulator=emulator, report=report)
+    return server

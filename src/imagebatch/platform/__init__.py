@@ -1,0 +1,1 @@
+"""Prefect's platform: the temporary server, deployments, workers and the bounded calls to its API."""

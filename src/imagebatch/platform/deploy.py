@@ -1,0 +1,472 @@
+"""`imagebatch deploy` and `imagebatch serve`: a Prefect deployment of `generate_from_manifest`, on a real
+Prefect server (`PREFECT_API_URL`), with a schedule, run by a work pool's workers or by this process.
+
+    imagebatch deploy MANIFEST --out DIR|URL --name NAME --work-pool POOL [--cron EXPR | --interval S] ...
+    imagebatch serve  MANIFEST --out DIR|URL --name NAME [--cron EXPR | --interval S] ...  (until Ctrl-C)
+
+Choices (README "Scheduled runs"):
+
+- **The entrypoint is a module path** (`imagebatch.flows.batch.generate_from_manifest`, Prefect's
+  `EntrypointType.MODULE_PATH`), with no storage and no pull steps: a worker imports the flow from the
+  imagebatch installed in its own environment (`prefect worker start` run from this project's
+  environment, e.g. `uv run prefect worker start ...`). Not `flow.from_source(<local directory>)`: that
+  pins a source folder and a file path relative to it, and loads `batch.py` as a script (a second copy of
+  the module, beside the installed one); the installed package is what `imagebatch run` uses too.
+  `prefect deploy` with the repository's `prefect.yaml` makes the same deployment for the same inputs,
+  under its own name (`nightly-yaml`), so it never replaces one this command made; its build step is this
+  command with `--check` (every check and the heartbeat automation, nothing deployed).
+- **A service address is required** (`--base-url URL`, or `IMAGEBATCH_BASE_URL` here, stored in the
+  deployment; the emulator only by name: `embedded`): a scheduled run on placeholder images, reporting
+  Completed, is what no one wants. A deployment's run without one fails with the same line
+  (`config.NO_SERVICE`).
+- **Dead runs are marked Crashed** by Prefect's documented zombie-run automation, created or updated here
+  (`ensure_heartbeat_automation`, one per server, for runs tagged `imagebatch`): runs send a heartbeat
+  every 30 s (the deployment's job variables' `env`; `serve` gives it to its runner), and one with none
+  for 90 s (`IMAGEBATCH_HEARTBEAT_WINDOW`) is Crashed, which frees the deployment's slot for the next.
+- **One run at a time, `CANCEL_NEW`**: the deployment's concurrency limit is 1 and a run that starts while
+  another holds the slot is cancelled by the server ("Deployment concurrency limit reached"), visible as
+  such in the UI. A run sends everything not yet done, so a skipped firing loses nothing: the next one
+  does it all. ENQUEUE would instead pile waiting runs behind a long one (one per firing) that then start
+  back to back. The output folder's lock (`OutputStore.hold_and_merge`) stays the last guard.
+- **`deploy` needs a work pool** (`--work-pool` or Prefect's `PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME`);
+  without one it refuses and points to `imagebatch serve`, which takes the same options and serves the
+  deployment from this process until Ctrl-C (Prefect's `serve`; the schedule is paused when it stops). A
+  command that deploys then blocks forever would hang every script that calls it.
+- **The key is never a parameter**: only `api_key_secret_block`, a block's name. Without one, runs read
+  `IMAGEBATCH_API_KEY` from the worker's (or the serving process's) environment. A named block is read
+  once here, so a typo is refused before deploying.
+- **The schedule is what the command says**: a deploy without `--cron`/`--interval` removes the
+  deployment's schedules (runs are then started by hand: `prefect deployment run`).
+- **`--out` with `{date}` is not supported**: parameters are fixed when deploying, so a folder per run
+  needs the flow to expand it when it starts; refused with a message rather than creating `{date}/`.
+- **The same checks as `run`** (`config.preflight`: the manifest and its files, the options, the output
+  folder, the base URL), before anything reaches Prefect. Two differences: the key is looked for where the
+  runs will read it (the worker's environment: not checkable from here), and an output folder held by a
+  running run does not stop a redeploy (the run will release it).
+- Paths (the manifest, `--out`, `--prices`) are made absolute: a worker runs the flow in a temporary
+  directory. An object store's `--out` (`s3://bucket/prefix`) is kept as its URL, which never holds a
+  credential (one with a user, password or query is refused, as by `run`): the bucket is checked here
+  with the deploying shell's credentials (a missing bucket or refused credentials: exit 2, nothing
+  deployed), and each worker reads its own from its store's standard chain when its runs start.
+
+Over 450 lines on purpose: `deploy` and `serve` are one set of checks (address, pool, bucket, manifest,
+shards) feeding one deployment; the heartbeat automation is the one other piece, and it exists only for
+these deployments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL
+from imagebatch.manifest import ManifestError
+from imagebatch.manifest.load import absolute
+from imagebatch.run.constants import FLOW_NAME
+from imagebatch.run.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from imagebatch.run.preflight import EMBEDDED, UsageError, locked, out_text, output_location, preflight
+from imagebatch.run.verdict import parse_allowance
+from imagebatch.storage.location import is_object_url
+from imagebatch.work.store import OutputLockedError, OutputStore
+
+if TYPE_CHECKING:
+    from prefect.deployments.runner import RunnerDeployment
+
+COLLISION = "CANCEL_NEW"
+FINAL_STATE_NAMES = ("Completed", "Failed", "Cancelled", "Crashed")
+"""What the server does with a run of the deployment that starts while another one runs: cancel it."""
+
+TAG = "imagebatch"
+"""Every deployment's tag, which its runs carry: the heartbeat automation watches the runs with it."""
+HEARTBEAT_SECONDS = 30
+"""How often a deployment's run tells the server it is alive (Prefect's `PREFECT_FLOWS_HEARTBEAT_FREQUENCY`,
+30 s at least; Prefect's own default is 180 s)."""
+HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS)}
+ENV_WINDOW = "IMAGEBATCH_HEARTBEAT_WINDOW"
+WINDOW_SECONDS = 90.0
+"""A run with no heartbeat for this long is marked Crashed (three heartbeats missed; Prefect's guide's)."""
+AUTOMATION_NAME = "imagebatch: crash runs whose heartbeat stopped"
+
+START_SERVER_HINT = (
+    "start a Prefect server (`prefect server start`), then `export PREFECT_API_URL=http://127.0.0.1:4200/api`"
+)
+# Stands in for the Secret block in `preflight`'s key check: a deployment's runs read the key on the
+# worker (its environment or the block), so the deploying shell need not hold it.
+_KEY_AT_RUN_TIME = "<the key where the runs read it>"
+
+
+def deploy_main(args: argparse.Namespace) -> int:
+    """`imagebatch deploy`: create or update the deployment on the server; runs go to `--work-pool`."""
+    return _main(args, serve=False)
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """`imagebatch serve`: create or update the deployment and run its runs from this process until Ctrl-C."""
+    return _main(args, serve=True)
+
+
+def _main(args: argparse.Namespace, *, serve: bool) -> int:
+    command = "serve" if serve else "deploy"
+    try:
+        parameters = check(args, serve=serve)
+        schedule = schedule_of(args)
+        api_url = require_prefect_server()
+        pool = None if serve else work_pool_of(args)
+    except UsageError as exc:
+        print(f"imagebatch {command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ManifestError as exc:  # every problem, as `run` prints them
+        for problem in exc.problems:
+            print(str(problem), file=sys.stderr)
+        print(f"{args.manifest}: {len(exc.problems)} problem(s); nothing was deployed.", file=sys.stderr)
+        return EXIT_USAGE
+
+    try:
+        if args.api_key_block:
+            check_secret_block(args.api_key_block)
+        if args.global_limit:
+            from imagebatch.run.limits import rate_limit_of
+
+            rate_limit_of(args.global_limit)  # refuses a limit the server does not have
+        if pool:
+            check_work_pool(pool)
+        shards = getattr(args, "shards", 1)
+        if shards > 1 and serve:
+            raise UsageError("--shards needs a work pool's workers: use imagebatch deploy --work-pool")
+        window = heartbeat_window()
+        ensure_heartbeat_automation(window)
+        if getattr(args, "check", False):
+            print(f"checked; runs tagged {TAG!r} without a heartbeat for {window:g} s are marked Crashed")
+            return EXIT_OK
+        if shards > 1:  # the parent plans and merges; its shards run as runs of NAME-shards
+            shard_deployment = f"{args.name}-shards"
+            build_deployment(shard_deployment, parameters, None, pool, limit=None).apply(work_pool_name=pool)
+            parameters |= {"shards": shards, "shard_deployment": f"{FLOW_NAME}/{shard_deployment}"}
+            parameters["shard_start_timeout"] = args.shard_start_timeout
+        deployment = build_deployment(args.name, parameters, schedule, pool)
+        if schedule is None:
+            clear_schedules(f"{FLOW_NAME}/{args.name}")
+        if not serve:
+            deployment_id = deployment.apply(work_pool_name=pool)
+    except UsageError as exc:
+        print(f"imagebatch {command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(describe(args, api_url, parameters, schedule, pool, None if serve else str(deployment_id)))
+    print(f"  a run without a heartbeat for {window:g} s is marked Crashed (automation {AUTOMATION_NAME!r})")
+    if not serve:
+        return EXIT_OK
+    from prefect import serve as prefect_serve
+
+    try:
+        prefect_serve(deployment, print_starting_message=False, heartbeat_seconds=HEARTBEAT_SECONDS)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
+    """`run`'s checks (`preflight`), then the deployment's parameters: absolute paths, never the key.
+
+    Served runs run here, so `serve` checks for the key here too, as `run` does."""
+    if "{" in str(args.out):
+        raise UsageError(
+            f"--out {args.out}: placeholders such as {{date}} are not supported (a deployment's parameters "
+            "are fixed when it is deployed); use one folder: a rerun sends only new and changed rows"
+        )
+    manifest = absolute(args.manifest)  # a path made absolute, or an object's URL as it is
+    where = output_location(args.out)
+    out = where if isinstance(where, str) else where.expanduser().resolve()
+    prices = str(Path(args.prices).expanduser().resolve()) if args.prices else None
+    roots = [absolute(r) for r in args.files_root] if args.files_root else None
+    options: dict[str, Any] = {
+        "concurrency": args.concurrency,
+        "base_url": args.base_url or os.environ.get(ENV_BASE_URL) or None,
+        "rpm": args.rpm,
+        "max_images": args.max_images,
+        "max_spend": args.max_spend,
+        "prices": prices,
+        "files_root": roots,
+    }
+    block = args.api_key_block if serve else args.api_key_block or _KEY_AT_RUN_TIME
+    parse_allowance(args.allow_failures)
+    try:
+        preflight(
+            manifest,
+            out,
+            api_key_secret_block=block,
+            deployed=True,
+            redo=args.redo,
+            edit=args.edit,
+            **options,
+        )
+    except UsageError as exc:
+        # A running run holding the folder does not stop a redeploy; `preflight` checks the folder last,
+        # so the message tells whether that was the only problem.
+        if str(exc) != _held_message(out):
+            raise
+    return {
+        "manifest": manifest,
+        "out": out_text(out),
+        **options,
+        "api_key_secret_block": args.api_key_block,
+        "adaptive": args.adaptive,
+        "global_limit": args.global_limit,
+        "report": args.report,
+        "allow_failures": args.allow_failures,
+        "redo": args.redo,
+        "edit": args.edit,
+    }
+
+
+def _held_message(out: Path | str) -> str | None:
+    """The message `preflight` gives when another run holds `out` (a folder, or a bucket's prefix), or
+    None when none does."""
+    if isinstance(out, Path) and not out.is_dir():
+        return None
+    try:
+        with OutputStore(out).hold_and_merge():
+            return None
+    except OutputLockedError as exc:
+        return str(locked(exc))
+    except (OSError, ValueError):  # unwritable, or not a URL `--out` takes: `preflight` said why
+        return None
+
+
+def schedule_of(args: argparse.Namespace) -> Any:
+    """The Prefect schedule asked for (`prefect.schedules.Schedule`), or None (runs started by hand)."""
+    if args.timezone:
+        try:
+            ZoneInfo(args.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise UsageError(
+                f"--timezone {args.timezone!r} is not an IANA time zone (e.g. Europe/Paris)"
+            ) from None
+    if args.cron is None and args.interval is None:
+        if args.timezone:
+            raise UsageError("--timezone needs --cron or --interval")
+        return None
+    from prefect.schedules import Cron, Interval
+
+    if args.interval is not None:
+        if args.interval < 1:
+            raise UsageError(f"--interval must be at least 1 second, not {args.interval:g}")
+        return Interval(timedelta(seconds=args.interval), timezone=args.timezone)
+    try:
+        return Cron(args.cron, timezone=args.timezone)
+    except ValueError as exc:
+        raise UsageError(f"--cron {args.cron!r} is not a cron expression: {exc}") from None
+
+
+def work_pool_of(args: argparse.Namespace) -> str:
+    from prefect.settings import PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME
+
+    pool = args.work_pool or PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME.value()
+    if not pool:
+        raise UsageError(
+            "name the work pool whose workers will run it (--work-pool POOL), or serve it from this "
+            "process until Ctrl-C instead: imagebatch serve with the same options"
+        )
+    return str(pool)
+
+
+def require_prefect_server() -> str:
+    """The configured Prefect API, answering; else UsageError saying how to start one.
+
+    Prefect's temporary server (what runs get when `PREFECT_API_URL` is unset) cannot schedule, and a
+    deployment on it would vanish with it."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise UsageError(
+            "PREFECT_API_URL is not set: a deployment needs a real Prefect server (the temporary one "
+            f"cannot schedule); {START_SERVER_HINT}"
+        )
+    import httpx
+
+    try:
+        status = httpx.get(f"{str(url).rstrip('/')}/health", timeout=5.0).status_code
+    except httpx.HTTPError as exc:
+        raise UsageError(
+            f"no Prefect server answers at {url} ({type(exc).__name__}); {START_SERVER_HINT}"
+        ) from None
+    if status != 200:
+        raise UsageError(f"the Prefect server at {url} answered {status} to /health")
+    return str(url)
+
+
+def check_secret_block(name: str) -> None:
+    """The named Secret block exists on the server and holds a usable key (`config.resolve_api_key`)."""
+    from imagebatch.run.preflight import resolve_api_key
+
+    resolve_api_key(name)
+
+
+def check_work_pool(pool: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(pool)
+        except ObjectNotFound:
+            raise UsageError(
+                f"work pool {pool!r} does not exist on the server: create it with "
+                f"`prefect work-pool create {pool} --type process`"
+            ) from None
+
+
+def heartbeat_window() -> float:
+    """The automation's window: `IMAGEBATCH_HEARTBEAT_WINDOW` seconds, else 90; more than a heartbeat's
+    period plus its way to the server (a shorter one would crash live runs)."""
+    raw = os.environ.get(ENV_WINDOW)
+    try:
+        window = float(raw) if raw else WINDOW_SECONDS
+    except ValueError:
+        raise UsageError(f"{ENV_WINDOW}={raw!r} is not a number of seconds") from None
+    if window < HEARTBEAT_SECONDS + 10:
+        raise UsageError(f"{ENV_WINDOW} must be at least {HEARTBEAT_SECONDS + 10} s, not {window:g}")
+    return window
+
+
+def heartbeat_automation(window: float) -> Any:
+    """Prefect's documented zombie-run automation ("detect zombie flows"), for the runs tagged `TAG`: after
+    a run's heartbeat, expect another heartbeat or a final state within `window`, else mark it Crashed.
+
+    Scoped by tag so that other flows on the server, with Prefect's default 180 s heartbeat, are left
+    alone. Crashed releases the deployment's concurrency slot, so the next scheduled run runs."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+    from prefect.events.schemas.events import ResourceSpecification
+
+    trigger = EventTrigger(
+        match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
+        match_related=ResourceSpecification(
+            {"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{TAG}"}
+        ),
+        after={"prefect.flow-run.heartbeat"},
+        expect={"prefect.flow-run.heartbeat"} | {f"prefect.flow-run.{s}" for s in FINAL_STATE_NAMES},
+        for_each={"prefect.resource.id"},
+        posture=Posture.Proactive,
+        threshold=1,
+        within=timedelta(seconds=window),
+    )
+    crash = ChangeFlowRunState(
+        name="Crashed",
+        state=StateType.CRASHED,
+        force=False,  # a run that has ended meanwhile stays as it ended
+        message=f"no heartbeat for {window:g} s: its process is gone (a machine, a worker or the run died)",
+    )
+    return AutomationCore(
+        name=AUTOMATION_NAME,
+        description=f"Made by imagebatch deploy: marks Crashed a run tagged {TAG!r} whose heartbeat "
+        f"(every {HEARTBEAT_SECONDS} s) stopped for {window:g} s.",
+        trigger=trigger,
+        actions=[crash],
+    )
+
+
+def ensure_heartbeat_automation(window: float) -> str:
+    """Create the heartbeat automation, or update the one of that name (one per server); returns its id."""
+    from prefect.client.orchestration import get_client
+
+    wanted = heartbeat_automation(window)
+    with get_client(sync_client=True) as client:
+        existing = client.read_automations_by_name(AUTOMATION_NAME)
+        if not existing:
+            return str(client.create_automation(wanted))
+        first, *duplicates = existing
+        client.update_automation(first.id, wanted)
+        for extra in duplicates:  # two deploys at once can both create it
+            client.delete_automation(extra.id)
+        return str(first.id)
+
+
+def clear_schedules(full_name: str) -> None:
+    """Remove the schedules of an existing deployment (Prefect's update keeps them when given none)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            existing = client.read_deployment_by_name(full_name)
+        except ObjectNotFound:
+            return
+        for schedule in client.read_deployment_schedules(existing.id):
+            client.delete_deployment_schedule(existing.id, schedule.id)
+
+
+def build_deployment(
+    name: str, parameters: dict[str, Any], schedule: Any, pool: str | None, limit: int | None = 1
+) -> RunnerDeployment:
+    """The deployment of `generate_from_manifest` (module-path entrypoint, concurrency 1, CANCEL_NEW; a
+    shard deployment has no limit of its own: its parent's is what keeps runs apart). A pool's runs get
+    the heartbeat frequency through the job variables' `env`, whatever the worker's own environment."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.types.entrypoint import EntrypointType
+
+    from imagebatch.flows.batch import generate_from_manifest
+
+    deployment = generate_from_manifest.to_deployment(
+        name=name,
+        schedules=[schedule] if schedule is not None else None,
+        parameters=parameters,
+        concurrency_limit=ConcurrencyLimitConfig(
+            limit=limit, collision_strategy=ConcurrencyLimitStrategy(COLLISION)
+        )
+        if limit
+        else None,
+        tags=[TAG],
+        work_pool_name=pool,
+        job_variables={"env": HEARTBEAT_ENV} if pool else None,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+    return cast("RunnerDeployment", deployment)  # the sync form: a deployment, not a coroutine, here
+
+
+def describe(
+    args: argparse.Namespace,
+    api_url: str,
+    parameters: dict[str, Any],
+    schedule: Any,
+    pool: str | None,
+    deployment_id: str | None,
+) -> str:
+    full_name = f"{FLOW_NAME}/{args.name}"
+    verb = "deployed" if deployment_id else "serving"
+    lines = [f"{verb} {full_name} on {api_url}" + (f" (id {deployment_id})" if deployment_id else "")]
+    if schedule is None:
+        lines.append(f"  schedule: none; start a run with: prefect deployment run '{full_name}'")
+    else:
+        when = (
+            f"cron {schedule.cron!r}" if schedule.cron else f"every {schedule.interval.total_seconds():g} s"
+        )
+        lines.append(f"  schedule: {when} ({schedule.timezone or 'UTC'})")
+    lines.append(f"  manifest: {parameters['manifest']}")
+    lines.append(f"  out: {parameters['out']} (a run sends only new and changed rows)")
+    if is_object_url(parameters["out"]):
+        whose = "each worker's" if pool else "this process's"
+        lines.append(f"  store credentials: {whose} own (environment, profile or role; never a parameter)")
+    if parameters.get("files_root"):
+        lines.append(f"  files root: the manifest's folder and {', '.join(parameters['files_root'])}")
+    if pool:
+        lines.append(f"  runs on: work pool {pool!r}; a worker: imagebatch worker --pool {pool}")
+    else:
+        lines.append("  runs in: this process, until Ctrl-C (the schedule is paused then)")
+    where = "the worker's" if pool else "this process's"
+    if args.api_key_block:
+        lines.append(f"  API key: the Prefect Secret block {args.api_key_block!r}")
+    else:
+        lines.append(f"  API key: {ENV_API_KEY} in {where} environment (never a parameter)")
+    if str(parameters["base_url"]).strip().lower() == EMBEDDED:
+        lines.append("  service: the embedded emulator (its images are placeholders), as asked")
+    else:
+        lines.append(f"  service: {parameters['base_url']}")
+    lines.append("  one run at a time: a run that starts while one is running is cancelled (CANCEL_NEW)")
+    return "\n".join(lines)

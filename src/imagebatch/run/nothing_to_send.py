@@ -1,0 +1,105 @@
+"""A rerun with nothing to send, settled without Prefect.
+
+Most reruns of a nightly manifest or a catalog find every request done (or left alone: `no_image`, and
+`unknown` without `--retry-unknown`). Starting Prefect for them costs about four seconds (importing it,
+its temporary server) and sends nothing. So `imagebatch run` first asks the output location (a folder or
+a bucket): if no request of the plan is to be sent, it writes the run's records exactly as the flow would
+(results.csv, usage-summary.csv, run.json, the report: `run.outputs.write_files`, under the folder's
+lock or the bucket's lease), prints the same summary and exit code, and never starts Prefect.
+
+What Prefect sees of such a run: nothing (no flow run, no artifacts). `run.json` says so: its `prefect`
+entry is `{"flow_run_id": null, "task_runs": 0, "started": false}`. This path is taken only on Prefect's
+temporary server (no `PREFECT_API_URL`): a team's Prefect server records every run, even one that sends
+nothing, and deployments always run the flow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from imagebatch.manifest import plan
+from imagebatch.run.outputs import run_info, write_files
+from imagebatch.run.preflight import Preflight, key_source
+from imagebatch.storage.objectstore import JOURNAL
+from imagebatch.work.context import RunContext, group_units
+from imagebatch.work.store import OutputLockedError, OutputStore, RequestRecord
+from imagebatch.work.unit import run_unit
+from imagebatch.work.variants import with_variants
+
+NOT_STARTED = {"flow_run_id": None, "task_runs": 0, "started": False}
+"""What run.json says of Prefect for a run settled here."""
+
+
+def settle_without_prefect(
+    checked: Preflight,
+    *,
+    force: bool,
+    retry_unknown: bool,
+    report: bool,
+    concurrency: int,
+    api_key_secret_block: str | None,
+    global_limit: str | None,
+    files_root: list[str] | None,
+    allow_failures: str | None = None,
+    redo: str | None = None,
+    edit: bool = False,
+) -> dict[str, Any] | None:
+    """The run's summary if it has nothing to send (its records written), else None (the flow runs).
+
+    None too when the location has no journal yet (a first run) or is held by another run (the flow
+    then says so as usual). An output in a bucket is settled the same way, under its lease: the rerun
+    then reads the lease, one listing and the compacted journal, and writes the run's records."""
+    if force:
+        return None
+    store = OutputStore(checked.out)
+    if not _has_journal(store):
+        return None
+    try:
+        with store.hold_and_merge():
+            options = {
+                "global_limit": global_limit, "report": report, "shards": 1, "shard": None,
+                "files_root": files_root, "allow_failures": allow_failures, "redo": redo, "edit": edit,
+            }  # fmt: skip
+            return _settle(checked, store, retry_unknown, report, concurrency, api_key_secret_block, options)
+    except OutputLockedError:
+        return None
+
+
+def _has_journal(store: OutputStore) -> bool:
+    """Whether a run was here before: the folder's journal file, or a bucket's journal objects (one
+    listing)."""
+    if store.is_object_store:
+        return bool(store.location.list(JOURNAL))
+    return store.journal_path.is_file()
+
+
+def _settle(
+    checked: Preflight,
+    store: OutputStore,
+    retry_unknown: bool,
+    report: bool,
+    concurrency: int,
+    secret_block: str | None,
+    options: dict[str, Any],
+) -> dict[str, Any] | None:
+    states = store.load_state()
+    units, held, redo = with_variants(
+        group_units(plan(checked.manifest)), states, store, redo=options["redo"] is not None,
+        edit=options["edit"], retry_unknown=retry_unknown,
+    )  # fmt: skip
+    ctx = RunContext(None, store, states, retry_unknown=retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
+                     key_source=key_source(secret_block), thumbnails=report, held=held)  # fmt: skip
+    try:
+        if any(ctx.decision(r.idempotency_key) == "send" for unit in units for r in unit.requests):
+            return None
+        results: dict[int, list[RequestRecord]] = {unit.index: run_unit(ctx, unit) for unit in units}
+    finally:
+        ctx.end_dispatch()
+        ctx.results.close()
+    planned = sum(len(unit.requests) for unit in units)
+    info = run_info(checked, planned, concurrency, False, retry_unknown, secret_block)
+    info["options"] |= options  # as the flow records them (flows.batch)
+    info["sent"] = 0
+    if redo is not None:
+        info["redo"] = redo.info()
+    return write_files(checked, store, units, results, info, None, report, dict(NOT_STARTED))

@@ -1,0 +1,169 @@
+"""The end of a run: its records in the output folder (results.csv, usage-summary.csv, run.json,
+report.html), then its Prefect artifacts (`run.artifacts`). Also what `run.json` says when a run starts.
+
+Prefect is imported only to publish the artifacts, so that a rerun with nothing to send can write its
+records without starting Prefect at all (`run.nothing_to_send`).
+
+The folder is the record: a file that cannot be written is named in `unwritten` (the command prints it),
+and neither the report nor Prefect's bookkeeping can fail the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import imagebatch
+from imagebatch.report.location import write_report
+from imagebatch.run.preflight import Preflight, out_text
+from imagebatch.storage import layout
+from imagebatch.work.context import Unit
+from imagebatch.work.prices import PriceTable
+from imagebatch.work.records import storage_message
+from imagebatch.work.store import STATUSES, OutputStore, RequestRecord
+from imagebatch.work.usage import summarise_usage, usage_csv
+
+
+class RunRecords:
+    """The run's records in manifest order, read from `results` again on each iteration."""
+
+    def __init__(self, units: list[Unit], results: Mapping[int, list[RequestRecord]]) -> None:
+        self.units, self.results = units, results
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        for unit in self.units:
+            yield from self.results[unit.index]
+
+
+def write_records(
+    checked: Preflight,
+    store: OutputStore,
+    units: list[Unit],
+    results: Mapping[int, list[RequestRecord]],
+    info: dict[str, Any],
+    halt_reason: str | None,
+    tasks: int,
+    report: bool,
+) -> dict[str, Any]:
+    """Write the run's records (results.csv, usage-summary.csv, run.json, report.html) and its Prefect
+    artifacts; return the run summary."""
+    from prefect.runtime import flow_run
+
+    from imagebatch.run import api_guard as prefect_guard
+    from imagebatch.run.artifacts import publish
+
+    guard = prefect_guard.current()
+    prefect: dict[str, Any] = {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks}
+    if guard.note:
+        prefect["incomplete"] = guard.note
+    info = write_files(checked, store, units, results, info, halt_reason, report, prefect)
+    # Prefect's bookkeeping below: bounded, and skipped once its server is lost (run.api_guard).
+    guard.records_written(info, store.write_run)
+    publish(info, RunRecords(units, results))
+    return info
+
+
+def write_files(
+    checked: Preflight,
+    store: OutputStore,
+    units: list[Unit],
+    results: Mapping[int, list[RequestRecord]],
+    info: dict[str, Any],
+    halt_reason: str | None,
+    report: bool,
+    prefect: dict[str, Any],
+) -> dict[str, Any]:
+    """Write the run's records into its output folder (`prefect`: what run.json says of Prefect's side of
+    the run); return the run summary."""
+    price_table = checked.prices
+    records = RunRecords(units, results)  # read back from the spool on each pass, never all at once
+    by_job = {job.id: job for job in checked.manifest.jobs}
+    rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
+    unwritten: list[str] = []
+    with contextlib.suppress(OSError):  # what a replay needs was synced as it was written; this is the rest
+        store.sync()
+    try:
+        store.write_results(rows, list(checked.manifest.metadata_columns))
+    except OSError as exc:
+        unwritten.append(f"{layout.RESULTS_CSV} not written: {storage_message(store.where, exc)}")
+    usage = summarise_usage(store.usage_lines(), records)
+    try:
+        store.write_top(layout.USAGE_SUMMARY_CSV, usage_csv(usage))
+    except OSError as exc:
+        unwritten.append(f"{layout.USAGE_SUMMARY_CSV} not written: {storage_message(store.where, exc)}")
+    counts = Counter(r.status for r in records)
+    info["usage"] = [row.to_dict() for row in usage]
+    if price_table is not None:
+        info["spend"] = spend(units, results, price_table)
+    info["rate_limited"] = rate_limited(records)
+    info |= {
+        "ended_at": datetime.now(UTC).isoformat(),
+        "state": "stopped" if halt_reason else "finished",
+        "counts": {s: counts.get(s, 0) for s in STATUSES},
+        "stopped": halt_reason,
+        "prefect": prefect,
+    }
+    try:
+        store.write_run(info)
+    except OSError as exc:
+        unwritten.append(f"{layout.RUN_JSON} not written: {storage_message(store.where, exc)}")
+    try:
+        if report:
+            plan = {req.idempotency_key: req for unit in units for req in unit.requests}  # not loaded again
+            info["report"] = write_report(store, plan)
+    except Exception as exc:  # the report is a view of the records, never a reason to fail the run
+        unwritten.append(f"{layout.REPORT_HTML} not written: {exc}")
+    if unwritten:
+        info["unwritten"] = unwritten  # the command prints them; the records above are all there is
+    return info
+
+
+def spend(
+    units: list[Unit], results: Mapping[int, list[RequestRecord]], prices: PriceTable
+) -> dict[str, Any]:
+    """This run's estimated spend: what succeeded cost, and what `unknown` requests may have cost."""
+    spent = doubt = 0.0
+    for unit in units:
+        for req, rec in zip(unit.requests, results[unit.index], strict=False):
+            spent += prices.spent(req, rec)
+            doubt += prices.most(req) if rec.status == "unknown" else 0.0
+    plan = [r for u in units for r in u.requests]
+    return {"spent": spent, "in_doubt": doubt, "currency": prices.currency, "unpriced": prices.unpriced(plan)}
+
+
+def rate_limited(records: Iterable[RequestRecord]) -> int:
+    """How many requests `failed` on the service's rate limit (their last answer an HTTP 429)."""
+    return sum(r.status == "failed" and r.http_status == 429 for r in records)
+
+
+def run_info(
+    checked: Preflight,
+    planned: int,
+    concurrency: int,
+    force: bool,
+    retry_unknown: bool,
+    secret_block: str | None,
+) -> dict[str, Any]:
+    """What `run.json` says of a run when it starts (`state: running` until it ends)."""
+    return {
+        "manifest": checked.manifest.source,  # a workbook's with its sheet: `path#Sheet`
+        "manifest_sha256": checked.manifest.sha256,
+        "out": out_text(checked.out),
+        "service": checked.base_url or "embedded emulator",
+        "options": {
+            "concurrency": concurrency,
+            "force": force,
+            "retry_unknown": retry_unknown,
+            "base_url": checked.base_url,
+            "api_key_secret_block": secret_block,
+        },
+        "versions": {"imagebatch": imagebatch.__version__, "prefect": importlib.metadata.version("prefect")},
+        "started_at": datetime.now(UTC).isoformat(),
+        "ended_at": None,
+        "state": "running",
+        "requests": planned,
+    }

@@ -1,0 +1,224 @@
+"""Run configuration read from options and the environment, checked before Prefect or any request starts.
+
+`preflight` is the one set of checks both the command (before Prefect's start-up) and the flow (when it
+runs on its own, from a script or a deployment) make. Kept free of Prefect imports (a Secret block is read
+only when one is named) so that the command can refuse a bad configuration at once.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imagebatch.gateway.client import normalise_base_url
+from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES
+from imagebatch.gateway.errors import ConfigurationError
+from imagebatch.manifest import Manifest, load_manifest
+from imagebatch.storage.location import is_object_url, shown_url
+from imagebatch.work.prices import PriceError, PriceTable
+from imagebatch.work.store import OutputLockedError, OutputStore
+
+MAX_CONCURRENCY = 256
+DEFAULT_CONCURRENCY = 4
+EMBEDDED = "embedded"
+"""The service address that names the embedded emulator (`--base-url embedded`,
+`IMAGEBATCH_BASE_URL=embedded`): how a deployment asks for it, since one without an address is refused."""
+NO_SERVICE = (
+    "no service address for a deployment's runs: deploy with --base-url URL (or set IMAGEBATCH_BASE_URL "
+    "where it runs); the embedded emulator only when named: --base-url embedded"
+)
+
+
+class UsageError(Exception):
+    """The run cannot start as asked (configuration, options); nothing was sent."""
+
+
+def check_api_key(key: str) -> str:
+    """A key that cannot go into an HTTP header is refused before anything is sent (never echoed)."""
+    if not key or not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        raise UsageError(
+            "the API key is empty or holds spaces, line breaks or non-ASCII characters; check how it was set"
+        )
+    return key
+
+
+def resolve_api_key(secret_block: str | None) -> str | None:
+    """The key from the named Prefect Secret block, else from the environment; never a flow parameter.
+
+    A block named explicitly wins over the environment, so a stale variable cannot bill another account.
+    """
+    if secret_block:
+        from prefect.blocks.system import Secret
+
+        try:
+            block: Any = Secret.load(secret_block)  # the sync form: a block, not a coroutine, here
+            value = block.get()
+        except Exception as exc:  # Prefect raises ValueError for a missing block, others for bad ones
+            raise UsageError(
+                f"could not read the Prefect Secret block {secret_block!r}: {type(exc).__name__}"
+            ) from None
+        return check_api_key(str(value))
+    key = os.environ.get(ENV_API_KEY)
+    return check_api_key(key) if key else None
+
+
+def resolve_base_url(base_url: str | None, *, deployed: bool = False) -> str | None:
+    """The service root from the option or `IMAGEBATCH_BASE_URL`, checked; None means the emulator.
+
+    Outside a deployment no address means the emulator (the quick start); in one (`deployed`), the
+    emulator only when named `embedded`: a scheduled run on placeholders is refused (`NO_SERVICE`)."""
+    url = base_url or os.environ.get(ENV_BASE_URL) or None
+    if url is None and deployed:
+        raise UsageError(NO_SERVICE)
+    if url is None or url.strip().lower() == EMBEDDED:
+        return None
+    try:
+        return normalise_base_url(url)
+    except ConfigurationError as exc:
+        raise UsageError(exc.message) from None
+
+
+def key_source(secret_block: str | None) -> str:
+    """Where the key is read from, as a message names it (never the key itself)."""
+    return f"the Prefect Secret block {secret_block!r}" if secret_block else ENV_API_KEY
+
+
+def locked(exc: OutputLockedError) -> UsageError:
+    return UsageError(f"{exc}: wait for it to finish (two runs into one folder would send twice)")
+
+
+def out_text(out: Path | str) -> str:
+    """The output location as run.json and a shard's parameters name it: a folder's absolute path, or the
+    object store's URL."""
+    return out if isinstance(out, str) else str(out.resolve())
+
+
+def output_location(out: str | Path) -> Path | str:
+    """`--out` as the run keeps it: an object store's URL (`s3://bucket/prefix`) as text, else a path."""
+    text = str(out)
+    return text.rstrip("/") if is_object_url(text) else Path(text.removeprefix("file://"))
+
+
+def check_output_store(url: str, lock: bool = True) -> None:
+    """The bucket exists and takes these credentials (a listing), and (`lock`) no live run holds the
+    prefix: its lease is taken and released, which also proves that it can be written. One line naming
+    the bucket and the cause, never a credential (they come from the store's standard chain)."""
+    from imagebatch.storage.objectstore import ObjectLocation
+
+    try:
+        loc = ObjectLocation(url)
+    except ValueError as exc:
+        raise UsageError(f"--out {shown_url(url)}: {exc}") from None
+    except Exception as exc:  # obstore refuses its configuration (an unknown region, a bad variable)
+        cause = f"the store's configuration is refused ({type(exc).__name__})"
+        raise UsageError(f"--out {shown_url(url)}: {cause}") from None
+    why = loc.check()
+    if why:
+        raise UsageError(f"--out {loc.url}: {why}")
+    if lock:
+        try:
+            with OutputStore(url).hold_and_merge():
+                pass
+        except OutputLockedError as exc:
+            raise locked(exc) from None
+        except OSError as exc:
+            raise UsageError(f"--out {loc.url} cannot be written: {exc.strerror or exc}") from None
+
+
+def check_output_folder(out: Path, lock: bool = True) -> None:
+    """The folder can be created and written, and (`lock`) no other run holds it (the run takes the lock
+    itself; a shard's run does not look: its parent and the other shards hold it, shared)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+        if lock:
+            with OutputStore(out).hold_and_merge():
+                pass
+    except OutputLockedError as exc:
+        raise locked(exc) from None
+    except OSError as exc:
+        raise UsageError(f"--out {out} cannot be written: {exc.strerror or exc}") from None
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks made before a run found: the loaded manifest and the service root (None: emulator)."""
+
+    manifest: Manifest
+    out: Path | str
+    """The output folder, or an object store's URL (`s3://bucket/prefix`)."""
+    base_url: str | None
+    prices: PriceTable | None = None
+
+
+REDO_CHOICES = ("rejected",)
+"""What `--redo` takes: the images whose decision in force is `rejected` (`work.variants`)."""
+
+
+def check_redo(redo: str | None, edit: bool, force: bool) -> None:
+    """`--redo rejected` (and `--edit` only with it; never with `--force`, which remakes every first
+    sample instead)."""
+    if redo is not None and redo not in REDO_CHOICES:
+        raise UsageError(f"--redo takes {', '.join(REDO_CHOICES)}, not {redo!r}")
+    if edit and redo is None:
+        raise UsageError("--edit makes the variants of --redo rejected as edits: give --redo rejected too")
+    if redo is not None and force:
+        raise UsageError("--redo and --force cannot go together: --force makes every request again")
+
+
+def preflight(
+    manifest: str | Path,
+    out: str | Path,
+    *,
+    concurrency: int,
+    base_url: str | None,
+    api_key_secret_block: str | None,
+    rpm: int | None = None,
+    max_images: int | None = None,
+    max_spend: float | None = None,
+    prices: str | None = None,
+    shard: bool = False,
+    files_root: list[str] | None = None,
+    deployed: bool = False,
+    redo: str | None = None,
+    edit: bool = False,
+    force: bool = False,
+) -> Preflight:
+    """Every check that needs neither Prefect nor the service: the manifest and its files (inside the
+    manifest's folder or `files_root`), the options, the output folder, the base URL and the key's presence
+    and form. Raises `ManifestError` or `UsageError`. `deployed`: a deployment's run (or the deploying
+    command), which needs an address (`resolve_base_url`)."""
+    loaded = load_manifest(manifest, files_root=files_root)  # a path, or an object's URL
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise UsageError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}, not {concurrency}")
+    if rpm is not None and rpm < 1:
+        raise UsageError(f"--rpm must be at least 1, not {rpm}")
+    if max_images is not None and max_images < 0:
+        raise UsageError(f"--max-images must be 0 or more, not {max_images}")
+    check_redo(redo, edit, force)
+    try:
+        table = PriceTable.from_option(prices)
+    except PriceError as exc:
+        raise UsageError(str(exc)) from None
+    if max_spend is not None and (max_spend < 0 or table is None):
+        raise UsageError(
+            f"--max-spend {max_spend:g} needs a price table (--prices FILE or ${ENV_PRICES}) and 0 or more"
+        )
+    url = resolve_base_url(base_url, deployed=deployed)
+    if url and not api_key_secret_block:
+        key = os.environ.get(ENV_API_KEY)
+        if not key:
+            raise UsageError(f"{url} needs an API key: set {ENV_API_KEY} (or --api-key-block NAME)")
+        check_api_key(key)
+    where = output_location(out)
+    if isinstance(where, str):
+        check_output_store(where, lock=not shard)
+    else:
+        check_output_folder(where, lock=not shard)
+    return Preflight(loaded, where, url, table)

@@ -1,0 +1,39 @@
+"""A shard that the sharded run's parent runs itself (`run.shards`): `prefect flow-run execute RUN` in a
+child process that gets the API key and the object store's secrets on its standard input, never in its
+environment.
+
+A child started with the key in its environment would show it in `/proc/PID/environ` (and hand it on to
+anything it starts). So the parent leaves `IMAGEBATCH_API_KEY` and the stores' secret variables
+(`storage.location.STORE_SECRETS`, such as `AWS_SECRET_ACCESS_KEY`) out of the child's environment and writes
+them to the child's stdin, as one JSON object on one line; the child keeps them in its own `os.environ`
+(where the flow's `resolve_api_key` and the store's credential chain look; Linux's `/proc/PID/environ`
+keeps showing the environment the process started with), and runs Prefect's own command in this process.
+
+    python -m imagebatch.run.shard_child RUN_ID     ({"IMAGEBATCH_API_KEY": ..., ...} on stdin)
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+from imagebatch.gateway.constants import ENV_API_KEY
+from imagebatch.storage.location import STORE_SECRETS
+
+
+def main(argv: list[str]) -> None:
+    import json
+    import os
+
+    line = sys.stdin.readline().strip()
+    sys.stdin.close()
+    secrets = json.loads(line) if line else {}
+    for name in (ENV_API_KEY, *STORE_SECRETS):
+        if isinstance(value := secrets.get(name), str) and value:
+            os.environ[name] = value
+    sys.argv = ["prefect", "flow-run", "execute", *argv]
+    runpy.run_module("prefect", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,281 @@
+"""Many machines: a run split into shards that run as separate flow runs on a work pool's workers.
+
+The parent run (`shards=N`) plans once, starts N runs of the shard deployment (`NAME-shards`, made by
+`imagebatch deploy --shards N`) with Prefect's `run_deployment`, runs shard 0 itself (and any shard no
+worker takes within a minute: `run_shards`), so that it never holds a worker's slot only to wait, waits
+for the others, merges what they wrote and writes the run's records. Shard `I` sends the units whose first
+idempotency key falls to it (`shard_of`), so no two machines ever send one request; a chain's turns stay
+together. Every shard writes into the one output folder (a network file system in production), each into
+its own journal and usage file (`journal.shard-I-of-N.jsonl`), holding the folder's lock shared and its
+own shard lock alone. Into an object store's prefix (a bucket: the machines share nothing else), each
+writes its own journal segments (`journal/<run>-I-of-N-<seq>.jsonl`) under a lease of its own, while the
+parent holds the prefix's lease for the whole run (`OutputStore.hold_sharded`, `shard_hold`); the parent
+compacts the segments into one object once every shard has ended.
+
+What the folder must give across machines (NFSv4 does): a file renamed into place is seen whole
+(`rename` is atomic within a directory), an `fsync` is durable on the server, and `flock` locks are seen
+by every client (Linux maps them to NFS byte-range locks). Nothing else is shared: each shard appends
+only to its own files, and the merge into `journal.jsonl` happens while the parent holds the folder alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from imagebatch.gateway.constants import ENV_API_KEY
+from imagebatch.manifest.plan import key_digits
+from imagebatch.run.constants import SHARD_GRACE, TERMINAL_STATES
+from imagebatch.storage.location import STORE_SECRETS
+from imagebatch.work.context import Unit
+from imagebatch.work.records import carried, not_attempted
+from imagebatch.work.store import KeyState, OutputLockedError, OutputStore, RequestRecord
+
+START_TIMEOUT = 60.0
+"""Seconds a shard may wait for a worker before the parent, its own shard done, runs it itself."""
+NEVER_STARTED = 300.0
+"""Seconds a shard a worker claimed may take to start before it counts as crashed."""
+
+
+def shard_of(unit: Unit, shards: int) -> int:
+    """Which shard sends `unit`: by its first idempotency key, so the split is the same on every machine
+    and every rerun (a key's hex digits are uniform)."""
+    return int(key_digits(unit.requests[0].idempotency_key)[:8], 16) % shards
+
+
+def shard_name(shard: int, shards: int) -> str:
+    return f"{shard}-of-{shards}"
+
+
+@dataclass
+class _Shard:
+    """One shard's flow run as the parent tracks it."""
+
+    index: int
+    run_id: Any
+    created: float
+    state: str | None = None
+    message: str | None = None
+    here: subprocess.Popen[bytes] | None = None
+    """The process the parent started for it, when the parent claimed it (`_claim`)."""
+    claimed_here: bool = False
+    pending_since: float | None = None
+    unheld_since: float | None = None
+
+
+def run_shards(
+    deployment: str,
+    parameters: dict[str, Any],
+    shards: int,
+    store: OutputStore,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    poll: float = 2.0,
+    grace: float = SHARD_GRACE,
+    start_timeout: float = START_TIMEOUT,
+    never_started: float = NEVER_STARTED,
+) -> list[dict[str, Any]]:
+    """Start the N shard runs of `deployment` (as sub-runs of this flow run), run some of them here, and
+    wait until each ends. Returns, per shard, its flow run's id, final state and message, and whether
+    the parent ran it (`here`).
+
+    The parent holds a worker's slot, so it never only waits there (a pool of concurrency 1, or one
+    worker started with `--limit 1`, would deadlock): it claims shard 0 at once, and any shard no worker
+    has claimed within `start_timeout` seconds once its own is done, as a worker claims a run (proposing
+    Pending: the server accepts one claim only) and runs it in a child process with Prefect's own
+    `prefect flow-run execute`. One at a time: the parent's slot is one run's worth of its machine.
+
+    A shard a worker claimed that is not Running `never_started` seconds later (its worker died between
+    claim and start) is marked Crashed, and so is a Running one whose lock has been free for `grace`
+    seconds (`SHARD_GRACE`; its machine died: the process held its shard lock while it sent). The run goes
+    on without them: what they sent without an answer is `unknown`, what they never sent is sent by the
+    next run."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    started = [
+        run_deployment(
+            deployment,
+            parameters={**parameters, "shard": i, "shards": shards, "shard_deployment": None},
+            timeout=0,
+            as_subflow=True,
+            flow_run_name=f"shard {shard_name(i, shards)}",
+        )
+        for i in range(shards)
+    ]
+    tracked = [_Shard(i, run.id, clock()) for i, run in enumerate(started)]  # type: ignore[union-attr]  # FlowRuns (sync context)
+    first = True
+    with get_client(sync_client=True) as client:
+        try:
+            while True:
+                _refresh(client, tracked, clock)
+                if all(s.state in TERMINAL_STATES and s.here is None for s in tracked):
+                    break
+                _reap(client, tracked, shards)
+                if not any(s.here for s in tracked):
+                    waited = 0.0 if first else start_timeout
+                    if _claim(client, tracked, clock, waited, shards) is not None:
+                        first = False
+                        continue
+                _crash_dead(client, tracked, store, shards, clock, grace, never_started)
+                sleep(poll)
+        finally:
+            for shard in tracked:
+                if shard.here is not None and shard.here.poll() is None:
+                    shard.here.terminate()  # the parent is stopping: so does the shard it started
+    return [
+        {"flow_run_id": str(s.run_id), "state": s.state, "message": s.message, "here": s.claimed_here}
+        for s in tracked
+    ]
+
+
+def _refresh(client: Any, tracked: list[_Shard], clock: Callable[[], float]) -> None:
+    for shard in tracked:
+        run = client.read_flow_run(shard.run_id)
+        shard.state = run.state.type.value if run.state else None
+        shard.message = run.state.message if run.state else None
+        if shard.state != "PENDING":
+            shard.pending_since = None
+        elif shard.pending_since is None:
+            shard.pending_since = clock()
+
+
+def _claim(
+    client: Any, tracked: list[_Shard], clock: Callable[[], float], waited: float, shards: int
+) -> _Shard | None:
+    """Claim the first shard no worker has claimed for `waited` seconds, and start it here."""
+    from prefect.logging import get_run_logger
+    from prefect.states import Pending
+
+    for shard in tracked:
+        if shard.state != "SCHEDULED" or clock() - shard.created < waited:
+            continue
+        result = client.set_flow_run_state(shard.run_id, Pending())
+        if result.status.value != "ACCEPT":
+            continue  # a worker claimed it first
+        if waited:
+            get_run_logger().warning(
+                "shard %s: no worker started it within %g s; running it in this run's process "
+                "(give each machine a worker with --limit 1 for one shard per machine)",
+                shard_name(shard.index, shards), waited,
+            )  # fmt: skip
+        shard.here, shard.claimed_here = _execute(client, shard.run_id), True
+        return shard
+    return None
+
+
+def _execute(client: Any, run_id: Any) -> subprocess.Popen[bytes]:
+    """`prefect flow-run execute RUN` in a child process, as a process worker starts a run: this
+    process's environment (the worker gave it the service) less the API key and the object stores'
+    secrets (`STORE_SECRETS`), which go to the child on its stdin (`run.shard_child`: never in a child's
+    environment), the API this run talks to, and the deployment's job variables' `env` (the heartbeat
+    frequency)."""
+    from prefect.settings import PREFECT_API_URL
+
+    run = client.read_flow_run(run_id)
+    job_env = client.read_deployment(run.deployment_id).job_variables.get("env") or {}
+    env = {**os.environ, **{k: str(v) for k, v in job_env.items()}, "PREFECT__FLOW_RUN_ID": str(run_id)}
+    secrets = {name: env.pop(name) for name in (ENV_API_KEY, *STORE_SECRETS) if name in env}
+    if url := PREFECT_API_URL.value():
+        env["PREFECT_API_URL"] = str(url)
+    command = [sys.executable, "-m", "imagebatch.run.shard_child", str(run_id)]
+    child = subprocess.Popen(command, env=env, stdin=subprocess.PIPE)
+    assert child.stdin is not None
+    with contextlib.suppress(BrokenPipeError), child.stdin:  # a child that died at once is reaped as such
+        child.stdin.write(json.dumps(secrets).encode() + b"\n")
+    return child
+
+
+def _reap(client: Any, tracked: list[_Shard], shards: int) -> None:
+    """A shard process of ours that has exited: its run is final, or it died and is marked Crashed."""
+    from prefect.states import Crashed
+
+    for shard in tracked:
+        if shard.here is None or (code := shard.here.poll()) is None:
+            continue
+        shard.here = None
+        if shard.state not in TERMINAL_STATES:
+            gone = f"shard {shard_name(shard.index, shards)}: its process exited ({code}) before it ended"
+            client.set_flow_run_state(shard.run_id, Crashed(message=gone), force=True)
+            shard.state, shard.message = "CRASHED", gone
+
+
+def _crash_dead(
+    client: Any,
+    tracked: list[_Shard],
+    store: OutputStore,
+    shards: int,
+    clock: Callable[[], float],
+    grace: float,
+    never_started: float,
+) -> None:
+    """Mark Crashed a worker's shard that never started, or that runs with its lock free (its machine
+    died: it never reports an end)."""
+    from prefect.states import Crashed
+
+    for shard in tracked:
+        name = shard_name(shard.index, shards)
+        if shard.here is not None:
+            continue
+        gone = None
+        if shard.pending_since is not None and clock() - shard.pending_since > never_started:
+            gone = f"shard {name}: a worker claimed it but it had not started {never_started:g} s later"
+        if shard.state != "RUNNING" or store.shard_held(name):
+            shard.unheld_since = None
+        elif shard.unheld_since is None:
+            shard.unheld_since = clock()
+        elif clock() - shard.unheld_since > grace:
+            gone = f"shard {name}: its process is gone (lock free for {grace:g} s)"
+        if gone:
+            client.set_flow_run_state(shard.run_id, Crashed(message=gone), force=True)
+
+
+def shards_released(
+    store: OutputStore,
+    shards: int,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    poll: float = 2.0,
+) -> None:
+    """Return once no shard of the run holds its shard lease in an object store; `OutputLockedError`
+    naming the shard otherwise, after a lease's lifetime (and a little): a shard killed (the parent's own
+    child, its run marked Crashed at once) leaves its lease live until it expires, and one that still
+    holds it then is alive and writing (its run marked ended meanwhile), and the parent must not compact
+    the journal under it."""
+    from imagebatch.storage.objectstore import LEASE_SECONDS
+
+    deadline = clock() + LEASE_SECONDS + 5.0
+    while held := [n for i in range(shards) if store.shard_held(n := shard_name(i, shards))]:
+        if clock() > deadline:
+            raise OutputLockedError(f"shard {held[0]} (still writing) is using {store.where}")
+        sleep(poll)
+
+
+def records_after(
+    units: list[Unit], before: dict[str, KeyState], after: dict[str, KeyState], why_unsent: str
+) -> dict[int, list[RequestRecord]]:
+    """The parent's records, from the folder's state before the shards ran and after: a request that has
+    succeeded only since is `succeeded`, one that had before `skipped`; the others carry their outcome,
+    and one no shard reached is `not_attempted`."""
+    results: dict[int, list[RequestRecord]] = {}
+    for unit in units:
+        out = []
+        for req in unit.requests:
+            now = after.get(req.idempotency_key)
+            if now is None or now.status is None:
+                out.append(not_attempted(req, why_unsent))
+                continue
+            record = carried(req, now)
+            was = before.get(req.idempotency_key)
+            if now.status == "succeeded" and not (was is not None and was.status == "succeeded"):
+                record.status = "succeeded"
+            out.append(record)
+        results[unit.index] = out
+    return results

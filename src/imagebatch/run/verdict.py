@@ -1,0 +1,67 @@
+"""`--allow-failures`: how many requests a run may leave not done and still end Completed (exit 0), and
+the rule that decides a run's final state (`verdict`).
+
+Without Prefect, so that the command line can check it before Prefect starts, and a rerun settled without
+Prefect (`run.nothing_to_send`) ends by the same rule."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from imagebatch.run.exit_codes import INTERRUPTED
+from imagebatch.run.preflight import UsageError
+from imagebatch.work.outcome import not_done, total
+
+ALLOW_HELP = "N (requests) or P% (of the run's requests)"
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """How many requests a run may leave not done and still be Completed (`--allow-failures`)."""
+
+    count: int | None = None
+    percent: float | None = None
+
+    def allows(self, missing: int, requests: int) -> bool:
+        if self.count is not None:
+            return missing <= self.count
+        return self.percent is not None and missing * 100 <= self.percent * requests + 1e-9
+
+    def __str__(self) -> str:
+        return f"{self.count}" if self.count is not None else f"{self.percent:g}%"
+
+
+def parse_allowance(text: str | int | None) -> Allowance | None:
+    """`--allow-failures`: `3` (at most 3 requests not done) or `2.5%` (of the run's requests); None: 0."""
+    if text is None or text == "":
+        return None
+    value = str(text).strip()
+    if match := re.fullmatch(r"(\d+(?:\.\d+)?)\s*%", value):
+        percent = float(match.group(1))
+        if percent <= 100:
+            return Allowance(percent=percent)
+    elif value.isdigit():
+        return Allowance(count=int(value))
+    raise UsageError(f"--allow-failures {value!r}: give {ALLOW_HELP}, e.g. 3 or 2.5%")
+
+
+Verdict = Literal["Completed", "Failed", "Cancelled"]
+
+
+def verdict(info: dict[str, Any], allowance: Allowance | None = None) -> Verdict:
+    """A run's final state by its summary (`run.final_state.final_state` makes it a Prefect state):
+    Cancelled when a signal stopped it; Failed when a record could not be written, or it stopped early
+    with requests not done; Completed when every request is done, or those not done are within
+    `allowance`; else Failed. The command's exit code is 0 exactly when it is Completed."""
+    counts = info["counts"]
+    stopped: str | None = info.get("stopped")
+    missing = not_done(counts)
+    if stopped and stopped.startswith(INTERRUPTED):
+        return "Cancelled"
+    if info.get("unwritten") or (stopped and missing):
+        return "Failed"
+    if not missing or (allowance is not None and allowance.allows(missing, total(counts))):
+        return "Completed"
+    return "Failed"

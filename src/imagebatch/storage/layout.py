@@ -1,0 +1,63 @@
+"""The output folder's names, in one place for its writer (`work.store`), its readers (`report`, the
+`imagebatch report` command) and the messages that name its files; and the advice about an `unknown`
+request, which a record's error, the report and the end of a run give in the same words.
+
+Imports nothing of ours, so that `report`, the room below `tasks`, may read it (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+IMAGES_DIR = "images"
+"""Every image and text output, under `<job>/`."""
+CHAINS_DIR = "chains"
+"""The edit history of each chain, after each turn (`<job>/<request>.json`); in an object store, also the
+conversation behind each native answer (`conversation`)."""
+THUMBS_DIR = "thumbs"
+"""The report's thumbnails, one JPEG per image."""
+JOURNAL = "journal"
+"""The write-ahead journal, `journal.jsonl` (a shard's own: `journal.shard-I-of-N.jsonl`)."""
+CONVERSATIONS = "conversations"
+"""A folder's conversations behind its native answers, one line each, `conversations.jsonl` (a shard's
+own: `conversations.shard-I-of-N.jsonl`); an object store keeps one object each (`conversation`)."""
+USAGE_LEDGER = "usage"
+"""One line per HTTP attempt, `usage.jsonl` (a shard's own: `usage.shard-I-of-N.jsonl`)."""
+RESULTS_CSV = "results.csv"
+RUN_JSON = "run.json"
+USAGE_SUMMARY_CSV = "usage-summary.csv"
+REPORT_HTML = "report.html"
+"""The report's first page; the others are `report-2.html`, ... (`report_page`)."""
+REPORT_PAGES = "report-*.html"
+"""The report's further pages, as a glob (a rebuild removes the ones it no longer makes)."""
+LOCK = ".imagebatch.lock"
+"""The folder's lock: held alone by a run, shared by the shards of a sharded run."""
+
+UNKNOWN_HINT = (
+    "check the service's usage history for this key, then rerun with --retry-unknown if it was not made"
+)
+"""What to do about a request whose outcome is `unknown` (sent, no usable answer: it may be billed)."""
+
+
+def jsonl(kind: str, shard: str | None = None) -> str:
+    """The file of `JOURNAL` or `USAGE_LEDGER`: the folder's own, or shard `I-of-N`'s."""
+    return f"{kind}.shard-{shard}.jsonl" if shard else f"{kind}.jsonl"
+
+
+def shard_jsonl(kind: str) -> str:
+    """Every shard's file of `kind`, as a glob."""
+    return jsonl(kind, "*")
+
+
+def shard_lock(shard: str) -> str:
+    """The lock a shard's process holds alone while it sends."""
+    return f".imagebatch.shard-{shard}.lock"
+
+
+def conversation(stem: str) -> str:
+    """An object store's conversation kept for the answer whose files are `images/<stem>...`:
+    `chains/<stem>.json`."""
+    return f"{CHAINS_DIR}/{stem}.json"
+
+
+def report_page(number: int) -> str:
+    """The file of the report's page `number` (from 1)."""
+    return REPORT_HTML if number == 1 else f"report-{number}.html"

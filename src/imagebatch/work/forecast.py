@@ -1,0 +1,208 @@
+"""What a run into an output location would do now, sending nothing and writing nothing: `imagebatch
+validate MANIFEST --out OUT`, the nightly catalog's "what will tonight cost" and the reviewer's "what will
+the redo send".
+
+A run's own rules decide, not a copy of them: the journal replayed as a run replays it
+(`OutputStore.load_state`), each key sent, skipped or carried as a run decides (`context.decide`), and an
+edit chain's turns as `work.chain` sends them: after a turn that is carried (unknown, no_image) the later
+turns are not sent, and a turn to send whose earlier turns are not saved under `chains/` fails unsent
+(`chain.saved_turns`). What this module adds is names: a key the journal never saw is `new`, or `changed`
+when the journal holds another key for the same job, request and turn (the row was edited since: it is
+sent under its new key, and the old images stay, under their own key's file names); a done request whose
+newest variant's review decision in force is `rejected` (`work.decisions`; its newest variant as the
+journal knows it, the rule `--redo rejected` itself follows: `work.variants.rejected_requests`) waits
+for `--redo rejected`, which alone sends it again.
+
+Read only: no lock is taken, so a live run is never in the way (nor blocked). Whether one is sending now
+is only tested (`OutputStore.in_use`); if one is, the counts are a snapshot of what it has recorded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from imagebatch.manifest import Manifest, PlannedRequest, plan
+from imagebatch.work.chain import saved_turns
+from imagebatch.work.context import Unit, decide, group_units
+from imagebatch.work.prices import PriceTable, estimate_lines
+from imagebatch.work.store import KeyState, OutputStore
+from imagebatch.work.variants import rejected_requests
+
+State = Literal["new", "changed", "retry", "unknown", "rejected", "done", "no_image", "blocked", "no_history"]
+STATES: dict[State, str] = {
+    "new": "never sent",
+    "changed": "its row changed since it was sent: sent under its new key; the old images are kept",
+    "retry": "did not succeed before (or its files are gone): sent again",
+    "unknown": "sent before, no answer (it may have been made and billed): sent only with --retry-unknown",
+    "rejected": "done, and its review decision is rejected: sent again (a new variant) only with "
+    "--redo rejected",
+    "done": "succeeded before: skipped",
+    "no_image": "answered without an image: not sent again (--force resends it)",
+    "blocked": "a later turn of an edit chain whose earlier turn is not sent",
+    "no_history": "a chain turn whose earlier turns are not saved: fails unsent (--force remakes the chain)",
+}
+"""Each state a planned request can be in, in the order the table shows them, with what a run does."""
+NAMED = 20
+"""Changed and rejected rows named one by one below the table; `--keys` lists them all."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fate:
+    """What a run would do with one planned request."""
+
+    request: PlannedRequest
+    state: State
+    sends: bool
+    """Whether the run would send it (a chain's later turns: if the turns before succeed)."""
+    previous_key: str | None = None
+    """`changed`: the key the journal last holds for its job, request and turn."""
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What a run into `where` would do now."""
+
+    where: str
+    fates: list[Fate]
+    in_use: str | None
+    """Who is sending into the location now (the counts are then a snapshot), or None."""
+    recorded: bool
+    """Whether the location holds a journal (a run has started there)."""
+    retry_unknown: bool = False
+
+    def counts(self) -> Counter[State]:
+        return Counter(f.state for f in self.fates)
+
+    def sending(self) -> list[PlannedRequest]:
+        return [f.request for f in self.fates if f.sends]
+
+
+def forecast(manifest: Manifest, out: Path | str, *, retry_unknown: bool = False) -> Forecast:
+    """What `imagebatch run MANIFEST --out OUT [--retry-unknown]` would send now, request by request."""
+    store = OutputStore(out)
+    in_use = store.in_use()
+    last_key: dict[tuple[Any, Any, Any], str] = {}
+
+    def note(ev: dict[str, Any]) -> None:
+        last_key[(ev.get("job_id"), ev.get("request_index"), ev.get("turn_index"))] = ev["idempotency_key"]
+
+    states = store.load_state(note)
+    units = group_units(plan(manifest))
+    rejected = rejected_requests(units, states, store)
+    fates: list[Fate] = []
+    for unit in units:
+        fates += _unit_fates(store, unit, states, last_key, rejected, retry_unknown)
+    return Forecast(store.where, fates, in_use, bool(states), retry_unknown)
+
+
+def _unit_fates(
+    store: OutputStore,
+    unit: Unit,
+    states: dict[str, KeyState],
+    last_key: dict[tuple[Any, Any, Any], str],
+    rejected: set[str],
+    retry_unknown: bool,
+) -> list[Fate]:
+    """One unit's requests, in order, as `work.unit.run_unit` and `work.chain.run_chain` treat them."""
+    fates: list[Fate] = []
+    saved: int | None = None  # a chain's saved turns, read at its first turn to send
+    blocked = False
+    for req in unit.requests:
+        key = req.idempotency_key
+        state = states.get(key)
+        if blocked:
+            fates.append(Fate(req, "blocked", False))
+            continue
+        decision = decide(state, retry_unknown=retry_unknown)
+        if decision == "skip":
+            fates.append(Fate(req, "rejected" if key in rejected else "done", False))
+            continue
+        if decision == "carry":
+            assert state is not None and state.status in ("unknown", "no_image")
+            fates.append(Fate(req, state.status, False))
+            blocked = unit.is_chain
+            continue
+        if unit.is_chain:
+            if saved is None:
+                saved = len(saved_turns(store, unit))
+            if saved < req.turn_index:
+                fates.append(Fate(req, "no_history", False))
+                blocked = True
+                continue
+            saved = req.turn_index + 1  # once it succeeds, it is saved for the next turn
+        if state is not None:
+            fates.append(Fate(req, "unknown" if state.status == "unknown" else "retry", True))
+            continue
+        previous = last_key.get((req.job_id, req.request_index, req.turn_index))
+        if previous is not None and previous != key:
+            fates.append(Fate(req, "changed", True, previous))
+        else:
+            fates.append(Fate(req, "new", True))
+    return fates
+
+
+# --- the report -------------------------------------------------------------------------------------
+
+
+def print_forecast(
+    result: Forecast,
+    manifest: Manifest,
+    out: TextIO,
+    *,
+    keys: bool = False,
+    prices: PriceTable | None = None,
+) -> None:
+    """The table of states (requests, how many are sent), the changed and rejected rows named, the most
+    the run can cost (`prices`), and with `keys` every request with its state."""
+    counts = result.counts()
+    sent = Counter(f.state for f in result.fates if f.sends)
+    print(file=out)
+    print(f"a run into {result.where} would now (read only: nothing sent, nothing written):", file=out)
+    if result.in_use:
+        print(f"  {result.in_use} is sending into it now: these counts are a snapshot", file=out)
+    if not result.recorded:
+        print("  it holds no run yet: every request is new", file=out)
+    print(f"  {'state':<11}{'requests':>9}{'sent':>7}", file=out)
+    for state, note in STATES.items():
+        if counts[state]:
+            print(f"  {state:<11}{counts[state]:>9,}{sent[state]:>7,}  {note}", file=out)
+    total = sum(counts.values())
+    print(f"  {'total':<11}{total:>9,}{sum(sent.values()):>7,}", file=out)
+    jobs = {job.id: job for job in manifest.jobs}
+    for state in ("changed", "rejected"):
+        named = [f for f in result.fates if f.state == state]
+        if named:
+            rows = ", ".join(_row(f.request, jobs) for f in named[:NAMED])
+            more = f" and {len(named) - NAMED:,} more (--keys lists them)" if len(named) > NAMED else ""
+            print(f"  {state}: {rows}{more}", file=out)
+    if prices is not None:
+        print("\nmost this run can cost (images at most x price):", file=out)
+        for line in estimate_lines(result.sending(), prices):
+            print(line, file=out)
+    if keys:
+        print(file=out)
+        print(
+            "job_id\trequest_index\tturn_index\troute\tmodel\tidempotency_key\tstate\tsent\tprevious_key",
+            file=out,
+        )
+        for f in result.fates:
+            r = f.request
+            print(
+                f"{r.job_id}\t{r.request_index}\t{r.turn_index}\t{r.route.value}\t{r.model}\t"
+                f"{r.idempotency_key}\t{f.state}\t{'yes' if f.sends else 'no'}\t{f.previous_key or ''}",
+                file=out,
+            )
+
+
+def _row(req: PlannedRequest, jobs: dict[str, Any]) -> str:
+    """`line 7 (id=mug-blue)`, with the request and turn when the job has several."""
+    job = jobs[req.job_id]
+    where = f"{job.location} (id={job.id})"
+    if job.count > 1:
+        where += f" request {req.request_index}"
+    if job.turns:
+        where += f" turn {req.turn_index}"
+    return where

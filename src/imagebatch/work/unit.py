@@ -1,0 +1,85 @@
+"""One unit of work, sent and recorded, with no Prefect in sight: the plain functions the `generate` task
+(`work.generate`) runs on the run's request threads, also used where Prefect is not started
+(`run.nothing_to_send`: a rerun with nothing to send).
+
+A unit is one request, or for an edit chain the ordered turns of one request (each turn is its own billed
+request with its own key and results row).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from imagebatch.gateway.constants import Route
+from imagebatch.manifest import PlannedRequest
+from imagebatch.storage.layout import UNKNOWN_HINT
+from imagebatch.work import conversation, records
+from imagebatch.work.build import InputChangedError, build_request
+from imagebatch.work.chain import run_chain
+from imagebatch.work.context import RunContext, Unit
+from imagebatch.work.send import send_and_record
+from imagebatch.work.store import RequestRecord
+
+logger = logging.getLogger("imagebatch.run")
+
+
+def run_unit(ctx: RunContext, unit: Unit, out: list[RequestRecord] | None = None) -> list[RequestRecord]:
+    """Send the request(s) of one unit, in order, and return one record per request.
+
+    Records are appended to `out` (when given) as each request settles, so a caller that catches an
+    exception still has the records of the requests before it.
+    """
+    out = [] if out is None else out
+    if unit.is_chain:
+        return run_chain(ctx, unit, out)
+    req = unit.requests[0]
+    if ctx.decision(req.idempotency_key) != "send":
+        out.append(records.carried(req, ctx.states.get(req.idempotency_key)))
+    elif ctx.halt.is_set():
+        out.append(records.not_attempted(req, ctx.halt_reason or "the run was stopped"))
+    else:
+        out.append(send_one(ctx, req))
+    return out
+
+
+def send_one(ctx: RunContext, req: PlannedRequest) -> RequestRecord:
+    """Build and send one request that is not a turn of a chain being made (a plain request, or a variant);
+    on the native route its conversation is kept (`work.conversation`) for a later edit."""
+    chain = bool(req.job.turns)
+    if req.route is not Route.NATIVE:
+        try:
+            request = build_request(req)
+        except InputChangedError as exc:
+            return records.record(req, "failed", error=str(exc))
+        return send_and_record(ctx, req, request, chain)[0]
+    try:
+        before = conversation.earlier(ctx.store, req)
+        request = build_request(req, before.sent(ctx.store, req))
+    except (InputChangedError, conversation.HistoryError) as exc:
+        return records.record(req, "failed", error=str(exc))
+    sent_turn = request.json["contents"][-1] if request.json else {}
+    keep = conversation.keeper(ctx.store, req, before, sent_turn)
+    return send_and_record(ctx, req, request, chain, on_answer=keep)[0]
+
+
+def run_unit_safely(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
+    """`run_unit`, but a bug in it must not lose the other requests' records or misreport this unit's:
+    requests settled before the error keep their records; of the rest, one with an attempt started in
+    this run is `unknown`, the others `not_attempted`."""
+    out: list[RequestRecord] = []
+    try:
+        return run_unit(ctx, unit, out)
+    except Exception as exc:
+        logger.exception("%s: internal error", unit.name)
+        why = f"internal error: {type(exc).__name__}: {exc}"
+        return out + [
+            records.record(req, "unknown", error=f"{why}; {UNKNOWN_HINT}")
+            if req.idempotency_key in ctx.started_keys
+            else records.not_attempted(req, why)
+            for req in unit.requests[len(out) :]
+        ]
+
+
+def settle(ctx: RunContext, unit: Unit) -> None:
+    """Send one unit and keep its records in `ctx.results` (never raises for our own errors)."""
+    ctx.results[unit.index] = run_unit_safely(ctx, unit)

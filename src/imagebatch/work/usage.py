@@ -1,0 +1,141 @@
+"""The usage summary of an output folder: by route and model, what was asked of the service and what it
+delivered, from the usage ledger (`usage.jsonl`, one line per HTTP attempt, every run into the folder)
+and the run's records (for requests whose billing is in doubt).
+
+Written to `usage-summary.csv` at the end of every run and printed below the status table. Token counts
+are the service's own, summed where its usage object has them under any of the names the routes use
+(native `usageMetadata`, chat, images, messages, responses); a route that reports none shows blanks.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imagebatch.storage import layout
+from imagebatch.storage.csvcells import write_csv
+from imagebatch.work.store import RequestRecord, read_jsonl, write_atomic
+
+INPUT_TOKENS = ("promptTokenCount", "prompt_tokens", "input_tokens")
+OUTPUT_TOKENS = ("candidatesTokenCount", "completion_tokens", "output_tokens")
+TOTAL_TOKENS = ("totalTokenCount", "total_tokens")
+COLUMNS = (
+    "route", "model", "requests", "attempts", "images", "unknown",
+    "input_tokens", "output_tokens", "total_tokens", "latency_p50_s", "latency_p95_s",
+)  # fmt: skip
+
+
+@dataclass
+class UsageRow:
+    """One (route, model) of the summary."""
+
+    route: str
+    model: str
+    requests: int = 0
+    """Distinct idempotency keys sent."""
+    attempts: int = 0
+    """HTTP attempts (each retry counts)."""
+    images: int = 0
+    """Images delivered in successful answers."""
+    unknown: int = 0
+    """Requests whose outcome, and so whose billing, is in doubt."""
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    latency_p50_s: float | None = None
+    latency_p95_s: float | None = None
+    _keys: set[str] = field(default_factory=set, repr=False)
+    _durations: list[float] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+
+def _first(usage: dict[str, Any], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = usage.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def token_counts(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """(input, output, total) tokens of one answer's usage object, by whichever names its route uses;
+    the total is input + output when the route gives none."""
+    inp, out, total = _first(usage, INPUT_TOKENS), _first(usage, OUTPUT_TOKENS), _first(usage, TOTAL_TOKENS)
+    if total is None and inp is not None and out is not None:
+        total = inp + out
+    return inp, out, total
+
+
+def _add(total: int | None, value: int | None) -> int | None:
+    if value is None:
+        return total
+    return value if total is None else total + value
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The `q` quantile (0..1) by the nearest-rank method; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def summarise_usage(
+    ledger: Iterable[dict[str, Any]], records: Iterable[RequestRecord] = ()
+) -> list[UsageRow]:
+    """The summary by (route, model), sorted; `records` gives the `unknown` counts of the run."""
+    rows: dict[tuple[str, str], UsageRow] = {}
+
+    def row(route: str, model: str) -> UsageRow:
+        return rows.setdefault((route, model), UsageRow(route, model))
+
+    for line in ledger:
+        route, model = str(line.get("route")), str(line.get("model"))
+        r = row(route, model)
+        r.attempts += 1
+        r._keys.add(str(line.get("idempotency_key")))
+        if isinstance(line.get("duration_s"), int | float):
+            r._durations.append(float(line["duration_s"]))
+        if line.get("outcome") == "ok":
+            r.images += int(line.get("images") or 0)
+        usage = line.get("usage")
+        if isinstance(usage, dict):
+            inp, out, total = token_counts(usage)
+            r.input_tokens = _add(r.input_tokens, inp)
+            r.output_tokens = _add(r.output_tokens, out)
+            r.total_tokens = _add(r.total_tokens, total)
+    for record in records:
+        if record.status == "unknown":
+            row(record.route, record.model).unknown += 1
+    for r in rows.values():
+        r.requests = len(r._keys)
+        r.latency_p50_s = percentile(r._durations, 0.5)
+        r.latency_p95_s = percentile(r._durations, 0.95)
+    return [rows[k] for k in sorted(rows)]
+
+
+def usage_summary(out: Path, records: Iterable[RequestRecord] = ()) -> list[UsageRow]:
+    """The summary of the output folder `out` (every run's attempts)."""
+    return summarise_usage(read_jsonl(Path(out) / layout.jsonl(layout.USAGE_LEDGER)), records)
+
+
+def write_usage_summary(out: Path, rows: list[UsageRow]) -> Path:
+    """Write `usage-summary.csv` into `out` (atomically) and return its path. A route or model name a
+    spreadsheet would run as a formula is neutralised (`csvcells.csv_cell`; `csvcells.read_csv` reads
+    it back)."""
+    path = Path(out) / layout.USAGE_SUMMARY_CSV
+    write_atomic(path, usage_csv(rows))
+    return path
+
+
+def usage_csv(rows: list[UsageRow]) -> bytes:
+    """usage-summary.csv's bytes."""
+    buf = io.StringIO()
+    write_csv(buf, COLUMNS, (r.to_dict() for r in rows))
+    return buf.getvalue().encode()

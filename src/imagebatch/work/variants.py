@@ -1,0 +1,186 @@
+"""Variants: the new samples `imagebatch run --redo rejected` makes of the requests a reviewer rejected,
+and every variant of a request in a run's plan, newest first.
+
+A request's first sample is variant 1 (the plan's own request, its key unchanged); `--redo rejected`
+adds variant n + 1 to each request whose newest variant n has `rejected` as its decision in force
+(`work.decisions`), and nothing else. Variant n + 1 has a key of its own (`manifest.plan.variant_of`),
+so the next run finds it in the journal: its newest variant is then n + 1, not rejected, and nothing is
+sent again (until a reviewer rejects n + 1 in turn).
+
+Choices the issue leaves open:
+- **Which variants a run lists**: every variant the journal knows for the plan's requests (a variant
+  that was planned but never sent, say past `--max-images`, is not in the journal: it is planned again by
+  the next `--redo rejected` run, with the same key). They go before the request's first sample in
+  results.csv and the report, newest first.
+- **Only a `--redo` run sends a variant**: any other run carries the variants as they stand (`held`:
+  a failed one stays failed), so a nightly run never makes a new sample nobody asked for. In a `--redo`
+  run every resume rule applies to them as to first samples: a failed variant is sent again, an
+  `unknown` one only with `--retry-unknown`.
+- **How a variant is made** is decided by the run that sends it (it is not in the key): a new sample
+  (the same request again), or under `--edit` an edit turn on the rejected answer with the reviewer's
+  note as the instruction, sent after the answer's whole conversation (`work.conversation`). A row
+  that cannot be edited (no note, not the native route, no kept conversation or one whose files
+  changed) is made as a new sample, and counted (`RedoSummary.fallback`, printed by the run).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from imagebatch.gateway.constants import Route
+from imagebatch.manifest import EditOf, PlannedRequest, variant_of
+from imagebatch.work import conversation
+from imagebatch.work.context import Unit, decide
+from imagebatch.work.decisions import Decision, decided
+from imagebatch.work.store import KeyState, OutputStore
+
+NO_NOTE = "no note"
+NOT_NATIVE = "not the native route"
+NO_HISTORY = "no kept history"
+
+
+@dataclass
+class RedoSummary:
+    """What a `--redo rejected` run is to send."""
+
+    variants: int = 0
+    """Variants to send: the new ones, and earlier ones not done yet."""
+    edits: int = 0
+    """Of those, made as an edit of the rejected answer (`--edit`)."""
+    fallback: Counter[str] = field(default_factory=Counter)
+    """`--edit` asked, but made as new samples, by reason."""
+
+    def info(self) -> dict[str, Any]:
+        """As run.json records it (`redo`)."""
+        return {
+            "variants": self.variants,
+            "edits": self.edits,
+            "new_samples": self.variants - self.edits,
+            "fallback": self.fallback.total(),
+            "fallback_reasons": dict(self.fallback),
+        }
+
+
+def describe(redo: Mapping[str, Any]) -> str:
+    """What a `--redo rejected` run was to send (run.json's `redo`, `RedoSummary.info`), in one line."""
+    line = f"redo: {redo['variants']} variant(s) of rejected images to send"
+    if redo["edits"]:
+        line += f", {redo['edits']} as edits with the reviewer's note"
+    if redo["fallback"]:
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(redo["fallback_reasons"].items()))
+        line += f"; {redo['fallback']} made as new samples instead of edits ({why})"
+    return line
+
+
+def with_variants(
+    units: list[Unit],
+    states: Mapping[str, KeyState],
+    store: OutputStore,
+    *,
+    redo: bool = False,
+    edit: bool = False,
+    retry_unknown: bool = False,
+) -> tuple[list[Unit], frozenset[str], RedoSummary | None]:
+    """The run's units with every variant of their requests (one unit each, newest first, before the
+    request's own unit), the new ones a `redo` adds included; the keys the run must not send (`held`:
+    every variant, when not redoing); and, when redoing, what it is to send.
+
+    Costs nothing when the journal knows no variant and the run redoes nothing."""
+    newest = _newest(states)
+    if not newest and not redo:
+        return units, frozenset(), None
+    decisions = decided(store.location) if redo else {}
+    summary = RedoSummary() if redo else None
+    held: set[str] = set()
+    out: list[Unit] = []
+    for unit in units:
+        for req in unit.requests:
+            chain = _existing(req, states, newest.get((req.job_id, req.request_index, req.turn_index), 1))
+            if not redo:
+                held.update(v.idempotency_key for v in chain[1:])
+            else:
+                last = decisions.get(chain[-1].idempotency_key)
+                if last is not None and last.decision == "rejected":
+                    chain.append(variant_of(req, chain[-1].variant + 1))
+                for n in range(1, len(chain)):
+                    state = states.get(chain[n].idempotency_key)
+                    if decide(state, force=False, retry_unknown=retry_unknown) == "send":
+                        assert summary is not None
+                        chain[n] = _made(chain[n], chain[n - 1], decisions, store, edit, summary)
+            out += [Unit(0, req.job, [v]) for v in reversed(chain[1:])]
+        out.append(unit)
+    for index, unit in enumerate(out):
+        unit.index = index
+    return out, frozenset(held), summary
+
+
+def _newest(states: Mapping[str, KeyState]) -> dict[tuple[str, int, int], int]:
+    """The newest variant the journal knows of each request (job, request, turn) it holds a variant of."""
+    newest: dict[tuple[str, int, int], int] = {}
+    for st in states.values():
+        if st.request is not None:
+            newest[st.request] = max(newest.get(st.request, 1), st.variant)
+    return newest
+
+
+def rejected_requests(units: list[Unit], states: Mapping[str, KeyState], store: OutputStore) -> set[str]:
+    """The planned keys (first samples) of the requests whose newest variant the journal knows has
+    `rejected` as its decision in force: those `--redo rejected` makes a new variant of (`validate --out`
+    counts them by this same rule)."""
+    decisions = decided(store.location)
+    if not any(d.decision == "rejected" for d in decisions.values()):
+        return set()
+    newest = _newest(states)
+    rejected: set[str] = set()
+    for unit in units:
+        for req in unit.requests:
+            chain = _existing(req, states, newest.get((req.job_id, req.request_index, req.turn_index), 1))
+            last = decisions.get(chain[-1].idempotency_key)
+            if last is not None and last.decision == "rejected":
+                rejected.add(req.idempotency_key)
+    return rejected
+
+
+def _existing(req: PlannedRequest, states: Mapping[str, KeyState], top: int) -> list[PlannedRequest]:
+    """`req` and its variants 2..top the journal knows, oldest first (stopping at the first it does not:
+    variant n + 1 is only ever made once n is there)."""
+    chain = [req]
+    for n in range(2, top + 1):
+        variant = variant_of(req, n)
+        if variant.idempotency_key not in states:
+            break
+        chain.append(variant)
+    return chain
+
+
+def _made(
+    variant: PlannedRequest,
+    base: PlannedRequest,
+    decisions: Mapping[str, Decision],
+    store: OutputStore,
+    edit: bool,
+    summary: RedoSummary,
+) -> PlannedRequest:
+    """`variant` as this run makes it: an edit of `base`'s answer (`--edit`, where it can be), else a new
+    sample; counted in `summary`."""
+    summary.variants += 1
+    if not edit:
+        return variant
+    decision = decisions.get(base.idempotency_key)
+    note = decision.note.strip() if decision is not None and decision.decision == "rejected" else ""
+    why = None if note else NO_NOTE
+    if why is None and base.route is not Route.NATIVE:
+        why = NOT_NATIVE
+    if why is None:
+        try:
+            conversation.kept(store, base).check(store, base)
+        except conversation.HistoryError:
+            why = NO_HISTORY
+    if why is not None:
+        summary.fallback[why] += 1
+        return variant
+    summary.edits += 1
+    return variant_of(variant, variant.variant, EditOf(base, note))
