@@ -20,6 +20,8 @@ from imagebatch.storage.location import open_location
 from imagebatch.work.decisions import Decision, record_decision
 from imagebatch.work.store import RESULT_COLUMNS
 
+pytestmark = pytest.mark.usefixtures("prefect_harness", "restore_logging")  # flow runs
+
 JOBS = [
     {"id": f"mug-{i}", "prompt": f"a mug, angle {i}", "model": "compat-image-2", "sku": f"00{i}"}
     for i in range(3)

@@ -16,6 +16,8 @@ from imagebatch.storage.location import open_location
 from imagebatch.work.decisions import Decision, record_decision
 from imagebatch.work.store import OutputStore
 
+pytestmark = pytest.mark.usefixtures("prefect_harness", "restore_logging")  # flow runs
+
 JOBS = [{"id": f"row-{i}", "prompt": f"a red cup, angle {i}", "model": "compat-image-2"} for i in range(6)]
 CHAIN = {"id": "chain", "prompt": "a cup", "model": "native-image-2.1", "turns": ["make it blue"]}
 
