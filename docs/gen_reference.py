@@ -35,7 +35,9 @@ def subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, arg
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text for a table cell: one line, a `|` outside code escaped (inside code it is shown as it is)."""
+    parts = text.replace("\n", " ").split("`")
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
 
 
 def _help(action: argparse.Action, prog: str) -> str:

@@ -80,3 +80,7 @@ def test_the_field_table_describes_exactly_the_checkers_fields() -> None:
     page = GEN.fields_page()
     for field in FIELDS:
         assert f"| `{field.name}` | {field.type} |" in page
+
+
+def test_a_cell_keeps_to_one_line_and_one_cell() -> None:
+    assert GEN._cell("N or M | more\nnext `N|P%`") == "N or M \\| more next `N|P%`"
