@@ -161,3 +161,10 @@ def test_the_spec_is_in_the_repository_and_linked_from_inside_it() -> None:
     texts = [p.read_text() for p in [*PAGES, *READMES]]
     texts += [p.read_text() for p in (ROOT / "src").rglob("*.py")]
     assert not [t for t in texts if "/work/shared" in t], "a link to the spec points outside the repository"
+
+
+def test_every_environment_variable_shown_is_read_by_the_code() -> None:
+    """An `IMAGEBATCH_*` variable the manual names exists in src/ (or, for a test's own, in tests/)."""
+    shown = {v for page in PAGES for v in re.findall(r"IMAGEBATCH_[A-Z_]+", page.read_text())}
+    code = " ".join(p.read_text() for d in ("src", "tests") for p in (ROOT / d).rglob("*.py"))
+    assert shown and {v for v in shown if v not in code} == set()
