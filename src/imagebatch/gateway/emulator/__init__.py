@@ -1,7 +1,8 @@
-"""The gateway service, emulated: a FastAPI app (`create_app`) that behaves as the spec says the service
-does, served in a thread (`EmulatorServer`) or on its own (`imagebatch emulator`, see `serve`).
+"""The gateway service, emulated: a FastAPI app (`create_app`) that behaves as the spec
+(docs/spec/service-interface.md) says the service does, served in a thread (`EmulatorServer`) or on its own
+(`imagebatch emulator`, see `serve`).
 
-See README.md in this directory for the choices made where the spec is silent.
+docs/emulator.md (the manual's page "The emulator") lists the choices made where the spec is silent.
 """
 
 from __future__ import annotations
