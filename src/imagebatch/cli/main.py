@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "review":
         return _review(args)
     if args.command == "export":
-        from imagebatch.delivery.export import export_main
+        from imagebatch.delivery.command import export_main
 
         return export_main(args)
     if args.command == "limits":
@@ -513,12 +513,29 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         "--background",
         default="white",
         metavar="COLOR",
-        help="what transparency is flattened onto for JPEG: a name, #rrggbb or rgb(r,g,b) (default white)",
+        help="what transparency is flattened onto for JPEG, and --canvas's colour: a name, #rrggbb or "
+        "rgb(r,g,b) (default white)",
+    )
+    parser.add_argument(
+        "--canvas",
+        default=None,
+        metavar="WxH",
+        help="every image exactly W x H px: shrunk to fit if larger (never enlarged), centred on "
+        "--background",
+    )
+    parser.add_argument(
+        "--slug", action="store_true", help="clean names: each value lower-case, spaces (and '/') to '-'"
+    )
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="remove an earlier export's files this one does not deliver (default: move them to "
+        "DEST/.superseded/DATE/)",
     )
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace a file in DEST that has other bytes (default: refuse)",
+        help="replace a file in DEST with other bytes that no earlier export wrote (default: refuse)",
     )
     parser.add_argument(
         "--workers",
