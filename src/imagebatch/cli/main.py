@@ -147,6 +147,11 @@ def _validate(args: argparse.Namespace) -> int:
     code, manifest = check_manifest(args, keys=args.keys and args.out is None)
     if manifest is None:
         return code
+    if args.name is not None:
+        from imagebatch.delivery.manifestnames import print_name_check
+
+        if (code := print_name_check(manifest, args.name, slugged=args.slug, out=sys.stdout)) != EXIT_OK:
+            return code
     if args.out is not None:
         return _forecast(manifest, args)
     if args.prices:
@@ -607,6 +612,14 @@ def _validate_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --out: count what `run --retry-unknown` would send",
     )
+    parser.add_argument(
+        "--name",
+        default=None,
+        metavar="TEMPLATE",
+        help="check every row's deliverable name as `export --name TEMPLATE` would make it (unsafe "
+        "characters, a '/' in a value, empty or space-padded parts, collisions)",
+    )
+    parser.add_argument("--slug", action="store_true", help="with --name: as `export --slug` makes them")
     _files_root_argument(parser)
 
 
