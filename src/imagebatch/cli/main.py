@@ -332,10 +332,11 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 def _redo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redo",
-        choices=REDO_CHOICES,
         default=None,
-        help="send a new variant of each request whose newest image a reviewer rejected (review.jsonl), "
-        "and nothing else new; earlier variants stay",
+        metavar="KINDS",
+        help=f"send a new variant of each request whose newest variant is of KINDS ({','.join(REDO_CHOICES)}"
+        ", comma separated: rejected by a reviewer, answered without an image, failed), and nothing else "
+        "new; earlier variants stay",
     )
     parser.add_argument(
         "--edit",
