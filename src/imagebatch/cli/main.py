@@ -144,6 +144,11 @@ def _validate(args: argparse.Namespace) -> int:
     send now (`work.forecast`); with --prices, the most that (or the whole manifest) can cost."""
     from imagebatch.manifest.validate import check_manifest
 
+    if args.redo is not None and args.out is None:
+        print(
+            "imagebatch validate: --redo needs --out OUT, the output whose results it redoes", file=sys.stderr
+        )
+        return EXIT_USAGE
     code, manifest = check_manifest(args, keys=args.keys and args.out is None)
     if manifest is None:
         return code
@@ -177,18 +182,22 @@ def _estimate(manifest: Manifest, prices: str) -> int:
 def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
     """`validate --out OUT`: what a run into OUT would do now (read only: no lock taken, nothing written;
     a folder that does not exist is not made)."""
-    from imagebatch.run.preflight import UsageError, check_output_store, output_location
+    from imagebatch.run.preflight import UsageError, check_output_store, check_redo, output_location
     from imagebatch.work.forecast import forecast, print_forecast
     from imagebatch.work.prices import PriceError, PriceTable
+    from imagebatch.work.variants import redo_kinds
 
     where = output_location(args.out)
     try:
+        check_redo(args.redo, args.edit, force=False)
         table = PriceTable.load(args.prices) if args.prices else None
         if isinstance(where, str):
             check_output_store(where, lock=False)
         elif where.exists() and not where.is_dir():
             raise UsageError(f"--out {where} is a file, not a folder")
-        result = forecast(manifest, where, retry_unknown=args.retry_unknown)
+        result = forecast(
+            manifest, where, retry_unknown=args.retry_unknown, redo=redo_kinds(args.redo), edit=args.edit
+        )
     except (UsageError, PriceError, OSError) as exc:
         print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -613,6 +622,13 @@ def _validate_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --out: count what `run --retry-unknown` would send",
     )
+    parser.add_argument(
+        "--redo",
+        default=None,
+        metavar="KINDS",
+        help="with --out: what `run --redo KINDS` would send (new variants, edits) and, with --prices, cost",
+    )
+    parser.add_argument("--edit", action="store_true", help="with --redo: as `run --redo rejected --edit`")
     parser.add_argument(
         "--name",
         default=None,
