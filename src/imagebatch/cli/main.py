@@ -508,6 +508,32 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only images whose last review decision is approved (default: every succeeded image)",
     )
+    _conversion_arguments(parser)
+    parser.add_argument(
+        "--slug", action="store_true", help="clean names: each value lower-case, spaces (and '/') to '-'"
+    )
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="remove an earlier export's files this one does not deliver (default: move them to "
+        "DEST/.superseded/DATE/)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a file in DEST with other bytes that no earlier export wrote (default: refuse)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="images converted at once (default: every core)",
+    )
+
+
+def _conversion_arguments(parser: argparse.ArgumentParser) -> None:
+    """`export`: what each deliverable is made into (`delivery.convert.Conversion`)."""
     parser.add_argument(
         "--format",
         choices=("png", "jpeg", "webp"),
@@ -537,27 +563,6 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="WxH",
         help="every image exactly W x H px: shrunk to fit if larger (never enlarged), centred on "
         "--background",
-    )
-    parser.add_argument(
-        "--slug", action="store_true", help="clean names: each value lower-case, spaces (and '/') to '-'"
-    )
-    parser.add_argument(
-        "--prune",
-        action="store_true",
-        help="remove an earlier export's files this one does not deliver (default: move them to "
-        "DEST/.superseded/DATE/)",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a file in DEST with other bytes that no earlier export wrote (default: refuse)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="images converted at once (default: every core)",
     )
 
 

@@ -58,7 +58,8 @@ class ExportSummary:
                 if self.approved_only
                 else "no image succeeded"
             )
-            return f"nothing exported to {self.dest}: {why}; {EXPORT_CSV} lists what is missing"
+            listed = f"{EXPORT_CSV} lists what is missing" if self.missing else "nothing written"
+            return f"nothing exported to {self.dest}: {why}; {listed}"
         replaced = f", {self.replaced} replaced (newer than the earlier export's)" if self.replaced else ""
         overwritten = f", {self.overwritten} replaced (--overwrite)" if self.overwritten else ""
         return (
