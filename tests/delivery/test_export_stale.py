@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.exports import OutMaker, encoded, key_of, tree, wide_png
@@ -134,3 +135,32 @@ def test_canvas_pads_every_image_and_warns_of_small_ones(
     assert "0 written, 2 unchanged" in stdout and "TINY.jpg" in err  # a reused file keeps its warning
     code, _, err = cli(capsys, *argv, "--canvas", "2000")
     assert code == 2 and "--canvas '2000': WIDTHxHEIGHT in pixels" in err
+
+
+def test_in_a_bucket_a_stale_object_is_set_aside_or_pruned(
+    s3: Any, two: OutMaker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bucket = s3.bucket()
+    argv = [
+        "export",
+        str(two.root),
+        "--to",
+        f"s3://{bucket}/deliver",
+        "--name",
+        "{sku}.{ext}",
+        "--approved-only",
+    ]
+    code, _, err = cli(capsys, *argv)
+    assert code == 0, err
+    assert sorted(s3.objects(bucket, "deliver")) == ["HAT.png", "MUG.png", "export.csv"]
+    decide(two.root, "hat", "rejected")
+    code, stdout, _ = cli(capsys, *argv)
+    assert code == 0 and f"moved to s3://{bucket}/deliver/{ASIDE_FOLDER}/" in stdout
+    objects = s3.objects(bucket, "deliver")
+    (aside,) = [name for name in objects if name.startswith(f"{ASIDE_FOLDER}/")]
+    assert aside.endswith("/HAT.png") and objects[aside] == BLUE
+    assert sorted(set(objects) - {aside}) == ["MUG.png", "export.csv"]
+    decide(two.root, "mug", "rejected")
+    code, stdout, _ = cli(capsys, *argv, "--prune")
+    assert code == 0 and "removed (--prune)" in stdout
+    assert sorted(s3.objects(bucket, "deliver")) == sorted([aside, "export.csv"])
