@@ -63,7 +63,10 @@ def test_a_file_no_longer_delivered_is_set_aside_and_named(
     assert not (dest / "HAT").exists()  # its emptied folder is gone too
     (aside,) = [name for name in tree(dest) if name.startswith(f"{ASIDE_FOLDER}/")]
     assert aside.endswith("/HAT/blue.png") and tree(dest)[aside] == BLUE
-    assert "1 missing" in stdout and "results.csv row 3 (job 'hat', request 0): rejected" in stdout
+    assert (
+        "1 missing" in stdout
+        and "results.csv row 3 (job 'hat', request 0): rejected (HAT/blue.png)" in stdout
+    )
     assert "1 file of an earlier export not delivered now, moved to" in stdout
     assert "\n  HAT/blue.png" in stdout
     rows = listed(dest)

@@ -96,7 +96,7 @@ def test_after_a_row_changes_an_approved_only_export_ships_no_stale_file(
     code, stdout, err = cli(capsys, *argv)
     assert code == 0, err
     assert "exported 5 images" in stdout and "1 missing" in stdout
-    assert "(job 'vase-white', request 0): changed since approval" in stdout
+    assert "(job 'vase-white', request 0): changed since approval (SKU-5001/matte white.png)" in stdout
     assert "1 file of an earlier export not delivered now, moved to" in stdout
     assert "\n  SKU-5001/matte white.png" in stdout
     rows = {row["job_id"]: row for row in read_csv(dest / "export.csv")}

@@ -109,6 +109,8 @@ class Missing:
     variant: int
     reason: str
     decision: Decision | None = None
+    name: str = ""
+    """The name its image would have (for the summary: where a person looks for it), or "" if none."""
 
     def export_row(self) -> dict[str, Any]:
         return {
@@ -302,6 +304,18 @@ def _row_deliverables(
     return out, problems
 
 
+def _would_be(row: dict[str, str], variant: int, naming: Naming) -> str:
+    """The name a missing request's (first) image would have, its format the conversion's, else its
+    newest row's image's, else png; "" where the template does not fit its values."""
+    images = _images(row)
+    source = SOURCE_SUFFIXES[Path(images[0]).suffix.lower()] if images else "png"
+    ext = EXTENSIONS[naming.conversion.target(source)]
+    try:
+        return name_for(naming.template, name_values(row, variant, 1, ext), slugged=naming.slugged)
+    except TemplateError:
+        return ""
+
+
 def plan(
     columns: list[str],
     rows: list[dict[str, str]],
@@ -323,7 +337,10 @@ def plan(
         decision = decisions.get(row.get("idempotency_key", ""))
         if choice.reason is not None:
             label = _label(choice.number, row, choice.variant)
-            result.missing.append(Missing(choice.number, label, row, choice.variant, choice.reason, decision))
+            name = _would_be(row, choice.variant, naming)
+            result.missing.append(
+                Missing(choice.number, label, row, choice.variant, choice.reason, decision, name)
+            )
             continue
         made, found = _row_deliverables(choice.number, row, choice, naming, sources)
         for d in made:

@@ -74,7 +74,9 @@ class ExportSummary:
         if self.missing:
             out.append(
                 f"{len(self.missing)} missing (not in {self.dest}; {EXPORT_CSV} lists each):"
-                + _named([f"{m.label}: {m.reason}" for m in self.missing])
+                + _named(
+                    [f"{m.label}: {m.reason}" + (f" ({m.name})" if m.name else "") for m in self.missing]
+                )
             )
         if self.set_aside:
             where = f"moved to {self.aside_to}" if self.aside_to else "removed (--prune)"
