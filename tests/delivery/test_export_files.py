@@ -194,7 +194,12 @@ def test_approved_only_delivers_the_newest_approved_variant(
     out.add("bin", [red], sku="BIN")  # rejected, then approved
     root = out.write()
     code, stdout, _ = cli(capsys, "export", str(root), "--to", str(tmp_path / "none"), "--approved-only")
-    assert code == 0 and "no image is approved" in stdout and not (tmp_path / "none").exists()
+    assert code == 0 and "no image is approved" in stdout and "5 missing" in stdout
+    assert sorted(tree(tmp_path / "none")) == ["export.csv"]  # only the list of what is missing, and why
+    listed = list(read_csv(tmp_path / "none" / "export.csv"))
+    assert [(r["job_id"], r["sku"], r["status"], r["reason"]) for r in listed] == [
+        (job, job.upper(), "missing", "unreviewed") for job in ("mug", "hat", "cup", "box", "bin")
+    ]
     decide(
         root,
         (key_of("mug", 0, 1), 1, "approved"), (key_of("mug", 0, 2), 2, "rejected"),
@@ -210,6 +215,15 @@ def test_approved_only_delivers_the_newest_approved_variant(
     files = tree(dest)
     assert sorted(files) == ["BIN.png", "HAT.png", "MUG.png", "export.csv"]
     assert (files["MUG.png"], files["HAT.png"]) == (red, green)
+    listed = {r["job_id"]: r for r in read_csv(dest / "export.csv")}
+    assert [(r["path"], r["status"], r["reason"], r["variant"], r["decision"]) for r in listed.values()] == [
+        ("MUG.png", "delivered", "", "1", "approved"),
+        ("HAT.png", "delivered", "", "2", "approved"),
+        ("", "missing", "unreviewed", "1", ""),  # cup: its approval cleared
+        ("", "missing", "unreviewed", "1", ""),
+        ("BIN.png", "delivered", "", "1", "approved"),
+    ]
+    assert listed["hat"]["decided_at"] and listed["hat"]["sku"] == "HAT"
 
     everything = tmp_path / "all"  # without --approved-only, decisions are not read: the newest image
     assert cli(capsys, "export", str(root), "--to", str(everything), "--name", "{sku}.{ext}")[0] == 0
@@ -264,7 +278,7 @@ def test_a_second_export_writes_nothing_and_a_changed_file_is_kept_unless_overwr
     assert (dest / "SKU-1/red.jpg").stat().st_ino == before["SKU-1/red.jpg"][0]
 
 
-def test_a_regenerated_source_is_not_taken_for_the_exported_one(
+def test_a_regenerated_source_replaces_the_file_the_earlier_export_wrote(
     make_out: Callable[..., OutMaker], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = make_out()
@@ -274,9 +288,10 @@ def test_a_regenerated_source_is_not_taken_for_the_exported_one(
     argv = ["export", str(root), "--to", str(dest), "--name", "{sku}.{ext}", "--format", "jpeg"]
     assert cli(capsys, *argv)[0] == 0
     (root / row["paths"]).write_bytes(solid_png((0, 0, 255)))  # `run --force`: same key, new image
-    code, _, err = cli(capsys, *argv)
-    assert code == 2 and "DEST already has 'MUG.jpg' with other bytes" in err
-    assert cli(capsys, *argv, "--overwrite")[0] == 0
+    # DEST's file is the one the earlier export wrote (export.csv lists its sha256): no --overwrite needed
+    code, stdout, err = cli(capsys, *argv)
+    assert code == 0, err
+    assert "0 written, 0 unchanged, 1 replaced (newer than the earlier export's)" in stdout
     assert near(opened(dest / "MUG.jpg").getpixel((5, 5)), (0, 0, 255))
 
 

@@ -58,12 +58,27 @@ def rows_of(make_out: Callable[..., OutMaker], *values: tuple[str, str]) -> OutM
     return made
 
 
-def test_a_name_that_is_a_folder_of_another_is_refused(
+def test_a_slash_inside_a_value_is_refused_and_slug_makes_clean_names(
     make_out: Callable[..., OutMaker], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    made = rows_of(make_out, ("shoes", ""), ("shoes/red", "x"))
-    err = refused(capsys, made, tmp_path / "dest", "--name", "{sku}")
-    assert "both are named 'shoes/red' (or one is a folder of the other)" in err
+    made = rows_of(make_out, ("SKU-4003", "black/natural"), ("SKU-4004", "Forest Green"))
+    err = refused(capsys, made, tmp_path / "dest", "--name", "{sku}/{colour}.{ext}")
+    assert (
+        "results.csv row 2 (job 'a', request 0): {colour} is 'black/natural': a '/' inside a value would "
+        "make folders"
+    ) in err
+    assert "1 problem; nothing was written" in err
+
+    code, _, err = cli(
+        capsys, "export", str(made.root), "--to", str(tmp_path / "dest"), "--name", "{sku}/{colour}.{ext}",
+        "--slug",
+    )  # fmt: skip
+    assert code == 0, err
+    assert sorted(tree(tmp_path / "dest")) == [
+        "export.csv",
+        "sku-4003/black-natural.png",
+        "sku-4004/forest-green.png",
+    ]
 
 
 def test_a_template_naming_an_unknown_column_is_refused(
@@ -95,9 +110,13 @@ def test_an_unsafe_name_is_refused(
 def test_a_value_that_would_climb_out_or_hide_is_refused(
     make_out: Callable[..., OutMaker], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    made = rows_of(make_out, ("../../etc", "red"), ("SKU-2", ""))
+    made = rows_of(make_out, ("..", "red"), ("SKU-2", ""), ("../../etc", "red"), (" SKU-4", "red"))
     err = refused(capsys, made, tmp_path / "dest", "--name", "{sku}/{colour}.{ext}")
-    assert "row 2 (job 'a', request 0): its name '../../etc/red.png' is refused: a '..' segment" in err
+    assert "row 2 (job 'a', request 0): its name '../red.png' is refused: a '..' segment" in err
+    assert "row 4 (job 'c', request 0): {sku} is '../../etc': a '/' inside a value" in err
+    assert (
+        "row 5 (job 'd', request 0): its name ' SKU-4/red.png' is refused: the segment ' SKU-4' starts" in err
+    )
     assert "row 3 (job 'b', request 0): its name 'SKU-2/.png' is refused: the hidden segment '.png'" in err
 
 

@@ -1,7 +1,8 @@
 """The `export_deliverables` flow, chained after real runs of the generation flow (the emulator, the
 session's Prefect harness): the example catalog's images delivered as `{sku}/{colour}.jpg`; a rejected
 image's redo (variant 2) delivered in its place; `approved_only` after review decisions; and a refused
-export fails its flow run and writes nothing."""
+export fails its flow run and writes nothing; after a row changes, an approved-only export (the command)
+ships no stale file and names the missing deliverable."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 
 import pytest
 from helpers.exports import tree
-from helpers.runs import run_flow
+from helpers.runs import cli, run_flow
 from PIL import Image
 
+from imagebatch.delivery.aside import ASIDE_FOLDER
 from imagebatch.flows.deliver import export_deliverables
 from imagebatch.storage.csvcells import read_csv
 from imagebatch.storage.location import open_location
@@ -29,7 +31,8 @@ def test_the_catalog_delivered_after_its_run(service_env: Any, examples: Path, t
     counts = export_deliverables(
         out=str(out), to=str(dest), name="{sku}/{colour}.{ext}", format="jpeg", max_side=512, quality=85
     )
-    assert counts == {"delivered": 6, "written": 6, "unchanged": 0, "overwritten": 0}
+    assert counts == {"delivered": 6, "written": 6, "unchanged": 0, "replaced": 0, "overwritten": 0,
+                      "missing": 0, "set_aside": 0}  # fmt: skip
     expected = {f"{row['sku']}/{row['colour']}.jpg" for row in catalog}
     assert set(tree(dest)) == expected | {"export.csv"}
     for name in expected:
@@ -37,7 +40,7 @@ def test_the_catalog_delivered_after_its_run(service_env: Any, examples: Path, t
             assert im.format == "JPEG" and max(im.size) == 512  # the emulator's images are 1024 px long
     again = export_deliverables(out=str(out), to=str(dest), name="{sku}/{colour}.{ext}", format="jpeg",
                                 max_side=512, quality=85)  # fmt: skip
-    assert again["written"] == 0 and again["unchanged"] == 6
+    assert again["written"] == 0 and again["unchanged"] == 6 and again["missing"] == 0
 
     # a reviewer rejects the cobalt mug, the redo makes variant 2: delivered in place of variant 1
     results = {row["job_id"]: row for row in read_csv(out / "results.csv")}
@@ -53,7 +56,7 @@ def test_the_catalog_delivered_after_its_run(service_env: Any, examples: Path, t
                                  max_side=512, quality=85)  # fmt: skip
     # the emulator draws an image from its prompt, so the new sample has the old one's pixels: nothing
     # to write (the same bytes are no conflict), and export.csv now names variant 2 and its file
-    assert redone == {"delivered": 6, "written": 0, "unchanged": 6, "overwritten": 0}
+    assert (redone["delivered"], redone["written"], redone["unchanged"], redone["set_aside"]) == (6, 0, 6, 0)
     listed = {row["path"]: row for row in read_csv(dest / "export.csv")}
     assert listed["SKU-1001/cobalt blue.jpg"]["variant"] == "2"
     assert listed["SKU-1001/cobalt blue.jpg"]["source"] == variant2[0]["paths"]
@@ -61,9 +64,8 @@ def test_the_catalog_delivered_after_its_run(service_env: Any, examples: Path, t
     record_decision(open_location(out), Decision(variant2[0]["idempotency_key"], 2, "approved"))
     record_decision(open_location(out), Decision(results["mug-sage"]["idempotency_key"], 1, "approved"))
     approved = tmp_path / "approved"
-    assert export_deliverables(out=str(out), to=str(approved), name="{sku}.{ext}", approved_only=True) == {
-        "delivered": 2, "written": 2, "unchanged": 0, "overwritten": 0
-    }  # fmt: skip
+    made = export_deliverables(out=str(out), to=str(approved), name="{sku}.{ext}", approved_only=True)
+    assert (made["delivered"], made["written"], made["missing"]) == (2, 2, 4)
     assert sorted(tree(approved)) == ["SKU-1001.png", "SKU-1002.png", "export.csv"]
 
     state = export_deliverables(out=str(out), to=str(tmp_path / "clash"), name="{product_name}.jpg",
@@ -73,3 +75,61 @@ def test_the_catalog_delivered_after_its_run(service_env: Any, examples: Path, t
         state.result(raise_on_failure=False)
     )
     assert not (tmp_path / "clash").exists()
+
+
+def test_after_a_row_changes_an_approved_only_export_ships_no_stale_file(
+    service_env: Any, examples: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest, out, dest = examples / "catalog.csv", tmp_path / "out", tmp_path / "deliver"
+    run_flow(manifest=str(manifest), out=str(out), report=False)
+    for row in read_csv(out / "results.csv"):
+        record_decision(open_location(out), Decision(row["idempotency_key"], 1, "approved", "", "ana"))
+    argv = ["export", str(out), "--to", str(dest), "--name", "{sku}/{colour}.{ext}", "--approved-only"]
+    code, stdout, err = cli(capsys, *argv)
+    assert code == 0 and "exported 6 images" in stdout, err
+    before = tree(dest)
+
+    # the vase's row changes after its image was approved: the run makes a new, unreviewed image
+    manifest.write_text(manifest.read_text().replace("on a shelf with books", "on a windowsill"))
+    info = run_flow(manifest=str(manifest), out=str(out), report=False)
+    assert info["counts"]["succeeded"] == 1
+    code, stdout, err = cli(capsys, *argv)
+    assert code == 0, err
+    assert "exported 5 images" in stdout and "1 missing" in stdout
+    assert "(job 'vase-white', request 0): changed since approval (SKU-5001/matte white.png)" in stdout
+    assert "1 file of an earlier export not delivered now, moved to" in stdout
+    assert "\n  SKU-5001/matte white.png" in stdout
+    rows = {row["job_id"]: row for row in read_csv(dest / "export.csv")}
+    delivered = {row["path"] for row in rows.values() if row["status"] == "delivered"}
+    shipped = {n for n in tree(dest) if n != "export.csv" and not n.startswith(f"{ASIDE_FOLDER}/")}
+    assert shipped == delivered and len(delivered) == 5  # no file in DEST that export.csv does not list
+    vase = rows["vase-white"]
+    assert (vase["status"], vase["reason"], vase["path"]) == ("missing", "changed since approval", "")
+    assert (vase["sku"], vase["product_name"], vase["colour"]) == (
+        "SKU-5001",
+        "stoneware vase",
+        "matte white",
+    )
+    mug = rows["mug-cobalt"]
+    assert (mug["sku"], mug["colour"], mug["decision"], mug["reviewer"]) == (
+        "SKU-1001",
+        "cobalt blue",
+        "approved",
+        "ana",
+    )
+    assert mug["decided_at"].endswith("Z") and mug["variant"] == "1"
+    (aside,) = [n for n in tree(dest) if n.startswith(f"{ASIDE_FOLDER}/")]
+    assert (
+        aside.endswith("/SKU-5001/matte white.png")
+        and tree(dest)[aside] == before["SKU-5001/matte white.png"]
+    )
+
+    # once the new image is approved it is delivered under the same name, and nothing is missing
+    new = next(r for r in read_csv(out / "results.csv") if r["job_id"] == "vase-white")
+    record_decision(open_location(out), Decision(new["idempotency_key"], 1, "approved", "", "ana"))
+    code, stdout, err = cli(capsys, *argv)
+    assert code == 0 and "exported 6 images" in stdout and "1 written, 5 unchanged" in stdout, err
+    assert (
+        "missing" not in stdout
+        and tree(dest)["SKU-5001/matte white.png"] != before["SKU-5001/matte white.png"]
+    )

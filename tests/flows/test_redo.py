@@ -87,6 +87,7 @@ def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
     assert variant_of(reqs["p0", 0], 2) == v2["p0"]  # the same key every time it is planned
     assert info["redo"] == {
         "variants": 3,
+        "kinds": {"rejected": 3},
         "edits": 0,
         "new_samples": 3,
         "fallback": 0,
@@ -180,7 +181,7 @@ def test_redo_edit_sends_the_rejected_answer_back_byte_for_byte_with_the_note(
 
     info = run_flow(manifest=str(manifest), out=str(out), redo="rejected", edit=True)
     assert info["redo"] == {
-        "variants": 5, "edits": 2, "new_samples": 3, "fallback": 3,
+        "variants": 5, "kinds": {"rejected": 5}, "edits": 2, "new_samples": 3, "fallback": 3,
         "fallback_reasons": {"not the native route": 1, "no note": 1, "no kept history": 1},
     }  # fmt: skip
     assert info["counts"]["succeeded"] == 5
@@ -332,7 +333,7 @@ def test_an_edit_redo_into_a_bucket_from_the_command_line(
 
     code, out, err = cli(capsys, "run", str(manifest), "--out", url, "--redo", "rejected", "--edit")
     assert code == 0, err
-    assert "redo: 1 variant(s) of rejected images to send, 1 as edits with the reviewer's note" in out
+    assert "redo: 1 variant(s) to send (1 rejected), 1 as edits with the reviewer's note" in out
     v2 = variant_of(reqs["s0", 0], 2)
     assert sent_keys(service_env, before) == Counter([v2.idempotency_key])
     sent = log_of(service_env, v2.idempotency_key)
@@ -341,6 +342,43 @@ def test_an_edit_redo_into_a_bucket_from_the_command_line(
     assert layout.conversation(file_stem(v2, False)) in objects  # kept for an edit of the edit
     rows = [(r["job_id"], r["variant"], r["status"]) for r in csv_rows(objects["results.csv"])]
     assert rows == [("s0", "2", "succeeded"), ("s0", "1", "skipped"), ("s1", "1", "skipped")]
+
+
+def test_redo_no_image_sends_exactly_those_requests(
+    service_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = write_jsonl(
+        tmp_path / "m.jsonl",
+        [{"id": f"n{i}", "prompt": f"a blank poster {i}", "model": "native-image-2"} for i in range(4)],
+    )
+    reqs = planned(manifest)
+    blank = [reqs["n0", 0], reqs["n2", 0]]  # the service answers these (and only these keys) without an image
+    service_env.set_faults(scripts=[{"outcomes": ["no_image"], "match": r.idempotency_key} for r in blank])
+    out = str(tmp_path / "out")
+    argv = ["run", str(manifest), "--out", out, "--concurrency", "2", "--no-report"]
+    code, _, err = cli(capsys, *argv)
+    assert code == 1, err
+    assert [r["status"] for r in read_results(tmp_path / "out")] == [
+        "no_image",
+        "succeeded",
+        "no_image",
+        "succeeded",
+    ]
+    before = len(service_env.requests())
+    code, _, _ = cli(capsys, *argv)  # a plain rerun carries them: nothing sent
+    assert code == 1 and len(service_env.requests()) == before
+
+    code, text, err = cli(capsys, *argv, "--redo", "no_image")
+    assert sent_keys(service_env, before) == Counter(variant_of(r, 2).idempotency_key for r in blank)
+    assert "redo: 2 variant(s) to send (2 no_image)" in text, text + err
+    assert rows_of(tmp_path / "out", "n0") == [("0", "2", "succeeded"), ("0", "1", "no_image")]
+    assert rows_of(tmp_path / "out", "n1") == [("0", "1", "skipped")]
+
+    sent = len(service_env.requests())
+    code, text, _ = cli(capsys, *argv, "--redo", "no_image,rejected")  # their newest variant succeeded
+    assert len(service_env.requests()) == sent and "redo: 0 variant(s) to send" in text
+    code, _, err = cli(capsys, *argv, "--redo", "no_image,later")
+    assert code == 2 and "--redo takes rejected, no_image, failed (comma separated), not 'later'" in err
 
 
 def csv_rows(data: bytes) -> list[dict[str, str]]:

@@ -12,6 +12,7 @@ import pytest
 from helpers.runs import cli, kill_mid_run, write_jsonl
 
 from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
+from imagebatch.storage.csvcells import read_csv
 from imagebatch.storage.location import open_location
 from imagebatch.work.decisions import Decision, record_decision
 from imagebatch.work.store import OutputStore
@@ -297,3 +298,51 @@ def test_edit_chains_blocked_and_without_history_are_not_sent(
         "zebra": "not_attempted",
         "plain": "failed",
     }
+
+
+def test_validate_plans_and_prices_a_redo_and_sends_nothing(
+    service_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native = [{"id": f"n{i}", "prompt": f"a teapot, angle {i}", "model": "native-image-2"} for i in range(3)]
+    manifest = write_jsonl(tmp_path / "m.jsonl", [*native, *JOBS[:2]])
+    prices = tmp_path / "prices.toml"
+    prices.write_text('currency = "EUR"\n[images]\n"native-image-2" = 0.04\n"compat-image-2" = 0.25\n')
+    out = tmp_path / "out"
+    code, _, err = cli(capsys, "run", str(manifest), "--out", str(out), "--concurrency", "2", "--no-report")
+    assert code == EXIT_OK, err
+    keys_of = {row["job_id"]: row["idempotency_key"] for row in read_csv(out / "results.csv")}
+    for job, decision, note in [
+        ("n0", "rejected", "a darker glaze"),  # an edit of the rejected image, with the note
+        ("n1", "rejected", ""),  # no note: a new sample
+        ("n2", "approved", ""),
+        ("row-0", "rejected", "too red"),  # not the native route: a new sample
+    ]:
+        record_decision(open_location(out), Decision(keys_of[job], 1, decision, note, "ana"))  # type: ignore[arg-type]
+    before, sent = snapshot(out), len(service_env.requests())
+
+    table, keys, text = validate(
+        capsys, manifest, out, "--redo", "rejected", "--edit", "--prices", str(prices)
+    )
+    assert len(service_env.requests()) == sent and snapshot(out) == before  # nothing sent, nothing written
+    assert table == {"redo": (3, 3), "rejected": (3, 0), "done": (2, 0), "total": (8, 3)}
+    assert (
+        "redo: 3 variant(s) to send (3 rejected), 1 as edits with the reviewer's note; 2 made as new samples "
+        "instead of edits (1 no note, 1 not the native route)"
+    ) in text
+    assert f"  {'native-image-2':<24} 0.08 EUR" in text and f"  {'total':<24} 0.33 EUR" in text
+    to_send = sorted(k for k, r in keys.items() if r["sent"] == "yes")
+    assert {keys[k]["job_id"] for k in to_send} == {"n0", "n1", "row-0"}
+
+    code, _, err = cli(capsys, "validate", str(manifest), "--out", str(out), "--redo", "rejected,soon")
+    assert (
+        code == EXIT_USAGE and "--redo takes rejected, no_image, failed (comma separated), not 'soon'" in err
+    )
+    code, _, err = cli(capsys, "validate", str(manifest), "--redo", "rejected")
+    assert code == EXIT_USAGE and "--redo needs --out OUT" in err
+
+    # the redo then sends exactly what validate said, and validate says so afterwards
+    code, _, err = cli(capsys, "run", str(manifest), "--out", str(out), "--redo", "rejected", "--edit")
+    assert code == EXIT_OK, err
+    assert sorted(sent_by(service_env, sent)) == to_send
+    table, _, _ = validate(capsys, manifest, out, "--redo", "rejected")
+    assert table["total"] == (8, 0) and "redo" not in table

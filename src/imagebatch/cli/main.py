@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "review":
         return _review(args)
     if args.command == "export":
-        from imagebatch.delivery.export import export_main
+        from imagebatch.delivery.command import export_main
 
         return export_main(args)
     if args.command == "limits":
@@ -144,9 +144,19 @@ def _validate(args: argparse.Namespace) -> int:
     send now (`work.forecast`); with --prices, the most that (or the whole manifest) can cost."""
     from imagebatch.manifest.validate import check_manifest
 
+    if args.redo is not None and args.out is None:
+        print(
+            "imagebatch validate: --redo needs --out OUT, the output whose results it redoes", file=sys.stderr
+        )
+        return EXIT_USAGE
     code, manifest = check_manifest(args, keys=args.keys and args.out is None)
     if manifest is None:
         return code
+    if args.name is not None:
+        from imagebatch.delivery.manifestnames import print_name_check
+
+        if (code := print_name_check(manifest, args.name, slugged=args.slug, out=sys.stdout)) != EXIT_OK:
+            return code
     if args.out is not None:
         return _forecast(manifest, args)
     if args.prices:
@@ -172,18 +182,22 @@ def _estimate(manifest: Manifest, prices: str) -> int:
 def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
     """`validate --out OUT`: what a run into OUT would do now (read only: no lock taken, nothing written;
     a folder that does not exist is not made)."""
-    from imagebatch.run.preflight import UsageError, check_output_store, output_location
+    from imagebatch.run.preflight import UsageError, check_output_store, check_redo, output_location
     from imagebatch.work.forecast import forecast, print_forecast
     from imagebatch.work.prices import PriceError, PriceTable
+    from imagebatch.work.variants import redo_kinds
 
     where = output_location(args.out)
     try:
+        check_redo(args.redo, args.edit, force=False)
         table = PriceTable.load(args.prices) if args.prices else None
         if isinstance(where, str):
             check_output_store(where, lock=False)
         elif where.exists() and not where.is_dir():
             raise UsageError(f"--out {where} is a file, not a folder")
-        result = forecast(manifest, where, retry_unknown=args.retry_unknown)
+        result = forecast(
+            manifest, where, retry_unknown=args.retry_unknown, redo=redo_kinds(args.redo), edit=args.edit
+        )
     except (UsageError, PriceError, OSError) as exc:
         print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -327,10 +341,11 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 def _redo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redo",
-        choices=REDO_CHOICES,
         default=None,
-        help="send a new variant of each request whose newest image a reviewer rejected (review.jsonl), "
-        "and nothing else new; earlier variants stay",
+        metavar="KINDS",
+        help=f"send a new variant of each request whose newest variant is of KINDS ({','.join(REDO_CHOICES)}"
+        ", comma separated: rejected by a reviewer, answered without an image, failed), and nothing else "
+        "new; earlier variants stay",
     )
     parser.add_argument(
         "--edit",
@@ -493,6 +508,32 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only images whose last review decision is approved (default: every succeeded image)",
     )
+    _conversion_arguments(parser)
+    parser.add_argument(
+        "--slug", action="store_true", help="clean names: each value lower-case, spaces (and '/') to '-'"
+    )
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="remove an earlier export's files this one does not deliver (default: move them to "
+        "DEST/.superseded/DATE/)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a file in DEST with other bytes that no earlier export wrote (default: refuse)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="images converted at once (default: every core)",
+    )
+
+
+def _conversion_arguments(parser: argparse.ArgumentParser) -> None:
+    """`export`: what each deliverable is made into (`delivery.convert.Conversion`)."""
     parser.add_argument(
         "--format",
         choices=("png", "jpeg", "webp"),
@@ -513,19 +554,15 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         "--background",
         default="white",
         metavar="COLOR",
-        help="what transparency is flattened onto for JPEG: a name, #rrggbb or rgb(r,g,b) (default white)",
+        help="what transparency is flattened onto for JPEG, and --canvas's colour: a name, #rrggbb or "
+        "rgb(r,g,b) (default white)",
     )
     parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a file in DEST that has other bytes (default: refuse)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
+        "--canvas",
         default=None,
-        metavar="N",
-        help="images converted at once (default: every core)",
+        metavar="WxH",
+        help="every image exactly W x H px: shrunk to fit if larger (never enlarged), centred on "
+        "--background",
     )
 
 
@@ -590,6 +627,21 @@ def _validate_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --out: count what `run --retry-unknown` would send",
     )
+    parser.add_argument(
+        "--redo",
+        default=None,
+        metavar="KINDS",
+        help="with --out: what `run --redo KINDS` would send (new variants, edits) and, with --prices, cost",
+    )
+    parser.add_argument("--edit", action="store_true", help="with --redo: as `run --redo rejected --edit`")
+    parser.add_argument(
+        "--name",
+        default=None,
+        metavar="TEMPLATE",
+        help="check every row's deliverable name as `export --name TEMPLATE` would make it (unsafe "
+        "characters, a '/' in a value, empty or space-padded parts, collisions)",
+    )
+    parser.add_argument("--slug", action="store_true", help="with --name: as `export --slug` makes them")
     _files_root_argument(parser)
 
 

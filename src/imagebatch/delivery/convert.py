@@ -11,6 +11,10 @@ The choices (the README's "Export" section says them too):
   `--background` says otherwise); PNG and WebP keep it.
 - **Size**: `max_side` shrinks an image whose longer side is over it (Lanczos, aspect kept, whole
   pixels), never enlarges one.
+- **Canvas**: `canvas` (W x H) delivers every image at exactly that size: shrunk to fit inside it if it
+  is larger, never enlarged (an upscale invents detail a shop did not pay for), and centred on
+  `background`. An image smaller than the delivery size (the canvas, or `max_side`) is marked (`small`),
+  and export warns with its name.
 - **Nothing to change, nothing re-encoded**: an image that stays in its format, is not resized, has no
   rotation to apply and (JPEG, WebP) no `quality` asked for is copied byte for byte: no second JPEG
   generation, and the fastest path.
@@ -54,13 +58,20 @@ class Conversion:
     quality: int | None = None
     """JPEG/WebP quality (1-100); None: `DEFAULT_QUALITY` when re-encoding, and no re-encoding for it."""
     background: tuple[int, int, int] = (255, 255, 255)
+    canvas: tuple[int, int] | None = None
+    """Every deliverable exactly this size (width, height), the image centred on `background`."""
 
     @classmethod
     def from_options(
-        cls, format: str | None, max_side: int | None, quality: int | None, background: str | None
+        cls,
+        format: str | None,
+        max_side: int | None,
+        quality: int | None,
+        background: str | None,
+        canvas: str | None = None,
     ) -> Conversion:
-        """The conversion `--format`, `--max-side`, `--quality`, `--background` ask for; ValueError
-        naming the option for a value out of range."""
+        """The conversion `--format`, `--max-side`, `--quality`, `--background`, `--canvas` ask for;
+        ValueError naming the option for a value out of range."""
         if format is not None and format not in FORMATS:
             raise ValueError(f"--format {format!r}: one of {', '.join(FORMATS)}")
         if max_side is not None and max_side < 1:
@@ -75,7 +86,7 @@ class Conversion:
             raise ValueError(
                 f"--background {background!r}: a colour name (white), #rrggbb or rgb(r, g, b)"
             ) from None
-        return cls(format, max_side, quality, (rgb[0], rgb[1], rgb[2]))
+        return cls(format, max_side, quality, (rgb[0], rgb[1], rgb[2]), _canvas(canvas))
 
     def describe(self) -> str:
         """What a deliverable's bytes depend on besides its source's: these options, Pillow's version and
@@ -85,11 +96,43 @@ class Conversion:
         return (
             f"{self.format or '-'} quality={quality} max-side={self.max_side or '-'} "
             f"background={background} {_codecs()}"
-        )
+        ) + (f" canvas={self.canvas[0]}x{self.canvas[1]}" if self.canvas else "")
+
+    def delivery_size(self) -> str | None:
+        """The size a deliverable should reach, as the warning about smaller ones says it."""
+        if self.canvas:
+            return f"--canvas {self.canvas[0]}x{self.canvas[1]}"
+        return f"--max-side {self.max_side}" if self.max_side else None
+
+    def below(self, size: tuple[int, int]) -> bool:
+        """Whether an image of `size` (as shown) is smaller than the delivery size: it would need
+        enlarging to fill the canvas, or to reach `max_side`."""
+        width, height = size
+        if self.canvas:
+            return width < self.canvas[0] and height < self.canvas[1]
+        return bool(self.max_side) and max(width, height) < (self.max_side or 0)
 
     def target(self, source_format: str) -> str:
         """The format an image in `source_format` (png, jpeg, webp) is delivered in."""
         return self.format or source_format
+
+
+CANVAS_MAX = 20_000
+"""The largest side `--canvas` takes (Pillow's decompression bound is about 89 M pixels)."""
+
+
+def _canvas(text: str | None) -> tuple[int, int] | None:
+    """`--canvas WxH` as (width, height); ValueError naming the option."""
+    if text is None:
+        return None
+    width, sep, height = text.lower().partition("x")
+    if not (sep and width.isdigit() and height.isdigit()) or not (
+        1 <= int(width) <= CANVAS_MAX and 1 <= int(height) <= CANVAS_MAX
+    ):
+        raise ValueError(
+            f"--canvas {text!r}: WIDTHxHEIGHT in pixels, as 2000x2000 (1 to {CANVAS_MAX:,} each)"
+        )
+    return int(width), int(height)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +157,8 @@ class Staged:
     width: int = 0
     height: int = 0
     source_sha256: str = ""
+    small: bool = False
+    """The image is below the delivery size (`Conversion.below`)."""
     error: str | None = None
 
 
@@ -149,6 +194,24 @@ def _for_format(im: Image.Image, fmt: str, background: tuple[int, int, int]) -> 
     return im.convert("RGBA" if _has_alpha(im) else "RGB")
 
 
+def _on_canvas(im: Image.Image, canvas: tuple[int, int], background: tuple[int, int, int]) -> Image.Image:
+    """`im` shrunk to fit inside `canvas` if it is larger (never enlarged), centred on `background`
+    (opaque: a shop's canvas is a colour, its transparency flattened onto it)."""
+    scale = min(canvas[0] / im.width, canvas[1] / im.height, 1.0)
+    if scale < 1.0:
+        size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
+        im = im.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+    mode = "L" if im.mode in ("L", "LA", "La") else "RGB"  # a grey image stays grey
+    out = Image.new("RGB", canvas, background).convert(mode)
+    at = ((canvas[0] - im.width) // 2, (canvas[1] - im.height) // 2)
+    if _has_alpha(im):
+        rgba = im.convert("RGBA")
+        out.paste(rgba.convert(mode), at, mask=rgba.getchannel("A"))
+    else:
+        out.paste(im.convert(mode), at)
+    return out
+
+
 def _fitted(size: tuple[int, int], max_side: int | None) -> tuple[int, int] | None:
     """The size `size` is shrunk to so that neither side exceeds `max_side`, or None if it fits."""
     width, height = size
@@ -158,8 +221,9 @@ def _fitted(size: tuple[int, int], max_side: int | None) -> tuple[int, int] | No
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def convert(data: bytes, conversion: Conversion) -> tuple[bytes, int, int]:
-    """The deliverable made of the image `data`: its bytes, width and height (as people see it).
+def convert(data: bytes, conversion: Conversion) -> tuple[bytes, int, int, bool]:
+    """The deliverable made of the image `data`: its bytes, width and height (as people see it), and
+    whether the image is below the delivery size (`Conversion.below`).
 
     Raises OSError (or ValueError) for bytes Pillow cannot read, and for an image over Pillow's
     decompression-bomb bound (89 M pixels)."""
@@ -175,8 +239,11 @@ def convert(data: bytes, conversion: Conversion) -> tuple[bytes, int, int]:
         orientation = im.getexif().get(ORIENTATION, 1)
         size = _fitted(im.size, conversion.max_side)
         reencode_for_quality = conversion.quality is not None and fmt != "png"
-        if fmt == source and size is None and orientation in (1, None) and not reencode_for_quality:
-            return data, im.width, im.height
+        shown = (im.height, im.width) if orientation in (5, 6, 7, 8) else im.size  # turned a quarter
+        small = conversion.below(shown)
+        unchanged = size is None and orientation in (1, None) and not reencode_for_quality
+        if fmt == source and unchanged and conversion.canvas in (None, im.size):
+            return data, im.width, im.height, small
         if size is not None:
             im.draft(im.mode, size)  # JPEG: decode at a reduced scale still >= the target (else a no-op)
         icc = im.info.get("icc_profile")
@@ -184,6 +251,8 @@ def convert(data: bytes, conversion: Conversion) -> tuple[bytes, int, int]:
         exif = out.getexif()
         if (size := _fitted(out.size, conversion.max_side)) is not None:
             out = out.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+        if conversion.canvas is not None:
+            out = _on_canvas(out, conversion.canvas, conversion.background)
         out = _for_format(out, fmt, conversion.background)
         options: dict[str, object] = {}
         if icc and icc[16:20] == _ICC_SPACES.get(out.mode):  # the profile's colour space, ICC header
@@ -194,7 +263,7 @@ def convert(data: bytes, conversion: Conversion) -> tuple[bytes, int, int]:
             options["quality"] = conversion.quality or DEFAULT_QUALITY
         buf = io.BytesIO()
         out.save(buf, FORMATS[fmt], **options)
-        return buf.getvalue(), out.width, out.height
+        return buf.getvalue(), out.width, out.height, small
 
 
 def stage(job: StageJob) -> Staged:
@@ -205,7 +274,7 @@ def stage(job: StageJob) -> Staged:
         return Staged(job.index, error="the image is missing")
     try:
         data = job.source if isinstance(job.source, bytes) else Path(job.source).read_bytes()
-        out, width, height = convert(data, job.conversion)
+        out, width, height, small = convert(data, job.conversion)
         fd = os.open(job.target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "wb") as fh:
             fh.write(out)
@@ -215,4 +284,4 @@ def stage(job: StageJob) -> Staged:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
         return Staged(job.index, error=why)
     digest, source_digest = hashlib.sha256(out).hexdigest(), hashlib.sha256(data).hexdigest()
-    return Staged(job.index, digest, len(out), width, height, source_digest)
+    return Staged(job.index, digest, len(out), width, height, source_digest, small)

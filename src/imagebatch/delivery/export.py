@@ -4,8 +4,9 @@ manifest's columns (`delivery.exportplan`, `delivery.naming`), converted and siz
 
 The steps, each finished before the next, so that a refusal leaves DEST as it was:
 1. plan (`delivery.exportplan`): which images, every name rendered and checked: an unknown column, an
-   unsafe name, two images with one name, a name where DEST has a file or folder in the way, a source
-   missing from OUT; refused with every row named, nothing written (DEST not even created);
+   unsafe name, a `/` inside a value (`--slug` makes clean names instead), two images with one name, a
+   name where DEST has a file or folder in the way, a source missing from OUT; refused with every row
+   named, nothing written (DEST not even created); and which deliverables are missing, and why;
 2. reuse: a deliverable an earlier export made exactly as this one would (DEST's file, its source and
    the options all as export.csv lists them: conversion is deterministic) is not converted again, so a
    second export reads and hashes files but decodes none;
@@ -13,12 +14,16 @@ The steps, each finished before the next, so that a refusal leaves DEST as it wa
    the final move is a rename on one file system; a local temporary folder for a bucket), on every core
    (`workers`); an image that cannot be converted is refused with its row, the staging folder removed;
 4. compare: a deliverable whose name DEST holds with the same bytes (sha256 of what would be written)
-   is left alone; with other bytes it is refused (every such row named, nothing written) unless
-   `overwrite`;
-5. publish: each file moved into place whole (a hard link, or a rename for `overwrite`, of a synced
-   file; a whole-object PUT, create-only for a new name, in a bucket); then `export.csv`, if it changed.
-A second export with the same options therefore writes nothing. Files of an earlier export that this
-one does not deliver are left where they are (export never deletes).
+   is left alone; with other bytes it replaces the file if an earlier export wrote it (DEST's
+   export.csv lists that file with that sha256: a newly approved image replaces its stale one), and is
+   otherwise refused (every such row named, nothing written) unless `overwrite`;
+5. publish: each file moved into place whole (a hard link, or a rename for a replacement, of a synced
+   file; a whole-object PUT, create-only for a new name, in a bucket); then the files an earlier export
+   delivered that this one does not are set aside (`delivery.aside`: moved to a dated folder under
+   DEST, or removed with `prune`), so that DEST holds no file export.csv does not list; then
+   `export.csv` (one row per deliverable of the manifest, delivered or missing: `delivery.listing`), if
+   it changed.
+A second export with the same options therefore writes nothing.
 
 OUT and DEST are local folders or object-store URLs (`storage.location.open_location`). DEST may not be
 OUT, nor inside OUT's images/, thumbs/ or chains/. Two exports into one DEST at once are not guarded
@@ -30,43 +35,41 @@ in parallel too; bench/README.md measures both, and `DEFAULT_POOL` is the faster
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import os
 import shutil
-import sys
 import tempfile
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from imagebatch.delivery.aside import set_aside, stale, stamp
 from imagebatch.delivery.convert import Conversion, Staged, StageJob, stage
 from imagebatch.delivery.exportplan import (
-    EXPORT_CSV,
     Deliverable,
     ExportRefused,
-    ExportSummary,
-    approved_keys,
-    export_csv,
+    Naming,
+    changed_since_approval,
     in_the_way,
-    listed,
     plan,
     read_results,
 )
-from imagebatch.delivery.naming import DEFAULT_TEMPLATE, NameTemplate, TemplateError
+from imagebatch.delivery.listing import EXPORT_CSV, export_csv, listed, manifest_columns
+from imagebatch.delivery.naming import DEFAULT_TEMPLATE, NameTemplate
+from imagebatch.delivery.summary import ExportSummary
 from imagebatch.storage import layout
 from imagebatch.storage.location import LocalFolder, Location, is_object_url, local_path, open_location
+from imagebatch.work.decisions import decided
 
 STAGING_PREFIX = ".imagebatch-export-"
 IO_THREADS = 16
 """Reads and writes at once: fetching a bucket's sources, hashing DEST's files, uploading."""
-SHOWN_PROBLEMS = 20
 Pool = Literal["process", "thread"]
 DEFAULT_POOL: Pool = "thread"
 
@@ -106,11 +109,16 @@ def _sha256(data: bytes | None) -> str | None:
 # -- 2. reuse --
 
 
-def reuse(source: Location, dest: Location, deliverables: list[Deliverable], existing: set[str]) -> set[int]:
+def reuse(
+    source: Location,
+    dest: Location,
+    deliverables: list[Deliverable],
+    existing: set[str],
+    previous: dict[str, dict[str, str]],
+) -> set[int]:
     """The deliverables (by index) an earlier export made as this one would make them, their facts
-    filled in from DEST's export.csv: its row for the name names the same source and conversion, and
-    both the source and DEST's file still hash to what it lists."""
-    previous = listed(dest)
+    filled in from DEST's export.csv (`previous`): its row for the name names the same source and
+    conversion, and both the source and DEST's file still hash to what it lists."""
     candidates = []
     for i, d in enumerate(deliverables):
         row = previous.get(d.name)
@@ -132,7 +140,8 @@ def reuse(source: Location, dest: Location, deliverables: list[Deliverable], exi
             size, width, height = int(row["bytes"]), int(row["width"]), int(row["height"])
         except (KeyError, ValueError):
             return None
-        return Staged(i, row["sha256"], size, width, height, row["source_sha256"])
+        small = row.get("below_size") == "yes"
+        return Staged(i, row["sha256"], size, width, height, row["source_sha256"], small)
 
     reused = set()
     for (i, d, _), staged in zip(candidates, io_map(still, candidates), strict=True):
@@ -239,14 +248,10 @@ def stage_all(
 # -- 4. compare, 5. publish --
 
 
-def compare(dest: Location, todo: list[tuple[int, Deliverable]], existing: set[str]) -> dict[str, bool]:
-    """For each deliverable whose name DEST holds: whether DEST's file has the bytes it would get."""
+def compare(dest: Location, todo: list[tuple[int, Deliverable]], existing: set[str]) -> dict[str, str | None]:
+    """For each deliverable whose name DEST holds: the sha256 of DEST's file (None if it went meanwhile)."""
     there = [d for _, d in todo if d.name in existing]
-    digests = io_map(lambda d: _sha256(dest.get(d.name)), there)
-    return {
-        d.name: digest == (d.staged.sha256 if d.staged else "")
-        for d, digest in zip(there, digests, strict=True)
-    }
+    return dict(zip((d.name for d in there), io_map(lambda d: _sha256(dest.get(d.name)), there), strict=True))
 
 
 def _place_local(staged: Path, target: Path, replace: bool) -> bool:
@@ -326,6 +331,47 @@ def _places(out: str, dest: str) -> tuple[Location, Location]:
     return source, target
 
 
+def _make(
+    source: Location,
+    target: Location,
+    deliverables: list[Deliverable],
+    previous: dict[str, dict[str, str]],
+    existing: set[str],
+    *,
+    overwrite: bool,
+    workers: int,
+    pool: Pool,
+    progress: Progress | None,
+) -> dict[str, int]:
+    """Steps 2 to 5's files (the module's docstring): each deliverable reused, written or replaced; the
+    counts `unchanged`, `replaced` (files an earlier export wrote) and `overwritten` (`overwrite`)."""
+    reused = reuse(source, target, deliverables, existing, previous)
+    todo = [(i, d) for i, d in enumerate(deliverables) if i not in reused]
+    same: dict[str, bool] = {}
+    own: set[str] = set()
+    if todo:
+        with _staging(target) as staging:
+            if problems := stage_all(source, todo, staging, workers, pool, progress):
+                raise ExportRefused(problems)
+            digests = compare(target, todo, existing)
+            made = {d.name: d.staged.sha256 if d.staged else "" for _, d in todo}
+            same = {name: digest == made[name] for name, digest in digests.items()}
+            own = {n for n, d in digests.items() if not same[n] and d == previous.get(n, {}).get("sha256")}
+            if not overwrite and (
+                differ := [d for _, d in todo if same.get(d.name) is False and d.name not in own]
+            ):
+                why = "already has {!r} with other bytes, not an earlier export's (--overwrite replaces it)"
+                raise ExportRefused([f"{d.label}: DEST {why.format(d.name)}" for d in differ])
+            if problems := publish(target, todo, staging, same):
+                raise ExportRefused(problems, written=True)
+    unchanged = len(reused) + sum(same.values())
+    return {
+        "unchanged": unchanged,
+        "replaced": len(own),
+        "overwritten": len(same) - sum(same.values()) - len(own),
+    }
+
+
 def export(
     out: str,
     dest: str,
@@ -334,112 +380,50 @@ def export(
     conversion: Conversion | None = None,
     approved_only: bool = False,
     overwrite: bool = False,
+    slug: bool = False,
+    prune: bool = False,
     workers: int | None = None,
     pool: Pool = DEFAULT_POOL,
     progress: Progress | None = None,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> ExportSummary:
     """Export OUT's images to DEST (the module's docstring); raises ExportRefused (nothing written) or
-    TemplateError (a `--name` that cannot be parsed)."""
-    name_template = NameTemplate.parse(template or DEFAULT_TEMPLATE)
+    TemplateError (a `--name` that cannot be parsed). `now` dates the folder stale files go to."""
+    naming = Naming(NameTemplate.parse(template or DEFAULT_TEMPLATE), conversion or Conversion(), slug)
     source, target = _places(out, dest)
     columns, rows = read_results(source)
-    approved = approved_keys(source) if approved_only else None
+    decisions = decided(source)
+    changed = changed_since_approval(out, rows, decisions) if approved_only else set()
     sources = set(source.list(f"{layout.IMAGES_DIR}/"))
-    deliverables = plan(columns, rows, name_template, conversion or Conversion(), approved, sources)
-    summary = ExportSummary(
-        target.url, len(deliverables), deliverables=deliverables, approved_only=approved_only
+    made = plan(
+        columns, rows, naming, sources, decisions=decisions, approved_only=approved_only, changed=changed
     )
-    if not deliverables:
-        return summary
+    deliverables = made.deliverables
+    summary = ExportSummary(
+        target.url,
+        len(deliverables),
+        deliverables=deliverables,
+        missing=made.missing,
+        delivery_size=naming.conversion.delivery_size(),
+        approved_only=approved_only,
+    )
     existing = set(target.list(""))
+    previous = listed(target)
+    if not deliverables and not made.missing and not previous:
+        return summary
     if problems := in_the_way(deliverables, existing):
         raise ExportRefused(problems)
-    reused = reuse(source, target, deliverables, existing)
-    todo = [(i, d) for i, d in enumerate(deliverables) if i not in reused]
-    same: dict[str, bool] = {}
-    if todo:
-        with _staging(target) as staging:
-            if problems := stage_all(source, todo, staging, workers or default_workers(), pool, progress):
-                raise ExportRefused(problems)
-            same = compare(target, todo, existing)
-            if not overwrite and (differ := [d for _, d in todo if same.get(d.name) is False]):
-                why = "already has {!r} with other bytes (--overwrite replaces it)"
-                raise ExportRefused([f"{d.label}: DEST {why.format(d.name)}" for d in differ])
-            if problems := publish(target, todo, staging, same):
-                raise ExportRefused(problems, written=True)
-    summary.unchanged = len(reused) + sum(same.values())
-    summary.overwritten = len(same) - sum(same.values())
-    summary.written = summary.delivered - summary.unchanged - summary.overwritten
-    listing = export_csv(deliverables)
+    if deliverables:
+        counts = _make(source, target, deliverables, previous, existing, overwrite=overwrite,
+                       workers=workers or default_workers(), pool=pool, progress=progress)  # fmt: skip
+        summary.unchanged, summary.replaced = counts["unchanged"], counts["replaced"]
+        summary.overwritten = counts["overwritten"]
+        summary.written = summary.delivered - summary.unchanged - summary.replaced - summary.overwritten
+    summary.set_aside = stale(previous, existing, {d.name for d in deliverables})
+    if summary.set_aside:
+        summary.aside_to = set_aside(target, summary.set_aside, prune=prune, when=stamp(now))
+    listing = export_csv(manifest_columns(columns), made.rows())
     if target.get(EXPORT_CSV) != listing:
         target.put(EXPORT_CSV, listing)
         summary.export_csv_written = True
     return summary
-
-
-class Ticker:
-    """`converted 1,200 of 10,000` on a terminal's stderr, rewritten at most every half second (nothing
-    when stderr is not a terminal: a log or a pipe gets the summary only)."""
-
-    def __init__(self) -> None:
-        self.shown = 0.0
-        self.on = sys.stderr.isatty()
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if self.on and (done == total or now - self.shown >= 0.5):
-            self.shown = now
-            end = "\n" if done == total else ""
-            print(f"\rconverted {done:,} of {total:,}", end=end, file=sys.stderr, flush=True)
-
-
-def export_main(args: argparse.Namespace) -> int:
-    """`imagebatch export`: the summary on stdout; every problem on stderr (the rows named), exit 2 and
-    nothing written; 1 if a read or write failed midway (what was written is whole; rerun it)."""
-    try:
-        conversion = Conversion.from_options(args.format, args.max_side, args.quality, args.background)
-    except ValueError as exc:
-        print(f"imagebatch export: {exc}", file=sys.stderr)
-        return 2
-    if args.workers is not None and args.workers < 1:
-        print(f"imagebatch export: --workers {args.workers}: 1 or more", file=sys.stderr)
-        return 2
-    try:
-        summary = export(
-            args.out,
-            args.to,
-            template=args.name,
-            conversion=conversion,
-            approved_only=args.approved_only,
-            overwrite=args.overwrite,
-            workers=args.workers,
-            progress=Ticker(),
-        )
-    except TemplateError as exc:
-        print(f"imagebatch export: {exc}", file=sys.stderr)
-        return 2
-    except ExportRefused as exc:
-        for problem in exc.problems[:SHOWN_PROBLEMS]:
-            print(problem, file=sys.stderr)
-        if len(exc.problems) > SHOWN_PROBLEMS:
-            print(f"... and {len(exc.problems) - SHOWN_PROBLEMS} more", file=sys.stderr)
-        n = len(exc.problems)
-        written = (
-            "the files before it were written whole" if exc.written else f"nothing was written to {args.to}"
-        )
-        print(f"imagebatch export: {n} problem{'s' if n != 1 else ''}; {written}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(
-            f"imagebatch export: stopped: {exc}; the files written are whole: rerun to finish",
-            file=sys.stderr,
-        )
-        return 1
-    except KeyboardInterrupt:  # the conversions in progress finished, the staging folder removed
-        print(
-            "imagebatch export: stopped (Ctrl-C); the files written are whole: rerun to finish",
-            file=sys.stderr,
-        )
-        return 130
-    print(summary.line())
-    return 0

@@ -11,9 +11,11 @@ A rendered name is a relative, `/`-separated path that every common file system 
 as it is: no absolute path, no `.`/`..` or empty segment, no hidden segment (one starting with `.`:
 usually an empty value before an extension), no control character nor `\\ : * ? " < > |`, no segment
 ending in a space or a dot, no Windows device name (`CON`, `nul.jpg`, `COM1`...), at most 255 bytes a
-segment and 1,024 in all. Two names that differ only in case or Unicode normalisation are one name
-(they would be one file on macOS or Windows, or after a copy there), and a name may not be a folder of
-another.
+segment and 1,024 in all; no segment starting with a space. Two names that differ only in case or Unicode
+normalisation are one name (they would be one file on macOS or Windows, or after a copy there), and a
+name may not be a folder of another. A value may not hold a `/` (it would make folders the template does
+not ask for); `--slug` makes every value a clean name part instead (`slug`). `name_for` applies every one
+of these rules to one row: export and `validate --name` both call it.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ def unsafe(name: str) -> str | None:
             return f"the character {bad.group()!r}, which file systems refuse"
         if segment.startswith("."):
             return f"the hidden segment {segment!r} (an empty value before an extension?)"
+        if segment.startswith(" "):
+            return f"the segment {segment!r} starts with a space"
         if segment[-1] in " .":
             return f"the segment {segment!r} ends in {segment[-1]!r}, which Windows drops"
         if _DEVICE_NAMES.match(segment):
@@ -135,3 +139,37 @@ def clashes(names: Mapping[str, str]) -> list[tuple[str, str, str]]:
             if folder in first:
                 found.append((first[folder], label, name))
     return found
+
+
+_SLUG_DROPPED = re.compile(r'[\s/\x00-\x1f\x7f\\:*?"<>|]+')
+
+
+def slug(value: str) -> str:
+    """`value` as a clean name part (`--slug`): Unicode compatibility forms folded, lower case, every run
+    of spaces and characters a file system refuses (or a `/`) one `-`, no `-` or `.` at either end."""
+    text = unicodedata.normalize("NFKC", value).lower()
+    return _SLUG_DROPPED.sub("-", text).strip("-. ")
+
+
+def name_for(template: NameTemplate, values: Mapping[str, object], *, slugged: bool = False) -> str:
+    """The checked name of one row: each of its fields' text values (built-ins aside) slugged when asked,
+    else refused when one holds a `/`; then rendered and checked whole (`unsafe`). Raises TemplateError
+    saying why."""
+    values = dict(values)
+    for field in template.fields:
+        value = values.get(field)
+        if field in BUILTINS or not isinstance(value, str):
+            continue
+        if slugged:
+            values[field] = slug(value)
+        elif "/" in value:
+            raise TemplateError(
+                f"{{{field}}} is {value!r}: a '/' inside a value would make folders (--slug makes it '-')"
+            )
+    try:
+        name = template.render(values)
+    except TemplateError as exc:
+        raise TemplateError(f"--name {template.text!r} does not fit its values: {exc}") from None
+    if why := unsafe(name):
+        raise TemplateError(f"its name {name!r} is refused: {why}")
+    return name

@@ -55,7 +55,7 @@ from imagebatch.run.shards import (
 )
 from imagebatch.work.context import Pacer, RunContext, Unit, group_units
 from imagebatch.work.store import KeyState, OutputLockedError, OutputStore
-from imagebatch.work.variants import with_variants
+from imagebatch.work.variants import redo_kinds, with_variants
 
 
 @contextlib.contextmanager
@@ -357,7 +357,7 @@ def plan_variants(run: Run, store: OutputStore, states: dict[str, KeyState]) -> 
     send (variants, outside a redo)."""
     options = run.options
     run.units, held_keys, redo = with_variants(
-        run.units, states, store, redo=options.redo is not None, edit=options.edit,
+        run.units, states, store, redo=redo_kinds(options.redo), edit=options.edit,
         retry_unknown=options.retry_unknown,
     )  # fmt: skip
     run.info["requests"] = sum(len(unit.requests) for unit in run.units)

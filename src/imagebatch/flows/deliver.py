@@ -12,9 +12,11 @@ chain it after the generation flow (README, "Review and delivery"):
                             format="jpeg", max_side=2000, quality=85, approved_only=True)
 
 The work is `delivery.export.export`, the same as the command's (the command does not start Prefect). A
-refused export (the rows named in the log) fails the flow run and writes nothing; the flow run's
-markdown artifact `imagebatch-export` gives the counts. The parameters are the command's options; none
-is a secret (an object store's credentials come from its standard chain where the flow runs).
+refused export (the rows named in the log) fails the flow run and writes nothing; the flow run's log
+names the missing deliverables, the earlier export's files set aside and the images below the delivery
+size (a warning), and its markdown artifact `imagebatch-export` gives the counts. The parameters are
+the command's options; none is a secret (an object store's credentials come from its standard chain
+where the flow runs).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from prefect import flow, get_run_logger
 
 from imagebatch.delivery.convert import Conversion
 from imagebatch.delivery.export import export
-from imagebatch.delivery.exportplan import EXPORT_CSV, ExportRefused
+from imagebatch.delivery.exportplan import ExportRefused
+from imagebatch.delivery.listing import EXPORT_CSV
 
 EXPORT_FLOW_NAME = "export-deliverables"
 
@@ -40,14 +43,18 @@ def export_deliverables(
     max_side: int | None = None,
     quality: int | None = None,
     background: str = "white",
+    canvas: str | None = None,
+    slug: bool = False,
+    prune: bool = False,
     overwrite: bool = False,
     workers: int | None = None,
 ) -> dict[str, int]:
-    """Export OUT's images to `to` as `imagebatch export OUT --to TO ...` does; the counts delivered,
-    written, unchanged and overwritten. Raises (the flow run Failed, nothing written) when the export
-    is refused: an unknown column, unsafe or colliding names, a different file in the way."""
+    """Export OUT's images to `to` as `imagebatch export OUT --to TO ...` does; the counts
+    (`ExportSummary.counts`: delivered, written, unchanged, replaced, overwritten, missing, set aside).
+    Raises (the flow run Failed, nothing written) when the export is refused: an unknown column, unsafe
+    or colliding names, a '/' inside a value, a different file in the way."""
     logger = get_run_logger()
-    conversion = Conversion.from_options(format, max_side, quality, background)
+    conversion = Conversion.from_options(format, max_side, quality, background, canvas)
     try:
         summary = export(
             out,
@@ -56,21 +63,21 @@ def export_deliverables(
             conversion=conversion,
             approved_only=approved_only,
             overwrite=overwrite,
+            slug=slug,
+            prune=prune,
             workers=workers,
         )
     except ExportRefused as exc:
         for problem in exc.problems:
             logger.error(problem)
         raise
-    logger.info(summary.line())
-    counts = {
-        "delivered": summary.delivered,
-        "written": summary.written,
-        "unchanged": summary.unchanged,
-        "overwritten": summary.overwritten,
-    }
+    for line in summary.lines():
+        logger.info(line)
+    for warning in summary.warnings():
+        logger.warning(warning)
+    counts = summary.counts()
     markdown = "\n".join(
-        [f"# imagebatch export: {out} -> {summary.dest}", "", "| images | count |", "|-|-|"]
+        [f"# imagebatch export: {out} -> {summary.dest}", "", "| deliverables | count |", "|-|-|"]
         + [f"| {what} | {n} |" for what, n in counts.items()]
         + ["", f"Each file's source, size and sha256: `{EXPORT_CSV}` in the destination."]
     )

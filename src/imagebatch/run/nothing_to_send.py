@@ -24,7 +24,7 @@ from imagebatch.storage.objectstore import JOURNAL
 from imagebatch.work.context import RunContext, group_units
 from imagebatch.work.store import OutputLockedError, OutputStore, RequestRecord
 from imagebatch.work.unit import run_unit
-from imagebatch.work.variants import with_variants
+from imagebatch.work.variants import redo_kinds, with_variants
 
 NOT_STARTED = {"flow_run_id": None, "task_runs": 0, "started": False}
 """What run.json says of Prefect for a run settled here."""
@@ -84,7 +84,7 @@ def _settle(
 ) -> dict[str, Any] | None:
     states = store.load_state()
     units, held, redo = with_variants(
-        group_units(plan(checked.manifest)), states, store, redo=options["redo"] is not None,
+        group_units(plan(checked.manifest)), states, store, redo=redo_kinds(options["redo"]),
         edit=options["edit"], retry_unknown=retry_unknown,
     )  # fmt: skip
     ctx = RunContext(None, store, states, retry_unknown=retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client

@@ -20,6 +20,7 @@ from imagebatch.manifest import Manifest, load_manifest
 from imagebatch.storage.location import is_object_url, shown_url
 from imagebatch.work.prices import PriceError, PriceTable
 from imagebatch.work.store import OutputLockedError, OutputStore
+from imagebatch.work.variants import REDO_KINDS, redo_kinds
 
 MAX_CONCURRENCY = 256
 DEFAULT_CONCURRENCY = 4
@@ -157,15 +158,17 @@ class Preflight:
     prices: PriceTable | None = None
 
 
-REDO_CHOICES = ("rejected",)
-"""What `--redo` takes: the images whose decision in force is `rejected` (`work.variants`)."""
+REDO_CHOICES = REDO_KINDS
+"""What `--redo` takes, comma separated (`work.variants.REDO_KINDS`)."""
 
 
 def check_redo(redo: str | None, edit: bool, force: bool) -> None:
-    """`--redo rejected` (and `--edit` only with it; never with `--force`, which remakes every first
+    """`--redo KINDS` (and `--edit` only with it; never with `--force`, which remakes every first
     sample instead)."""
-    if redo is not None and redo not in REDO_CHOICES:
-        raise UsageError(f"--redo takes {', '.join(REDO_CHOICES)}, not {redo!r}")
+    try:
+        redo_kinds(redo)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if edit and redo is None:
         raise UsageError("--edit makes the variants of --redo rejected as edits: give --redo rejected too")
     if redo is not None and force:

@@ -13,6 +13,10 @@ newest variant's review decision in force is `rejected` (`work.decisions`; its n
 journal knows it, the rule `--redo rejected` itself follows: `work.variants.rejected_requests`) waits
 for `--redo rejected`, which alone sends it again.
 
+With `redo` (`validate --out OUT --redo KINDS [--edit]`), the plan is the one a `--redo` run makes
+(`work.variants.with_variants`, the run's own function): every variant the journal knows, the new ones
+(`redo`) among them, how many are edits, and so what the redo can cost (`--prices`).
+
 Read only: no lock is taken, so a live run is never in the way (nor blocked). Whether one is sending now
 is only tested (`OutputStore.in_use`); if one is, the counts are a snapshot of what it has recorded.
 """
@@ -20,6 +24,7 @@ is only tested (`OutputStore.in_use`); if one is, the counts are a snapshot of w
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -29,18 +34,32 @@ from imagebatch.work.chain import saved_turns
 from imagebatch.work.context import Unit, decide, group_units
 from imagebatch.work.prices import PriceTable, estimate_lines
 from imagebatch.work.store import KeyState, OutputStore
-from imagebatch.work.variants import rejected_requests
+from imagebatch.work.variants import RedoSummary, describe, rejected_requests, with_variants
 
-State = Literal["new", "changed", "retry", "unknown", "rejected", "done", "no_image", "blocked", "no_history"]
+State = Literal[
+    "new",
+    "changed",
+    "redo",
+    "retry",
+    "unknown",
+    "rejected",
+    "done",
+    "no_image",
+    "redone",
+    "blocked",
+    "no_history",
+]
 STATES: dict[State, str] = {
     "new": "never sent",
     "changed": "its row changed since it was sent: sent under its new key; the old images are kept",
+    "redo": "a new variant --redo makes (of a rejected, no_image or failed request)",
     "retry": "did not succeed before (or its files are gone): sent again",
     "unknown": "sent before, no answer (it may have been made and billed): sent only with --retry-unknown",
     "rejected": "done, and its review decision is rejected: sent again (a new variant) only with "
     "--redo rejected",
     "done": "succeeded before: skipped",
-    "no_image": "answered without an image: not sent again (--force resends it)",
+    "no_image": "answered without an image: not sent again (--redo no_image makes a new variant)",
+    "redone": "failed: not sent again itself, its new variant (--redo failed) is",
     "blocked": "a later turn of an edit chain whose earlier turn is not sent",
     "no_history": "a chain turn whose earlier turns are not saved: fails unsent (--force remakes the chain)",
 }
@@ -72,6 +91,8 @@ class Forecast:
     recorded: bool
     """Whether the location holds a journal (a run has started there)."""
     retry_unknown: bool = False
+    redo: RedoSummary | None = None
+    """With `redo`: what the redo is to send (variants, edits, by kind)."""
 
     def counts(self) -> Counter[State]:
         return Counter(f.state for f in self.fates)
@@ -80,8 +101,16 @@ class Forecast:
         return [f.request for f in self.fates if f.sends]
 
 
-def forecast(manifest: Manifest, out: Path | str, *, retry_unknown: bool = False) -> Forecast:
-    """What `imagebatch run MANIFEST --out OUT [--retry-unknown]` would send now, request by request."""
+def forecast(
+    manifest: Manifest,
+    out: Path | str,
+    *,
+    retry_unknown: bool = False,
+    redo: Collection[str] = frozenset(),
+    edit: bool = False,
+) -> Forecast:
+    """What `imagebatch run MANIFEST --out OUT [--retry-unknown] [--redo KINDS [--edit]]` would send now,
+    request by request."""
     store = OutputStore(out)
     in_use = store.in_use()
     last_key: dict[tuple[Any, Any, Any], str] = {}
@@ -92,10 +121,16 @@ def forecast(manifest: Manifest, out: Path | str, *, retry_unknown: bool = False
     states = store.load_state(note)
     units = group_units(plan(manifest))
     rejected = rejected_requests(units, states, store)
+    held: frozenset[str] = frozenset()
+    summary = None
+    if redo:
+        units, held, summary = with_variants(
+            units, states, store, redo=redo, edit=edit, retry_unknown=retry_unknown
+        )
     fates: list[Fate] = []
     for unit in units:
-        fates += _unit_fates(store, unit, states, last_key, rejected, retry_unknown)
-    return Forecast(store.where, fates, in_use, bool(states), retry_unknown)
+        fates += _unit_fates(store, unit, states, last_key, rejected, retry_unknown, held)
+    return Forecast(store.where, fates, in_use, bool(states), retry_unknown, summary)
 
 
 def _unit_fates(
@@ -105,8 +140,10 @@ def _unit_fates(
     last_key: dict[tuple[Any, Any, Any], str],
     rejected: set[str],
     retry_unknown: bool,
+    held: frozenset[str] = frozenset(),
 ) -> list[Fate]:
-    """One unit's requests, in order, as `work.unit.run_unit` and `work.chain.run_chain` treat them."""
+    """One unit's requests, in order, as `work.unit.run_unit` and `work.chain.run_chain` treat them
+    (`held`: the failed requests a redo replaces by a new variant)."""
     fates: list[Fate] = []
     saved: int | None = None  # a chain's saved turns, read at its first turn to send
     blocked = False
@@ -115,6 +152,10 @@ def _unit_fates(
         state = states.get(key)
         if blocked:
             fates.append(Fate(req, "blocked", False))
+            continue
+        if key in held:
+            fates.append(Fate(req, "redone", False))
+            blocked = unit.is_chain
             continue
         decision = decide(state, retry_unknown=retry_unknown)
         if decision == "skip":
@@ -135,6 +176,9 @@ def _unit_fates(
             saved = req.turn_index + 1  # once it succeeds, it is saved for the next turn
         if state is not None:
             fates.append(Fate(req, "unknown" if state.status == "unknown" else "retry", True))
+            continue
+        if req.variant > 1:
+            fates.append(Fate(req, "redo", True))
             continue
         previous = last_key.get((req.job_id, req.request_index, req.turn_index))
         if previous is not None and previous != key:
@@ -171,6 +215,8 @@ def print_forecast(
             print(f"  {state:<11}{counts[state]:>9,}{sent[state]:>7,}  {note}", file=out)
     total = sum(counts.values())
     print(f"  {'total':<11}{total:>9,}{sum(sent.values()):>7,}", file=out)
+    if result.redo is not None:
+        print(f"  {describe(result.redo.info())}", file=out)
     jobs = {job.id: job for job in manifest.jobs}
     for state in ("changed", "rejected"):
         named = [f for f in result.fates if f.state == state]

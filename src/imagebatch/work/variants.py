@@ -1,11 +1,16 @@
-"""Variants: the new samples `imagebatch run --redo rejected` makes of the requests a reviewer rejected,
-and every variant of a request in a run's plan, newest first.
+"""Variants: the new samples `imagebatch run --redo KINDS` makes of the requests a reviewer rejected, or
+the service answered without an image, or that failed; and every variant of a request in a run's plan,
+newest first.
 
-A request's first sample is variant 1 (the plan's own request, its key unchanged); `--redo rejected`
-adds variant n + 1 to each request whose newest variant n has `rejected` as its decision in force
-(`work.decisions`), and nothing else. Variant n + 1 has a key of its own (`manifest.plan.variant_of`),
-so the next run finds it in the journal: its newest variant is then n + 1, not rejected, and nothing is
-sent again (until a reviewer rejects n + 1 in turn).
+A request's first sample is variant 1 (the plan's own request, its key unchanged); `--redo` takes a set
+of kinds (`REDO_KINDS`, comma separated: `--redo rejected,no_image`) and adds variant n + 1 to each
+request whose newest variant n is of one of them (`redo_kind`), and nothing else:
+- `rejected`: its decision in force is `rejected` (`work.decisions`);
+- `no_image`: the service answered without an image (a rerun otherwise carries it as it stands);
+- `failed`: its request failed; the failed variant itself is then not sent again (it is `held`), the
+  new one is sent in its place.
+Variant n + 1 has a key of its own (`manifest.plan.variant_of`), so the next run finds it in the
+journal: its newest variant is then n + 1, and nothing is sent again (until it is of a kind asked for).
 
 Choices the issue leaves open:
 - **Which variants a run lists**: every variant the journal knows for the plan's requests (a variant
@@ -26,9 +31,9 @@ Choices the issue leaves open:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from imagebatch.gateway.constants import Route
 from imagebatch.manifest import EditOf, PlannedRequest, variant_of
@@ -40,6 +45,36 @@ from imagebatch.work.store import KeyState, OutputStore
 NO_NOTE = "no note"
 NOT_NATIVE = "not the native route"
 NO_HISTORY = "no kept history"
+NO_IMAGE_TO_EDIT = "no image to edit"
+
+RedoKind = Literal["rejected", "no_image", "failed"]
+REDO_KINDS: tuple[RedoKind, ...] = get_args(RedoKind)
+"""What `--redo` takes, comma separated (the module's docstring)."""
+
+
+def redo_kinds(text: str | None) -> frozenset[RedoKind]:
+    """`--redo rejected,no_image` as a set (empty for None); ValueError in one line naming what is not a
+    kind."""
+    if text is None:
+        return frozenset()
+    words = [word.strip() for word in text.split(",")]
+    if bad := [word for word in words if word not in REDO_KINDS]:
+        shown = ", ".join(repr(word) for word in bad)
+        raise ValueError(f"--redo takes {', '.join(REDO_KINDS)} (comma separated), not {shown}")
+    return frozenset(words)  # type: ignore[arg-type]
+
+
+def redo_kind(
+    req: PlannedRequest, states: Mapping[str, KeyState], decisions: Mapping[str, Decision]
+) -> RedoKind | None:
+    """The kind of redo `req` (a request's newest variant) is, or None: rejected by its reviewer, or its
+    request answered without an image, or failed."""
+    decision = decisions.get(req.idempotency_key)
+    if decision is not None and decision.decision == "rejected":
+        return "rejected"
+    state = states.get(req.idempotency_key)
+    status = state.status if state is not None else None
+    return status if status in ("no_image", "failed") else None
 
 
 @dataclass
@@ -52,11 +87,14 @@ class RedoSummary:
     """Of those, made as an edit of the rejected answer (`--edit`)."""
     fallback: Counter[str] = field(default_factory=Counter)
     """`--edit` asked, but made as new samples, by reason."""
+    kinds: Counter[str] = field(default_factory=Counter)
+    """The variants to send by the kind of the variant each redoes (`REDO_KINDS`)."""
 
     def info(self) -> dict[str, Any]:
         """As run.json records it (`redo`)."""
         return {
             "variants": self.variants,
+            "kinds": dict(self.kinds),
             "edits": self.edits,
             "new_samples": self.variants - self.edits,
             "fallback": self.fallback.total(),
@@ -65,8 +103,10 @@ class RedoSummary:
 
 
 def describe(redo: Mapping[str, Any]) -> str:
-    """What a `--redo rejected` run was to send (run.json's `redo`, `RedoSummary.info`), in one line."""
-    line = f"redo: {redo['variants']} variant(s) of rejected images to send"
+    """What a `--redo` run was to send (run.json's `redo`, `RedoSummary.info`), in one line."""
+    line = f"redo: {redo['variants']} variant(s) to send"
+    if kinds := redo.get("kinds"):
+        line += " (" + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) + ")"
     if redo["edits"]:
         line += f", {redo['edits']} as edits with the reviewer's note"
     if redo["fallback"]:
@@ -80,13 +120,14 @@ def with_variants(
     states: Mapping[str, KeyState],
     store: OutputStore,
     *,
-    redo: bool = False,
+    redo: Collection[str] = frozenset(),
     edit: bool = False,
     retry_unknown: bool = False,
 ) -> tuple[list[Unit], frozenset[str], RedoSummary | None]:
     """The run's units with every variant of their requests (one unit each, newest first, before the
-    request's own unit), the new ones a `redo` adds included; the keys the run must not send (`held`:
-    every variant, when not redoing); and, when redoing, what it is to send.
+    request's own unit), the new ones a `redo` (the kinds a `--redo` run asks for; empty: not a redo run)
+    adds included; the keys the run must not send (`held`: every variant, when not redoing; a failed
+    variant a new one replaces, when redoing `failed`); and, when redoing, what it is to send.
 
     Costs nothing when the journal knows no variant and the run redoes nothing."""
     newest = _newest(states)
@@ -99,22 +140,41 @@ def with_variants(
     for unit in units:
         for req in unit.requests:
             chain = _existing(req, states, newest.get((req.job_id, req.request_index, req.turn_index), 1))
-            if not redo:
+            if summary is None:
                 held.update(v.idempotency_key for v in chain[1:])
             else:
-                last = decisions.get(chain[-1].idempotency_key)
-                if last is not None and last.decision == "rejected":
-                    chain.append(variant_of(req, chain[-1].variant + 1))
-                for n in range(1, len(chain)):
-                    state = states.get(chain[n].idempotency_key)
-                    if decide(state, force=False, retry_unknown=retry_unknown) == "send":
-                        assert summary is not None
-                        chain[n] = _made(chain[n], chain[n - 1], decisions, store, edit, summary)
+                held |= _redo_chain(chain, states, decisions, store, redo, edit, retry_unknown, summary)
             out += [Unit(0, req.job, [v]) for v in reversed(chain[1:])]
         out.append(unit)
     for index, unit in enumerate(out):
         unit.index = index
     return out, frozenset(held), summary
+
+
+def _redo_chain(
+    chain: list[PlannedRequest],
+    states: Mapping[str, KeyState],
+    decisions: Mapping[str, Decision],
+    store: OutputStore,
+    kinds: Collection[str],
+    edit: bool,
+    retry_unknown: bool,
+    summary: RedoSummary,
+) -> set[str]:
+    """One request's variants in a redo run: the new variant its newest one's kind asks for appended to
+    `chain`, and each variant to send made as this run makes it (`_made`, counted); the keys not to send
+    (a failed newest variant, which the new one replaces)."""
+    held: set[str] = set()
+    if (kind := redo_kind(chain[-1], states, decisions)) in kinds:
+        if kind == "failed":
+            held.add(chain[-1].idempotency_key)
+        chain.append(variant_of(chain[0], chain[-1].variant + 1))
+    for n in range(1, len(chain)):
+        key = chain[n].idempotency_key
+        if key not in held and decide(states.get(key), retry_unknown=retry_unknown) == "send":
+            base_kind = redo_kind(chain[n - 1], states, decisions) or "earlier"
+            chain[n] = _made(chain[n], chain[n - 1], decisions, store, edit, summary, base_kind)
+    return held
 
 
 def _newest(states: Mapping[str, KeyState]) -> dict[tuple[str, int, int], int]:
@@ -163,15 +223,17 @@ def _made(
     store: OutputStore,
     edit: bool,
     summary: RedoSummary,
+    kind: str,
 ) -> PlannedRequest:
-    """`variant` as this run makes it: an edit of `base`'s answer (`--edit`, where it can be), else a new
-    sample; counted in `summary`."""
+    """`variant` as this run makes it: an edit of `base`'s answer (`--edit`, where it can be: a rejected
+    image), else a new sample; counted in `summary`, by `kind` (what `base` was)."""
     summary.variants += 1
+    summary.kinds[kind] += 1
     if not edit:
         return variant
     decision = decisions.get(base.idempotency_key)
     note = decision.note.strip() if decision is not None and decision.decision == "rejected" else ""
-    why = None if note else NO_NOTE
+    why = None if note else (NO_NOTE if kind == "rejected" else NO_IMAGE_TO_EDIT)
     if why is None and base.route is not Route.NATIVE:
         why = NOT_NATIVE
     if why is None:

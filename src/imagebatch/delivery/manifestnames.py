@@ -1,0 +1,99 @@
+"""`imagebatch validate MANIFEST --name TEMPLATE [--slug]`: export's naming rules applied to every row of
+a manifest before anything is sent (and paid for), each problem naming the manifest's own row (the
+spreadsheet's sheet and row for a workbook) rather than a results.csv row that does not exist yet.
+
+The names are those a first export would make (variant 1 of each request, each of its images): the same
+values (`exportplan.name_values`) through the same checks (`naming.name_for`, `naming.clashes`). Two
+things a run alone knows are assumed: `{ext}` is `png` (the service's usual format; every name gets the
+same one, so collisions are found all the same), and results.csv's columns that a run fills in
+(`status`, `width`, ...) cannot be named.
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from imagebatch.delivery.exportplan import name_values
+from imagebatch.delivery.naming import NameTemplate, TemplateError, clashes, name_for
+from imagebatch.manifest import Manifest, PlannedRequest, plan
+from imagebatch.manifest.models import location_text
+from imagebatch.manifest.validate import EXIT_INVALID, EXIT_VALID
+from imagebatch.work.store import RESULT_COLUMNS
+
+ASSUMED_EXT = "png"
+KNOWN_BEFORE_A_RUN = ("job_id", "request_index", "turn_index", "variant", "model", "route", "idempotency_key")
+"""results.csv's columns a manifest's plan already knows."""
+
+
+def _label(manifest: Manifest, req: PlannedRequest, n: int) -> str:
+    """The manifest's row (a workbook's with its sheet, as its problems say it), and the request, turn
+    and image when its job has several."""
+    job = req.job
+    row = job.location if manifest.sheet is None else location_text("row", job.line, manifest.sheet)
+    where = f"{row} (id={job.id})"
+    if job.count > 1:
+        where += f" request {req.request_index}"
+    if job.turns:
+        where += f" turn {req.turn_index}"
+    if job.images_per_request > 1:
+        where += f" image {n}"
+    return where
+
+
+def name_problems(manifest: Manifest, text: str, *, slugged: bool = False) -> tuple[int, list[str]]:
+    """How many names a first export of the manifest would make with the template `text`, and every
+    problem with them, one line each naming the row. Raises TemplateError for a template that cannot
+    be parsed."""
+    template = NameTemplate.parse(text)
+    columns = [*KNOWN_BEFORE_A_RUN, *manifest.metadata_columns]
+    if unknown := template.unknown(columns):
+        later = [f for f in unknown if f in RESULT_COLUMNS]
+        why = "known only after a run" if later == unknown else "not a column of the manifest"
+        shown = ", ".join(f"{{{f}}}" for f in unknown)
+        return 0, [f"--name {text!r} names {shown}: {why} (it has {', '.join(columns)})"]
+    names: dict[str, str] = {}
+    problems = []
+    checked = 0
+    for req in plan(manifest):
+        job = req.job
+        row = {
+            "job_id": req.job_id,
+            "request_index": req.request_index,
+            "turn_index": req.turn_index,
+            "model": req.model,
+            "route": req.route.value,
+            "idempotency_key": req.idempotency_key,
+            **job.metadata,
+        }
+        for n in range(1, job.images_per_request + 1):
+            label = _label(manifest, req, n)
+            checked += 1
+            try:
+                names[label] = name_for(template, name_values(row, 1, n, ASSUMED_EXT), slugged=slugged)
+            except TemplateError as exc:
+                problems.append(f"{label}: {exc}")
+    for first, second, name in clashes(names):
+        problems.append(
+            f"{first} and {second}: both would be named {name!r} (or one is a folder of the other)"
+        )
+    return checked, problems
+
+
+def print_name_check(manifest: Manifest, text: str, *, slugged: bool, out: TextIO) -> int:
+    """`validate --name`: each problem on its own line, then one line of counts; the exit code (2 when a
+    name would be refused, as for a manifest's problems)."""
+    try:
+        checked, problems = name_problems(manifest, text, slugged=slugged)
+    except TemplateError as exc:
+        print(exc, file=out)
+        return EXIT_INVALID
+    for problem in problems:
+        print(problem, file=out)
+    if problems:
+        n = len(problems)
+        print(f"--name {text!r}: {n} problem{'s' if n != 1 else ''}; nothing was sent", file=out)
+        return EXIT_INVALID
+    print(
+        f"--name {text!r}: {checked} names, each safe and unique ({{ext}} taken as {ASSUMED_EXT})", file=out
+    )
+    return EXIT_VALID
