@@ -216,7 +216,7 @@ def manifest_details(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _rows(out: Path) -> Generator[dict[str, str], None, None]:
-    yield from read_csv(out / layout.RESULTS_CSV)
+    yield from read_csv(out / layout.RESULTS_CSV, layout.RESULTS_READ_COLUMNS)
 
 
 def _card(row: dict[str, str], details: Mapping[str, Any]) -> Card:

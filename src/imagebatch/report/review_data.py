@@ -95,7 +95,8 @@ def load_cards(location: Location) -> tuple[list[ReviewCard], int, int]:
         raise ReviewError(
             f"{location.url} has no {layout.RESULTS_CSV} (not an output folder of a finished run)"
         )
-    rows = list(read_csv(io.StringIO(raw.decode("utf-8", errors="replace"), newline="")))
+    text = io.StringIO(raw.decode("utf-8", errors="replace"), newline="")
+    rows = list(read_csv(text, layout.RESULTS_READ_COLUMNS))
     details = manifest_details(json_object(location.get(layout.RUN_JSON) or b"{}") or {})
     shown = [row for row in rows if reviewable(row)]
     groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
