@@ -59,7 +59,7 @@ def test_formulas_are_neutralised_in_the_csv_files_and_read_back_by_the_report(
 def test_a_bare_cr_in_a_metadata_value_keeps_its_row_whole(
     service_env: Any, tmp_path: Path, capsys: Any
 ) -> None:
-    """Issue 29 #2: `printf 'id,prompt,note\\ng1,p,"mid\\rdle"\\n'`; the CR was written unquoted, results.csv's
+    """Issue 29 #2: `printf 'id,prompt,note\\ng1,p,"mid\\rdle"\\n'`; the CR went out unquoted, results.csv's
     row split in two, the report failed on `'status'` and the text after the CR escaped the formula guard."""
     manifest = tmp_path / "cr.csv"
     manifest.write_bytes(b'id,prompt,note,other\ng1,p,"mid\rdle","x\r=1+1"\ng2,q,"a,b ""c""\nd",plain\n')
