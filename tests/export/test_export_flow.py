@@ -73,3 +73,16 @@ def test_the_catalog_delivered_after_its_run(service_env: Any, examples: Path, t
         state.result(raise_on_failure=False)
     )
     assert not (tmp_path / "clash").exists()
+
+
+def test_the_flow_refuses_a_name_wider_than_a_name_may_be(make_out: Any, tmp_path: Path) -> None:
+    """Issue 29 #6, through the flow's `name` parameter: refused at once, nothing written."""
+    made = make_out()
+    made.add("hat", [b"not read"], sku="SKU-3", colour="blue")
+    made.write()
+    state = export_deliverables(
+        out=str(made.root), to=str(tmp_path / "dest"), name="{job_id:>999999999}.{ext}", return_state=True
+    )
+    assert state.is_failed()
+    assert "asks for a width of 999999999" in str(state.message) + repr(state.result(raise_on_failure=False))
+    assert not (tmp_path / "dest").exists()
