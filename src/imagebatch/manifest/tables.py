@@ -199,7 +199,7 @@ def _read_xlsx(
     raw: RawManifest, data: bytes, sheet: str | None, max_bytes: int, bounds: tuple[int, int]
 ) -> tuple[int, list[str], list[tuple[int, list[str]]]]:
     _check_archive(raw, data, max_bytes)
-    max_rows, max_cells = bounds
+    max_cells = bounds[1]
     read = _read_sheet(raw, data, sheet, bounds)
     uncalculated: dict[tuple[int, int], str] = {}
     if read.formulas:
