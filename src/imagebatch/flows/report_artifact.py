@@ -34,7 +34,7 @@ from typing import Any
 
 from imagebatch.tasks import layout
 from imagebatch.tasks.outcome import DONE, tally
-from imagebatch.tasks.storage import is_object_url
+from imagebatch.tasks.storage import confined, is_object_url, write_atomic
 from imagebatch.tasks.store import STATUSES, RequestRecord
 
 KEEP = 30
@@ -61,7 +61,7 @@ def keep_run_report(first: Path, stamp: str, keep: int = KEEP) -> Path:
         text = page.read_text()
         for old, new in names.items():
             text = text.replace(f'href="{old}"', f'href="{new}"')
-        (out / names[page.name]).write_text(text)
+        write_atomic(confined(out, names[page.name]), text.encode())  # a full disk cut it mid-tag
     copy = re.compile(r"report\.(\d{8}T\d{6}Z-[^.-]+)(?:-\d+)?\.html$")
     stamps = sorted({m.group(1) for p in out.glob("report.*.html") if (m := copy.match(p.name))})
     for old in stamps[:-keep] if keep else []:

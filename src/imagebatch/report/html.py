@@ -21,7 +21,7 @@ from PIL import Image, ImageFile, JpegImagePlugin, PngImagePlugin
 from imagebatch.tasks import layout
 from imagebatch.tasks.csvcells import read_csv
 from imagebatch.tasks.decisions import Decision, decided
-from imagebatch.tasks.storage import LocalFolder
+from imagebatch.tasks.storage import LocalFolder, OutsideRootError, confined, write_atomic
 
 if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
@@ -155,24 +155,23 @@ def _reduced(im: Image.Image) -> Image.Image:
 
 
 def _save_thumbnail(source: Path | io.BytesIO, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
     with _open_bounded(source) as im:
         small = _reduced(im)
         small.thumbnail((THUMB_SIDE, THUMB_SIDE), reducing_gap=2.0)
         buf = io.BytesIO()
         small.convert("RGB").save(buf, "JPEG", quality=80)
-    target.write_bytes(buf.getvalue())
+    write_atomic(target, buf.getvalue(), sync=False)  # a lost thumbnail is remade; a torn one is not
 
 
 def _thumb(out: Path, source: Path, name: str) -> str | None:
     """A JPEG thumbnail of `source` under out/thumbs/ (made once, remade if the source is newer);
     its path relative to `out`, or None if `source` is not a readable image. `TooLarge` if it is
     over `THUMB_MAX_PIXELS`."""
-    target = out / layout.THUMBS_DIR / f"{name}.jpg"
+    target = confined(out, f"{layout.THUMBS_DIR}/{name}.jpg")  # thumbs/ linked out of OUT: refused
     try:
         if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
             _save_thumbnail(source, target)
-    except TooLarge:
+    except (TooLarge, OutsideRootError):
         raise
     except (OSError, ValueError):
         return None
@@ -401,7 +400,8 @@ def build_report(
         page = [_card(row, details) for row in itertools.islice(rows, page_size)]
         title = f"imagebatch report: {out.name}" + (f" (page {number})" if len(names) > 1 else "")
         cards = [_card_html(out, c, decisions.get(c.row["idempotency_key"])) for c in page]
-        (out / name).write_text(_page(title, summary, nav, cards, options))
+        # Whole or not at all (a full disk cut a page mid-tag), and never through a link out of OUT.
+        write_atomic(confined(out, name), _page(title, summary, nav, cards, options).encode())
     rows.close()
     for stale in out.glob(layout.REPORT_PAGES):
         if stale.name not in names:

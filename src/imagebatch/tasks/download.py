@@ -22,6 +22,7 @@ from pathlib import Path
 
 from . import layout
 from .objectstore import ObjectLocation, stage
+from .storage import confined, write_atomic
 
 
 def report_pages(names: list[str]) -> list[str]:
@@ -38,7 +39,7 @@ def download_report(loc: ObjectLocation, to: Path) -> Path:
     if report is not None and results is not None and report >= results:
         pages = report_pages(loc.list_top())
         for name in pages:
-            (to / name).write_bytes(loc.get(name) or b"")
+            write_atomic(confined(to, name), loc.get(name) or b"")
         for stale in report_pages([p.name for p in to.glob("report*.html")]):
             if stale not in pages:
                 (to / stale).unlink()

@@ -61,7 +61,15 @@ from .exportplan import (
     read_results,
 )
 from .naming import DEFAULT_TEMPLATE, NameTemplate, TemplateError
-from .storage import LocalFolder, Location, is_object_url, local_path, open_location
+from .storage import (
+    LocalFolder,
+    Location,
+    OutsideRootError,
+    confined,
+    is_object_url,
+    local_path,
+    open_location,
+)
 
 STAGING_PREFIX = ".imagebatch-export-"
 IO_THREADS = 16
@@ -277,7 +285,7 @@ def publish(
         i, d = item
         replace = d.name in same  # present with other bytes, and --overwrite (else refused before)
         if isinstance(dest, LocalFolder):
-            placed = _place_local(staging / str(i), dest.root / d.name, replace)
+            placed = _place_local(staging / str(i), confined(dest.root, d.name), replace)
         else:
             data = (staging / str(i)).read_bytes()
             placed = True
@@ -289,6 +297,20 @@ def publish(
 
     threads = 1 if isinstance(dest, LocalFolder) else IO_THREADS
     return [p for p in io_map(place, changed, threads) if p]
+
+
+def leaving(dest: Location, deliverables: list[Deliverable]) -> list[str]:
+    """The deliverables whose path in a local DEST leads out of it through a symbolic link (a folder of
+    DEST linked elsewhere), and export.csv if it does: refused before anything is written."""
+    if not isinstance(dest, LocalFolder):
+        return []
+    problems = []
+    for label, name in [(d.label, d.name) for d in deliverables] + [("DEST's listing", EXPORT_CSV)]:
+        try:
+            confined(dest.root, name)
+        except OutsideRootError:
+            problems.append(f"{label}: its name {name!r} leads out of DEST through a symbolic link")
+    return problems
 
 
 # -- the whole --
@@ -352,7 +374,7 @@ def export(
     if not deliverables:
         return summary
     existing = set(target.list(""))
-    if problems := in_the_way(deliverables, existing):
+    if problems := in_the_way(deliverables, existing) + leaving(target, deliverables):
         raise ExportRefused(problems)
     reused = reuse(source, target, deliverables, existing)
     todo = [(i, d) for i, d in enumerate(deliverables) if i not in reused]

@@ -27,6 +27,25 @@ class OutputLockedError(RuntimeError):
     """The output location is held by another run."""
 
 
+class OutsideRootError(PermissionError):
+    """A write into a folder the user named (OUT, DEST) whose path leaves it through a symbolic link."""
+
+
+def confined(root: Path, name: str | os.PathLike[str]) -> Path:
+    """`root / name`, for writing: `OutsideRootError` (its message names the path) if the path, or any
+    folder on its way, is a symbolic link that leads out of `root`, or if `name` climbs out with `..`.
+
+    The one check of every write imagebatch makes into OUT or DEST (export's files, review.jsonl, the
+    thumbnails and the report's pages), as reads already refuse to follow a link out: a folder of DEST
+    linked to `/etc` must not receive a deliverable (issue 29 #5, #9). A link that stays inside is
+    followed. What is checked is the path as it is now; a writer that appends also opens with
+    `O_NOFOLLOW`, so a link put in the file's place afterwards fails the open."""
+    path = Path(root) / name
+    if not path.resolve().is_relative_to(Path(root).resolve()):
+        raise OutsideRootError(f"{path} leads out of {root} (a symbolic link on its way): not written")
+    return path
+
+
 def is_object_url(out: str | os.PathLike[str]) -> bool:
     """Whether `--out` names an object store (`s3://bucket/prefix`, `gs://...`, `az://...`)."""
     text = str(out) if isinstance(out, str) else ""
@@ -121,10 +140,10 @@ class LocalFolder:
         self.url = str(self.root)
 
     def put_new(self, name: str, data: bytes) -> bool:
-        path = self.root / name
+        path = confined(self.root, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         except FileExistsError:
             return False
         with os.fdopen(fd, "wb") as fh:
@@ -134,7 +153,7 @@ class LocalFolder:
         return True
 
     def put(self, name: str, data: bytes) -> None:
-        write_atomic(self.root / name, data)
+        write_atomic(confined(self.root, name), data)
 
     def get(self, name: str) -> bytes | None:
         try:
@@ -152,7 +171,7 @@ class LocalFolder:
         return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
 
     def delete(self, name: str) -> None:
-        (self.root / name).unlink(missing_ok=True)
+        confined(self.root, name).unlink(missing_ok=True)
 
 
 def open_location(out: str | os.PathLike[str]) -> Location:

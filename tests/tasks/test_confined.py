@@ -1,0 +1,109 @@
+"""Writes into OUT or DEST never leave it through a symbolic link (issue 29 #5, #9): export's files,
+review.jsonl, the report's thumbnails and pages; one check for all of them (`storage.confined`). Each
+test plants the link itself, as an attacker sharing the folder would."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+from helpers.exports import OutMaker, tree
+from helpers.runs import cli
+from PIL import Image
+
+from imagebatch.tasks.decisions import REVIEW_FILE, Decision, record_decision
+from imagebatch.tasks.storage import LocalFolder, OutsideRootError, confined
+
+
+def png() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    (tmp_path / "outside").mkdir()
+    return tmp_path / "outside"
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> OutMaker:
+    made = OutMaker(tmp_path / "out", ["sku"])
+    made.add("r1", [png()], sku="SKU-1")
+    made.add("r2", [png()], sku="SKU-2")
+    made.write()
+    return made
+
+
+def test_confined_follows_links_that_stay_inside_and_refuses_those_that_leave(
+    tmp_path: Path, outside: Path
+) -> None:
+    root = tmp_path / "root"
+    (root / "real").mkdir(parents=True)
+    (root / "inner").symlink_to(root / "real")
+    (root / "away").symlink_to(outside)
+    (root / "file.txt").symlink_to(outside / "victim.txt")  # dangling: the file does not exist yet
+    assert confined(root, "inner/a.png") == root / "inner/a.png"
+    assert confined(root, "new/deeper/a.png") == root / "new/deeper/a.png"
+    for name in ("away/a.png", "away/x/y.png", "file.txt", "../outside/a.png", "real/../../outside/a"):
+        with pytest.raises(OutsideRootError, match="leads out of"):
+            confined(root, name)
+    with pytest.raises(OutsideRootError):
+        LocalFolder(root).put("away/run.json", b"{}")
+    with pytest.raises(OutsideRootError):
+        LocalFolder(root).put_new("file.txt", b"x")
+    assert tree(outside) == {}
+
+
+def test_export_through_a_linked_folder_of_dest_is_refused_and_nothing_written(
+    out: OutMaker, tmp_path: Path, outside: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "r1").symlink_to(outside)  # `ln -s "$PWD/outside" dest/r1`
+    code, _, err = cli(capsys, "export", str(out.root), "--to", str(dest), "--name", "{job_id}/{n}.{ext}")
+    assert code == 2
+    assert "(job 'r1', request 0): its name 'r1/1.png' leads out of DEST through a symbolic link" in err
+    assert "nothing was written" in err
+    assert tree(outside) == {} and sorted(os.listdir(dest)) == ["r1"]
+
+
+def test_export_over_a_linked_file_of_dest_is_refused_even_with_overwrite(
+    out: OutMaker, tmp_path: Path, outside: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (outside / "victim.png").write_bytes(b"precious")
+    (dest / "SKU-1.png").symlink_to(outside / "victim.png")
+    (dest / "export.csv").symlink_to(outside / "listing.csv")
+    args = ["export", str(out.root), "--to", str(dest), "--name", "{sku}.{ext}", "--overwrite"]
+    code, _, err = cli(capsys, *args)
+    assert code == 2
+    assert "its name 'SKU-1.png' leads out of DEST" in err and "'export.csv' leads out of DEST" in err
+    assert tree(outside) == {"victim.png": b"precious"}
+
+
+def test_a_decision_is_not_appended_to_a_review_file_linked_out_of_out(out: OutMaker, outside: Path) -> None:
+    (outside / "victim.jsonl").write_bytes(b"")
+    (out.root / REVIEW_FILE).symlink_to(outside / "victim.jsonl")
+    with pytest.raises(OutsideRootError, match=REVIEW_FILE):
+        record_decision(LocalFolder(out.root), Decision("ib1-a", 1, "approved"))
+    assert (outside / "victim.jsonl").read_bytes() == b""
+
+
+def test_the_report_makes_no_thumbnail_nor_page_through_a_link_out_of_out(
+    out: OutMaker, outside: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (out.root / "thumbs").symlink_to(outside)
+    code, _, err = cli(capsys, "report", str(out.root))
+    assert code == 2 and "thumbs" in err and "leads out of" in err
+    assert tree(outside) == {}
+
+    (out.root / "thumbs").unlink()
+    (out.root / "report.html").symlink_to(outside / "report.html")
+    code, _, err = cli(capsys, "report", str(out.root))
+    assert code == 2 and "report.html leads out of" in err
+    assert tree(outside) == {} and tree(out.root / "thumbs")  # the thumbnails went where they belong
