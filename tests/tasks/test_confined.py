@@ -107,3 +107,37 @@ def test_the_report_makes_no_thumbnail_nor_page_through_a_link_out_of_out(
     code, _, err = cli(capsys, "report", str(out.root))
     assert code == 2 and "report.html leads out of" in err
     assert tree(outside) == {} and tree(out.root / "thumbs")  # the thumbnails went where they belong
+
+
+def test_a_full_disk_leaves_no_report_page_nor_run_copy_cut_short(tmp_path: Path) -> None:
+    """Issue 29 #10: the per-run copy was left cut mid-tag at 32,768 bytes. A child process whose files
+    may not grow past 16 KB (RLIMIT_FSIZE: the kernel's EFBIG, as a full disk's ENOSPC) writes a 60 KB
+    report and then copies the earlier 60 KB report for its run: each is whole or absent."""
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = "<html>" + "<p>earlier</p>\n" * 4000 + "</html>"
+    (out / "report.html").write_text(earlier)
+    code = (
+        "import resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from imagebatch.flows.report_artifact import keep_run_report\n"
+        "from imagebatch.tasks.storage import confined, write_atomic\n"
+        "out = Path(sys.argv[1])\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\n"
+        "page = ('<div>' + 'x' * 90 + '</div>\\n') * 600\n"
+        "for step in (lambda: write_atomic(confined(out, 'report.html'), page.encode()),\n"
+        "             lambda: keep_run_report(out / 'report.html', '20260101T000000Z-abcdef12')):\n"
+        "    try:\n"
+        "        step()\n"
+        "    except OSError as exc:\n"
+        "        print(exc.errno)\n"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["27", "27"]  # EFBIG, twice: neither fitted
+    assert (out / "report.html").read_text() == earlier
+    assert sorted(p.name for p in out.iterdir()) == ["report.html"]  # no copy cut short, no temporary file
