@@ -22,6 +22,7 @@ from rich.console import Console
 from imagebatch.flows import display
 from imagebatch.flows.exits import EXIT_INCOMPLETE, EXIT_USAGE, exit_code_for
 from imagebatch.tasks import layout
+from imagebatch.tasks.storage import redact_urls, shown_url
 
 if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
     from imagebatch.flows.batch import RunHooks
@@ -269,7 +270,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
         ):
             info = _generate(args, guard)
     except UsageError as exc:
-        err.print(f"{exc}; nothing was sent.", markup=False)
+        err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
         return EXIT_USAGE
     code = display.report(out, err, info, signals, guard)
     guard.finish()
@@ -360,10 +361,11 @@ def _preflight(args: argparse.Namespace, err: Console) -> Preflight | None:
     except ManifestError as exc:
         for problem in exc.problems:
             err.print(str(problem), markup=False, highlight=False)
-        err.print(f"{args.manifest}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
+        where = shown_url(args.manifest)
+        err.print(f"{where}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
         return None
     except UsageError as exc:
-        err.print(f"{exc}; nothing was sent.", markup=False)
+        err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
         return None
 
 

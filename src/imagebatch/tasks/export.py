@@ -69,6 +69,7 @@ from .storage import (
     is_object_url,
     local_path,
     open_location,
+    shown_url,
 )
 
 STAGING_PREFIX = ".imagebatch-export-"
@@ -329,7 +330,7 @@ def _places(out: str, dest: str) -> tuple[Location, Location]:
         try:
             loc = open_location(where)
         except ValueError as exc:
-            raise ExportRefused([f"{option} {where}: {exc}"]) from None
+            raise ExportRefused([f"{option} {shown_url(where)}: {exc}"]) from None
         check = getattr(loc, "check", None)
         if check is not None and (why := check()):
             problems.append(f"{option} {loc.url}: {why}")
@@ -342,7 +343,9 @@ def _places(out: str, dest: str) -> tuple[Location, Location]:
         inner = target.url if is_object_url(dest) else str(local_path(dest).resolve())
         run_folders = (layout.IMAGES_DIR, layout.THUMBS_DIR, layout.CHAINS_DIR)
         if inner == outer or any(_contains(f"{outer}/{f}", inner) for f in run_folders):
-            problems.append(f"--to {dest} is OUT or one of its run's folders: choose a folder of its own")
+            problems.append(
+                f"--to {shown_url(dest)} is OUT or one of its run's folders: choose a folder of its own"
+            )
     if problems:
         raise ExportRefused(problems)
     return source, target
@@ -447,7 +450,9 @@ def export_main(args: argparse.Namespace) -> int:
             print(f"... and {len(exc.problems) - SHOWN_PROBLEMS} more", file=sys.stderr)
         n = len(exc.problems)
         written = (
-            "the files before it were written whole" if exc.written else f"nothing was written to {args.to}"
+            "the files before it were written whole"
+            if exc.written
+            else f"nothing was written to {shown_url(args.to)}"
         )
         print(f"imagebatch export: {n} problem{'s' if n != 1 else ''}; {written}", file=sys.stderr)
         return 2

@@ -54,14 +54,29 @@ def is_object_url(out: str | os.PathLike[str]) -> bool:
 
 def shown_url(url: str) -> str:
     """`url` as a message may show it: without a user name, password, query or fragment (where a
-    credential would hide), which `--out` refuses anyway."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
+    credential would hide: `s3://KEY:SECRET@bucket`, a presigned URL's `?X-Amz-Signature=`).
+
+    The one redaction of a location for every message and log line that names one: `--out`, a manifest's
+    URL, export's OUT and `--to`, a reference cell (issue 29 #4). Anything that is not `scheme://...` is
+    returned as it is (a local path holds no credential)."""
+    scheme, sep, rest = str(url).partition("://")
+    if not sep or not _SCHEME.fullmatch(scheme):
+        return str(url)
+    rest = re.split(r"[?#]", rest, maxsplit=1)[0]
     authority, slash, path = rest.partition("/")
     authority = authority.rpartition("@")[2]
-    shown = f"{scheme}://{authority}{slash}{path}"
-    return re.split(r"[?#]", shown, maxsplit=1)[0]
+    return f"{scheme}://{authority}{slash}{path}"
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:[^\s'\"<>`]*[^\s'\"<>`:,.;)])?")
+"""A URL inside a message: up to a space or a quote, a trailing `:` `,` `.` `;` `)` left to the text."""
+
+
+def redact_urls(text: str) -> str:
+    """`text` with every URL in it as `shown_url` shows it: for a message built from parts that may
+    name a location (a manifest's problem quoting its cell, an exception's text)."""
+    return _URL_IN_TEXT.sub(lambda m: shown_url(m.group()), text)
 
 
 STORE_SECRETS = (
