@@ -15,9 +15,10 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
+from urllib.parse import urlsplit
 
 OBJECT_SCHEMES = ("s3", "gs", "az")
 """The URL schemes `--out` takes for an object store (anything else is a local folder)."""
@@ -91,6 +92,42 @@ STORE_SECRETS = (
 )
 """The variables of the stores' standard credential chains that hold a secret: a process that imagebatch
 starts itself (a shard the parent runs) gets them on its stdin, never in its environment."""
+
+
+STORE_ENDPOINTS = {
+    "s3": ("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ENDPOINT_URL_S3"),
+    "gs": ("GOOGLE_BASE_URL",),
+    "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"),
+}
+"""The variables a store's client reads its server's address from (obstore's names, by scheme)."""
+
+
+def store_config_fault(scheme: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why the store's configuration in the environment cannot be used, or None: an endpoint that is not
+    an http(s) URL of a server. Checked before obstore sees it: it panics on such a value at the first
+    request (`PanicException`, a traceback; issue 29 #7). The value is not repeated (it may hold a
+    secret a person pasted in the wrong variable)."""
+    env = os.environ if environ is None else environ
+    for name in STORE_ENDPOINTS.get(scheme, ()):
+        value = env.get(name)
+        if value is None:
+            continue
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018  (a port that is not a number raises here)
+        except ValueError:
+            return f"{name} is not a URL"
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            return f"{name} must be the http:// or https:// URL of the store's server (it is not)"
+        if any(c.isspace() or not c.isprintable() for c in value) or parts.username or parts.password:
+            return f"{name} must be a plain http(s) URL: no space, no user or password (credentials)"
+    return None
+
+
+def check_store_config(scheme: str) -> None:
+    """ValueError, saying why, if `store_config_fault` finds the environment's store configuration bad."""
+    if why := store_config_fault(scheme):
+        raise ValueError(why)
 
 
 def local_path(out: str | os.PathLike[str]) -> Path:
