@@ -53,3 +53,21 @@ def test_a_good_endpoint_and_no_endpoint_pass() -> None:
         assert store_config_fault("s3", env) is None
     assert store_config_fault("az", {"AZURE_STORAGE_ENDPOINT": "file:///x"}) is not None
     assert store_config_fault("gs", {"AWS_ENDPOINT_URL": "file:///x"}) is None  # another store's variable
+
+
+def test_an_output_prefix_too_long_for_the_keys_under_it_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29 #12: a 1,100-character prefix was accepted (moto stored 1,142-byte keys; S3 allows 1,024)."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,prompt\ng1,a vase\n")
+    for command in ("validate", "run"):
+        code, out, err = cli(capsys, command, str(manifest), "--out", "s3://bucket/" + "p" * 1100)
+        assert code == 2, command
+        assert "the prefix is 1,100 bytes long; at most 767 " in out + err, command
+        assert "Traceback" not in err
+    from imagebatch.tasks.storage import check_store_config
+
+    check_store_config("s3", "é" * 383)  # 766 bytes: room for a run's names
+    with pytest.raises(ValueError, match="the prefix is 768 bytes long"):
+        check_store_config("s3", "é" * 384)

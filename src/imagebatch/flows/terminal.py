@@ -272,6 +272,10 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
     except UsageError as exc:
         err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
         return EXIT_USAGE
+    if server is not None and not guard.lost.is_set():
+        from imagebatch.flows.prefect_server import end_shipping
+
+        end_shipping()  # Prefect's last logs sent now, not after the summary to a stopped server
     code = display.report(out, err, info, signals, guard)
     guard.finish()
     if guard.lost.is_set():  # Prefect's exit handlers would try to send its queued events for minutes

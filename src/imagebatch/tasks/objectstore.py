@@ -120,7 +120,7 @@ class ObjectLocation:
         self, url: str, *, retry: dict[str, Any] | None = None, client_options: dict[str, Any] | None = None
     ) -> None:
         self.scheme, self.bucket, self.prefix = split_url(url)
-        check_store_config(self.scheme)
+        check_store_config(self.scheme, self.prefix)
         self.url = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         from obstore.store import AzureStore, GCSStore, S3Store
 

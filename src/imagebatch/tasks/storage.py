@@ -124,10 +124,25 @@ def store_config_fault(scheme: str, environ: Mapping[str, str] | None = None) ->
     return None
 
 
-def check_store_config(scheme: str) -> None:
-    """ValueError, saying why, if `store_config_fault` finds the environment's store configuration bad."""
+MAX_OBJECT_KEY_BYTES = 1024
+"""The longest object key S3 (and GCS) accept, in UTF-8 bytes."""
+MAX_RUN_NAME_BYTES = 256
+"""Room for the longest name a run writes under its prefix (`images/<a 128-character job id>/...png`,
+a journal segment, a shard's lease), with some to spare."""
+
+
+def check_store_config(scheme: str, prefix: str = "") -> None:
+    """ValueError, saying why, if `store_config_fault` finds the environment's store configuration bad,
+    or if `prefix` leaves too little of an object key for the names a run writes under it (S3 stored
+    1,142-byte keys under a 1,100-character prefix from moto, and refuses them from AWS: issue 29 #12)."""
     if why := store_config_fault(scheme):
         raise ValueError(why)
+    if (size := len(prefix.encode())) > MAX_OBJECT_KEY_BYTES - MAX_RUN_NAME_BYTES - 1:
+        most = MAX_OBJECT_KEY_BYTES - MAX_RUN_NAME_BYTES - 1
+        raise ValueError(
+            f"the prefix is {size:,} bytes long; at most {most:,} (an object's key is at most "
+            f"{MAX_OBJECT_KEY_BYTES:,} bytes, and a run's names under it take up to {MAX_RUN_NAME_BYTES})"
+        )
 
 
 def local_path(out: str | os.PathLike[str]) -> Path:
