@@ -280,6 +280,9 @@ def test_a_run_with_failures_prints_nothing_after_its_summary_and_exits_soon(
     finally:
         if child.poll() is None:
             child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
     assert summary_at is not None, "\n".join(lines)
     assert time.monotonic() - summary_at < END_BOUND
     assert child.returncode == 1  # a request answered without an image
