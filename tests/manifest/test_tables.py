@@ -459,7 +459,7 @@ def test_the_hostile_tables_are_refused_in_bounded_memory_and_time(tmp_path: Pat
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, *map(str, files)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code, *map(str, files)], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr
-    assert int(done.stdout) < 400 * 1024  # KiB
+    assert int(done.stdout) < 400 * 1024, f"peak RSS {int(done.stdout) // 1024} MB"  # ru_maxrss is in KiB
