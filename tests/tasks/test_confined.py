@@ -141,3 +141,15 @@ def test_a_full_disk_leaves_no_report_page_nor_run_copy_cut_short(tmp_path: Path
     assert done.stdout.split() == ["27", "27"]  # EFBIG, twice: neither fitted
     assert (out / "report.html").read_text() == earlier
     assert sorted(p.name for p in out.iterdir()) == ["report.html"]  # no copy cut short, no temporary file
+
+
+def test_a_loop_of_links_is_refused_as_leaving_not_a_traceback(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a").symlink_to(root / "b")
+    (root / "b").symlink_to(root / "a")
+    with pytest.raises(OutsideRootError):
+        confined(root, "a/x.png")
+    from imagebatch.report.review_data import confined as served
+
+    assert served(root, "a/x.png") is None

@@ -21,6 +21,7 @@ from imagebatch.tasks import layout
 from imagebatch.tasks.csvcells import read_csv
 from imagebatch.tasks.decisions import REVIEW_FILE, REVIEW_PREFIX, Decision, record_decision
 from imagebatch.tasks.storage import LocalFolder, Location, json_object
+from imagebatch.tasks.storage import confined as storage_confined
 
 from .html import image_paths, manifest_details, reviewable, row_facts, row_title
 
@@ -72,12 +73,10 @@ def safe_name(rel: str) -> bool:
 def confined(root: Path, rel: str) -> Path | None:
     """What `root/rel` really is (symlinks resolved), or None if it is missing or lies outside `root` (a
     symlink out of the output folder is refused)."""
-    try:
-        real = (root / rel).resolve(strict=True)
-        base = root.resolve(strict=True)
-    except (OSError, RuntimeError):  # missing, or a symlink loop
+    try:  # the rule every write into OUT follows too (`storage.confined`), then the file must exist
+        return storage_confined(root, rel).resolve(strict=True)
+    except (OSError, RuntimeError):  # outside, missing, or a symlink loop
         return None
-    return real if real.is_relative_to(base) else None
 
 
 def local_file(root: Path, rel: str) -> Path | None:

@@ -42,7 +42,11 @@ def confined(root: Path, name: str | os.PathLike[str]) -> Path:
     followed. What is checked is the path as it is now; a writer that appends also opens with
     `O_NOFOLLOW`, so a link put in the file's place afterwards fails the open."""
     path = Path(root) / name
-    if not path.resolve().is_relative_to(Path(root).resolve()):
+    try:
+        inside = path.resolve().is_relative_to(Path(root).resolve())
+    except (OSError, RuntimeError):  # a loop of links (RuntimeError before Python 3.13)
+        inside = False
+    if not inside:
         raise OutsideRootError(f"{path} leads out of {root} (a symbolic link on its way): not written")
     return path
 
