@@ -40,7 +40,6 @@ from imagebatch.flows.worker import GRACE as WORKER_GRACE
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES, ENV_REVIEWER
 from imagebatch.tasks.layout import REPORT_HTML, RESULTS_CSV
 from imagebatch.tasks.naming import DEFAULT_TEMPLATE
-from imagebatch.tasks.storage import redact_urls
 
 if TYPE_CHECKING:
     from imagebatch.manifest import Manifest
@@ -164,7 +163,7 @@ def _estimate(manifest: Manifest, prices: str) -> int:
     try:
         table = PriceTable.load(prices)
     except PriceError as exc:
-        print(f"imagebatch validate: {redact_urls(str(exc))}", file=sys.stderr)
+        print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print("\nmost it can cost (images at most x price):")
     print("\n".join(estimate_lines(plan(manifest), table)))
@@ -187,7 +186,7 @@ def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
             raise UsageError(f"--out {where} is a file, not a folder")
         result = forecast(manifest, where, retry_unknown=args.retry_unknown)
     except (UsageError, PriceError, OSError) as exc:
-        print(f"imagebatch validate: {redact_urls(str(exc))}", file=sys.stderr)
+        print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print_forecast(result, manifest, sys.stdout, keys=args.keys, prices=table)
     return EXIT_OK
@@ -222,7 +221,7 @@ def _report(out: str, to: str | None = None) -> int:
             return EXIT_OK
         print(store.build_report())
     except (UsageError, OSError) as exc:
-        print(f"imagebatch report: {redact_urls(str(exc))}", file=sys.stderr)
+        print(f"imagebatch report: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_OK
 
@@ -240,7 +239,7 @@ def _review(args: argparse.Namespace) -> int:
             check_output_store(where, lock=False)
         location = open_location(where)
     except (UsageError, OSError) as exc:
-        print(f"imagebatch review: {redact_urls(str(exc))}", file=sys.stderr)
+        print(f"imagebatch review: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return serve_review(location, default_reviewer(args.reviewer), args.port)
 

@@ -84,6 +84,20 @@ class Ending:
         finally:
             done.set()
 
+    def finish(self, info: dict[str, Any], signals: list[int]) -> int:
+        """The run's end: Prefect's last logs sent while its temporary server is up, then the summary,
+        the last thing printed (left to Prefect's exit handlers, the logs went to a stopped server after
+        the summary: `--- Error logging to API ---`, and up to 70 s of retries; issue 29 #12)."""
+        if self.server is not None and not self.guard.lost.is_set():
+            from imagebatch.flows.prefect_server import end_shipping
+
+            end_shipping()
+        code = display.report(self.out, self.err, info, signals, self.guard)
+        self.guard.finish()
+        if self.guard.lost.is_set():  # Prefect's exit handlers would send its queued events for minutes
+            self.exit(code)
+        return code
+
     def now(self) -> None:
         """Print the summary from the written records and exit (from any thread; once)."""
         if self.guard.result is None or not self._once.acquire(blocking=False):
@@ -272,15 +286,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
     except UsageError as exc:
         err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
         return EXIT_USAGE
-    if server is not None and not guard.lost.is_set():
-        from imagebatch.flows.prefect_server import end_shipping
-
-        end_shipping()  # Prefect's last logs sent now, not after the summary to a stopped server
-    code = display.report(out, err, info, signals, guard)
-    guard.finish()
-    if guard.lost.is_set():  # Prefect's exit handlers would try to send its queued events for minutes
-        ending.exit(code)
-    return code
+    return ending.finish(info, signals)
 
 
 def _generate(args: argparse.Namespace, guard: PrefectGuard) -> dict[str, Any]:
