@@ -153,3 +153,24 @@ def test_a_loop_of_links_is_refused_as_leaving_not_a_traceback(tmp_path: Path) -
     from imagebatch.report.review_data import confined as served
 
     assert served(root, "a/x.png") is None
+
+
+def test_a_run_writes_no_image_nor_journal_line_through_a_link_out_of_out(
+    tmp_path: Path, outside: Path
+) -> None:
+    from imagebatch.tasks.store import OutputStore
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "images").symlink_to(outside)
+    (out / "journal.jsonl").symlink_to(outside / "journal.jsonl")
+    (out / "run.json").symlink_to(outside / "run.json")
+    store = OutputStore(out)
+    with pytest.raises(OutsideRootError):
+        store.write_file("job/0-abc.png", png())
+    with pytest.raises(OutsideRootError):
+        store.journal("attempt_started", key="ib1-x")
+    with pytest.raises(OutsideRootError):
+        store.write_run({"state": "running"})
+    assert isinstance(store.write_error, OutsideRootError)  # the run stops as on a failed disk
+    assert tree(outside) == {}

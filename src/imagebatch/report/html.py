@@ -87,7 +87,7 @@ def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
     reads no image again. Best effort: the report makes any that is missing."""
     try:
         thumbnailer().submit(
-            _save_thumbnail, io.BytesIO(data), out / layout.THUMBS_DIR / f"{thumb_name(rel)}.jpg"
+            _save_thumbnail, io.BytesIO(data), confined(out, f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg")
         ).result()
     except (OSError, ValueError, Image.DecompressionBombError):
         pass
