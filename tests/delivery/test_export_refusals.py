@@ -200,3 +200,22 @@ def test_template_fields_and_names() -> None:
     assert clashes({"one": "Café/a.jpg", "two": "cafe\u0301/A.JPG", "three": "b.jpg"}) == [
         ("one", "two", "cafe\u0301/A.JPG")
     ]
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [
+        ("{job_id:>999999999}.{ext}", "{job_id:>999999999} asks for a width of 999999999"),
+        ("{sku:.99999999999999}.{ext}", "asks for a precision of 99999999999999"),
+        ("{sku:x<1025}.{ext}", "asks for a width of 1025; a name is at most 1,024 bytes"),
+        ("{sku:zz}.{ext}", "{sku:zz} has an invalid format spec"),
+    ],
+)
+def test_a_format_spec_wider_than_a_name_is_refused_before_any_name_is_formatted(
+    out: OutMaker, tmp_path: Path, capsys: pytest.CaptureFixture[str], template: str, why: str
+) -> None:
+    """Issue 29 #6: `{job_id:>999999999}` formatted a gigabyte per name (>40 s, 3 GB) before the
+    1,024-byte check."""
+    err = refused(capsys, out, tmp_path / "dest", "--name", template)
+    assert err.startswith(f"imagebatch export: --name {template!r}: {{") and why in err
+    assert NameTemplate.parse("{sku:>1024}").render({"sku": "a"}) == " " * 1023 + "a"

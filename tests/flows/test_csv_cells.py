@@ -54,3 +54,26 @@ def test_formulas_are_neutralised_in_the_csv_files_and_read_back_by_the_report(
 
     page = (out / "report.html").read_text()
     assert f'data-model="{html.escape(CALC, quote=True)}"' in page  # the model as named, not "'=cmd..."
+
+
+def test_a_bare_cr_in_a_metadata_value_keeps_its_row_whole(
+    service_env: Any, tmp_path: Path, capsys: Any
+) -> None:
+    """Issue 29 #2: `printf 'id,prompt,note\\ng1,p,"mid\\rdle"\\n'`; the CR went out unquoted, results.csv's
+    row split in two, the report failed on `'status'` and the text after the CR escaped the formula guard."""
+    manifest = tmp_path / "cr.csv"
+    manifest.write_bytes(b'id,prompt,note,other\ng1,p,"mid\rdle","x\r=1+1"\ng2,q,"a,b ""c""\nd",plain\n')
+    out = tmp_path / "out"
+    code, _, err = cli(capsys, "run", str(manifest), "--out", str(out))
+    assert code == 0, err
+    assert "report.html not written" not in err
+
+    with (out / "results.csv").open(newline="") as fh:
+        raw = list(csv.DictReader(fh))  # another tool's reader: two rows, nothing split
+    assert [(r["job_id"], r["note"], r["other"]) for r in raw] == [
+        ("g1", "mid\rdle", "x\r=1+1"),
+        ("g2", 'a,b "c"\nd', "plain"),
+    ]
+    assert all(r["status"] == "succeeded" for r in raw)
+    assert (out / "report.html").is_file()
+    assert cli(capsys, "report", str(out))[0] == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.exports import tree
+from helpers.exports import OutMaker, tree
 from helpers.runs import cli, run_flow
 from PIL import Image
 
@@ -133,3 +133,16 @@ def test_after_a_row_changes_an_approved_only_export_ships_no_stale_file(
         "missing" not in stdout
         and tree(dest)["SKU-5001/matte white.png"] != before["SKU-5001/matte white.png"]
     )
+
+
+def test_the_flow_refuses_a_name_wider_than_a_name_may_be(tmp_path: Path) -> None:
+    """Issue 29 #6, through the flow's `name` parameter: refused at once, nothing written."""
+    made = OutMaker(tmp_path / "out", ["sku", "colour"])
+    made.add("hat", [b"not read"], sku="SKU-3", colour="blue")
+    made.write()
+    state = export_deliverables(
+        out=str(made.root), to=str(tmp_path / "dest"), name="{job_id:>999999999}.{ext}", return_state=True
+    )
+    assert state.is_failed()
+    assert "asks for a width of 999999999" in str(state.message) + repr(state.result(raise_on_failure=False))
+    assert not (tmp_path / "dest").exists()

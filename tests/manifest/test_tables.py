@@ -378,3 +378,88 @@ def test_a_workbook_is_read_from_its_bytes_once(tmp_path: Path) -> None:
     )
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert load_manifest(path).sha256 == digest == load_manifest(f"{path}#B").sha256
+
+
+# --- issue 29 #1, #3: what reading costs, bounded before it is paid -----------------------------------
+
+
+def sparse_workbook(path: Path, far: dict[tuple[int, int], str]) -> Path:
+    """A 5 KB workbook: a header `id, prompt` and the cells in `far` ((row, column) -> value)."""
+    book = openpyxl.Workbook()
+    book.active.append(["id", "prompt"])
+    for (row, column), value in far.items():
+        book.active.cell(row=row, column=column, value=value)
+    book.save(path)
+    return path
+
+
+def dictionary_bomb(path: Path, records: int = 4000) -> Path:
+    """A ~9 KB Parquet file whose `prompt` names one 1 MiB dictionary value in every record (4 GiB once
+    decoded; its footer declares about 1 MB)."""
+    prompt = pa.DictionaryArray.from_arrays(pa.array([0] * records, pa.int32()), pa.array(["x" * (1 << 20)]))
+    table = pa.table({"id": [f"r{i}" for i in range(records)], "prompt": prompt})
+    pq.write_table(table, path, compression="zstd", dictionary_pagesize_limit=4 << 20, store_schema=False)
+    assert path.stat().st_size < 20_000
+    return path
+
+
+def test_a_lone_cell_at_xfd1048576_is_one_short_row_named_not_a_million_padded_ones(tmp_path: Path) -> None:
+    path = sparse_workbook(tmp_path / "sparse.xlsx", {(1_048_576, 16_384): "x"})
+    assert problems_of(path) == [
+        "sheet 'Sheet' row 1048576: column 16384 has no name in the header but holds values"
+    ]
+    path = sparse_workbook(tmp_path / "last.xlsx", {(1_048_576, 1): "g1", (1_048_576, 2): "a vase"})
+    (job,) = load_manifest(path).jobs
+    assert (job.id, job.line) == ("g1", 1_048_576)
+
+
+def test_a_header_cell_far_right_is_refused_before_every_row_is_padded_to_it(tmp_path: Path) -> None:
+    far = {(1, 16_384): "far"} | {(r, c): f"v{r}" for r in range(2, 40) for c in (1, 2)}
+    path = sparse_workbook(tmp_path / "wide.xlsx", far)
+    with pytest.raises(ManifestError) as info:
+        read_table(path, "xlsx", max_cells=100_000)
+    (problem,) = map(str, info.value.problems)
+    assert problem.startswith("sheet 'Sheet' spans 39 rows with values by 16,384 columns (638,976 cells);")
+
+
+def test_rows_each_reaching_column_xfd_are_refused_as_they_are_read(tmp_path: Path) -> None:
+    path = sparse_workbook(tmp_path / "far.xlsx", {(r, 16_384): "x" for r in range(2, 200)})
+    with pytest.raises(ManifestError) as info:
+        read_table(path, "xlsx", max_cells=100_000)
+    (problem,) = map(str, info.value.problems)
+    assert problem.startswith(
+        "sheet 'Sheet' spreads over more than 100,000 cells by row 8 "
+    )  # 2 + 7 x 16,384
+
+
+def test_a_parquet_dictionary_bomb_is_refused_before_it_is_decoded(tmp_path: Path) -> None:
+    (problem,) = problems_of(dictionary_bomb(tmp_path / "bomb.parquet"))
+    assert problem.startswith(
+        f"the file's data exceeds {MAX_TABLE_BYTES:,} bytes once read (by record 4,000;"
+    )
+    small = dictionary_bomb(tmp_path / "small.parquet", records=3)  # the same encoding, within bounds
+    assert [job.prompt[:3] for job in load_manifest(small).jobs] == ["xxx"] * 3
+
+
+def test_the_hostile_tables_are_refused_in_bounded_memory_and_time(tmp_path: Path) -> None:
+    """The attacker's files, read in a child process: peak memory well under the issue's 500 MB."""
+    files = [
+        sparse_workbook(tmp_path / "sparse.xlsx", {(1_048_576, 16_384): "x"}),
+        sparse_workbook(tmp_path / "two.xlsx", {(1_048_576, 1): "g1", (1_048_576, 3): "x"}),
+        dictionary_bomb(tmp_path / "bomb.parquet"),
+    ]
+    code = (
+        "import resource, sys\n"
+        "from imagebatch.manifest import ManifestError, load_manifest\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        load_manifest(name)\n"
+        "    except ManifestError:\n"
+        "        pass\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *map(str, files)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) < 400 * 1024, f"peak RSS {int(done.stdout) // 1024} MB"  # ru_maxrss is in KiB

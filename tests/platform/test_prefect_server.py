@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -246,3 +247,44 @@ def test_the_kernel_kills_the_server_with_its_parent() -> None:
             os.kill(child, signal.SIGKILL)
         if parent.stdout:
             parent.stdout.close()
+
+
+END_BOUND = 30.0
+"""Seconds a run may take from its summary's last line to its exit on a loaded machine (the issue saw
+70 s of the log client's retries against the stopped server; a quiet machine takes about one)."""
+
+
+def test_a_run_with_failures_prints_nothing_after_its_summary_and_exits_soon(
+    prefect_home: Path, tmp_path: Path, service_env: Any
+) -> None:
+    """Issue 29 #12: Prefect's log shipping outlived the temporary server: `--- Error logging to API ---`
+    after the summary, and the exit held for about 70 s. Now the logs are sent (`end_shipping`) before
+    the summary, with the server up."""
+    service_env.set_faults(scripts=[{"outcomes": ["no_image"], "match": "teapot"}])
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,prompt\ng1,a vase\ng2,a teapot\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "IMAGEBATCH_"))}
+    env |= {"PREFECT_HOME": str(prefect_home), "IMAGEBATCH_BASE_URL": service_env.url,
+            "IMAGEBATCH_API_KEY": service_env.api_key}  # fmt: skip
+    cmd = [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--out", str(tmp_path / "out")]
+    child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    summary_at = None
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:  # ends when the process closes its output: at its exit
+            lines.append(line.rstrip("\n"))
+            if line.startswith("report: "):
+                summary_at = time.monotonic()
+        child.wait(timeout=END_BOUND)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    assert summary_at is not None, "\n".join(lines)
+    assert time.monotonic() - summary_at < END_BOUND
+    assert child.returncode == 1  # a request answered without an image
+    assert [line for line in lines if line.strip()][-1].startswith("report: ")  # nothing after it
+    assert not [line for line in lines if "Error logging to API" in line]

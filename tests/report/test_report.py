@@ -150,3 +150,16 @@ def test_thumbnails_asked_for_by_many_threads_are_decoded_in_two_threads_of_thei
     assert len(thumbs) == 32 and peak[0] <= thumbnails.THUMBNAIL_THREADS
     with Image.open(thumbs[0]) as im:
         assert max(im.size) == thumbnails.THUMB_SIDE
+
+
+def test_a_results_csv_another_tool_wrote_or_split_is_reported_not_a_key_error(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """Issue 29 #2: a row cut by a bare CR, or a file without a `status` column, crashed `report`."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.csv").write_bytes(b"job_id,request_index,note\nj1,0,mid\rdle\nj2\n")
+    code, printed, err = cli(capsys, "report", str(out))
+    assert (code, err) == (0, "")
+    assert printed.strip().endswith("report.html")
+    assert "j1" in (out / "report.html").read_text()

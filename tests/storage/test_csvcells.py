@@ -68,3 +68,24 @@ def test_a_table_round_trips_header_included(tmp_path: Path) -> None:
     assert list(read_csv(path)) == [
         rows[0], rows[1], {"job_id": "j3", "=note": "", "sku": ""},
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["mid\rdle", "a\nb", "a\r\nb", 'say "hi"', "a,b", "\r"])
+def test_a_cell_with_a_line_break_quote_or_comma_is_quoted_and_reads_back(value: str) -> None:
+    """Issue 29 #2: a bare CR went out unquoted (csv.writer quotes only its own line terminator)."""
+    buf = io.StringIO()
+    write_csv(buf, ["id", "note", "last"], [{"id": "g1", "note": value, "last": "z"}])
+    text = buf.getvalue()
+    assert text.count("\n") == 2 + value.count("\n")  # the header, the row, and the value's own LFs
+    for reader_rows in (list(csv.reader(io.StringIO(text, newline=""))),):
+        assert reader_rows[1] == ["g1", csv_cell(value), "z"]
+    assert list(read_csv(io.StringIO(text, newline=""))) == [{"id": "g1", "note": value, "last": "z"}]
+
+
+def test_a_file_another_tool_wrote_short_rows_and_missing_columns_read_without_a_missing_key() -> None:
+    text = "job_id,status,model\nj1,succeeded\n\nj2,failed,m,extra,cells\n"
+    rows = list(read_csv(io.StringIO(text, newline=""), ["job_id", "status", "route"]))
+    assert rows == [
+        {"job_id": "j1", "status": "succeeded", "model": "", "route": ""},
+        {"job_id": "j2", "status": "failed", "model": "m", "route": ""},
+    ]

@@ -22,6 +22,7 @@ from rich.console import Console
 from imagebatch.cli import display
 from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_USAGE, exit_code_for
 from imagebatch.storage import layout
+from imagebatch.storage.location import redact_urls, shown_url
 
 if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
     from imagebatch.platform.prefect_server import TemporaryServer
@@ -82,6 +83,20 @@ class Ending:
             yield
         finally:
             done.set()
+
+    def finish(self, info: dict[str, Any], signals: list[int]) -> int:
+        """The run's end: Prefect's last logs sent while its temporary server is up, then the summary,
+        the last thing printed (left to Prefect's exit handlers, the logs went to a stopped server after
+        the summary: `--- Error logging to API ---`, and up to 70 s of retries; issue 29 #12)."""
+        if self.server is not None and not self.guard.lost.is_set():
+            from imagebatch.platform.prefect_server import end_shipping
+
+            end_shipping()
+        code = display.report(self.out, self.err, info, signals, self.guard)
+        self.guard.finish()
+        if self.guard.lost.is_set():  # Prefect's exit handlers would send its queued events for minutes
+            self.exit(code)
+        return code
 
     def now(self) -> None:
         """Print the summary from the written records and exit (from any thread; once)."""
@@ -269,13 +284,9 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
         ):
             info = _generate(args, guard)
     except UsageError as exc:
-        err.print(f"{exc}; nothing was sent.", markup=False)
+        err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
         return EXIT_USAGE
-    code = display.report(out, err, info, signals, guard)
-    guard.finish()
-    if guard.lost.is_set():  # Prefect's exit handlers would try to send its queued events for minutes
-        ending.exit(code)
-    return code
+    return ending.finish(info, signals)
 
 
 def _generate(args: argparse.Namespace, guard: PrefectGuard) -> dict[str, Any]:
@@ -360,10 +371,11 @@ def _preflight(args: argparse.Namespace, err: Console) -> Preflight | None:
     except ManifestError as exc:
         for problem in exc.problems:
             err.print(str(problem), markup=False, highlight=False)
-        err.print(f"{args.manifest}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
+        where = shown_url(args.manifest)
+        err.print(f"{where}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
         return None
     except UsageError as exc:
-        err.print(f"{exc}; nothing was sent.", markup=False)
+        err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
         return None
 
 

@@ -11,6 +11,7 @@ from imagebatch.delivery.convert import Conversion
 from imagebatch.delivery.export import export
 from imagebatch.delivery.exportplan import ExportRefused
 from imagebatch.delivery.naming import TemplateError
+from imagebatch.storage.location import shown_url
 
 SHOWN_PROBLEMS = 20
 
@@ -67,7 +68,9 @@ def export_main(args: argparse.Namespace) -> int:
             print(f"... and {len(exc.problems) - SHOWN_PROBLEMS} more", file=sys.stderr)
         n = len(exc.problems)
         written = (
-            "the files before it were written whole" if exc.written else f"nothing was written to {args.to}"
+            "the files before it were written whole"
+            if exc.written
+            else f"nothing was written to {shown_url(args.to)}"
         )
         print(f"imagebatch export: {n} problem{'s' if n != 1 else ''}; {written}", file=sys.stderr)
         return 2

@@ -64,7 +64,16 @@ from imagebatch.delivery.listing import EXPORT_CSV, export_csv, listed, manifest
 from imagebatch.delivery.naming import DEFAULT_TEMPLATE, NameTemplate
 from imagebatch.delivery.summary import ExportSummary
 from imagebatch.storage import layout
-from imagebatch.storage.location import LocalFolder, Location, is_object_url, local_path, open_location
+from imagebatch.storage.location import (
+    LocalFolder,
+    Location,
+    OutsideRootError,
+    confined,
+    is_object_url,
+    local_path,
+    open_location,
+    shown_url,
+)
 from imagebatch.work.decisions import decided
 
 STAGING_PREFIX = ".imagebatch-export-"
@@ -282,7 +291,7 @@ def publish(
         i, d = item
         replace = d.name in same  # present with other bytes, and --overwrite (else refused before)
         if isinstance(dest, LocalFolder):
-            placed = _place_local(staging / str(i), dest.root / d.name, replace)
+            placed = _place_local(staging / str(i), confined(dest.root, d.name), replace)
         else:
             data = (staging / str(i)).read_bytes()
             placed = True
@@ -294,6 +303,20 @@ def publish(
 
     threads = 1 if isinstance(dest, LocalFolder) else IO_THREADS
     return [p for p in io_map(place, changed, threads) if p]
+
+
+def leaving(dest: Location, deliverables: list[Deliverable]) -> list[str]:
+    """The deliverables whose path in a local DEST leads out of it through a symbolic link (a folder of
+    DEST linked elsewhere), and export.csv if it does: refused before anything is written."""
+    if not isinstance(dest, LocalFolder):
+        return []
+    problems = []
+    for label, name in [(d.label, d.name) for d in deliverables] + [("DEST's listing", EXPORT_CSV)]:
+        try:
+            confined(dest.root, name)
+        except OutsideRootError:
+            problems.append(f"{label}: its name {name!r} leads out of DEST through a symbolic link")
+    return problems
 
 
 # -- the whole --
@@ -312,7 +335,7 @@ def _places(out: str, dest: str) -> tuple[Location, Location]:
         try:
             loc = open_location(where)
         except ValueError as exc:
-            raise ExportRefused([f"{option} {where}: {exc}"]) from None
+            raise ExportRefused([f"{option} {shown_url(where)}: {exc}"]) from None
         check = getattr(loc, "check", None)
         if check is not None and (why := check()):
             problems.append(f"{option} {loc.url}: {why}")
@@ -325,7 +348,9 @@ def _places(out: str, dest: str) -> tuple[Location, Location]:
         inner = target.url if is_object_url(dest) else str(local_path(dest).resolve())
         run_folders = (layout.IMAGES_DIR, layout.THUMBS_DIR, layout.CHAINS_DIR)
         if inner == outer or any(_contains(f"{outer}/{f}", inner) for f in run_folders):
-            problems.append(f"--to {dest} is OUT or one of its run's folders: choose a folder of its own")
+            problems.append(
+                f"--to {shown_url(dest)} is OUT or one of its run's folders: choose a folder of its own"
+            )
     if problems:
         raise ExportRefused(problems)
     return source, target
@@ -411,7 +436,7 @@ def export(
     previous = listed(target)
     if not deliverables and not made.missing and not previous:
         return summary
-    if problems := in_the_way(deliverables, existing):
+    if problems := in_the_way(deliverables, existing) + leaving(target, deliverables):
         raise ExportRefused(problems)
     if deliverables:
         counts = _make(source, target, deliverables, previous, existing, overwrite=overwrite,

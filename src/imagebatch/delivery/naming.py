@@ -5,7 +5,9 @@ A template is Python's format syntax with plain names only: `{sku}/{colour}.{ext
 `{job_id}/{request_index:03d}-{n}.{ext}`. A field is a column of results.csv (the manifest's metadata
 columns are there, next to `job_id`, `request_index`, `turn_index`, `model`, ...) or a built-in
 (`BUILTINS`); a built-in wins over a metadata column of the same name. Attribute and index lookups
-(`{a.b}`, `{a[0]}`), conversions (`{a!r}`) and nested fields are refused: a template is data.
+(`{a.b}`, `{a[0]}`), conversions (`{a!r}`) and nested fields are refused: a template is data. A format
+spec is Python's (`03d`, `>8`, `.2f`), its width and precision at most `MAX_NAME_BYTES`: a name longer than
+that is refused anyway, and `{job_id:>999999999}` would be a gigabyte before the check (issue 29 #6).
 
 A rendered name is a relative, `/`-separated path that every common file system and object store takes
 as it is: no absolute path, no `.`/`..` or empty segment, no hidden segment (one starting with `.`:
@@ -41,6 +43,10 @@ _REFUSED_CHARS = re.compile(r'[\x00-\x1f\x7f\\:*?"<>|]')
 _DEVICE_NAMES = re.compile(r"(?i)^(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³])(\..*)?$")
 MAX_SEGMENT_BYTES = 255
 MAX_NAME_BYTES = 1024
+_SPEC = re.compile(
+    r"(?:.?[<>=^])?[-+ ]?z?#?0?(?P<width>\d*)[,_]?(?:\.(?P<precision>\d+))?[bcdeEfFgGnosxX%]?", re.DOTALL
+)
+"""Python's format spec mini-language, its width and precision caught to be bounded."""
 
 
 class TemplateError(ValueError):
@@ -70,6 +76,8 @@ class NameTemplate:
                     f"--name {text!r}: {{{field}}} must be a plain column name (no '.', '[', '!' or "
                     "nested field)"
                 )
+            if spec and (why := _spec_fault(spec)):
+                raise TemplateError(f"--name {text!r}: {{{field}:{spec}}} {why}")
             fields.append(field)
         if not fields:
             raise TemplateError(f"--name {text!r} has no field: every image would get the same name")
@@ -86,6 +94,17 @@ class NameTemplate:
             return self.text.format_map(values)
         except (ValueError, TypeError) as exc:
             raise TemplateError(str(exc)) from None
+
+
+def _spec_fault(spec: str) -> str | None:
+    """Why a field's format spec cannot be used (not a format spec, or wider than a name may be)."""
+    match = _SPEC.fullmatch(spec)
+    if match is None:
+        return "has an invalid format spec"
+    for part in ("width", "precision"):
+        if (digits := match[part]) and (len(digits) > 5 or int(digits) > MAX_NAME_BYTES):
+            return f"asks for a {part} of {digits}; a name is at most {MAX_NAME_BYTES:,} bytes"
+    return None
 
 
 def unsafe(name: str) -> str | None:

@@ -18,7 +18,7 @@ from imagebatch.gateway.constants import (
     TEXT_ROUTES,
     Route,
 )
-from imagebatch.storage.location import is_object_url
+from imagebatch.storage.location import is_object_url, redact_urls
 
 
 def _file_ref(value: Any) -> Any:
@@ -151,7 +151,7 @@ class Problem:
         # Some messages reused from the gateway already carry their hint; never say it twice.
         if self.hint and self.hint not in self.message:
             text += f" ({self.hint})"
-        return text
+        return redact_urls(text)  # a reference cell may hold `s3://KEY:SECRET@bucket/x.png?sig=...`
 
 
 class ManifestError(Exception):

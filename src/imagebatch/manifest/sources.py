@@ -103,7 +103,10 @@ def location(bucket: str) -> ObjectLocation:
             try:
                 loc = ObjectLocation(bucket)
             except Exception as exc:  # obstore refuses its configuration (an unknown region, a bad variable)
-                why = f"the store's configuration is refused ({type(exc).__name__})"
+                # our own check (an endpoint that is no URL) says which variable; obstore's text may
+                # repeat a value, so only its kind
+                why = str(exc) if isinstance(exc, ValueError) else type(exc).__name__
+                why = f"the store's configuration is refused ({why})"
                 raise StoreError(errno.EINVAL, why) from None
             _locations[key] = loc
         return loc

@@ -36,8 +36,13 @@ Bounds (what a hostile file can make us hold): the file is under `MAX_TABLE_BYTE
 uncompressed, add up to under `MAX_TABLE_BYTES` as its archive declares them, checked before any is
 inflated (zipfile stops a part at its declared size: one that inflates further fails its CRC), so a zip
 bomb is refused unopened; a Parquet file's data, uncompressed, as its footer declares, is under the same,
-and so is the memory of what has been read, row group by row group; at most `MAX_TABLE_ROWS` rows
-(Excel's own limit of a sheet), as a Parquet footer declares them or as a sheet's rows are read.
+and so is what reading it expands to (its text, a dictionary's value counted once per record that names
+it), batch by batch before a batch's cells are made; at most `MAX_TABLE_ROWS` rows (Excel's own limit of
+a sheet), as a Parquet footer declares them or as a sheet's rows are read; at most `MAX_TABLE_CELLS`
+cells, counted as reading pays for them: a sheet's rows as openpyxl makes them (each row as wide as its
+last cell) and the rows with a value padded to the widest one, checked before padding; a Parquet file's
+records times its columns, from its footer. A sheet's empty rows cost nothing, so a lone cell at XFD1048576
+is one short row, not a million padded ones (issue 29 #1, #3; figures in bench/README.md).
 """
 
 from __future__ import annotations
@@ -67,11 +72,17 @@ MAX_TABLE_BYTES = 512 * 1024 * 1024
 (512 MiB; a 100,000-row catalog is about 12 MB of CSV, 30 MB of sheet XML)."""
 MAX_TABLE_ROWS = 1_048_576
 """The most rows a sheet or a Parquet file may have: Excel's limit of one sheet."""
+MAX_TABLE_CELLS = 16_000_000
+"""The most cells a sheet or a Parquet file may spread over (rows by columns, as reading pays for them):
+about 1.2 GB of text at most in memory; a 100,000-row catalog of 30 columns is 3 million."""
+PARQUET_BATCH_ROWS = 4096
+"""Records read from a Parquet file at a time, their expanded size checked before their cells are made."""
 MAX_FORMULA_PROBLEMS = 20
 """Formula cells without a saved value named one by one; the rest are counted in one more problem."""
 PANDAS_INDEX = re.compile(r"__index_level_\d+__")
 """The column pandas writes for an unnamed index that is not a plain range (`DataFrame.to_parquet`)."""
 _ZEROS = re.compile(r"0+")
+_FAR_HINT = "is a value far to the right of the data? delete it, or split the catalog over several manifests"
 
 
 def read_table(
@@ -81,6 +92,7 @@ def read_table(
     *,
     max_bytes: int = MAX_TABLE_BYTES,
     max_rows: int = MAX_TABLE_ROWS,
+    max_cells: int = MAX_TABLE_CELLS,
 ) -> RawManifest:
     """Read an XLSX (`sheet`, else the first visible one) or Parquet manifest into raw rows of text;
     ManifestError naming the file, sheet, row and column when it cannot be read as one."""
@@ -89,12 +101,12 @@ def read_table(
     if not data:
         raise ManifestError([Problem(None, None, None, "the manifest is empty")], path)
     if fmt == "xlsx":
-        header_line, header, records = _read_xlsx(raw, data, sheet, max_bytes, max_rows)
+        header_line, header, records = _read_xlsx(raw, data, sheet, max_bytes, (max_rows, max_cells))
     else:
         if sheet is not None:
             why = f"a Parquet file has no sheets (asked for {sheet!r})"
             raise ManifestError([Problem(None, None, None, why)], path)
-        header_line, header, records = None, *_read_parquet(raw, data, max_bytes, max_rows)
+        header_line, header, records = None, *_read_parquet(raw, data, max_bytes, (max_rows, max_cells))
     if not header:
         where = f"sheet {raw.sheet!r}" if raw.sheet is not None else "the file"
         raise ManifestError(
@@ -184,14 +196,15 @@ class _Sheet:
 
 
 def _read_xlsx(
-    raw: RawManifest, data: bytes, sheet: str | None, max_bytes: int, max_rows: int
+    raw: RawManifest, data: bytes, sheet: str | None, max_bytes: int, bounds: tuple[int, int]
 ) -> tuple[int, list[str], list[tuple[int, list[str]]]]:
     _check_archive(raw, data, max_bytes)
-    read = _read_sheet(raw, data, sheet, max_rows)
+    max_cells = bounds[1]
+    read = _read_sheet(raw, data, sheet, bounds)
     uncalculated: dict[tuple[int, int], str] = {}
     if read.formulas:
         # A second read, for the values saved with the formulas (the cells holding one, and only them).
-        saved = _read_sheet(raw, data, raw.sheet, max_rows, only=read.formulas)
+        saved = _read_sheet(raw, data, raw.sheet, bounds, only=read.formulas)
         cells = dict(read.rows)
         for row, texts in saved.rows:
             for column, text in enumerate(texts, start=1):
@@ -206,6 +219,13 @@ def _read_xlsx(
     header_line, header = read.rows[start]
     records = read.rows[start + 1 :]
     width = max([len(header), *(len(texts) for _, texts in records)])
+    if width * (len(records) + 1) > max_cells:  # before padding: a stray far cell would pay for all rows
+        raise _whole_file(
+            raw,
+            f"sheet {raw.sheet!r} spans {len(records) + 1:,} rows with values by {width:,} columns "
+            f"({width * (len(records) + 1):,} cells); a manifest may have at most {max_cells:,}",
+            _FAR_HINT,
+        )
     header = [h.strip() for h in header] + [""] * (width - len(header))
     for _, texts in records:
         texts.extend([""] * (width - len(texts)))
@@ -252,7 +272,7 @@ def _read_sheet(
     raw: RawManifest,
     data: bytes,
     sheet: str | None,
-    max_rows: int,
+    bounds: tuple[int, int],
     only: dict[tuple[int, int], str] | None = None,
 ) -> _Sheet:
     """One pass over the sheet's rows: each formula's text (`formulas`) and every other cell's value; or,
@@ -273,7 +293,7 @@ def _read_sheet(
             try:
                 ws = _choose_sheet(raw, book, sheet)
                 ws.reset_dimensions()  # a wrong <dimension> in the file must not cut rows off
-                return _sheet_rows(raw, ws.iter_rows(), max_rows, only)
+                return _sheet_rows(raw, ws.iter_rows(), bounds, only)
             finally:
                 book.close()
         except ManifestError:
@@ -304,20 +324,37 @@ def _choose_sheet(raw: RawManifest, book: Any, sheet: str | None) -> Any:
 
 
 def _sheet_rows(
-    raw: RawManifest, rows: Iterable[tuple[Any, ...]], max_rows: int, only: dict[tuple[int, int], str] | None
+    raw: RawManifest,
+    rows: Iterable[tuple[Any, ...]],
+    bounds: tuple[int, int],
+    only: dict[tuple[int, int], str] | None,
 ) -> _Sheet:
+    """The rows holding a value (or a formula, or an error), each cut after its last such cell; the
+    cells openpyxl makes are counted against the bound before a row's are looked at."""
+    max_rows, max_cells = bounds
     read = _Sheet([], {}, {})
+    made = 0
     for number, cells in enumerate(rows, start=1):  # gaps come as empty rows: the k-th row is row k
         if number > max_rows:
             raise _whole_file(
                 raw, f"sheet {raw.sheet!r} has more than {max_rows:,} rows", "split it over several manifests"
             )
+        made += len(cells)
+        if made > max_cells:
+            raise _whole_file(
+                raw,
+                f"sheet {raw.sheet!r} spreads over more than {max_cells:,} cells by row {number:,} (each row "
+                "counted up to its last cell)",
+                _FAR_HINT,
+            )
         texts: list[str] = []
+        last = 0
         for column, cell in enumerate(cells, start=1):
             value = cell.value
             if value is None or (only is not None and (number, column) not in only):
                 texts.append("")
                 continue
+            last = column
             kind = cell.data_type
             if kind == "f":
                 read.formulas[(number, column)] = str(getattr(value, "text", value))
@@ -327,7 +364,9 @@ def _sheet_rows(
                 texts.append("")
             else:
                 texts.append(cell_text(value, cell.number_format if kind == "n" else "General"))
-        read.rows.append((number, texts))
+        if last:  # a row of empty cells is no job: not kept, so a gap of a million rows costs nothing
+            del texts[last:]
+            read.rows.append((number, texts))
     return read
 
 
@@ -335,14 +374,19 @@ def _sheet_rows(
 
 
 def _read_parquet(
-    raw: RawManifest, data: bytes, max_bytes: int, max_rows: int
+    raw: RawManifest, data: bytes, max_bytes: int, bounds: tuple[int, int]
 ) -> tuple[list[str], list[tuple[int, list[str]]]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    max_rows, max_cells = bounds
     try:
-        parquet = pq.ParquetFile(pa.BufferReader(data))
-    except (pa.ArrowException, OSError, ValueError) as exc:
+        schema = pq.ParquetFile(pa.BufferReader(data)).schema_arrow
+        # Text columns are read as dictionaries, as stored: decoding one would pay for its expansion
+        # before it could be measured (a 9 KB file naming one 1 MiB value in 4,000 records: 4 GB).
+        text = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+        parquet = pq.ParquetFile(pa.BufferReader(data), read_dictionary=text)
+    except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
         raise _whole_file(raw, f"not a Parquet file ({exc})") from None
     with parquet:
         meta = parquet.metadata
@@ -352,16 +396,22 @@ def _read_parquet(
                 f"the file has {meta.num_rows:,} rows; at most {max_rows:,}",
                 "split it over several manifests",
             )
+        if meta.num_rows * len(schema) > max_cells:
+            raise _whole_file(
+                raw,
+                f"the file has {meta.num_rows:,} rows by {len(schema):,} columns; a manifest may have at "
+                f"most {max_cells:,} cells",
+                "split it over several manifests",
+            )
         declared = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         if declared >= max_bytes:
             raise _whole_file(
                 raw,
                 f"the file's data is {declared:,} bytes uncompressed; a manifest must be under {max_bytes:,}",
             )
-        schema = parquet.schema_arrow
         problems = [
             Problem(None, None, field.name, message, hint)
-            for field in schema
+            for field in parquet.schema_arrow
             if (found := _column_fault(field.type)) is not None
             for message, hint in [found]
         ]
@@ -369,20 +419,48 @@ def _read_parquet(
             raise ManifestError(problems, raw.path)
         keep = [i for i, field in enumerate(schema) if not PANDAS_INDEX.fullmatch(field.name)]
         header = [schema.field(i).name.strip() for i in keep]
-        columns: list[list[str]] = [[] for _ in keep]
-        held = 0
         try:
-            for group in range(meta.num_row_groups):
-                table = parquet.read_row_group(group)
-                held += table.nbytes
-                if held >= max_bytes:
-                    raise _whole_file(raw, f"the file's data exceeds {max_bytes:,} bytes once read")
-                for texts, i in zip(columns, keep, strict=True):
-                    texts += map(cell_text, table.column(i).to_pylist())
+            columns = _parquet_columns(raw, parquet, keep, max_bytes)
         except (pa.ArrowException, OSError) as exc:
             raise _whole_file(raw, f"the Parquet file cannot be read ({exc})") from None
     records = [(number, list(cells)) for number, cells in enumerate(zip(*columns, strict=True), start=1)]
     return header, records
+
+
+def _parquet_columns(raw: RawManifest, parquet: Any, keep: list[int], max_bytes: int) -> list[list[str]]:
+    """The cells of the `keep` columns as text, a batch at a time; each batch's expanded size is added up
+    and checked before its cells are made."""
+    columns: list[list[str]] = [[] for _ in keep]
+    held = read = 0
+    for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, use_threads=False):
+        held += sum(_expanded_bytes(batch.column(i)) for i in keep)
+        if held >= max_bytes:
+            raise _whole_file(
+                raw,
+                f"the file's data exceeds {max_bytes:,} bytes once read (by record "
+                f"{read + batch.num_rows:,}; a value repeated through a dictionary counts once per record "
+                "naming it)",
+                "is it the file you meant? split the catalog over several manifests",
+            )
+        read += batch.num_rows
+        for texts, i in zip(columns, keep, strict=True):
+            texts += map(cell_text, batch.column(i).to_pylist())
+    return columns
+
+
+def _expanded_bytes(column: pyarrow.Array) -> int:
+    """The bytes `column` holds once decoded: a dictionary's text counted once per index naming it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not isinstance(column, pa.DictionaryArray):
+        return int(column.nbytes)
+    values = column.dictionary
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        return int(column.indices.nbytes) + int(values.nbytes)
+    lengths = pc.binary_length(values)
+    named = pc.sum(pc.take(lengths, column.indices)).as_py() or 0
+    return int(column.indices.nbytes) + int(named)
 
 
 def _column_fault(kind: pyarrow.DataType) -> tuple[str, str | None] | None:

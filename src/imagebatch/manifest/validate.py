@@ -10,6 +10,8 @@ import argparse
 import sys
 from typing import TextIO
 
+from imagebatch.storage.location import shown_url
+
 from .load import load_manifest
 from .models import Manifest, ManifestError
 from .plan import plan, summarise
@@ -33,7 +35,7 @@ def check_manifest(
     """`validate_main`, also returning the manifest when it is valid (for what the command prints next);
     `keys` (default: `args.keys`) lists the planned requests."""
     out = out if out is not None else sys.stdout
-    name = args.manifest
+    name = shown_url(args.manifest)
     try:
         manifest = load_manifest(
             args.manifest, format=getattr(args, "format", None), files_root=getattr(args, "files_root", None)

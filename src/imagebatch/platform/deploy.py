@@ -71,7 +71,7 @@ from imagebatch.run.constants import FLOW_NAME
 from imagebatch.run.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.run.preflight import EMBEDDED, UsageError, locked, out_text, output_location, preflight
 from imagebatch.run.verdict import parse_allowance
-from imagebatch.storage.location import is_object_url
+from imagebatch.storage.location import is_object_url, shown_url
 from imagebatch.work.store import OutputLockedError, OutputStore
 
 if TYPE_CHECKING:
@@ -123,7 +123,8 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
     except ManifestError as exc:  # every problem, as `run` prints them
         for problem in exc.problems:
             print(str(problem), file=sys.stderr)
-        print(f"{args.manifest}: {len(exc.problems)} problem(s); nothing was deployed.", file=sys.stderr)
+        where = shown_url(args.manifest)
+        print(f"{where}: {len(exc.problems)} problem(s); nothing was deployed.", file=sys.stderr)
         return EXIT_USAGE
 
     try:

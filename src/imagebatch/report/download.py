@@ -23,6 +23,7 @@ from pathlib import Path
 from imagebatch.report.html import build_report
 from imagebatch.report.location import stage
 from imagebatch.storage import layout
+from imagebatch.storage.location import confined, write_atomic
 from imagebatch.storage.objectstore import ObjectLocation
 
 
@@ -40,7 +41,7 @@ def download_report(loc: ObjectLocation, to: Path) -> Path:
     if report is not None and results is not None and report >= results:
         pages = report_pages(loc.list_top())
         for name in pages:
-            (to / name).write_bytes(loc.get(name) or b"")
+            write_atomic(confined(to, name), loc.get(name) or b"")
         for stale in report_pages([p.name for p in to.glob("report*.html")]):
             if stale not in pages:
                 (to / stale).unlink()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from imagebatch.storage import layout
 from imagebatch.storage.csvcells import read_csv
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.location import LocalFolder, confined, write_atomic
 from imagebatch.work.decisions import Decision, decided
 from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail, thumb_name
 
@@ -90,7 +90,7 @@ def manifest_details(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _rows(out: Path) -> Generator[dict[str, str], None, None]:
-    yield from read_csv(out / layout.RESULTS_CSV)
+    yield from read_csv(out / layout.RESULTS_CSV, layout.RESULTS_READ_COLUMNS)
 
 
 def _card(row: dict[str, str], details: Mapping[str, Any]) -> Card:
@@ -275,7 +275,8 @@ def build_report(
         page = [_card(row, details) for row in itertools.islice(rows, page_size)]
         title = f"imagebatch report: {out.name}" + (f" (page {number})" if len(names) > 1 else "")
         cards = [_card_html(out, c, decisions.get(c.row["idempotency_key"])) for c in page]
-        (out / name).write_text(_page(title, summary, nav, cards, options))
+        # Whole or not at all (a full disk cut a page mid-tag), and never through a link out of OUT.
+        write_atomic(confined(out, name), _page(title, summary, nav, cards, options).encode())
     rows.close()
     for stale in out.glob(layout.REPORT_PAGES):
         if stale.name not in names:

@@ -21,6 +21,7 @@ from imagebatch.report.html import image_paths, manifest_details, reviewable, ro
 from imagebatch.storage import layout
 from imagebatch.storage.csvcells import read_csv
 from imagebatch.storage.location import LocalFolder, Location, json_object
+from imagebatch.storage.location import confined as storage_confined
 from imagebatch.work.decisions import REVIEW_FILE, REVIEW_PREFIX, Decision, record_decision
 
 PROMPT_SHOWN = 400
@@ -71,12 +72,10 @@ def safe_name(rel: str) -> bool:
 def confined(root: Path, rel: str) -> Path | None:
     """What `root/rel` really is (symlinks resolved), or None if it is missing or lies outside `root` (a
     symlink out of the output folder is refused)."""
-    try:
-        real = (root / rel).resolve(strict=True)
-        base = root.resolve(strict=True)
-    except (OSError, RuntimeError):  # missing, or a symlink loop
+    try:  # the rule every write into OUT follows too (`storage.confined`), then the file must exist
+        return storage_confined(root, rel).resolve(strict=True)
+    except (OSError, RuntimeError):  # outside, missing, or a symlink loop
         return None
-    return real if real.is_relative_to(base) else None
 
 
 def local_file(root: Path, rel: str) -> Path | None:
@@ -94,7 +93,8 @@ def load_cards(location: Location) -> tuple[list[ReviewCard], int, int]:
         raise ReviewError(
             f"{location.url} has no {layout.RESULTS_CSV} (not an output folder of a finished run)"
         )
-    rows = list(read_csv(io.StringIO(raw.decode("utf-8", errors="replace"), newline="")))
+    text = io.StringIO(raw.decode("utf-8", errors="replace"), newline="")
+    rows = list(read_csv(text, layout.RESULTS_READ_COLUMNS))
     details = manifest_details(json_object(location.get(layout.RUN_JSON) or b"{}") or {})
     shown = [row for row in rows if reviewable(row)]
     groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}

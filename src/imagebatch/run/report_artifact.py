@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from imagebatch.storage import layout
-from imagebatch.storage.location import is_object_url
+from imagebatch.storage.location import confined, is_object_url, write_atomic
 from imagebatch.work.outcome import DONE, tally
 from imagebatch.work.store import STATUSES, RequestRecord
 
@@ -61,7 +61,7 @@ def keep_run_report(first: Path, stamp: str, keep: int = KEEP) -> Path:
         text = page.read_text()
         for old, new in names.items():
             text = text.replace(f'href="{old}"', f'href="{new}"')
-        (out / names[page.name]).write_text(text)
+        write_atomic(confined(out, names[page.name]), text.encode())  # a full disk cut it mid-tag
     copy = re.compile(r"report\.(\d{8}T\d{6}Z-[^.-]+)(?:-\d+)?\.html$")
     stamps = sorted({m.group(1) for p in out.glob("report.*.html") if (m := copy.match(p.name))})
     for old in stamps[:-keep] if keep else []:

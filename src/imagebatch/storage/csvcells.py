@@ -38,23 +38,44 @@ def csv_value(cell: str) -> str:
     return cell[1:] if cell.startswith("'") else cell
 
 
+_NEEDS_QUOTES = re.compile(r'[,"\r\n]')
+
+
+def csv_line(cells: Iterable[str]) -> str:
+    """One line of CSV, `\n`-terminated: a cell holding a comma, a quote, a CR or an LF is quoted.
+
+    Python's `csv.writer` quotes only the characters of its own line terminator, so with `\n` a bare CR
+    went out unquoted and every reader (Excel, pandas, ours) split the row there (issue 29 #2)."""
+    return (
+        ",".join(f'"{c.replace(chr(34), chr(34) * 2)}"' if _NEEDS_QUOTES.search(c) else c for c in cells)
+        + "\n"
+    )
+
+
 def write_csv(fh: IO[str], columns: Iterable[str], rows: Iterable[Mapping[str, Any]]) -> None:
-    """A CSV table, header and cells through `csv_cell`; a column a row lacks is an empty cell."""
+    """A CSV table, header and cells through `csv_cell`; a column a row lacks is an empty cell. The one
+    CSV writer of the project: every file it writes (results, usage summary, export.csv) goes through it."""
     names = list(columns)
-    writer = csv.writer(fh, lineterminator="\n")
-    writer.writerow([csv_cell(c) for c in names])
+    fh.write(csv_line(csv_cell(c) for c in names))
     for row in rows:
-        writer.writerow([csv_cell(row.get(c)) for c in names])
+        fh.write(csv_line(csv_cell(row.get(c)) for c in names))
 
 
-def read_csv(path: Path | IO[str]) -> Iterator[dict[str, str]]:
+def read_csv(path: Path | IO[str], columns: Iterable[str] = ()) -> Iterator[dict[str, str]]:
     """The rows of a CSV file `write_csv` wrote (a path, or a text stream opened with `newline=""`, such
-    as an object's bytes in `io.StringIO`), header and cells as they were before `csv_cell`."""
+    as an object's bytes in `io.StringIO`), header and cells as they were before `csv_cell`.
+
+    Each row has every column of the header and every one of `columns` (empty when absent): a file another
+    tool wrote, or cut short, may lack cells or columns, and a reader must not fail on a missing key.
+    Cells beyond the header are dropped."""
     opened = (
         path.open(newline="", encoding="utf-8") if isinstance(path, Path) else contextlib.nullcontext(path)
     )
     with opened as fh:
         reader = csv.reader(fh)
         header = [csv_value(c) for c in next(reader, [])]
+        blank = dict.fromkeys([*header, *columns], "")
         for cells in reader:
-            yield dict(zip(header, (csv_value(c) for c in cells), strict=False))
+            if not cells:
+                continue  # a blank line: no row
+            yield blank | dict(zip(header, (csv_value(c) for c in cells), strict=False))

@@ -22,6 +22,17 @@ own: `conversations.shard-I-of-N.jsonl`); an object store keeps one object each 
 USAGE_LEDGER = "usage"
 """One line per HTTP attempt, `usage.jsonl` (a shard's own: `usage.shard-I-of-N.jsonl`)."""
 RESULTS_CSV = "results.csv"
+RESULTS_READ_COLUMNS = (
+    "job_id",
+    "request_index",
+    "turn_index",
+    "status",
+    "route",
+    "model",
+    "idempotency_key",
+)
+"""The columns of results.csv the report and the review read by name (`store.RESULT_COLUMNS` holds every
+one): present, empty if need be, in every row `csvcells.read_csv` gives them, whatever tool wrote the file."""
 RUN_JSON = "run.json"
 USAGE_SUMMARY_CSV = "usage-summary.csv"
 REPORT_HTML = "report.html"

@@ -15,9 +15,10 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
+from urllib.parse import urlsplit
 
 OBJECT_SCHEMES = ("s3", "gs", "az")
 """The URL schemes `--out` takes for an object store (anything else is a local folder)."""
@@ -25,6 +26,29 @@ OBJECT_SCHEMES = ("s3", "gs", "az")
 
 class OutputLockedError(RuntimeError):
     """The output location is held by another run."""
+
+
+class OutsideRootError(PermissionError):
+    """A write into a folder the user named (OUT, DEST) whose path leaves it through a symbolic link."""
+
+
+def confined(root: Path, name: str | os.PathLike[str]) -> Path:
+    """`root / name`, for writing: `OutsideRootError` (its message names the path) if the path, or any
+    folder on its way, is a symbolic link that leads out of `root`, or if `name` climbs out with `..`.
+
+    The one check of every write imagebatch makes into OUT or DEST (export's files, review.jsonl, the
+    thumbnails and the report's pages), as reads already refuse to follow a link out: a folder of DEST
+    linked to `/etc` must not receive a deliverable (issue 29 #5, #9). A link that stays inside is
+    followed. What is checked is the path as it is now; a writer that appends also opens with
+    `O_NOFOLLOW`, so a link put in the file's place afterwards fails the open."""
+    path = Path(root) / name
+    try:
+        inside = path.resolve().is_relative_to(Path(root).resolve())
+    except (OSError, RuntimeError):  # a loop of links (RuntimeError before Python 3.13)
+        inside = False
+    if not inside:
+        raise OutsideRootError(f"{path} leads out of {root} (a symbolic link on its way): not written")
+    return path
 
 
 def is_object_url(out: str | os.PathLike[str]) -> bool:
@@ -35,14 +59,29 @@ def is_object_url(out: str | os.PathLike[str]) -> bool:
 
 def shown_url(url: str) -> str:
     """`url` as a message may show it: without a user name, password, query or fragment (where a
-    credential would hide), which `--out` refuses anyway."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
+    credential would hide: `s3://KEY:SECRET@bucket`, a presigned URL's `?X-Amz-Signature=`).
+
+    The one redaction of a location for every message and log line that names one: `--out`, a manifest's
+    URL, export's OUT and `--to`, a reference cell (issue 29 #4). Anything that is not `scheme://...` is
+    returned as it is (a local path holds no credential)."""
+    scheme, sep, rest = str(url).partition("://")
+    if not sep or not _SCHEME.fullmatch(scheme):
+        return str(url)
+    rest = re.split(r"[?#]", rest, maxsplit=1)[0]
     authority, slash, path = rest.partition("/")
     authority = authority.rpartition("@")[2]
-    shown = f"{scheme}://{authority}{slash}{path}"
-    return re.split(r"[?#]", shown, maxsplit=1)[0]
+    return f"{scheme}://{authority}{slash}{path}"
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:[^\s'\"<>`]*[^\s'\"<>`:,.;)])?")
+"""A URL inside a message: up to a space or a quote, a trailing `:` `,` `.` `;` `)` left to the text."""
+
+
+def redact_urls(text: str) -> str:
+    """`text` with every URL in it as `shown_url` shows it: for a message built from parts that may
+    name a location (a manifest's problem quoting its cell, an exception's text)."""
+    return _URL_IN_TEXT.sub(lambda m: shown_url(m.group()), text)
 
 
 STORE_SECRETS = (
@@ -57,6 +96,57 @@ STORE_SECRETS = (
 )
 """The variables of the stores' standard credential chains that hold a secret: a process that imagebatch
 starts itself (a shard the parent runs) gets them on its stdin, never in its environment."""
+
+
+STORE_ENDPOINTS = {
+    "s3": ("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ENDPOINT_URL_S3"),
+    "gs": ("GOOGLE_BASE_URL",),
+    "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"),
+}
+"""The variables a store's client reads its server's address from (obstore's names, by scheme)."""
+
+
+def store_config_fault(scheme: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why the store's configuration in the environment cannot be used, or None: an endpoint that is not
+    an http(s) URL of a server. Checked before obstore sees it: it panics on such a value at the first
+    request (`PanicException`, a traceback; issue 29 #7). The value is not repeated (it may hold a
+    secret a person pasted in the wrong variable)."""
+    env = os.environ if environ is None else environ
+    for name in STORE_ENDPOINTS.get(scheme, ()):
+        value = env.get(name)
+        if value is None:
+            continue
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018  (a port that is not a number raises here)
+        except ValueError:
+            return f"{name} is not a URL"
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            return f"{name} must be the http:// or https:// URL of the store's server (it is not)"
+        if any(c.isspace() or not c.isprintable() for c in value) or parts.username or parts.password:
+            return f"{name} must be a plain http(s) URL: no space, no user or password (credentials)"
+    return None
+
+
+MAX_OBJECT_KEY_BYTES = 1024
+"""The longest object key S3 (and GCS) accept, in UTF-8 bytes."""
+MAX_RUN_NAME_BYTES = 256
+"""Room for the longest name a run writes under its prefix (`images/<a 128-character job id>/...png`,
+a journal segment, a shard's lease), with some to spare."""
+
+
+def check_store_config(scheme: str, prefix: str = "") -> None:
+    """ValueError, saying why, if `store_config_fault` finds the environment's store configuration bad,
+    or if `prefix` leaves too little of an object key for the names a run writes under it (S3 stored
+    1,142-byte keys under a 1,100-character prefix from moto, and refuses them from AWS: issue 29 #12)."""
+    if why := store_config_fault(scheme):
+        raise ValueError(why)
+    if (size := len(prefix.encode())) > MAX_OBJECT_KEY_BYTES - MAX_RUN_NAME_BYTES - 1:
+        most = MAX_OBJECT_KEY_BYTES - MAX_RUN_NAME_BYTES - 1
+        raise ValueError(
+            f"the prefix is {size:,} bytes long; at most {most:,} (an object's key is at most "
+            f"{MAX_OBJECT_KEY_BYTES:,} bytes, and a run's names under it take up to {MAX_RUN_NAME_BYTES})"
+        )
 
 
 def local_path(out: str | os.PathLike[str]) -> Path:
@@ -121,10 +211,10 @@ class LocalFolder:
         self.url = str(self.root)
 
     def put_new(self, name: str, data: bytes) -> bool:
-        path = self.root / name
+        path = confined(self.root, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         except FileExistsError:
             return False
         with os.fdopen(fd, "wb") as fh:
@@ -134,7 +224,7 @@ class LocalFolder:
         return True
 
     def put(self, name: str, data: bytes) -> None:
-        write_atomic(self.root / name, data)
+        write_atomic(confined(self.root, name), data)
 
     def get(self, name: str) -> bytes | None:
         try:
@@ -152,7 +242,7 @@ class LocalFolder:
         return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
 
     def delete(self, name: str) -> None:
-        (self.root / name).unlink(missing_ok=True)
+        confined(self.root, name).unlink(missing_ok=True)
 
 
 def open_location(out: str | os.PathLike[str]) -> Location:

@@ -40,7 +40,7 @@ from typing import Any
 import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 
-from imagebatch.storage.location import OutputLockedError, json_object, shown_url
+from imagebatch.storage.location import OutputLockedError, check_store_config, json_object, shown_url
 
 LEASE_NAME = ".imagebatch.lease"
 
@@ -119,13 +119,12 @@ class ObjectLocation:
         self, url: str, *, retry: dict[str, Any] | None = None, client_options: dict[str, Any] | None = None
     ) -> None:
         self.scheme, self.bucket, self.prefix = split_url(url)
+        check_store_config(self.scheme, self.prefix)
         self.url = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         from obstore.store import AzureStore, GCSStore, S3Store
 
         kind = {"s3": S3Store, "gs": GCSStore, "az": AzureStore}[self.scheme]
-        options: dict[str, Any] = {"retry_config": retry or RETRY}
-        if client_options:
-            options["client_options"] = client_options
+        options: dict[str, Any] = {"retry_config": retry or RETRY, "client_options": client_options or None}
         self.store: Any = kind(self.bucket, prefix=self.prefix or None, **options)
 
     @contextlib.contextmanager

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
-from imagebatch.storage.location import LocalFolder, Location, json_object
+from imagebatch.storage.location import LocalFolder, Location, confined, json_object
 
 DecisionKind = Literal["approved", "rejected", "cleared"]
 DECISIONS: tuple[str, ...] = get_args(DecisionKind)
@@ -89,7 +89,10 @@ def _line(decision: Decision) -> bytes:
 
 def _append(folder: LocalFolder, line: bytes) -> None:
     folder.root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder.root / REVIEW_FILE, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    # review.jsonl linked out of OUT must not receive the decisions (issue 29 #9): refused, and a link
+    # made in its place after the check fails the open (O_NOFOLLOW).
+    path = confined(folder.root, REVIEW_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         # A line a crash cut short must not glue onto this one: start on a fresh line if needed.

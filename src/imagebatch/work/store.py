@@ -51,6 +51,7 @@ from imagebatch.storage.location import (
     Location,
     OutputLockedError,
     atomic_file,
+    confined,
     json_object,
     open_location,
     write_atomic,
@@ -455,7 +456,7 @@ class OutputStore:
         so a run's request threads do not queue behind each other's disk waits (one fsync per line
         under one lock was most of a 64-thread run's waiting)."""
         line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
-        with self._writing(path), path.open("ab") as fh:
+        with self._writing(path), confined(self.root, path.name).open("ab") as fh:  # no link out of OUT
             with self._lock:
                 if path not in self._tail_checked:
                     # A line torn by a crash has no newline: end it, or this record would be glued onto
@@ -622,15 +623,11 @@ class OutputStore:
     # -- files --
 
     def write_file(self, name: str, data: bytes) -> str:
-        """Write an output file under images/ atomically; return its path relative to the output folder."""
-        if self._folder is None:
-            with self._writing():
-                self.location.put(f"images/{name}", data)
-            return f"images/{name}"
-        path = self.images_dir / name
+        """Write an output file under images/ atomically; return its path relative to the output folder.
+        Through the location for both kinds: a folder's refuses a path that a link leads out of OUT."""
         with self._writing():
-            write_atomic(path, data)
-        return path.relative_to(self.root).as_posix()
+            self.location.put(f"{layout.IMAGES_DIR}/{name}", data)
+        return f"{layout.IMAGES_DIR}/{name}"
 
     def thumbnail(self, rel: str, data: bytes) -> None:
         """The report's thumbnail of the image `rel`, from its bytes still in memory (best effort)."""
@@ -725,11 +722,9 @@ class OutputStore:
         self.write_top(layout.RUN_JSON, (json.dumps(info, indent=2, default=str) + "\n").encode())
 
     def write_top(self, name: str, data: bytes) -> None:
-        """Write a whole file at the top of the location (run.json, usage-summary.csv)."""
-        if self._folder is None:
-            self.location.put(name, data)
-            return
-        write_atomic(self.root / name, data)
+        """Write a whole file at the top of the location (run.json, usage-summary.csv): whole, and in a
+        folder never through a link out of it (`LocalFolder.put`)."""
+        self.location.put(name, data)
 
 
 _KEY_PREFIX = b'{"key":"'

@@ -12,6 +12,7 @@ from pathlib import Path
 from PIL import Image, ImageFile, JpegImagePlugin, PngImagePlugin
 
 from imagebatch.storage import layout
+from imagebatch.storage.location import OutsideRootError, confined, write_atomic
 from imagebatch.storage.objectstore import ObjectLocation
 
 THUMB_SIDE = 256
@@ -47,7 +48,7 @@ def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
     reads no image again. Best effort: the report makes any that is missing."""
     try:
         thumbnailer().submit(
-            save_thumbnail, io.BytesIO(data), out / layout.THUMBS_DIR / f"{thumb_name(rel)}.jpg"
+            save_thumbnail, io.BytesIO(data), confined(out, f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg")
         ).result()
     except (OSError, ValueError, Image.DecompressionBombError):
         pass
@@ -124,19 +125,18 @@ def save_thumbnail(source: Path | io.BytesIO, target: Path | io.BytesIO) -> None
     if isinstance(target, io.BytesIO):
         target.write(buf.getvalue())
         return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(buf.getvalue())
+    write_atomic(target, buf.getvalue(), sync=False)  # a lost thumbnail is remade; a torn one is not
 
 
 def ensure_thumbnail(out: Path, source: Path, name: str) -> str | None:
     """A JPEG thumbnail of `source` under out/thumbs/ (made once, remade if the source is newer);
     its path relative to `out`, or None if `source` is not a readable image. `TooLarge` if it is
     over `THUMB_MAX_PIXELS`."""
-    target = out / layout.THUMBS_DIR / f"{name}.jpg"
+    target = confined(out, f"{layout.THUMBS_DIR}/{name}.jpg")  # thumbs/ linked out of OUT: refused
     try:
         if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
             save_thumbnail(source, target)
-    except TooLarge:
+    except (TooLarge, OutsideRootError):
         raise
     except (OSError, ValueError):
         return None
