@@ -10,14 +10,9 @@ from typing import Any
 
 import pytest
 
-from imagebatch.storage.objectstore import (
-    LEASE_SECONDS,
-    RENEW_SECONDS,
-    SAFETY_SECONDS,
-    Lease,
-    ObjectLocation,
-    journal_objects,
-)
+from imagebatch.storage.lease import LEASE_SECONDS, RENEW_SECONDS, SAFETY_SECONDS, Lease
+from imagebatch.storage.objectstore import ObjectLocation
+from imagebatch.storage.segments import journal_objects
 from imagebatch.work.store import OutputLockedError, OutputStore, RequestRecord
 
 
@@ -80,7 +75,7 @@ def test_journal_segments_replay_in_order_and_compact_into_one_object(s3: Any) -
 def test_group_commit_shares_one_put_between_threads(s3: Any) -> None:
     store = OutputStore(f"s3://{s3.bucket()}/g")
     with store.hold_and_merge():
-        assert store._segments is not None
+        assert store.holds.segments is not None
         barrier = threading.Barrier(16)
 
         def one(i: int) -> None:
@@ -92,7 +87,7 @@ def test_group_commit_shares_one_put_between_threads(s3: Any) -> None:
             t.start()
         for t in threads:
             t.join()
-        puts = store._segments.puts
+        puts = store.holds.segments.puts
     assert 1 <= puts < 16
     assert len(store.load_state()) == 16
 
@@ -232,21 +227,21 @@ def test_a_shard_stops_writing_once_its_parent_stops_renewing_before_another_run
     url = f"s3://{s3.bucket()}/orphan"
     parent, shard = OutputStore(url, clock=clock), OutputStore(url, "0-of-1", clock=clock)
     with parent.hold_sharded(1), shard.shard_hold():
-        assert parent._lease is not None and shard._lease is not None
+        assert parent.holds.lease is not None and shard.holds.lease is not None
         shard.journal("attempt_started", idempotency_key="k1", attempt=1)
         clock.now += RENEW_SECONDS
-        parent._lease.renew()  # the parent is alive: renewed (by hand; its thread waits real seconds)
-        shard._lease.renew()
+        parent.holds.lease.renew()  # the parent is alive: renewed (by hand; its thread waits real seconds)
+        shard.holds.lease.renew()
         clock.now += LEASE_SECONDS - SAFETY_SECONDS - 1  # past the first expiry the shard saw
         shard.journal("attempt_started", idempotency_key="k2", attempt=1)  # read again: renewed, live
-        shard._lease.renew()  # the shard's own lease stays live from here on: only the parent's lapses
+        shard.holds.lease.renew()  # the shard's own lease stays live from here on: only the parent's lapses
         clock.now += 2  # the parent's lease is now within its safety margin: its process died
         with pytest.raises(OSError, match="its sharded run no longer holds s3://"):
             shard.journal("attempt_started", idempotency_key="k3", attempt=1)
         assert shard.write_error is not None
         clock.now += SAFETY_SECONDS  # the parent's lease expired: another run takes the prefix over
         with OutputStore(url, clock=clock).hold_and_merge():
-            shard._segments._failed.clear()  # type: ignore[union-attr]  # as if the shard tried again
+            shard.holds.segments._failed.clear()  # type: ignore[union-attr]  # as if the shard tried again
             with pytest.raises(OSError, match="its sharded run no longer holds"):
                 shard.journal("attempt_started", idempotency_key="k4", attempt=1)
     keys = set(OutputStore(url).load_state())

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from imagebatch.work import store as store_module
+from imagebatch.storage import appendlog
 from imagebatch.work.store import RESULT_COLUMNS, OutputStore, RequestRecord, read_jsonl, write_atomic
 
 KEY = "ib1-0123456789abcdef0123456789abcdef"
@@ -549,7 +549,7 @@ def test_journal_lines_written_together_share_an_fsync_and_each_returns_durable(
         lines_at_fsync.append(len(store.journal_path.read_bytes().splitlines()))
         real_fsync(fd)
 
-    monkeypatch.setattr(store_module.os, "fsync", fsync)
+    monkeypatch.setattr(appendlog.os, "fsync", fsync)
     returned: list[int] = []
 
     def write(i: int) -> None:
@@ -560,7 +560,7 @@ def test_journal_lines_written_together_share_an_fsync_and_each_returns_durable(
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30
-    while store._written.get(store.journal_path, 0) < 8 and time.monotonic() < deadline:
+    while store.log.written.get(store.journal_path, 0) < 8 and time.monotonic() < deadline:
         time.sleep(0.001)  # real threads: wait (bounded) until all eight lines are written
     first_sync.set()
     for t in threads:

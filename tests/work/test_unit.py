@@ -285,7 +285,7 @@ def test_a_power_cut_keeps_what_the_journal_fsyncs_covered_and_a_rerun_resends_n
     the journal at its last fsync and the rerun still finds the success done and the failure failed."""
     import os
 
-    from imagebatch.work import store as store_module
+    from imagebatch.storage import appendlog
 
     ok, bad = h.units(CAT, {"id": "b", "prompt": "dog"})
     synced: list[int] = []  # the journal's size at each of its fsyncs
@@ -296,7 +296,7 @@ def test_a_power_cut_keeps_what_the_journal_fsyncs_covered_and_a_rerun_resends_n
             synced.append(os.fstat(fd).st_size)
         real_fsync(fd)
 
-    monkeypatch.setattr(store_module.os, "fsync", fsync)
+    monkeypatch.setattr(appendlog.os, "fsync", fsync)
     ctx = h.context()
     (done,) = run_unit(ctx, ok)
     assert done.status == "succeeded" and len(synced) == 2  # attempt_started, answered
@@ -324,12 +324,12 @@ def test_the_end_of_a_run_syncs_the_lines_that_rode_on_later_fsyncs(
 ) -> None:
     import os
 
-    from imagebatch.work import store as store_module
+    from imagebatch.storage import appendlog
 
     store = h.context().store
     store.journal("outcome", sync=False, idempotency_key="k")
     calls: list[str] = []
-    monkeypatch.setattr(store_module.os, "fsync", lambda fd: calls.append(os.readlink(f"/proc/self/fd/{fd}")))
+    monkeypatch.setattr(appendlog.os, "fsync", lambda fd: calls.append(os.readlink(f"/proc/self/fd/{fd}")))
     store.sync()
     assert calls == [str(store.journal_path)]
     store.sync()

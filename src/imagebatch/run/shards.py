@@ -249,7 +249,7 @@ def shards_released(
     child, its run marked Crashed at once) leaves its lease live until it expires, and one that still
     holds it then is alive and writing (its run marked ended meanwhile), and the parent must not compact
     the journal under it."""
-    from imagebatch.storage.objectstore import LEASE_SECONDS
+    from imagebatch.storage.lease import LEASE_SECONDS
 
     deadline = clock() + LEASE_SECONDS + 5.0
     while held := [n for i in range(shards) if store.shard_held(n := shard_name(i, shards))]:

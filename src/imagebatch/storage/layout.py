@@ -16,6 +16,8 @@ THUMBS_DIR = "thumbs"
 """The report's thumbnails, one JPEG per image."""
 JOURNAL = "journal"
 """The write-ahead journal, `journal.jsonl` (a shard's own: `journal.shard-I-of-N.jsonl`)."""
+JOURNAL_SEGMENTS = f"{JOURNAL}/"
+"""An object store's journal: the prefix of its segments (`storage.segments`)."""
 CONVERSATIONS = "conversations"
 """A folder's conversations behind its native answers, one line each, `conversations.jsonl` (a shard's
 own: `conversations.shard-I-of-N.jsonl`); an object store keeps one object each (`conversation`)."""
@@ -30,6 +32,8 @@ REPORT_PAGES = "report-*.html"
 """The report's further pages, as a glob (a rebuild removes the ones it no longer makes)."""
 LOCK = ".imagebatch.lock"
 """The folder's lock: held alone by a run, shared by the shards of a sharded run."""
+LEASE = ".imagebatch.lease"
+"""An object store's lock, as a lease object (`storage.lease`): held by a run, or a sharded run's parent."""
 
 UNKNOWN_HINT = (
     "check the service's usage history for this key, then rerun with --retry-unknown if it was not made"
@@ -50,6 +54,11 @@ def shard_jsonl(kind: str) -> str:
 def shard_lock(shard: str) -> str:
     """The lock a shard's process holds alone while it sends."""
     return f".imagebatch.shard-{shard}.lock"
+
+
+def shard_lease(shard: str) -> str:
+    """The lease shard `I-of-N` of a sharded run holds alone in an object store (the folder's shard lock)."""
+    return f".imagebatch.shard-{shard}.lease"
 
 
 def conversation(stem: str) -> str:

@@ -21,7 +21,8 @@ from imagebatch.manifest import PlannedRequest
 from imagebatch.work import records
 from imagebatch.work.context import RunContext
 from imagebatch.work.records import Result
-from imagebatch.work.store import AttemptJournal, NotJournaledError, RequestRecord
+from imagebatch.work.attempts import AttemptJournal, NotJournaledError
+from imagebatch.work.request_record import RequestRecord
 
 
 class _StoppedBeforeSending(Exception):
