@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from pydantic_core import PydanticCustomError
 
+from imagebatch.gateway.compat_models import check_text_model
 from imagebatch.gateway.constants import (
     ASPECT_RATIOS,
     COMPAT_IMAGE_MODEL,
@@ -20,7 +21,6 @@ from imagebatch.gateway.constants import (
     NATIVE_MODELS,
     serves,
 )
-from imagebatch.gateway.models import check_text_model
 
 from .models import MANIFEST_ROUTES, wire_route
 

@@ -19,9 +19,9 @@ from imagebatch.gateway.requests import GatewayRequest
 from imagebatch.gateway.results import AttemptEvent, AttemptFinished, AttemptStarted
 from imagebatch.manifest import PlannedRequest
 from imagebatch.work import records
+from imagebatch.work.attempts import AttemptJournal, NotJournaledError
 from imagebatch.work.context import RunContext
 from imagebatch.work.records import Result
-from imagebatch.work.attempts import AttemptJournal, NotJournaledError
 from imagebatch.work.request_record import RequestRecord
 
 
