@@ -24,14 +24,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
+from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
 from imagebatch.storage.location import LocalFolder, Location, json_object
 
 DecisionKind = Literal["approved", "rejected", "cleared"]
 DECISIONS: tuple[str, ...] = get_args(DecisionKind)
-REVIEW_FILE = "review.jsonl"
-"""A local folder's decisions."""
-REVIEW_PREFIX = "review/"
-"""An object store's decisions, one object each."""
 
 
 @dataclass(frozen=True, slots=True)
