@@ -1,8 +1,7 @@
-"""The output folder's names, in one place for its writer (`work.store`), its readers (`report`, the
-`imagebatch report` command) and the messages that name its files; and the advice about an `unknown`
-request, which a record's error, the report and the end of a run give in the same words.
-
-Imports nothing of ours, so that `report`, the room below `tasks`, may read it (docs/architecture.md).
+"""The names of what a run, a review and an export write (files, folders, objects, locks), in one place
+for their writers (`work.store`, `work.decisions`, `delivery`), their readers (`report`, reruns) and the
+messages that name them; and the advice about an `unknown` request, which a record's error, the report
+and the end of a run give in the same words. Imports nothing of ours: every room may read it.
 """
 
 from __future__ import annotations
