@@ -1,6 +1,6 @@
 """What one request's outcome is, as a results row: built from an answer, an error, or an earlier run.
 
-The statuses and what each means to a rerun are in `store.py` (`STATUSES`) and the README; this module
+The statuses are `request_record.STATUSES` (the README says what each means to a rerun); this module
 decides which one a request gets, and which errors stop the whole run.
 """
 
