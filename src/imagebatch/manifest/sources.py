@@ -1,17 +1,11 @@
 """A manifest and its reference images in an object store: `run`, `validate` and `deploy` take
-`s3://bucket/key.csv` (and `gs://`, `az://`) wherever they take a manifest's path (issue 19, item 5).
+`s3://bucket/key.csv` (and `gs://`, `az://`) wherever they take a manifest's path.
 
-- A URL stays text, never a `Path` (which would fold `s3://` into `s3:/`). A reference of a manifest in a
-  bucket is resolved by `join` against the manifest's prefix (its "folder"): a relative name under it,
-  `/key` from the bucket's root, a whole URL as itself; `..` is resolved by `normalise`, never above the
-  bucket. It must then lie `inside` a files root, as a path must lie inside a folder: the manifest's
-  prefix, or a `--files-root` given as a URL prefix (which also lets a local manifest name objects).
-- Reads go through `storage.objectstore.ObjectLocation`: the store's standard credential chain, its retries
-  and its causes in a few words (no response body, no secret). One location per bucket (and per set of
-  the store's variables) is kept for the process (`location`): making one costs ~20 ms, and it keeps its
-  connections for the next read, at check time and again when the request is sent.
-- Reads are bounded (`ObjectLocation.get_bounded`): an object of the limit's size or more is refused by
-  the size its GET announces, before its body is read.
+A URL stays text, never a `Path` (which would fold `s3://` into `s3:/`): a reference is resolved against
+the manifest's prefix (`join`, `normalise`: never above the bucket) and must lie `inside` a files root, as
+a path must lie inside a folder. Reads go through `storage.objectstore.ObjectLocation` (the store's own
+credential chain and retries, no secret in a message), one location per bucket kept for the process
+(`location`: one costs ~20 ms and keeps its connections), each read bounded (`read_object`).
 """
 
 from __future__ import annotations
