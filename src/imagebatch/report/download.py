@@ -10,18 +10,12 @@ nothing to the bucket.
 
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
 
 from imagebatch.report.html import build_report
 from imagebatch.report.location import stage
 from imagebatch.storage import layout
 from imagebatch.storage.objectstore import ObjectLocation
-
-
-def report_pages(names: list[str]) -> list[str]:
-    """The report's pages among a listing: `report.html`, `report-2.html`, ..."""
-    return [n for n in names if n == layout.REPORT_HTML or fnmatch.fnmatchcase(n, layout.REPORT_PAGES)]
 
 
 def download_report(loc: ObjectLocation, to: Path) -> Path:
@@ -37,10 +31,10 @@ def download_report(loc: ObjectLocation, to: Path) -> Path:
     stage(loc, to, everything=True)
     report, results = loc.modified(layout.REPORT_HTML), loc.modified(layout.RESULTS_CSV)
     if report is not None and results is not None and report >= results:
-        pages = report_pages(loc.list_top())
+        pages = layout.report_pages(loc.list_top())
         for name in pages:
             (to / name).write_bytes(loc.get(name) or b"")
-        for stale in report_pages([p.name for p in to.glob("report*.html")]):
+        for stale in layout.report_pages(p.name for p in to.iterdir()):
             if stale not in pages:
                 (to / stale).unlink()
         return to / layout.REPORT_HTML

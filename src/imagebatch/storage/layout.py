@@ -6,6 +6,9 @@ and the end of a run give in the same words. Imports nothing of ours: every room
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Iterable
+
 IMAGES_DIR = "images"
 """Every image and text output, under `<job>/`."""
 CHAINS_DIR = "chains"
@@ -75,3 +78,8 @@ def conversation(stem: str) -> str:
 def report_page(number: int) -> str:
     """The file of the report's page `number` (from 1)."""
     return REPORT_HTML if number == 1 else f"report-{number}.html"
+
+
+def report_pages(names: Iterable[str]) -> list[str]:
+    """The report's pages among `names` (a listing): `report.html`, `report-2.html`, ..."""
+    return [n for n in names if n == REPORT_HTML or fnmatch.fnmatchcase(n, REPORT_PAGES)]
