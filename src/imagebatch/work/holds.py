@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from imagebatch.storage.objectstore import ObjectLocation
     from imagebatch.storage.segments import SegmentJournal
 
+NO_FOLDER = Path("/dev/null/imagebatch-object-store")
+"""The base of an object store's local paths: never used; a stray local write there fails at once."""
 RUN = "another imagebatch run"
 """Who holds a location held alone, as a refusal names it."""
 

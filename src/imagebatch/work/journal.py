@@ -11,12 +11,11 @@ from __future__ import annotations
 import errno
 from collections.abc import Iterator
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog, json_line, read_jsonl
-from imagebatch.work.holds import Holds
+from imagebatch.work.holds import NO_FOLDER, Holds
 from imagebatch.work.request_record import RequestRecord
 
 
@@ -24,9 +23,11 @@ class Journal:
     """The journal and usage ledger of one output store, written under `holds` (an object store's
     segments exist only while the store holds its prefix)."""
 
-    def __init__(self, holds: Holds, log: AppendLog, journal_path: Path, usage_path: Path) -> None:
+    def __init__(self, holds: Holds, log: AppendLog, shard: str | None) -> None:
         self.holds, self.log = holds, log
-        self.journal_path, self.usage_path = journal_path, usage_path
+        base = holds.folder or NO_FOLDER
+        self.journal_path = base / layout.jsonl(layout.JOURNAL, shard)
+        self.usage_path = base / layout.jsonl(layout.USAGE_LEDGER, shard)
 
     def write(self, event: str, *, sync: bool = True, **fields: Any) -> None:
         """Append an event to the write-ahead journal and make it durable before returning.

@@ -16,15 +16,12 @@ from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog
 from imagebatch.storage.csvcells import read_csv, write_csv
 from imagebatch.storage.location import Location, atomic_file, json_object, write_atomic
-from imagebatch.work.holds import Holds
+from imagebatch.work.holds import NO_FOLDER, Holds
 from imagebatch.work.request_record import RESULT_COLUMNS, RequestRecord, file_stem
 from imagebatch.work.thumbnails import make_thumbnail, put_thumbnail
 
 if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
-
-NO_FOLDER = Path("/dev/null/imagebatch-object-store")
-"""The base of an object store's local paths: never used; a stray local write there fails at once."""
 
 
 class OutputFiles:

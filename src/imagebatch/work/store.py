@@ -15,7 +15,6 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog, WriteWatch, read_jsonl
 from imagebatch.storage.location import (
     LocalFolder,
@@ -27,7 +26,7 @@ from imagebatch.storage.location import (
 )
 from imagebatch.work.holds import Holds
 from imagebatch.work.journal import Journal
-from imagebatch.work.outputfiles import NO_FOLDER, OutputFiles
+from imagebatch.work.outputfiles import OutputFiles
 from imagebatch.work.replay import KeyState, replay
 from imagebatch.work.request_record import RESULT_COLUMNS, STATUSES, RequestRecord, Status, file_stem
 
@@ -66,10 +65,8 @@ class OutputStore:
         self._watch = WriteWatch()
         self.log = AppendLog(self._watch)
         self.holds = Holds(self.location, self._folder, shard, self._watch, clock)
-        base = self._folder or NO_FOLDER
-        self.journal_path = base / layout.jsonl(layout.JOURNAL, shard)
-        self.usage_path = base / layout.jsonl(layout.USAGE_LEDGER, shard)
-        self.wal = Journal(self.holds, self.log, self.journal_path, self.usage_path)
+        self.wal = Journal(self.holds, self.log, shard)
+        self.journal_path, self.usage_path = self.wal.journal_path, self.wal.usage_path
         self.files = OutputFiles(self.holds, self.log, shard)
         self.images_dir, self.chains_dir = self.files.images_dir, self.files.chains_dir
         self.conversations_path = self.files.conversations_path
