@@ -16,6 +16,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
+from imagebatch.gateway.constants import STORE_VARIABLE_PREFIXES
 from imagebatch.storage.location import is_object_url
 
 if TYPE_CHECKING:
@@ -24,9 +25,6 @@ if TYPE_CHECKING:
 MANIFEST_LIMIT = 1 << 30
 """The largest manifest object read (exclusive): a guard against naming a bucket's archive by mistake
 (a million-row CSV is ~100 MB)."""
-_STORE_VARIABLES = ("AWS_", "GOOGLE_", "AZURE_")
-"""The prefixes of the variables a store reads its address and credentials from (what a cached
-location depends on)."""
 
 
 def is_url(ref: object) -> bool:
@@ -89,7 +87,7 @@ def location(bucket: str) -> ObjectLocation:
     variables (a test, or a long-lived `serve`, may change them; only a digest of them is kept)."""
     from imagebatch.storage.objectstore import ObjectLocation, StoreError
 
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_STORE_VARIABLES))
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(STORE_VARIABLE_PREFIXES))
     key = (bucket, hashlib.sha256(repr(env).encode()).hexdigest())
     with _lock:
         loc = _locations.get(key)

@@ -30,10 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from imagebatch.gateway.constants import ENV_API_KEY
+from imagebatch.gateway.constants import ENV_API_KEY, STORE_SECRETS
 from imagebatch.manifest.plan import key_digits
 from imagebatch.run.constants import SHARD_GRACE, TERMINAL_STATES
-from imagebatch.storage.location import STORE_SECRETS
 from imagebatch.work.context import Unit
 from imagebatch.work.records import carried, not_attempted
 from imagebatch.work.store import KeyState, OutputLockedError, OutputStore, RequestRecord

@@ -45,20 +45,6 @@ def shown_url(url: str) -> str:
     return re.split(r"[?#]", shown, maxsplit=1)[0]
 
 
-STORE_SECRETS = (
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "GOOGLE_SERVICE_ACCOUNT_KEY",
-    "AZURE_STORAGE_ACCOUNT_KEY",
-    "AZURE_STORAGE_ACCESS_KEY",
-    "AZURE_STORAGE_SAS_KEY",
-    "AZURE_STORAGE_SAS_TOKEN",
-    "AZURE_CLIENT_SECRET",
-)
-"""The variables of the stores' standard credential chains that hold a secret: a process that imagebatch
-starts itself (a shard the parent runs) gets them on its stdin, never in its environment."""
-
-
 def local_path(out: str | os.PathLike[str]) -> Path:
     """A local `--out` as a path (`file://` accepted, as a plain path)."""
     return Path(os.fspath(out).removeprefix("file://"))
