@@ -27,10 +27,10 @@ from imagebatch.delivery.naming import NameTemplate, TemplateError, clashes, fol
 from imagebatch.manifest.plan import key_digits
 from imagebatch.storage import layout
 from imagebatch.storage.csvcells import csv_value, read_csv, write_csv
-from imagebatch.storage.layout import EXPORT_CSV
 from imagebatch.storage.location import Location
 from imagebatch.work.decisions import read_decisions
 
+EXPORT_CSV = "export.csv"
 EXPORT_COLUMNS = (
     "idempotency_key",
     "variant",

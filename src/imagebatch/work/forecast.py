@@ -2,10 +2,19 @@
 validate MANIFEST --out OUT`, the nightly catalog's "what will tonight cost" and the reviewer's "what will
 the redo send".
 
-A run's own rules decide, not a copy of them (the replay, `context.decide`, `work.chain`); this module
-adds the names (`new`, `changed`, waiting for `--redo rejected`: on `forecast`). Read only: no lock is
-taken, so a live run is never in the way (nor blocked); one sending now is only noted
-(`OutputStore.in_use`), and the counts are then a snapshot of what it has recorded.
+A run's own rules decide, not a copy of them: the journal replayed as a run replays it
+(`OutputStore.load_state`), each key sent, skipped or carried as a run decides (`context.decide`), and an
+edit chain's turns as `work.chain` sends them: after a turn that is carried (unknown, no_image) the later
+turns are not sent, and a turn to send whose earlier turns are not saved under `chains/` fails unsent
+(`chain.saved_turns`). What this module adds is names: a key the journal never saw is `new`, or `changed`
+when the journal holds another key for the same job, request and turn (the row was edited since: it is
+sent under its new key, and the old images stay, under their own key's file names); a done request whose
+newest variant's review decision in force is `rejected` (`work.decisions`; its newest variant as the
+journal knows it, the rule `--redo rejected` itself follows: `work.variants.rejected_requests`) waits
+for `--redo rejected`, which alone sends it again.
+
+Read only: no lock is taken, so a live run is never in the way (nor blocked). Whether one is sending now
+is only tested (`OutputStore.in_use`); if one is, the counts are a snapshot of what it has recorded.
 """
 
 from __future__ import annotations
@@ -72,19 +81,7 @@ class Forecast:
 
 
 def forecast(manifest: Manifest, out: Path | str, *, retry_unknown: bool = False) -> Forecast:
-    """What `imagebatch run MANIFEST --out OUT [--retry-unknown]` would send now, request by request.
-
-    A run's own rules decide, not a copy of them: the journal replayed as a run replays it
-    (`OutputStore.load_state`), each key sent, skipped or carried as a run decides (`context.decide`), and an
-    edit chain's turns as `work.chain` sends them: after a turn that is carried (unknown, no_image) the later
-    turns are not sent, and a turn to send whose earlier turns are not saved under `chains/` fails unsent
-    (`chain.saved_turns`). What this module adds is names: a key the journal never saw is `new`, or `changed`
-    when the journal holds another key for the same job, request and turn (the row was edited since: it is
-    sent under its new key, and the old images stay, under their own key's file names); a done request whose
-    newest variant's review decision in force is `rejected` (`work.decisions`; its newest variant as the
-    journal knows it, the rule `--redo rejected` itself follows: `work.variants.rejected_requests`) waits
-    for `--redo rejected`, which alone sends it again.
-    """
+    """What `imagebatch run MANIFEST --out OUT [--retry-unknown]` would send now, request by request."""
     store = OutputStore(out)
     in_use = store.in_use()
     last_key: dict[tuple[Any, Any, Any], str] = {}

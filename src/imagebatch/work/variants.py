@@ -6,6 +6,21 @@ adds variant n + 1 to each request whose newest variant n has `rejected` as its 
 (`work.decisions`), and nothing else. Variant n + 1 has a key of its own (`manifest.plan.variant_of`),
 so the next run finds it in the journal: its newest variant is then n + 1, not rejected, and nothing is
 sent again (until a reviewer rejects n + 1 in turn).
+
+Choices the issue leaves open:
+- **Which variants a run lists**: every variant the journal knows for the plan's requests (a variant
+  that was planned but never sent, say past `--max-images`, is not in the journal: it is planned again by
+  the next `--redo rejected` run, with the same key). They go before the request's first sample in
+  results.csv and the report, newest first.
+- **Only a `--redo` run sends a variant**: any other run carries the variants as they stand (`held`:
+  a failed one stays failed), so a nightly run never makes a new sample nobody asked for. In a `--redo`
+  run every resume rule applies to them as to first samples: a failed variant is sent again, an
+  `unknown` one only with `--retry-unknown`.
+- **How a variant is made** is decided by the run that sends it (it is not in the key): a new sample
+  (the same request again), or under `--edit` an edit turn on the rejected answer with the reviewer's
+  note as the instruction, sent after the answer's whole conversation (`work.conversation`). A row
+  that cannot be edited (no note, not the native route, no kept conversation or one whose files
+  changed) is made as a new sample, and counted (`RedoSummary.fallback`, printed by the run).
 """
 
 from __future__ import annotations
@@ -73,23 +88,7 @@ def with_variants(
     request's own unit), the new ones a `redo` adds included; the keys the run must not send (`held`:
     every variant, when not redoing); and, when redoing, what it is to send.
 
-    Costs nothing when the journal knows no variant and the run redoes nothing.
-
-    The choices:
-    - **Which variants a run lists**: every variant the journal knows for the plan's requests (a variant
-      that was planned but never sent, say past `--max-images`, is not in the journal: it is planned again by
-      the next `--redo rejected` run, with the same key). They go before the request's first sample in
-      results.csv and the report, newest first.
-    - **Only a `--redo` run sends a variant**: any other run carries the variants as they stand (`held`:
-      a failed one stays failed), so a nightly run never makes a new sample nobody asked for. In a `--redo`
-      run every resume rule applies to them as to first samples: a failed variant is sent again, an
-      `unknown` one only with `--retry-unknown`.
-    - **How a variant is made** is decided by the run that sends it (it is not in the key): a new sample
-      (the same request again), or under `--edit` an edit turn on the rejected answer with the reviewer's
-      note as the instruction, sent after the answer's whole conversation (`work.conversation`). A row
-      that cannot be edited (no note, not the native route, no kept conversation or one whose files
-      changed) is made as a new sample, and counted (`RedoSummary.fallback`, printed by the run).
-    """
+    Costs nothing when the journal knows no variant and the run redoes nothing."""
     newest = _newest(states)
     if not newest and not redo:
         return units, frozenset(), None
