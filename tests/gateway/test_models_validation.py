@@ -9,13 +9,10 @@ import pytest
 from helpers.images import b64, jpeg, png
 from pydantic import BaseModel, ValidationError
 
+from imagebatch.gateway.compat_models import ChatRequest, ImagesRequest, MessagesRequest, ResponsesRequest
 from imagebatch.gateway.constants import ASPECT_RATIOS
 from imagebatch.gateway.errors import ErrorBody
 from imagebatch.gateway.models import (
-    ChatRequest,
-    ImagesRequest,
-    MessagesRequest,
-    ResponsesRequest,
     describe_validation_error,
     validate_native_request,
 )

@@ -291,7 +291,11 @@ def test_plan_routes_and_images(project: Path) -> None:
 def test_summary(project: Path) -> None:
     summary = summarise(plan(load_manifest(mixed(project))))
     assert (summary.jobs, summary.requests, summary.images_at_most) == (7, 13, 15)
-    assert {route.value: (c.jobs, c.requests, c.images_at_most) for route, c in summary.by_route.items()} == {
+    by_route = {
+        route.value: (c.jobs, c.requests, c.images_at_most)
+        for (route, _), c in summary.by_route_model.items()
+    }
+    assert by_route == {  # one model per route here
         "native": (2, 5, 9),
         "chat": (1, 1, 2),
         "images_generations": (1, 3, 3),

@@ -9,6 +9,7 @@ import pytest
 
 from imagebatch.gateway.constants import DEFAULT_MAX_TOKENS
 from imagebatch.manifest import Manifest, ManifestError, Problem, load_manifest
+from imagebatch.manifest.plan import plan_job
 
 
 def write(path: Path, text: str | bytes) -> Path:
@@ -276,7 +277,11 @@ def test_json_turns(tmp_path: Path, images: dict[str, Path]) -> None:
     assert job.turns[0].reference_images == []
     assert job.turns[1].reference_images == [images["photo.jpg"]]
     assert len(job.turns[1].reference_sha256) == 1
-    assert job.requests_per_copy == 3
+    assert [(r.request_index, r.turn_index) for r in plan_job(job)] == [
+        (0, 0),
+        (0, 1),
+        (0, 2),
+    ]  # prompt, 2 turns
 
 
 # --- JSON Lines -------------------------------------------------------------------------------------

@@ -18,9 +18,9 @@ from helpers.runs import Rendezvous, cli, peak_in_flight, run_flow
 from imagebatch.platform.limits import set_limits
 from imagebatch.run.hooks import RunHooks, run_hooks
 from imagebatch.run.limits import (
-    LEASE_SECONDS,
     LINGER_SECONDS,
     REUSE_SECONDS,
+    SLOT_LEASE_SECONDS,
     SlotBroker,
     rate_limit_name,
 )
@@ -151,7 +151,7 @@ def test_the_leases_held_are_renewed_past_half_a_lease(caplog: pytest.LogCapture
     with SlotBroker("t-renew", clock=lambda: now[0], keeper=False) as broker:
         with broker():
             assert broker.tend() == (0, 0)
-            now[0] += LEASE_SECONDS / 2
+            now[0] += SLOT_LEASE_SECONDS / 2
             assert broker.tend() == (0, 1)  # accepted by the server: a refused renewal logs a warning
             assert broker.tend() == (0, 0)
             assert read_limit("t-renew").active_slots == 1

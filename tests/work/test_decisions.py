@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from imagebatch.storage.layout import REVIEW_FILE
 from imagebatch.storage.location import LocalFolder, Location
 from imagebatch.storage.objectstore import ObjectLocation
 from imagebatch.work.decisions import (
-    REVIEW_FILE,
     Decision,
     decided,
     iter_decisions,

@@ -27,6 +27,7 @@ from helpers.images import b64, png
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.manifest.files import READ_LIMIT
+from imagebatch.storage import appendlog
 from imagebatch.work import records
 from imagebatch.work import unit as unit_module
 from imagebatch.work.context import RunContext, Unit, group_units
@@ -285,7 +286,7 @@ def test_a_power_cut_keeps_what_the_journal_fsyncs_covered_and_a_rerun_resends_n
     the journal at its last fsync and the rerun still finds the success done and the failure failed."""
     import os
 
-    from imagebatch.work import store as store_module
+    from imagebatch.storage import appendlog
 
     ok, bad = h.units(CAT, {"id": "b", "prompt": "dog"})
     synced: list[int] = []  # the journal's size at each of its fsyncs
@@ -296,7 +297,7 @@ def test_a_power_cut_keeps_what_the_journal_fsyncs_covered_and_a_rerun_resends_n
             synced.append(os.fstat(fd).st_size)
         real_fsync(fd)
 
-    monkeypatch.setattr(store_module.os, "fsync", fsync)
+    monkeypatch.setattr(appendlog.os, "fsync", fsync)
     ctx = h.context()
     (done,) = run_unit(ctx, ok)
     assert done.status == "succeeded" and len(synced) == 2  # attempt_started, answered
@@ -324,12 +325,12 @@ def test_the_end_of_a_run_syncs_the_lines_that_rode_on_later_fsyncs(
 ) -> None:
     import os
 
-    from imagebatch.work import store as store_module
+    from imagebatch.storage import appendlog
 
     store = h.context().store
     store.journal("outcome", sync=False, idempotency_key="k")
     calls: list[str] = []
-    monkeypatch.setattr(store_module.os, "fsync", lambda fd: calls.append(os.readlink(f"/proc/self/fd/{fd}")))
+    monkeypatch.setattr(appendlog.os, "fsync", lambda fd: calls.append(os.readlink(f"/proc/self/fd/{fd}")))
     store.sync()
     assert calls == [str(store.journal_path)]
     store.sync()
@@ -884,12 +885,16 @@ class FullDisk:
 
     NAMES = ("journal.jsonl", "usage.jsonl")
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         if not os.path.exists("/dev/full"):
             pytest.skip("no /dev/full on this system")
         self.out = out
+        self.monkeypatch = monkeypatch
 
     def fill(self) -> None:
+        # The device stands in for a full disk through a link out of OUT, which every write refuses (tests/
+        # storage/test_confined.py): here the journal's appends may follow it, so that ENOSPC is real.
+        self.monkeypatch.setattr(appendlog, "confined", lambda root, name: Path(root) / name)
         for name in self.NAMES:
             path = self.out / name
             if path.exists():
@@ -903,12 +908,14 @@ class FullDisk:
                 kept.rename(self.out / name)
 
 
-def test_a_journal_that_cannot_be_written_sends_nothing_and_stops_the_run(h: Harness) -> None:
+def test_a_journal_that_cannot_be_written_sends_nothing_and_stops_the_run(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Write-ahead: an attempt that could not be journaled is not sent; the first failed write stops the run
     with one message that says what to do."""
     units = h.units(CAT, {"id": "b", "prompt": "dog"})
     ctx = h.context()
-    FullDisk(h.out).fill()
+    FullDisk(h.out, monkeypatch).fill()
     (rec,) = run_unit(ctx, units[0])
     assert h.service.requests == []  # nothing sent: nothing can have been billed
     assert rec.status == "not_attempted" and "disk full at" in (rec.error or "")
@@ -917,13 +924,15 @@ def test_a_journal_that_cannot_be_written_sends_nothing_and_stops_the_run(h: Har
     assert second.status == "not_attempted" and h.service.requests == []
 
 
-def test_an_answer_whose_journal_line_fails_is_unknown_and_not_resent(h: Harness) -> None:
+def test_an_answer_whose_journal_line_fails_is_unknown_and_not_resent(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The disk fills while a request is on the wire: its answer (billed) cannot be recorded or saved, so
     it is `unknown`; the rerun does not send it again on its own."""
     unit = h.unit(CAT)
     key = unit.requests[0].idempotency_key
     ctx = h.context()
-    disk = FullDisk(h.out)
+    disk = FullDisk(h.out, monkeypatch)
 
     def answer_as_the_disk_fills(request: httpx.Request, n: int) -> dict[str, Any]:
         disk.fill()  # attempt_started is written; nothing after it
@@ -943,14 +952,16 @@ def test_an_answer_whose_journal_line_fails_is_unknown_and_not_resent(h: Harness
     assert run_unit(rerun, unit)[0].status == "unknown" and len(h.service.requests) == 1
 
 
-def test_a_retry_that_cannot_be_journaled_is_unknown(h: Harness) -> None:
+def test_a_retry_that_cannot_be_journaled_is_unknown(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first attempt was sent (and got a 503); the second cannot be journaled, so it is not sent, and
     the request is `unknown` rather than `not_attempted` (a 503 is not billed, but the record says what we
     know: it was sent)."""
     unit = h.unit({**CAT, "route": "images"})
     h.service.reply((503, {"error": {"code": "overloaded", "message": "busy"}}))
     ctx = h.context()
-    h.while_waiting = FullDisk(h.out).fill  # attempt 1: started, finished, usage; attempt 2: refused
+    h.while_waiting = FullDisk(
+        h.out, monkeypatch
+    ).fill  # attempt 1: started, finished, usage; attempt 2: refused
     (rec,) = run_unit(ctx, unit)
     assert len(h.service.requests) == 1 and h.delays == [3.0]
     assert rec.status == "unknown" and rec.attempts == 1

@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from imagebatch.storage import layout
 from imagebatch.storage.csvcells import read_csv
-from imagebatch.work.store import RequestRecord
-from imagebatch.work.usage import percentile, summarise_usage, usage_summary, write_usage_summary
+from imagebatch.work.store import OutputStore, RequestRecord
+from imagebatch.work.usage import percentile, summarise_usage, usage_csv
 
 
 def attempt(key: str, route: str, model: str, outcome: str, **extra: Any) -> dict[str, Any]:
@@ -53,6 +54,13 @@ def test_the_summary_counts_requests_attempts_images_tokens_and_doubt() -> None:
     assert by[("messages", "claude-compat-small")]["images"] == 0
 
 
+def write_usage_summary(out: Path) -> Path:
+    """usage-summary.csv written as a run's end writes it (`run.outputs`): from the store's usage ledger."""
+    store = OutputStore(out)
+    store.write_top(layout.USAGE_SUMMARY_CSV, usage_csv(summarise_usage(store.usage_lines())))
+    return out / layout.USAGE_SUMMARY_CSV
+
+
 def test_percentiles_by_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
     assert (percentile(values, 0.5), percentile(values, 0.95), percentile([], 0.5)) == (50.0, 95.0, None)
@@ -60,7 +68,7 @@ def test_percentiles_by_nearest_rank() -> None:
 
 def test_the_csv_round_trips(tmp_path: Path) -> None:
     (tmp_path / "usage.jsonl").write_text("".join(json.dumps(line) + "\n" for line in LEDGER))
-    path = write_usage_summary(tmp_path, usage_summary(tmp_path))
+    path = write_usage_summary(tmp_path)
     with path.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert [r["route"] for r in rows] == ["images_generations", "messages", "native"]
@@ -73,7 +81,7 @@ def test_a_model_named_like_a_formula_is_neutralised_and_read_back(tmp_path: Pat
     model = "=cmd|' /C calc'!A0"
     ledger = [attempt("a", "messages", model, "ok", duration_s=0.5), attempt("b", "@route", "-m", "ok")]
     (tmp_path / "usage.jsonl").write_text("".join(json.dumps(line) + "\n" for line in ledger))
-    path = write_usage_summary(tmp_path, usage_summary(tmp_path))
+    path = write_usage_summary(tmp_path)
     with path.open(newline="") as fh:
         raw = list(csv.DictReader(fh))
     assert [(r["route"], r["model"]) for r in raw] == [("'@route", "'-m"), ("messages", "'" + model)]

@@ -18,11 +18,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from imagebatch.storage.csvcells import csv_value, read_csv, write_csv
+from imagebatch.storage.layout import EXPORT_CSV
 from imagebatch.storage.location import Location
 from imagebatch.work.decisions import Decision
 from imagebatch.work.store import RESULT_COLUMNS
 
-EXPORT_CSV = "export.csv"
 DELIVERED, MISSING = "delivered", "missing"
 REASONS = {
     "unreviewed": "no reviewer has approved or rejected its newest image (--approved-only)",

@@ -21,6 +21,7 @@ from typing import Any, Literal, NamedTuple
 import httpx
 
 from . import requests as build
+from .compat_models import ChatRequest, ImagesRequest, MessagesRequest, ResponsesRequest
 from .constants import (
     COMPAT_VERSION_HEADER,
     CONNECT_TIMEOUT,
@@ -43,7 +44,7 @@ from .errors import (
     ServiceUnreachableError,
     error_for_status,
 )
-from .models import ChatRequest, ImagesRequest, MessagesRequest, NativeRequest, ResponsesRequest
+from .models import NativeRequest
 from .readers import Result, read_result, request_id_of
 from .redaction import redact, redact_json
 from .requests import GatewayRequest

@@ -149,3 +149,32 @@ ENV_PRICES = "IMAGEBATCH_PRICES"
 """The price table of a run without `--prices`."""
 ENV_REVIEWER = "IMAGEBATCH_REVIEWER"
 """The reviewer's name `imagebatch review` records without `--reviewer` (neither: the login name)."""
+ENV_HEARTBEAT_WINDOW = "IMAGEBATCH_HEARTBEAT_WINDOW"
+"""The heartbeat automation's window, in seconds, when deploying (`platform.deploy.heartbeat_window`)."""
+
+# --- the object stores' own variables (their standard credential chains) ----------------------------------
+STORE_VARIABLE_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+"""The prefixes of the variables a store reads its address and credentials from."""
+STORE_SECRETS = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "AZURE_STORAGE_SAS_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_CLIENT_SECRET",
+)
+"""The variables of the stores' standard credential chains that hold a secret: a process that imagebatch
+starts itself (a shard the parent runs) gets them on its stdin, never in its environment."""
+AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
+"""An S3-compatible server's address (MinIO, R2, a local one): its objects have no AWS console page."""
+AWS_REGIONS = ("AWS_REGION", "AWS_DEFAULT_REGION")
+"""Where S3's region is named, in the order the AWS SDKs read them."""
+
+STORE_ENDPOINTS = {
+    "s3": ("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ENDPOINT_URL_S3"),
+    "gs": ("GOOGLE_BASE_URL",),
+    "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"),
+}
+"""The variables a store's client reads its server's address from (obstore's names, by scheme)."""

@@ -1,4 +1,21 @@
-"""The exception tree of the gateway client, and the reading of the service's error body.
+"""The exception tree of the gateway client (drawn on `GatewayError`: one class per meaningful status,
+mapped by `error_for_status`), and the reading of the service's error body: `error.message`, then top-level
+`message`, then the status text. No message carries the API key: `redaction.redact` removes it first.
+"""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+
+from .redaction import redact
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway client raises::
 
     GatewayError                    anything the client raises
     ├── ConfigurationError          a base URL or option the client cannot use (raised before sending)
@@ -14,25 +31,7 @@
         ├── NotFoundError               404
         ├── RateLimitError              429
         └── ServerError                 5xx
-
-Messages are read as the spec says: `error.message`, then top-level `message`, then the status text.
-No message ever carries the API key: `redact` (redaction.py) removes it, in every form it knows, from
-anything the service sends back.
-"""
-
-from __future__ import annotations
-
-import json
-from http import HTTPStatus
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
-
-from .redaction import redact
-
-
-class GatewayError(Exception):
-    """Base of every error the gateway client raises."""
+    """
 
     may_have_been_billed: bool = False
     """True when some attempt may have generated (and been charged for) the request: an attempt got no

@@ -5,9 +5,8 @@ validates what it receives with them, and the manifest checker asks them whether
 A native request's aspect ratio depends on the model in the URL path, so validate a `NativeRequest` with
 ``context={"model": model}`` (see `validate_native_request`).
 
-Over the project's 400 lines on purpose: it is the spec's body schema, one model per object of
-the spec, and splitting it by route would scatter the rules they share (inline images, explicit nulls,
-model and ratio checks) over several files that must change together.
+This module holds the rules every route shares (explicit nulls, inline images, model and ratio checks)
+and the native route's bodies; the OpenAI- and Anthropic-compatible routes' bodies are `compat_models`.
 """
 
 from __future__ import annotations
@@ -30,10 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from .constants import (
     ASPECT_RATIOS,
-    COMPAT_IMAGE_MODEL,
-    DEFAULT_MAX_TOKENS,
     IMAGE_SIZES,
-    IMAGES_API_SIZES,
     Route,
     model_refusal,
 )
@@ -48,7 +44,7 @@ UNSUPPORTED_PART_KEYS = (
 _MODEL_TURN = "_in_model_turn"  # validation-context flag set while a `role: model` content is validated
 
 
-class _StrictBody(BaseModel):
+class StrictBody(BaseModel):
     """A request object of the spec: unknown keys refused, and an optional field is omitted or has a
     value: an explicit `null` is refused (the spec says, e.g., "omit or send integer 1")."""
 
@@ -66,20 +62,16 @@ class _StrictBody(BaseModel):
         return data
 
 
-class _Open(BaseModel):
+class OpenBody(BaseModel):
+    """A body of the spec that may hold keys beyond its listed ones (passed through, or ignored)."""
+
     model_config = ConfigDict(extra="allow")
 
-
-CHAT_MISNESTED_KEYS = ("image_config", "imageConfig", "extra_body", "generationConfig")
-CHAT_UNSUPPORTED_KEYS = (
-    "tools", "functions", "tool_choice", "function_call", "web_search_options", "response_format",
-    "modalities", "stream_options", "audio",
-)  # fmt: skip
 
 # --- shared rule helpers ---------------------------------------------------------------------------
 
 
-def _check_served(route: Route, model: str) -> str:
+def check_served(route: Route, model: str) -> str:
     """`model` if `route` serves it, else the service's refusal (`constants.model_refusal`)."""
     refusal = model_refusal(route, model)
     if refusal is not None:
@@ -153,7 +145,7 @@ def reject_non_integer_one(value: Any) -> Any:
 # --- native request --------------------------------------------------------------------------------
 
 
-class InlineData(_StrictBody):
+class InlineData(StrictBody):
     """An image carried inside a request or response part."""
 
     mimeType: Literal["image/png", "image/jpeg"]
@@ -197,7 +189,7 @@ class InlineData(_StrictBody):
         return b64decode_any(self.data)
 
 
-class Part(_Open):
+class Part(OpenBody):
     """One item of a content's parts: text or an image, never both. Extra properties are allowed."""
 
     text: str | None = None
@@ -235,7 +227,7 @@ class Part(_Open):
         return self
 
 
-class Content(_StrictBody):
+class Content(StrictBody):
     """One turn of the conversation."""
 
     role: Literal["user", "model"] = "user"
@@ -256,7 +248,7 @@ class Content(_StrictBody):
         return handler(data)
 
 
-class ImageConfig(_StrictBody):
+class ImageConfig(StrictBody):
     imageSize: str | None = None
     """`1K`, `2K` or `4K` (case-sensitive); default `1K`."""
     aspectRatio: str | None = None
@@ -271,7 +263,7 @@ class ImageConfig(_StrictBody):
         return self
 
 
-class GenerationConfig(_StrictBody):
+class GenerationConfig(StrictBody):
     responseModalities: list[Literal["IMAGE"]] | None = Field(default=None, min_length=1, max_length=1)
     """Only `["IMAGE"]`."""
     candidateCount: StrictInt | None = None
@@ -286,7 +278,7 @@ class GenerationConfig(_StrictBody):
         return v
 
 
-class NativeRequest(_StrictBody):
+class NativeRequest(StrictBody):
     """Body of `POST /v1beta/models/{model}:generateContent`."""
 
     contents: list[Content] = Field(min_length=1)
@@ -301,190 +293,34 @@ def validate_native_request(body: Any, model: str) -> NativeRequest:
 # --- native response -------------------------------------------------------------------------------
 
 
-class ResponseInlineData(_Open):
+class ResponseInlineData(OpenBody):
     mimeType: str
     data: str
 
 
-class ResponsePart(_Open):
+class ResponsePart(OpenBody):
     text: str | None = None
     thought: bool | None = None
     thoughtSignature: str | None = None
     inlineData: ResponseInlineData | None = None
 
 
-class ResponseContent(_Open):
+class ResponseContent(OpenBody):
     role: str = "model"
     parts: list[ResponsePart] = Field(default_factory=list)
 
 
-class Candidate(_Open):
+class Candidate(OpenBody):
     content: ResponseContent | None = None
     finishReason: str | None = None
 
 
-class NativeResponse(_Open):
+class NativeResponse(OpenBody):
     """A 200 answer of the native route."""
 
     candidates: list[Candidate] = Field(default_factory=list)
     promptFeedback: dict[str, Any] | None = None
     usageMetadata: dict[str, Any] | None = None
-
-
-# --- chat route --------------------------------------------------------------------------------------
-
-
-class ChatImageConfig(_StrictBody):
-    image_size: str | None = None
-    aspect_ratio: str | None = None
-
-    _check_size = field_validator("image_size")(classmethod(lambda cls, v: check_image_size(v)))
-
-
-class ChatNativeOptions(_StrictBody):
-    image_config: ChatImageConfig | None = None
-
-
-class ChatMessage(_Open):
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-class ChatRequest(_Open):
-    """Body of `POST /v1/chat/completions`.
-
-    Fields beyond those the spec lists are not shown by the spec; we accept and ignore ordinary ones that
-    clients of this API commonly send (`temperature`, `user`, ...), but refuse with 400 the keys that mean
-    wrong nesting (`image_config`, `imageConfig`, `extra_body`, `generationConfig`: the spec nests image
-    options under `native.image_config`) or a feature the spec lists as unsupported (tools, function
-    calling, search, structured output, streaming options, other modalities): ignoring those would
-    silently produce something other than what the caller asked for.
-    """
-
-    model: str
-    messages: list[ChatMessage] = Field(min_length=1)
-    n: Literal[1] | None = None
-    stream: Literal[False] | None = None
-    native: ChatNativeOptions | None = None
-
-    _strict_n = field_validator("n", mode="before")(classmethod(lambda cls, v: reject_non_integer_one(v)))
-
-    @field_validator("stream", mode="before")
-    @classmethod
-    def _stream_is_bool(cls, v: Any) -> Any:
-        # `Literal[False]` alone accepts 0 (0 == False); the spec's field is the boolean false.
-        if v is not None and not isinstance(v, bool):
-            raise PydanticCustomError("invalid_request", "stream must be the boolean false")
-        return v
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_misplaced_or_unsupported(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for key in CHAT_MISNESTED_KEYS:
-                if key in data:
-                    raise PydanticCustomError(
-                        "invalid_request",
-                        "{key} is not used on the chat route; image options go in native.image_config",
-                        {"key": key},
-                    )
-            for key in CHAT_UNSUPPORTED_KEYS:
-                if key in data:
-                    raise PydanticCustomError(
-                        "invalid_request", "{key} is not supported by this service", {"key": key}
-                    )
-        return data
-
-    @model_validator(mode="after")
-    def _model_and_ratio(self) -> ChatRequest:
-        _check_served(Route.CHAT, self.model)
-        if self.native and self.native.image_config:
-            check_aspect_ratio(self.model, self.native.image_config.aspect_ratio)
-        return self
-
-
-class ChatResponseMessage(_Open):
-    role: str = "assistant"
-    content: str | None = None
-
-
-class ChatChoice(_Open):
-    message: ChatResponseMessage
-    finish_reason: str | None = None
-
-
-class ChatResponse(_Open):
-    choices: list[ChatChoice] = Field(min_length=1)
-    usage: dict[str, Any] | None = None
-
-
-# --- images routes -----------------------------------------------------------------------------------
-
-ImagesSize = Literal[tuple(IMAGES_API_SIZES)]  # type: ignore[valid-type]
-
-
-class ImagesRequest(_StrictBody):
-    """Fields of `POST /v1/images/generations` (JSON) and of `POST /v1/images/edits` (multipart)."""
-
-    model: str = COMPAT_IMAGE_MODEL
-    """Only `compat-image-2`; a native model gets `unsupported_endpoint`. The spec marks it both
-    "Required: yes" and "(default)"; we take the default when it is omitted (imagebatch always sends it)."""
-    prompt: str = Field(min_length=1)
-    """Description (generations) or edit instruction (edits)."""
-    n: Literal[1] = 1
-    size: ImagesSize = "1024x1024"  # type: ignore[valid-type]
-    response_format: Literal["b64_json"] = "b64_json"
-    output_format: Literal["png"] = "png"
-
-    _strict_n = field_validator("n", mode="before")(classmethod(lambda cls, v: reject_non_integer_one(v)))
-
-    @field_validator("model")
-    @classmethod
-    def _compat_model(cls, v: str) -> str:
-        return _check_served(Route.IMAGES_GENERATIONS, v)  # both images routes serve the same models
-
-
-class ImagesDatum(_Open):
-    b64_json: str
-
-
-class ImagesResponse(_Open):
-    created: int
-    data: list[ImagesDatum] = Field(min_length=1)
-
-
-# --- text relay routes -------------------------------------------------------------------------------
-
-
-def check_text_model(v: str) -> str:
-    """Image models are not text models: refuse them on the relay routes."""
-    return _check_served(Route.MESSAGES, v)  # both relay routes serve the same (any text) models
-
-
-class MessagesMessage(_Open):
-    role: Literal["user", "assistant"]
-    content: str | list[dict[str, Any]]
-
-
-class MessagesRequest(_Open):
-    """Body of `POST /v1/messages`. Fields beyond these three are not shown by the spec and pass through."""
-
-    model: str = Field(min_length=1)
-    max_tokens: StrictInt = Field(default=DEFAULT_MAX_TOKENS, ge=1)
-    """The spec marks it both "Required: yes" and "default 1024"; we take the default when it is omitted
-    (imagebatch always sends it)."""
-    messages: list[MessagesMessage] = Field(min_length=1)
-
-    _text_model = field_validator("model")(classmethod(lambda cls, v: check_text_model(v)))
-
-
-class ResponsesRequest(_Open):
-    """Body of `POST /v1/responses`. Fields beyond `model` and `input` pass through."""
-
-    model: str = Field(min_length=1)
-    input: str = Field(min_length=1)
-
-    _text_model = field_validator("model")(classmethod(lambda cls, v: check_text_model(v)))
 
 
 def describe_validation_error(exc: ValidationError) -> tuple[str, str]:
@@ -506,25 +342,15 @@ def describe_validation_error(exc: ValidationError) -> tuple[str, str]:
 __all__ = [
     "UNSUPPORTED_PART_KEYS",
     "Candidate",
-    "ChatImageConfig",
-    "ChatMessage",
-    "ChatNativeOptions",
-    "ChatRequest",
-    "ChatResponse",
     "Content",
     "GenerationConfig",
     "ImageConfig",
-    "ImagesRequest",
-    "ImagesResponse",
     "InlineData",
-    "MessagesRequest",
     "NativeRequest",
     "NativeResponse",
     "Part",
-    "ResponsesRequest",
     "check_aspect_ratio",
     "check_image_size",
-    "check_text_model",
     "describe_validation_error",
     "validate_native_request",
 ]

@@ -13,10 +13,11 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from .compat_models import ChatResponse, ImagesResponse
 from .constants import Route
 from .errors import ResponseFormatError
 from .imagefile import NotAnImageError, inspect_image
-from .models import ChatResponse, ImagesResponse, NativeResponse, describe_validation_error
+from .models import NativeResponse, describe_validation_error
 from .results import GeneratedImage, GenerationResult, ImageResult, NoImageResult, TextResult
 
 REQUEST_ID_HEADERS = ("x-request-id", "request-id", "x-service-request-id")

@@ -2,25 +2,8 @@
 
 A service (or a proxy in front of it) may echo the key it was sent: in a request id, an error message,
 a text answer, or the text chunks of an image. What it sends back reaches results.csv, the journal, the
-usage ledger, the report and the output files, so the client removes the key from all of it first.
-
-Forms caught in text (each replaced by `[redacted]`):
-
-- the key in any case (case-folded), any of its characters percent-encoded (`%2D` or `%2d`) or not;
-- the key (as is, lower-cased and upper-cased) base64-encoded, standard (`+/`) or URL-safe (`-_`), with
-  or without padding, standing alone;
-- the same inside a larger base64 text (the key's bytes somewhere in bigger encoded data): base64 turns
-  3 bytes into 4 characters, so the key's bytes start at one of 3 alignments, and each gives a different
-  text. For each alignment the characters that depend on the key's bytes alone are matched (the 1 or 2
-  characters at each end that also carry neighbouring bytes stay).
-
-Base64 forms are matched when at least `MIN_BASE64` characters long (keys of 12 bytes or more), so that a
-short key cannot erase unrelated text. Not caught: other encodings (hex, base32, HTML entities), two
-encodings stacked (base64 of the percent-encoded key), a key split across strings.
-
-Images are not text: a `data:image/...;base64,` URL and the image fields of a body (`b64_json`,
-`inlineData.data`) are decoded instead, and any chunk of the image that carries the key in any of the
-forms above is removed (`clean_image`); every other byte, the pixel data included, is kept as it came.
+usage ledger, the report and the output files, so the client removes the key from all of it first. The
+forms caught (and those not) are listed on `key_pattern`; images are cleaned as images (`clean_image_b64`).
 """
 
 from __future__ import annotations
@@ -77,7 +60,26 @@ def _text_form(secret: str) -> str:
 
 @lru_cache(maxsize=8)
 def key_pattern(secret: str) -> re.Pattern[str]:
-    """One pattern for every form of `secret` (see the module's docstring)."""
+    """One pattern for every form of `secret`.
+
+    Forms caught in text (each replaced by `[redacted]`):
+
+    - the key in any case (case-folded), any of its characters percent-encoded (`%2D` or `%2d`) or not;
+    - the key (as is, lower-cased and upper-cased) base64-encoded, standard (`+/`) or URL-safe (`-_`), with
+      or without padding, standing alone;
+    - the same inside a larger base64 text (the key's bytes somewhere in bigger encoded data): base64 turns
+      3 bytes into 4 characters, so the key's bytes start at one of 3 alignments, and each gives a different
+      text. For each alignment the characters that depend on the key's bytes alone are matched (the 1 or 2
+      characters at each end that also carry neighbouring bytes stay).
+
+    Base64 forms are matched when at least `MIN_BASE64` characters long (keys of 12 bytes or more), so that a
+    short key cannot erase unrelated text. Not caught: other encodings (hex, base32, HTML entities), two
+    encodings stacked (base64 of the percent-encoded key), a key split across strings.
+
+    Images are not text: a `data:image/...;base64,` URL and the image fields of a body (`b64_json`,
+    `inlineData.data`) are decoded instead, and any chunk of the image that carries the key in any of the
+    forms above is removed (`clean_image`); every other byte, the pixel data included, is kept as it came.
+    """
     alternatives = [f"(?i:{_text_form(secret)})", *(re.escape(f) for f in _base64_forms(secret))]
     return re.compile("|".join(alternatives))
 

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from .compat_models import ChatRequest, ImagesRequest, MessagesRequest, ResponsesRequest
 from .constants import (
     COMPAT_IMAGE_MODEL,
     DEFAULT_ASPECT_RATIO,
@@ -27,14 +28,7 @@ from .constants import (
     model_refusal,
 )
 from .errors import RequestValidationError
-from .models import (
-    ChatRequest,
-    ImagesRequest,
-    MessagesRequest,
-    NativeRequest,
-    ResponsesRequest,
-    describe_validation_error,
-)
+from .models import NativeRequest, describe_validation_error
 from .results import ImageUpload
 
 

@@ -1,14 +1,12 @@
 """The checker: a raw manifest's rows to Jobs, in small steps (header, id, route and model, fields,
 templates, files), every problem collected with its line or item, field and hint.
 
-Over the project's 400 lines on purpose: it is one class whose steps share the manifest's
-state (its defaults, the ids seen, the look-alike names reported, the file cache); the tables, templates,
-input model and file checks it uses are already in their own modules."""
+One class, because its steps share the manifest's state (its defaults, the ids seen, the look-alike names
+reported, the file cache); the route and model rules (`routing`), templates, input model and file checks
+it uses are in their own modules."""
 
 from __future__ import annotations
 
-import difflib
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -16,19 +14,13 @@ from typing import Any
 from pydantic_core import PydanticCustomError
 
 from imagebatch.gateway.constants import (
-    ASPECT_RATIOS,
-    COMPAT_IMAGE_MODEL,
     DEFAULT_ASPECT_RATIO,
     DEFAULT_IMAGE_SIZE,
     DEFAULT_IMAGES_API_SIZE,
     DEFAULT_MAX_TOKENS,
-    DEFAULT_NATIVE_MODEL,
-    IMAGE_MODELS,
-    NATIVE_MODELS,
-    serves,
 )
 from imagebatch.gateway.imagefile import mask_problems
-from imagebatch.gateway.models import check_aspect_ratio, check_text_model
+from imagebatch.gateway.models import check_aspect_ratio
 
 from .fields import (
     KNOWN_FIELDS,
@@ -47,41 +39,18 @@ from .fields import (
 from .files import SIZE_HINT, FileChecker, FileFacts, base_root, declared_roots, size_fault
 from .inputs import JobInput, clean_text, validate_input
 from .models import (
-    MANIFEST_ROUTES,
     FileRef,
     Job,
     Location,
     Problem,
     Turn,
     location_text,
-    wire_route,
 )
 from .read import RawManifest, RawRow
+from .routing import ratio_hint, resolve, route_serves
 from .template import TemplateError, render_prompt, template_value
 
 # --- the checker -------------------------------------------------------------------------------------
-
-
-def _ratio_hint(model: str, ratio: str) -> str | None:
-    supported = ASPECT_RATIOS[model]
-    guess = re.sub("\\s*[xX/:\u00d7]\\s*", ":", ratio.strip())
-    if guess != ratio and guess in supported:
-        return f"did you mean {guess!r}?"
-    others = [m for m, ratios in ASPECT_RATIOS.items() if ratio in ratios]
-    if others:
-        return f"{ratio} is supported by {' and '.join(others)}"
-    return None
-
-
-def _serves(route: str, model: str | None) -> bool:
-    """Whether the manifest route `route` serves `model`: the service's rule (`gateway.constants.serves`);
-    False for a route that is not one (reported by `_resolve`)."""
-    return route in MANIFEST_ROUTES and serves(wire_route(route), model)
-
-
-def _model_hint(model: str, candidates: tuple[str, ...]) -> str | None:
-    close = difflib.get_close_matches(model, candidates, n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}?" if close else None
 
 
 _JOB_FIELDS = set(Job.model_fields)
@@ -304,13 +273,17 @@ class JobChecker:
         if {"route", "model"} & r.bad:
             return None, None
         route_given = r.value("route")
-        if r.inp.model is None and r.inp.route is not None and not _serves(r.inp.route, self._defaults.model):
+        if (
+            r.inp.model is None
+            and r.inp.route is not None
+            and not route_serves(r.inp.route, self._defaults.model)
+        ):
             # Like any route-specific default, a default model reaches only the jobs whose route serves
             # it: one defaults object can then serve a manifest mixing routes.
             model_given = None
         else:
             model_given = r.value("model")
-        return self._resolve(route_given, model_given, r.add)
+        return resolve(route_given, model_given, r.add)
 
     def _route_fields(self, r: _Row, route: str | None, model: str | None) -> dict[str, Any]:
         """The route-specific fields: defaults apply only where they belong, a job's own must belong."""
@@ -332,7 +305,7 @@ class JobChecker:
             try:
                 check_aspect_ratio(model, given["aspect_ratio"])
             except PydanticCustomError as exc:
-                r.add("aspect_ratio", exc.message(), _ratio_hint(model, given["aspect_ratio"]))
+                r.add("aspect_ratio", exc.message(), ratio_hint(model, given["aspect_ratio"]))
         return given
 
     def _prompt_and_turns(
@@ -384,80 +357,6 @@ class JobChecker:
                 f"id {job_id!r} differs from {first[0]!r} ({first[1]}) only by case",
                 "their file names would collide on case-insensitive file systems",
             )
-
-    def _resolve(
-        self, route: str | None, model: str | None, add: Callable[..., None]
-    ) -> tuple[str | None, str | None]:
-        """The job's route and model, checked against each other; None for whichever is at fault."""
-        if route is not None and route not in MANIFEST_ROUTES:
-            lowered = route.strip().lower()
-            hint = None
-            if lowered in MANIFEST_ROUTES:
-                hint = f"did you mean {lowered!r}?"
-            elif lowered.startswith("images"):
-                hint = "use 'images': generations or edits follow from reference_images"
-            add("route", f"unknown route {route!r}; routes are {', '.join(MANIFEST_ROUTES)}", hint)
-            return None, None
-        if model is None:
-            if route in ("messages", "responses"):
-                add(
-                    "model",
-                    f"model is required on the {route} route: a text model ID from the service's catalog",
-                )
-                return route, None
-            # The images routes serve one model; everything else defaults to the newest native model.
-            model = COMPAT_IMAGE_MODEL if route == "images" else DEFAULT_NATIVE_MODEL
-        if route is None:
-            for implied in ("native", "images"):  # an image model implies its route
-                if _serves(implied, model):
-                    return implied, model
-            hint = _model_hint(model, IMAGE_MODELS)
-            if hint:
-                add("model", f"unknown model {model!r}; image models are {', '.join(IMAGE_MODELS)}", hint)
-            else:
-                add(
-                    "route",
-                    f"route is required: model {model!r} is not an image model, so no route follows from it",
-                    "set route to messages or responses for a text model",
-                )
-            return None, None
-        if _serves(route, model):
-            return route, model
-        if route in ("native", "chat"):
-            if model == COMPAT_IMAGE_MODEL:
-                add(
-                    "model",
-                    f"{model} is served on the images route, not on the {route} route",
-                    "set route to images",
-                )
-            else:
-                add(
-                    "model",
-                    f"unknown model {model!r} for the {route} route; models: {', '.join(NATIVE_MODELS)}",
-                    _model_hint(model, NATIVE_MODELS),
-                )
-            return route, None
-        if route == "images":
-            if model in NATIVE_MODELS:
-                add(
-                    "model",
-                    f"{model} is not served on the images route (the service answers unsupported_endpoint)",
-                    f"use route native or chat, or model {COMPAT_IMAGE_MODEL}",
-                )
-            else:
-                add(
-                    "model",
-                    f"unknown model {model!r} for the images route; it serves {COMPAT_IMAGE_MODEL}",
-                    _model_hint(model, (COMPAT_IMAGE_MODEL,)),
-                )
-            return route, None
-        if route in ("messages", "responses"):
-            try:
-                check_text_model(model)
-            except PydanticCustomError as exc:
-                add("model", f"{exc.message()}; the {route} route relays text models", "use a text model ID")
-                return route, None
-        return route, model
 
     def _render(
         self, template: str | None, field: str, namespace: Mapping[str, Any], add: Callable[..., None]

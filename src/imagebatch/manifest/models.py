@@ -242,11 +242,6 @@ class Job(BaseModel):
         assert route in IMAGE_ROUTES
         return 1
 
-    @property
-    def requests_per_copy(self) -> int:
-        """HTTP requests for one of the `count` copies: the prompt plus each turn."""
-        return 1 + len(self.turns)
-
 
 class Manifest(BaseModel):
     """A loaded and fully checked manifest."""

@@ -1,7 +1,7 @@
 """Planning checked jobs into HTTP requests, each with its content-addressed idempotency key.
 
-The key recipe is documented in `imagebatch.manifest` (the module users read); this module is its
-one implementation.
+The key recipe is documented in the README ("Idempotency keys"); this module is its one implementation,
+and `key_material` the one place its inputs are built.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def key_material(job: Job, request_index: int, turn_index: int = 0, variant: int
     if not 0 <= turn_index <= len(job.turns):
         raise ValueError(f"turn_index {turn_index} out of range for job {job.id!r} ({len(job.turns)} turns)")
     route = job.wire_route
-    material = {
+    material: dict[str, Any] = {
         "recipe": RECIPE_VERSION,
         "route": route.value,
         "model": job.model,
@@ -62,16 +62,21 @@ def key_material(job: Job, request_index: int, turn_index: int = 0, variant: int
         "reference_sha256": list(job.reference_sha256),
         "mask_sha256": job.mask_sha256,
         "job_id": job.id,
-        "request_index": request_index,
-        "turn_index": turn_index,
-        "turns": [
-            {"prompt": turn.prompt, "reference_sha256": list(turn.reference_sha256)}
-            for turn in job.turns[:turn_index]
-        ],
     }
+    _place(material, job, request_index, turn_index)
     if variant > 1:
         material["variant"] = variant
     return material
+
+
+def _place(material: dict[str, Any], job: Job, request_index: int, turn_index: int) -> None:
+    """Set the key's inputs that vary between one job's requests: its indices and the chain so far."""
+    material["request_index"] = request_index
+    material["turn_index"] = turn_index
+    material["turns"] = [
+        {"prompt": turn.prompt, "reference_sha256": list(turn.reference_sha256)}
+        for turn in job.turns[:turn_index]
+    ]
 
 
 def canonical_json(value: Any) -> bytes:
@@ -190,14 +195,7 @@ def plan_job(job: Job) -> list[PlannedRequest]:
     out: list[PlannedRequest] = []
     for request_index in range(job.count):
         for turn_index in range(len(job.turns) + 1):
-            # Only the indices and the chain so far vary between a job's requests.
-            material["request_index"] = request_index
-            material["turn_index"] = turn_index
-            if job.turns:
-                material["turns"] = [
-                    {"prompt": turn.prompt, "reference_sha256": list(turn.reference_sha256)}
-                    for turn in job.turns[:turn_index]
-                ]
+            _place(material, job, request_index, turn_index)  # the rest of a job's key is the same
             key = key_from_material(material)
             out.append(PlannedRequest(job.id, request_index, turn_index, route, job.model, key, images, job))
     return out
@@ -241,13 +239,6 @@ class PlanSummary:
     requests: int
     images_at_most: int
     by_route_model: dict[tuple[Route, str], PlanCounts]
-
-    @property
-    def by_route(self) -> dict[Route, PlanCounts]:
-        out: dict[Route, PlanCounts] = {}
-        for (route, _), counts in self.by_route_model.items():
-            out[route] = out.get(route, PlanCounts()) + counts
-        return out
 
     @property
     def by_model(self) -> dict[str, PlanCounts]:

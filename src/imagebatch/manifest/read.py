@@ -6,9 +6,6 @@ job index, or a spreadsheet row), and turns unreadable files into clear problems
 JSON may nest lists and objects at most `MAX_DEPTH` deep: deeper is refused with its line, before it can
 exhaust Python's stack. The tables (CSV, XLSX, Parquet) share one set of header rules (`table_rows`).
 XLSX and Parquet readers are imported only for such a file, so that a CSV run never imports them.
-
-Just over 450 lines on purpose: the formats share their header rules, locations and bounds here, while
-each format's own parsing that is large (XLSX, Parquet) is already in `manifest.tables`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """A manifest and its reference images in an object store: `run`, `validate` and `deploy` take
-`s3://bucket/key.csv` (and `gs://`, `az://`) wherever they take a manifest's path (issue 19, item 5).
+`s3://bucket/key.csv` (and `gs://`, `az://`) wherever they take a manifest's path.
 
-- A URL stays text, never a `Path` (which would fold `s3://` into `s3:/`). A reference of a manifest in a
-  bucket is resolved by `join` against the manifest's prefix (its "folder"): a relative name under it,
-  `/key` from the bucket's root, a whole URL as itself; `..` is resolved by `normalise`, never above the
-  bucket. It must then lie `inside` a files root, as a path must lie inside a folder: the manifest's
-  prefix, or a `--files-root` given as a URL prefix (which also lets a local manifest name objects).
-- Reads go through `storage.objectstore.ObjectLocation`: the store's standard credential chain, its retries
-  and its causes in a few words (no response body, no secret). One location per bucket (and per set of
-  the store's variables) is kept for the process (`location`): making one costs ~20 ms, and it keeps its
-  connections for the next read, at check time and again when the request is sent.
-- Reads are bounded (`ObjectLocation.get_bounded`): an object of the limit's size or more is refused by
-  the size its GET announces, before its body is read.
+A URL stays text, never a `Path` (which would fold `s3://` into `s3:/`): a reference is resolved against
+the manifest's prefix (`join`, `normalise`: never above the bucket) and must lie `inside` a files root, as
+a path must lie inside a folder. Reads go through `storage.objectstore.ObjectLocation` (the store's own
+credential chain and retries, no secret in a message), one location per bucket kept for the process
+(`location`: one costs ~20 ms and keeps its connections), each read bounded (`read_object`).
 """
 
 from __future__ import annotations
@@ -22,6 +16,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
+from imagebatch.gateway.constants import STORE_VARIABLE_PREFIXES
 from imagebatch.storage.location import is_object_url
 
 if TYPE_CHECKING:
@@ -30,9 +25,6 @@ if TYPE_CHECKING:
 MANIFEST_LIMIT = 1 << 30
 """The largest manifest object read (exclusive): a guard against naming a bucket's archive by mistake
 (a million-row CSV is ~100 MB)."""
-_STORE_VARIABLES = ("AWS_", "GOOGLE_", "AZURE_")
-"""The prefixes of the variables a store reads its address and credentials from (what a cached
-location depends on)."""
 
 
 def is_url(ref: object) -> bool:
@@ -95,7 +87,7 @@ def location(bucket: str) -> ObjectLocation:
     variables (a test, or a long-lived `serve`, may change them; only a digest of them is kept)."""
     from imagebatch.storage.objectstore import ObjectLocation, StoreError
 
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_STORE_VARIABLES))
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(STORE_VARIABLE_PREFIXES))
     key = (bucket, hashlib.sha256(repr(env).encode()).hexdigest())
     with _lock:
         loc = _locations.get(key)

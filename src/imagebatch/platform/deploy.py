@@ -64,7 +64,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL
+from imagebatch.gateway.constants import ENV_API_KEY
+from imagebatch.gateway.constants import ENV_HEARTBEAT_WINDOW as ENV_WINDOW
+from imagebatch.gateway.environment import base_url_or_environment
 from imagebatch.manifest import ManifestError
 from imagebatch.manifest.load import absolute
 from imagebatch.run.constants import FLOW_NAME
@@ -87,7 +89,6 @@ HEARTBEAT_SECONDS = 30
 """How often a deployment's run tells the server it is alive (Prefect's `PREFECT_FLOWS_HEARTBEAT_FREQUENCY`,
 30 s at least; Prefect's own default is 180 s)."""
 HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS)}
-ENV_WINDOW = "IMAGEBATCH_HEARTBEAT_WINDOW"
 WINDOW_SECONDS = 90.0
 """A run with no heartbeat for this long is marked Crashed (three heartbeats missed; Prefect's guide's)."""
 AUTOMATION_NAME = "imagebatch: crash runs whose heartbeat stopped"
@@ -186,7 +187,7 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
     roots = [absolute(r) for r in args.files_root] if args.files_root else None
     options: dict[str, Any] = {
         "concurrency": args.concurrency,
-        "base_url": args.base_url or os.environ.get(ENV_BASE_URL) or None,
+        "base_url": base_url_or_environment(args.base_url),
         "rpm": args.rpm,
         "max_images": args.max_images,
         "max_spend": args.max_spend,

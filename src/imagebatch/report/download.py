@@ -1,23 +1,15 @@
 """`imagebatch report s3://bucket/prefix --to DIR`: the report of a run in a bucket, copied into a local
-folder with everything its relative links name, so that a reviewer opens `DIR/report.html` in a browser
-as the run's own folder would open (issue 19 item 6).
+folder with everything its relative links name, so that `DIR/report.html` opens as the run's own folder
+would.
 
-Why a copy rather than presigned links (in the Prefect artifact, say): the report's links are relative
-(`thumbs/...`, `images/...`, `report-2.html`), and a presigned URL signs one object, so a page opened by
-its presigned URL would fetch its thumbnails unsigned and be refused, unless every link in every page were
-rewritten into a URL that expires (7 days at most on S3) and is a bearer credential anyone holding the
-page can use. A copy needs only read access to the bucket through the reader's own credential chain,
-works on any store (S3, GCS, Azure, MinIO) and offline, and writes nothing to the bucket.
-
-What is copied: results.csv and run.json, every output file results.csv names (images and texts),
-thumbs/, and the bucket's report pages when report.html is at least as new as results.csv (a run writes
-it last); otherwise (a run with `--no-report`, or none yet) the report is built here from the copy, with
-its prompts when the manifest run.json names can still be read.
+A copy rather than presigned links: a presigned URL signs one object, so the report's relative links
+(`thumbs/...`, `images/...`) would be refused unless every link were rewritten into an expiring bearer
+credential. A copy needs only the reader's own read access, works on any store and offline, and writes
+nothing to the bucket.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
 
 from imagebatch.report.html import build_report
@@ -27,22 +19,23 @@ from imagebatch.storage.location import confined, write_atomic
 from imagebatch.storage.objectstore import ObjectLocation
 
 
-def report_pages(names: list[str]) -> list[str]:
-    """The report's pages among a listing: `report.html`, `report-2.html`, ..."""
-    return [n for n in names if n == layout.REPORT_HTML or fnmatch.fnmatchcase(n, layout.REPORT_PAGES)]
-
-
 def download_report(loc: ObjectLocation, to: Path) -> Path:
     """Copy what a reviewer needs of the run in `loc` into the folder `to` (created; files already there
-    are replaced, report pages no longer in the bucket removed); the report's first page in it."""
+    are replaced, report pages no longer in the bucket removed); the report's first page in it.
+
+    What is copied: results.csv and run.json, every output file results.csv names (images and texts),
+    thumbs/, and the bucket's report pages when report.html is at least as new as results.csv (a run writes
+    it last); otherwise (a run with `--no-report`, or none yet) the report is built here from the copy, with
+    its prompts when the manifest run.json names can still be read.
+    """
     to.mkdir(parents=True, exist_ok=True)
     stage(loc, to, everything=True)
     report, results = loc.modified(layout.REPORT_HTML), loc.modified(layout.RESULTS_CSV)
     if report is not None and results is not None and report >= results:
-        pages = report_pages(loc.list_top())
+        pages = layout.report_pages(loc.list_top())
         for name in pages:
             write_atomic(confined(to, name), loc.get(name) or b"")
-        for stale in report_pages([p.name for p in to.glob("report*.html")]):
+        for stale in layout.report_pages(p.name for p in to.iterdir()):
             if stale not in pages:
                 (to / stale).unlink()
         return to / layout.REPORT_HTML

@@ -39,12 +39,12 @@ def report_in(loc: ObjectLocation, details: Any = None, to: Any = None) -> str:
         folder = Path(to) if to is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         had = stage(loc, folder)
         build_report(folder, details=details, decisions=decided(loc))
-        pages = sorted(p.name for p in folder.glob("report*.html"))
+        pages = sorted(layout.report_pages(p.name for p in folder.iterdir()))
         thumbs = layout.THUMBS_DIR
         made = [p for p in (folder / thumbs).glob("*.jpg") if f"{thumbs}/{p.name}" not in had]
         for path in [*(folder / n for n in pages), *made]:
             loc.put(path.relative_to(folder).as_posix(), path.read_bytes())
-        for stale in (n for n in loc.list_top() if n.startswith("report-") and n.endswith(".html")):
+        for stale in layout.report_pages(loc.list_top()):
             if stale not in pages:
                 loc.delete(stale)
     return f"{loc.url}/{layout.REPORT_HTML}"

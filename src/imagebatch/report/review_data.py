@@ -20,9 +20,10 @@ from typing import Any
 from imagebatch.report.html import image_paths, manifest_details, reviewable, row_facts, row_title
 from imagebatch.storage import layout
 from imagebatch.storage.csvcells import read_csv
+from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
 from imagebatch.storage.location import LocalFolder, Location, json_object
 from imagebatch.storage.location import confined as storage_confined
-from imagebatch.work.decisions import REVIEW_FILE, REVIEW_PREFIX, Decision, record_decision
+from imagebatch.work.decisions import Decision, record_decision
 
 PROMPT_SHOWN = 400
 """A card shows at most this many characters of its prompt (the page holds every card's data)."""

@@ -29,7 +29,7 @@ from imagebatch.run.preflight import UsageError
 logger = logging.getLogger(__name__)
 
 DEFAULT_LIMIT = "imagebatch-requests"
-LEASE_SECONDS = 300
+SLOT_LEASE_SECONDS = 300
 """A slot's lease, renewed while its request runs; a killed run's slots come back after it."""
 REUSE_SECONDS = 30
 """How long a lease may pass from one request of a run to the next before it goes back to the server."""
@@ -109,7 +109,7 @@ class SlotBroker:
         name: str,
         rate: str | None = None,
         *,
-        lease_seconds: float = LEASE_SECONDS,
+        lease_seconds: float = SLOT_LEASE_SECONDS,
         reuse_seconds: float = REUSE_SECONDS,
         linger_seconds: float = LINGER_SECONDS,
         clock: Callable[[], float] = time.monotonic,

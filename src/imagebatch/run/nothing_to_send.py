@@ -20,7 +20,7 @@ from typing import Any
 from imagebatch.manifest import plan
 from imagebatch.run.outputs import run_info, write_files
 from imagebatch.run.preflight import Preflight, key_source
-from imagebatch.storage.objectstore import JOURNAL
+from imagebatch.storage.segments import JOURNAL
 from imagebatch.work.context import RunContext, group_units
 from imagebatch.work.store import OutputLockedError, OutputStore, RequestRecord
 from imagebatch.work.unit import run_unit

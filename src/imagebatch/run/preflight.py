@@ -7,14 +7,14 @@ only when one is named) so that the command can refuse a bad configuration at on
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from imagebatch.gateway.client import normalise_base_url
-from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES
+from imagebatch.gateway.constants import ENV_API_KEY, ENV_PRICES
+from imagebatch.gateway.environment import api_key_from_environment, base_url_or_environment
 from imagebatch.gateway.errors import ConfigurationError
 from imagebatch.manifest import Manifest, load_manifest
 from imagebatch.storage.location import is_object_url, shown_url
@@ -62,7 +62,7 @@ def resolve_api_key(secret_block: str | None) -> str | None:
                 f"could not read the Prefect Secret block {secret_block!r}: {type(exc).__name__}"
             ) from None
         return check_api_key(str(value))
-    key = os.environ.get(ENV_API_KEY)
+    key = api_key_from_environment()
     return check_api_key(key) if key else None
 
 
@@ -71,7 +71,7 @@ def resolve_base_url(base_url: str | None, *, deployed: bool = False) -> str | N
 
     Outside a deployment no address means the emulator (the quick start); in one (`deployed`), the
     emulator only when named `embedded`: a scheduled run on placeholders is refused (`NO_SERVICE`)."""
-    url = base_url or os.environ.get(ENV_BASE_URL) or None
+    url = base_url_or_environment(base_url)
     if url is None and deployed:
         raise UsageError(NO_SERVICE)
     if url is None or url.strip().lower() == EMBEDDED:
@@ -215,7 +215,7 @@ def preflight(
         )
     url = resolve_base_url(base_url, deployed=deployed)
     if url and not api_key_secret_block:
-        key = os.environ.get(ENV_API_KEY)
+        key = api_key_from_environment()
         if not key:
             raise UsageError(f"{url} needs an API key: set {ENV_API_KEY} (or --api-key-block NAME)")
         check_api_key(key)

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from imagebatch.gateway.constants import AWS_ENDPOINT_URL, AWS_REGIONS
 from imagebatch.storage import layout
 from imagebatch.storage.location import confined, is_object_url, write_atomic
 from imagebatch.work.outcome import DONE, tally
@@ -77,8 +78,8 @@ def console_url(url: str) -> str | None:
 
     scheme, _, rest = url.partition("://")
     bucket, _, key = rest.partition("/")
-    if scheme == "s3" and not os.environ.get("AWS_ENDPOINT_URL"):
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if scheme == "s3" and not os.environ.get(AWS_ENDPOINT_URL):
+        region = next(filter(None, map(os.environ.get, AWS_REGIONS)), None)
         query = f"region={quote(region)}&" if region else ""
         return f"https://s3.console.aws.amazon.com/s3/object/{quote(bucket)}?{query}prefix={quote(key)}"
     if scheme == "gs":

@@ -4,7 +4,7 @@ environment.
 
 A child started with the key in its environment would show it in `/proc/PID/environ` (and hand it on to
 anything it starts). So the parent leaves `IMAGEBATCH_API_KEY` and the stores' secret variables
-(`storage.location.STORE_SECRETS`, such as `AWS_SECRET_ACCESS_KEY`) out of the child's environment and writes
+(`gateway.constants.STORE_SECRETS`, such as `AWS_SECRET_ACCESS_KEY`) out of the child's environment and writes
 them to the child's stdin, as one JSON object on one line; the child keeps them in its own `os.environ`
 (where the flow's `resolve_api_key` and the store's credential chain look; Linux's `/proc/PID/environ`
 keeps showing the environment the process started with), and runs Prefect's own command in this process.
@@ -17,8 +17,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-from imagebatch.gateway.constants import ENV_API_KEY
-from imagebatch.storage.location import STORE_SECRETS
+from imagebatch.gateway.constants import ENV_API_KEY, STORE_SECRETS
 
 
 def main(argv: list[str]) -> None:

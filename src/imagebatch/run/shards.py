@@ -30,10 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from imagebatch.gateway.constants import ENV_API_KEY
+from imagebatch.gateway.constants import ENV_API_KEY, STORE_SECRETS
 from imagebatch.manifest.plan import key_digits
 from imagebatch.run.constants import SHARD_GRACE, TERMINAL_STATES
-from imagebatch.storage.location import STORE_SECRETS
 from imagebatch.work.context import Unit
 from imagebatch.work.records import carried, not_attempted
 from imagebatch.work.store import KeyState, OutputLockedError, OutputStore, RequestRecord
@@ -249,7 +248,7 @@ def shards_released(
     child, its run marked Crashed at once) leaves its lease live until it expires, and one that still
     holds it then is alive and writing (its run marked ended meanwhile), and the parent must not compact
     the journal under it."""
-    from imagebatch.storage.objectstore import LEASE_SECONDS
+    from imagebatch.storage.lease import LEASE_SECONDS
 
     deadline = clock() + LEASE_SECONDS + 5.0
     while held := [n for i in range(shards) if store.shard_held(n := shard_name(i, shards))]:

@@ -1,11 +1,13 @@
-"""The output folder's names, in one place for its writer (`work.store`), its readers (`report`, the
-`imagebatch report` command) and the messages that name its files; and the advice about an `unknown`
-request, which a record's error, the report and the end of a run give in the same words.
-
-Imports nothing of ours, so that `report`, the room below `tasks`, may read it (docs/architecture.md).
+"""The names of what a run, a review and an export write (files, folders, objects, locks), in one place
+for their writers (`work.store`, `work.decisions`, `delivery`), their readers (`report`, reruns) and the
+messages that name them; and the advice about an `unknown` request, which a record's error, the report
+and the end of a run give in the same words. Imports nothing of ours: every room may read it.
 """
 
 from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
 
 IMAGES_DIR = "images"
 """Every image and text output, under `<job>/`."""
@@ -16,12 +18,16 @@ THUMBS_DIR = "thumbs"
 """The report's thumbnails, one JPEG per image."""
 JOURNAL = "journal"
 """The write-ahead journal, `journal.jsonl` (a shard's own: `journal.shard-I-of-N.jsonl`)."""
+JOURNAL_SEGMENTS = f"{JOURNAL}/"
+"""An object store's journal: the prefix of its segments (`storage.segments`)."""
 CONVERSATIONS = "conversations"
 """A folder's conversations behind its native answers, one line each, `conversations.jsonl` (a shard's
 own: `conversations.shard-I-of-N.jsonl`); an object store keeps one object each (`conversation`)."""
 USAGE_LEDGER = "usage"
 """One line per HTTP attempt, `usage.jsonl` (a shard's own: `usage.shard-I-of-N.jsonl`)."""
 RESULTS_CSV = "results.csv"
+EXPORT_CSV = "export.csv"
+"""What `imagebatch export` delivered (and what it could not), at the top of DEST."""
 RESULTS_READ_COLUMNS = (
     "job_id",
     "request_index",
@@ -39,8 +45,14 @@ REPORT_HTML = "report.html"
 """The report's first page; the others are `report-2.html`, ... (`report_page`)."""
 REPORT_PAGES = "report-*.html"
 """The report's further pages, as a glob (a rebuild removes the ones it no longer makes)."""
+REVIEW_FILE = "review.jsonl"
+"""A local folder's review decisions, one line each (`work.decisions`)."""
+REVIEW_PREFIX = "review/"
+"""An object store's review decisions, one object each."""
 LOCK = ".imagebatch.lock"
 """The folder's lock: held alone by a run, shared by the shards of a sharded run."""
+LEASE = ".imagebatch.lease"
+"""An object store's lock, as a lease object (`storage.lease`): held by a run, or a sharded run's parent."""
 
 UNKNOWN_HINT = (
     "check the service's usage history for this key, then rerun with --retry-unknown if it was not made"
@@ -63,6 +75,11 @@ def shard_lock(shard: str) -> str:
     return f".imagebatch.shard-{shard}.lock"
 
 
+def shard_lease(shard: str) -> str:
+    """The lease shard `I-of-N` of a sharded run holds alone in an object store (the folder's shard lock)."""
+    return f".imagebatch.shard-{shard}.lease"
+
+
 def conversation(stem: str) -> str:
     """An object store's conversation kept for the answer whose files are `images/<stem>...`:
     `chains/<stem>.json`."""
@@ -72,3 +89,8 @@ def conversation(stem: str) -> str:
 def report_page(number: int) -> str:
     """The file of the report's page `number` (from 1)."""
     return REPORT_HTML if number == 1 else f"report-{number}.html"
+
+
+def report_pages(names: Iterable[str]) -> list[str]:
+    """The report's pages among `names` (a listing): `report.html`, `report-2.html`, ..."""
+    return [n for n in names if n == REPORT_HTML or fnmatch.fnmatchcase(n, REPORT_PAGES)]

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlsplit
 
+from imagebatch.gateway.constants import STORE_ENDPOINTS
+
 OBJECT_SCHEMES = ("s3", "gs", "az")
 """The URL schemes `--out` takes for an object store (anything else is a local folder)."""
 
@@ -82,28 +84,6 @@ def redact_urls(text: str) -> str:
     """`text` with every URL in it as `shown_url` shows it: for a message built from parts that may
     name a location (a manifest's problem quoting its cell, an exception's text)."""
     return _URL_IN_TEXT.sub(lambda m: shown_url(m.group()), text)
-
-
-STORE_SECRETS = (
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "GOOGLE_SERVICE_ACCOUNT_KEY",
-    "AZURE_STORAGE_ACCOUNT_KEY",
-    "AZURE_STORAGE_ACCESS_KEY",
-    "AZURE_STORAGE_SAS_KEY",
-    "AZURE_STORAGE_SAS_TOKEN",
-    "AZURE_CLIENT_SECRET",
-)
-"""The variables of the stores' standard credential chains that hold a secret: a process that imagebatch
-starts itself (a shard the parent runs) gets them on its stdin, never in its environment."""
-
-
-STORE_ENDPOINTS = {
-    "s3": ("AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ENDPOINT_URL_S3"),
-    "gs": ("GOOGLE_BASE_URL",),
-    "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"),
-}
-"""The variables a store's client reads its server's address from (obstore's names, by scheme)."""
 
 
 def store_config_fault(scheme: str, environ: Mapping[str, str] | None = None) -> str | None:

@@ -1,5 +1,5 @@
-"""What the tasks of one run share: the client, the output folder, what earlier runs left, the halt flag,
-and each unit's records."""
+"""What one run's batches (its Prefect task runs) and request threads share: the client, the output folder,
+what earlier runs left, the halt flag, and each unit's records."""
 
 from __future__ import annotations
 

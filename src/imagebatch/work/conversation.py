@@ -2,24 +2,9 @@
 follow-up turn (`imagebatch run --redo rejected --edit`), which the spec allows only with the complete
 earlier model content sent back: same parts, same order, unaltered `thoughtSignature`.
 
-What is kept: `{"key": ..., "contents": [...]}`, every content sent (the earlier turns, then the user
-turn) and the model content answered, in order; in a folder one line of `conversations.jsonl` per
-answer (`OutputStore.save_conversation`: appended, not a file each), in an object store one object,
-`chains/<job>/<request>[-t<turn>][-v<n>]-<key12>.json`. An edit chain's own turns are in its chain
-file (`work.chain`) and are not kept twice.
-
-Choice: **the image is kept once**. A model content carries its image inline as base64 (the 1K PNG of
-the service is about 1.5 MB, so 2 MB of base64; 4K, several times more), and the image is already in
-`images/`. So a part's `inlineData.data` is stored as a reference, `{"file": "images/...", "sha256":
-...}` (an output image) or `{"input": "/path/of/reference.png", "sha256": ...}` (a manifest's reference
-image in a user turn), and put back, re-encoded, when the conversation is sent. That is exact only when
-the service's base64 is the standard encoding of the file's bytes: a part is stored as a reference only
-if `base64(file bytes) == data` character for character (else it stays inline, whole), and a reference
-whose file's sha256 no longer matches is refused (`HistoryError`): never a rebuilt or altered turn. What
-stays inline is small: text, signatures, and a thought image if the answer had one (measured:
-`bench/bench_conversation.py`, README "Regenerate the rejects"). The parts are matched by position, not by
-decoding the base64 again: the k-th final image part is the answer's k-th image (the reader's own order),
-a user turn's k-th image the request's k-th reference image.
+Kept: `{"key": ..., "contents": [...]}`, every content sent and the model content answered, in order
+(`OutputStore.save_conversation`); an edit chain's own turns are in its chain file (`work.chain`), not
+kept twice. Each image is kept once, as a reference to its file (why and how: on `compact_model`).
 """
 
 from __future__ import annotations
@@ -51,7 +36,21 @@ class HistoryError(Exception):
 def compact_model(content: Content, files: Sequence[tuple[str, bytes]]) -> Content:
     """A model content as kept: its k-th final image part (not a thought) refers to `files[k]` (its name
     and bytes: the answer's k-th image, decoded from that part by the reader), when the part's data is
-    exactly the standard base64 of those bytes; every other part, and every key, unchanged."""
+    exactly the standard base64 of those bytes; every other part, and every key, unchanged.
+
+    Choice: **the image is kept once**. A model content carries its image inline as base64 (the 1K PNG of
+    the service is about 1.5 MB, so 2 MB of base64; 4K, several times more), and the image is already in
+    `images/`. So a part's `inlineData.data` is stored as a reference, `{"file": "images/...", "sha256":
+    ...}` (an output image) or `{"input": "/path/of/reference.png", "sha256": ...}` (a manifest's reference
+    image in a user turn), and put back, re-encoded, when the conversation is sent. That is exact only when
+    the service's base64 is the standard encoding of the file's bytes: a part is stored as a reference only
+    if `base64(file bytes) == data` character for character (else it stays inline, whole), and a reference
+    whose file's sha256 no longer matches is refused (`HistoryError`): never a rebuilt or altered turn. What
+    stays inline is small: text, signatures, and a thought image if the answer had one (measured:
+    `bench/bench_conversation.py`, README "Regenerate the rejects"). The parts are matched by position, not by
+    decoding the base64 again: the k-th final image part is the answer's k-th image (the reader's own order),
+    a user turn's k-th image the request's k-th reference image.
+    """
     refs: dict[int, Ref] = {}
     finals = [i for i, p in enumerate(_parts(content)) if _data(p) is not None and not p.get("thought")]
     for index, (name, data) in zip(finals, files, strict=False):

@@ -4,12 +4,7 @@ Decisions are appended, never rewritten, so two reviewers (two browsers, or two 
 servers on one output location) lose nothing of each other's; the last decision for an image wins.
 `key` is the image's request's own idempotency key, as results.csv's `idempotency_key` shows it (a
 redone image, variant 2 or later, has a key of its own), and `variant` repeats its variant number.
-
-Where they live:
-- a local folder: `review.jsonl`, one JSON line per decision, each appended whole under an exclusive
-  `flock` and synced before the call returns; a line cut short by a crash is skipped by readers;
-- an object store (no append): one object per decision, `review/<time>-<random>.json`, created only if
-  absent; listing gives the order (the time in UTC to the microsecond, then the random part).
+Where they live: on `record_decision`.
 """
 
 from __future__ import annotations
@@ -24,14 +19,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
+from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
 from imagebatch.storage.location import LocalFolder, Location, confined, json_object
 
 DecisionKind = Literal["approved", "rejected", "cleared"]
 DECISIONS: tuple[str, ...] = get_args(DecisionKind)
-REVIEW_FILE = "review.jsonl"
-"""A local folder's decisions."""
-REVIEW_PREFIX = "review/"
-"""An object store's decisions, one object each."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +60,14 @@ def now() -> str:
 
 def record_decision(location: Location, decision: Decision) -> Decision:
     """Append `decision` to the location's review record (durable when this returns); returns it as
-    stored (with its time filled in)."""
+    stored (with its time filled in).
+
+    Where they live:
+    - a local folder: `review.jsonl`, one JSON line per decision, each appended whole under an exclusive
+      `flock` and synced before the call returns; a line cut short by a crash is skipped by readers;
+    - an object store (no append): one object per decision, `review/<time>-<random>.json`, created only if
+      absent; listing gives the order (the time in UTC to the microsecond, then the random part).
+    """
     if decision.decision not in DECISIONS:
         raise ValueError(f"decision must be one of {', '.join(DECISIONS)}, not {decision.decision!r}")
     if not decision.at:

@@ -1,19 +1,10 @@
 """Prices the user writes (the spec states none, so imagebatch ships none, only an example file), and the
 budgets a run can be given: `--max-images N` and `--max-spend AMOUNT` (which needs prices).
 
-A price table is TOML or JSON:
-
-    currency = "USD"
-    [images]                      # per image delivered, by model; a number, or a table by size
-    "native-image-2.1" = 0.04
-    "native-image-pro" = { "1K" = 0.13, "2K" = 0.13, "4K" = 0.24 }
-    "compat-image-2" = { "1024x1024" = 0.04, "default" = 0.06 }
-
 Only images are priced: they are what a catalog run pays for, and what can be bounded before sending
-(images at most x price). The relay routes' token counts are in the usage summary, unpriced.
-
-A model or size the table does not name costs nothing in the estimate and is listed as unpriced, so a
-missing line is seen rather than silently free.
+(images at most x price); the relay routes' token counts are in the usage summary, unpriced. A model or
+size the table does not name costs nothing in the estimate and is listed as unpriced, so a missing line
+is seen rather than silently free. The table's format is on `PriceTable`.
 """
 
 from __future__ import annotations
@@ -37,6 +28,15 @@ class PriceError(ValueError):
 
 @dataclass(frozen=True)
 class PriceTable:
+    """A price table, from TOML or JSON:
+
+    currency = "USD"
+    [images]                      # per image delivered, by model; a number, or a table by size
+    "native-image-2.1" = 0.04
+    "native-image-pro" = { "1K" = 0.13, "2K" = 0.13, "4K" = 0.24 }
+    "compat-image-2" = { "1024x1024" = 0.04, "default" = 0.06 }
+    """
+
     images: dict[str, float | dict[str, float]] = field(default_factory=dict)
     currency: str = ""
 

@@ -1,6 +1,6 @@
 """What one request's outcome is, as a results row: built from an answer, an error, or an earlier run.
 
-The statuses and what each means to a rerun are in `store.py` (`STATUSES`) and the README; this module
+The statuses are `request_record.STATUSES` (the README says what each means to a rerun); this module
 decides which one a request gets, and which errors stop the whole run.
 """
 
@@ -23,7 +23,7 @@ from imagebatch.gateway.errors import (
 )
 from imagebatch.gateway.imagefile import EXTENSIONS
 from imagebatch.manifest import PlannedRequest
-from imagebatch.storage.layout import UNKNOWN_HINT
+from imagebatch.storage.layout import IMAGES_DIR, UNKNOWN_HINT
 from imagebatch.work.store import KeyState, RequestRecord, file_stem
 
 Result = ImageResult | NoImageResult | TextResult
@@ -55,7 +55,7 @@ def plan_files(
             (f"{stem}.txt", result.text.encode()),
             (f"{stem}.json", json.dumps(result.raw, indent=2).encode()),
         ]
-        return record(req, "succeeded", paths=[f"images/{n}" for n, _ in files], **common), files
+        return record(req, "succeeded", paths=[f"{IMAGES_DIR}/{n}" for n, _ in files], **common), files
     if isinstance(result, NoImageResult):
         detail = {
             "finish_reason": result.finish_reason,
@@ -64,7 +64,7 @@ def plan_files(
         }
         files = [(f"{stem}.no_image.json", json.dumps(detail, indent=2).encode())]
         why = f"no image (finishReason {result.finish_reason})" + (f": {result.text}" if result.text else "")
-        paths = [f"images/{files[0][0]}"]
+        paths = [f"{IMAGES_DIR}/{files[0][0]}"]
         done = record(req, "no_image", paths=paths, finish_reason=result.finish_reason, error=why, **common)
         return done, files
     files = [
@@ -75,7 +75,7 @@ def plan_files(
     done = record(
         req,
         "succeeded",
-        paths=[f"images/{n}" for n, _ in files],
+        paths=[f"{IMAGES_DIR}/{n}" for n, _ in files],
         images=len(files),
         width=first.width,
         height=first.height,

@@ -19,9 +19,10 @@ from imagebatch.gateway.requests import GatewayRequest
 from imagebatch.gateway.results import AttemptEvent, AttemptFinished, AttemptStarted
 from imagebatch.manifest import PlannedRequest
 from imagebatch.work import records
+from imagebatch.work.attempts import AttemptJournal, NotJournaledError
 from imagebatch.work.context import RunContext
 from imagebatch.work.records import Result
-from imagebatch.work.store import AttemptJournal, NotJournaledError, RequestRecord
+from imagebatch.work.request_record import RequestRecord
 
 
 class _StoppedBeforeSending(Exception):
@@ -41,21 +42,9 @@ def send_and_record(
     chain saves its history there, so a turn that counts as done on disk is always in the history; a native
     request its conversation, `work.conversation`).
     """
-    store = ctx.store
     state = ctx.states.get(req.idempotency_key)
     earlier = state.attempts if state else 0  # results.csv and usage.jsonl count attempts across runs
-    journal = AttemptJournal(store, req, ctx.started_keys, earlier)
-
-    def observe(event: AttemptEvent) -> None:
-        if isinstance(event, AttemptStarted) and event.attempt == 1 and ctx.halt.is_set():
-            # It waited (for a slot of the account's limit, or for --rpm's pacing) while the run stopped:
-            # a request not yet sent is not sent. (A retry of one sent before the stop still is: the
-            # requests in flight finish.)
-            raise _StoppedBeforeSending
-        journal(event)
-        if isinstance(event, AttemptFinished) and event.status == 429:
-            ctx.saw_429()
-
+    observe = _observer(ctx, AttemptJournal(ctx.store, req, ctx.started_keys, earlier))
     if ctx.pacer is not None:
         ctx.pacer.wait()
     try:
@@ -75,6 +64,35 @@ def send_and_record(
         record.attempts += earlier
         _record_outcome(ctx, record)
         return record, None
+    return _keep(ctx, req, result, chain, on_answer, earlier), result
+
+
+def _observer(ctx: RunContext, journal: AttemptJournal) -> Callable[[AttemptEvent], None]:
+    """The client's observer of each attempt: journals it, notes a 429, and sends nothing once stopped."""
+
+    def observe(event: AttemptEvent) -> None:
+        if isinstance(event, AttemptStarted) and event.attempt == 1 and ctx.halt.is_set():
+            # It waited (for a slot of the account's limit, or for --rpm's pacing) while the run stopped:
+            # a request not yet sent is not sent. (A retry of one sent before the stop still is: the
+            # requests in flight finish.)
+            raise _StoppedBeforeSending
+        journal(event)
+        if isinstance(event, AttemptFinished) and event.status == 429:
+            ctx.saw_429()
+
+    return observe
+
+
+def _keep(
+    ctx: RunContext,
+    req: PlannedRequest,
+    result: Result,
+    chain: bool,
+    on_answer: Callable[[Result, RequestRecord], None] | None,
+    earlier: int,
+) -> RequestRecord:
+    """An answer kept in the crash-safe order (steps 2 to 4 of the module docstring); its record."""
+    store = ctx.store
     record, files = records.plan_files(req, result, chain)
     record.attempts += earlier
     written: list[tuple[str, bytes]] = []
@@ -92,7 +110,7 @@ def send_and_record(
         for rel, data in written:
             if rel.endswith((".png", ".jpg")):
                 store.thumbnail(rel, data)
-    return record, result
+    return record
 
 
 def _record_outcome(ctx: RunContext, record: RequestRecord) -> None:

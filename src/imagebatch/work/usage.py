@@ -13,12 +13,10 @@ import io
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from imagebatch.storage import layout
 from imagebatch.storage.csvcells import write_csv
-from imagebatch.work.store import RequestRecord, read_jsonl, write_atomic
+from imagebatch.work.request_record import RequestRecord
 
 INPUT_TOKENS = ("promptTokenCount", "prompt_tokens", "input_tokens")
 OUTPUT_TOKENS = ("candidatesTokenCount", "completion_tokens", "output_tokens")
@@ -118,20 +116,6 @@ def summarise_usage(
         r.latency_p50_s = percentile(r._durations, 0.5)
         r.latency_p95_s = percentile(r._durations, 0.95)
     return [rows[k] for k in sorted(rows)]
-
-
-def usage_summary(out: Path, records: Iterable[RequestRecord] = ()) -> list[UsageRow]:
-    """The summary of the output folder `out` (every run's attempts)."""
-    return summarise_usage(read_jsonl(Path(out) / layout.jsonl(layout.USAGE_LEDGER)), records)
-
-
-def write_usage_summary(out: Path, rows: list[UsageRow]) -> Path:
-    """Write `usage-summary.csv` into `out` (atomically) and return its path. A route or model name a
-    spreadsheet would run as a formula is neutralised (`csvcells.csv_cell`; `csvcells.read_csv` reads
-    it back)."""
-    path = Path(out) / layout.USAGE_SUMMARY_CSV
-    write_atomic(path, usage_csv(rows))
-    return path
 
 
 def usage_csv(rows: list[UsageRow]) -> bytes:

@@ -8,7 +8,6 @@ accepts connections; anything else goes to stderr.
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import signal
 import sys
@@ -19,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..constants import ENV_API_KEY
+from ..environment import api_key_from_environment
 from .server import EmulatorServer
 from .settings import EmulatorSettings, FaultConfig
 
@@ -37,7 +37,7 @@ def settings_from_args(args: argparse.Namespace, api_key: str) -> EmulatorSettin
 
 def serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; return the exit status (0 after a signal, 1 if it cannot serve)."""
-    api_key = args.api_key or os.environ.get(ENV_API_KEY)
+    api_key = args.api_key or api_key_from_environment()
     throwaway = not api_key
     if not api_key:
         api_key = secrets.token_urlsafe(24)

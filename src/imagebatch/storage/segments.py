@@ -1,0 +1,146 @@
+"""The journal in an object store, as append-only segments: one create-only object per group commit,
+`journal/<run>-[<shard>-]<seq>.jsonl` (zero-padded: listing gives the order), compacted into one object at
+a run's end. Each write is fenced by the run's lease (`storage.lease`): a run that may no longer write
+(its lease lost or about to expire) writes nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from imagebatch.storage import layout
+from imagebatch.storage.location import json_object
+from imagebatch.storage.objectstore import ObjectLocation, StoreError
+
+JOURNAL = layout.JOURNAL_SEGMENTS
+
+
+def _run_of(name: str) -> int:
+    """The run number of a journal object's name (`journal/00000003-...`), or -1 for a stranger."""
+    stem = name.removeprefix(JOURNAL)
+    return int(stem[:8]) if stem[:8].isdigit() else -1
+
+
+def journal_objects(names: list[str]) -> list[str]:
+    """The journal objects a reader replays, in order: the latest compaction, then every segment of a
+    later run (a compaction holds every earlier line; segments it left behind, by a crash before they
+    were deleted, are ignored)."""
+    names = [n for n in names if n.endswith(".jsonl") and _run_of(n) >= 0]
+    compacts = [n for n in names if n.endswith("-compact.jsonl")]
+    if not compacts:
+        return names
+    last = max(compacts, key=_run_of)
+    return [last] + [n for n in names if _run_of(n) > _run_of(last)]
+
+
+def next_run(names: list[str]) -> int:
+    """The number of a new run's segments: one past every run the journal holds."""
+    return max((_run_of(n) for n in names), default=0) + 1
+
+
+def read_lines(data: bytes) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a segment's lines (a line that does not parse is skipped, as a torn one)."""
+    for raw in data.splitlines():
+        if (obj := json_object(raw)) is not None:
+            yield obj
+
+
+def read_journal(loc: ObjectLocation) -> Iterator[dict[str, Any]]:
+    """Every line of the journal (and the usage lines it carries), in order; segments fetched in parallel."""
+    for blob in loc.get_many(journal_objects(loc.list(JOURNAL))):
+        if blob is not None:  # a segment removed since the listing (a compaction): its lines are in it
+            yield from read_lines(blob)
+
+
+class SegmentJournal:
+    """Lines appended by a run's threads, made durable together: a thread that needs its line durable
+    either finds a PUT that started after its line covered it, or PUTs every pending line as one new
+    segment itself (group commit, as one fsync covers many lines in a local folder). A failed PUT fails
+    every thread whose line it held: those lines are lost, as a torn write's are, and the run stops."""
+
+    def __init__(
+        self,
+        loc: ObjectLocation,
+        run: int,
+        shard: str | None = None,
+        fence: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.loc = loc
+        self.run = run
+        self.shard = shard
+        self.fence = fence
+        """Raises (an OSError) when this run may no longer write: its lease is lost or about to expire."""
+        self.puts = 0
+        self._seq = 0
+        self._pending: list[bytes] = []
+        self._written = 0
+        self._synced = 0
+        self._failed: list[tuple[int, int, OSError]] = []
+        self._lock = threading.Lock()
+        self._commit_lock = threading.Lock()
+
+    def append(self, line: bytes, sync: bool) -> None:
+        with self._lock:
+            self._pending.append(line)
+            self._written += 1
+            written = self._written
+        if sync:
+            self.sync_through(written)
+
+    def sync(self) -> None:
+        with self._lock:
+            written = self._written
+        self.sync_through(written)
+
+    def sync_through(self, written: int) -> None:
+        """Return once the first `written` lines are in a segment; raise if the PUT that held one failed."""
+        with self._commit_lock:
+            for start, end, exc in self._failed:
+                if start < written <= end:
+                    raise exc
+            if self._synced >= written:
+                return
+            with self._lock:
+                lines, self._pending = self._pending, []
+                start, upto = self._synced, self._written
+            try:
+                self.fence()
+                self._put(b"".join(lines))
+            except OSError as exc:
+                self._failed.append((start, upto, exc))
+                self._synced = upto
+                raise
+            self._synced = upto
+
+    def _put(self, data: bytes) -> None:
+        self._seq += 1
+        shard = f"{self.shard}-" if self.shard else ""
+        name = f"{JOURNAL}{self.run:08d}-{shard}{self._seq:08d}.jsonl"
+        self.puts += 1
+        if not self.loc.put_new(name, data):
+            raise StoreError(errno.EEXIST, f"{self.loc.url}/{name} exists: another run is writing here")
+
+    def compact(self) -> None:
+        """Replace every journal object with one (`<run>-compact.jsonl`, created only if absent), then
+        delete the rest; later lines go to the next run number's segments. A rerun then reads one object.
+        Only while the prefix is held alone."""
+        self.sync()
+        with self._commit_lock:
+            names = journal_objects(self.loc.list(JOURNAL))
+            if len(names) <= 1 and (not names or names[0].endswith("-compact.jsonl")):
+                return
+            blobs = [b or b"" for b in self.loc.get_many(names)]
+            data = b"".join(b if not b or b.endswith(b"\n") else b + b"\n" for b in blobs)
+            self.fence()
+            # Named by the highest run it holds: a sharded run's shards numbered their segments at their
+            # own start, after this run took its number; segments a crash left behind are then ignored.
+            self.run = max(self.run, *map(_run_of, names))
+            target = f"{JOURNAL}{self.run:08d}-compact.jsonl"
+            if not self.loc.put_new(target, data):
+                raise StoreError(errno.EEXIST, f"{self.loc.url}/{target} exists: another run is writing here")
+            self.loc.delete_many(names)
+            self.run += 1
+            self._seq = 0

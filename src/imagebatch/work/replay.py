@@ -1,0 +1,107 @@
+"""The replay: what the journal says of each idempotency key (`KeyState`), read event by event. A rerun
+starts from it, so the output location, not Prefect's database, is the record of what has been done.
+
+Kept apart from the writing side (`work.journal`) so that the rules of reading back (a new attempt
+supersedes an outcome, an answer whose files are all there is done) are read in one screen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from imagebatch.work.request_record import RequestRecord, Status
+
+
+@dataclass
+class KeyState:
+    """What the journal says about one idempotency key: its last outcome, or what happened since."""
+
+    outcome: RequestRecord | None = None
+    """The last recorded outcome (None after a new attempt started)."""
+    pending: bool = False
+    """An attempt was started and never finished: it may have been generated and billed."""
+    unanswered: bool = False
+    """Since the last outcome, some attempt got no answer (it may have been generated and billed)."""
+    answered_ok: bool = False
+    """Since the last outcome, a success answer arrived."""
+    answered: RequestRecord | None = None
+    """The record planned for that answer, journaled before its files were written."""
+    attempts: int = 0
+    variant: int = 1
+    """The variant the key is of, from its journal lines (1 when they name none)."""
+    request: tuple[str, int, int] | None = None
+    """(job_id, request_index, turn_index) of a variant >= 2, from its journal lines; None for variant 1
+    (`work.variants` finds a request's variants by it)."""
+
+    @property
+    def status(self) -> Status | None:
+        """The status a rerun starts from (None: never sent, or its files are gone)."""
+        if self.outcome is not None:
+            return self.outcome.status
+        if self.pending or self.unanswered or self.answered_ok:
+            return "unknown"
+        return "failed" if self.attempts else None
+
+
+def replay(
+    events: Iterable[dict[str, Any]],
+    files_exist: Callable[[RequestRecord, bool], bool],
+    seen: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, KeyState]:
+    """The state of every idempotency key `events` (the journal's lines, in order) name.
+
+    A success whose files are all there counts as succeeded even if the process died before its outcome
+    was journaled (the `answered` event names the files first); a succeeded outcome whose files are gone
+    counts as never done, so a rerun makes them again. `files_exist(record, settled)` looks the files up;
+    `seen` is given every event that names a key, in order (`validate --out` notes each request's last
+    key)."""
+    states: dict[str, KeyState] = {}
+    for ev in events:
+        key = ev.get("idempotency_key")
+        if not isinstance(key, str) or ev.get("event") == "usage":
+            continue
+        if seen is not None:
+            seen(ev)
+        _apply(states.setdefault(key, KeyState()), ev)
+    for st in states.values():
+        if st.outcome is None and st.answered is not None and not st.pending:
+            if files_exist(st.answered, False):
+                st.outcome = st.answered
+        elif (
+            st.outcome is not None and st.outcome.status == "succeeded" and not files_exist(st.outcome, True)
+        ):
+            st.outcome = None
+            st.attempts = 0  # its files were removed: make it again
+    return states
+
+
+def _apply(st: KeyState, ev: dict[str, Any]) -> None:
+    """One journal event, applied to its key's state."""
+    if st.request is None and isinstance(variant := ev.get("variant"), int) and variant > 1:
+        st.variant = variant
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            st.request = (str(ev["job_id"]), int(ev["request_index"]), int(ev["turn_index"]))
+    kind = ev.get("event")
+    if kind == "attempt_started":
+        if st.outcome is not None:  # a new send supersedes the last outcome
+            st.outcome, st.unanswered, st.answered_ok, st.answered = None, False, False, None
+        st.pending = True
+        st.attempts += 1
+    elif kind == "attempt_finished":
+        st.pending = False
+        st.unanswered |= ev.get("outcome") == "no_answer"
+        st.answered_ok |= ev.get("outcome") == "ok"
+    elif kind in ("answered", "outcome"):
+        try:
+            record = RequestRecord.from_json(ev)
+        except (TypeError, ValueError):
+            return  # a damaged record: the key stays in doubt rather than wrongly settled
+        if kind == "answered":
+            st.answered = record
+        else:
+            st.outcome, st.pending, st.unanswered, st.answered_ok, st.answered = (
+                record, False, False, False, None,
+            )  # fmt: skip
