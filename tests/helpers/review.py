@@ -52,19 +52,29 @@ def product_png(shape: int, colour: tuple[int, int, int], side: int = 256) -> by
     return buf.getvalue()
 
 
-def review_folder(root: Path, requests: int = 12, redone: int | None = 1) -> Path:
+def review_folder(
+    root: Path, requests: int = 12, redone: int | None = 1, variants: int = 2, references: bool = False
+) -> Path:
     """`root/out`, an output folder as a run over a catalog manifest of `requests` rows leaves it (every
     request succeeded, a 256 px PNG each), plus one failed request (no image), and, if `redone` is given,
-    a second variant of that request (its own key, `variant` 2, as a redo adds it). The manifest is
-    `root/catalog.csv`, named by run.json, so the page shows each prompt."""
+    variants 2..`variants` of that request (each its own key, as a redo adds them). The manifest is
+    `root/catalog.csv`, named by run.json, so the page shows each prompt; its metadata columns (`sku`,
+    `product_name`, `colour`) are results.csv's too, as a run writes them. With `references`, each row
+    names a reference image (`root/ref.png`)."""
     manifest = root / "catalog.csv"
-    lines = ["id,sku,product_name,colour,prompt"]
+    refs = ",reference_images" if references else ""
+    if references:
+        (root / "ref.png").write_bytes(product_png(0, (200, 200, 200)))
+    lines = [f"id,sku,product_name,colour,prompt{refs}"]
     for i in range(requests):
         name, colour, _ = PRODUCTS[i % len(PRODUCTS)]
         lines.append(
-            f"p{i:03d},SKU-{1000 + i},{name},{colour},Studio photo of a {{product_name}} in {{colour}}"
+            f"p{i:03d},SKU-{1000 + i // 2},{name},{colour},Studio photo of a {{product_name}} in {{colour}}"
+            + (",ref.png" if references else "")
         )
-    lines.append("broken,SKU-9999,mug,black,Studio photo of a {product_name} in {colour}")
+    lines.append(
+        "broken,SKU-9999,mug,black,Studio photo of a {product_name} in {colour}" + ("," if references else "")
+    )
     manifest.write_text("\n".join(lines) + "\n")
     out = root / "out"
     rows: list[dict[str, Any]] = []
@@ -73,7 +83,7 @@ def review_folder(root: Path, requests: int = 12, redone: int | None = 1) -> Pat
             "job_id": req.job_id, "request_index": req.request_index, "turn_index": req.turn_index,
             "status": "succeeded", "images": 1, "width": 256, "height": 256, "mime_type": "image/png",
             "model": req.model, "route": "native", "idempotency_key": req.idempotency_key, "attempts": 1,
-            "finish_reason": "STOP", "request_id": f"req_{n}", "variant": 1,
+            "finish_reason": "STOP", "request_id": f"req_{n}", "variant": 1, **req.job.metadata,
         }  # fmt: skip
         if req.job_id == "broken":
             rows.append(
@@ -84,13 +94,15 @@ def review_folder(root: Path, requests: int = 12, redone: int | None = 1) -> Pat
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         (out / rel).write_bytes(product_png(n, PRODUCTS[n % len(PRODUCTS)][2]))
         rows.append(row | {"paths": rel})
-        if redone == n:
-            key = "ib1-" + hashlib.sha256(f"{req.idempotency_key} variant 2".encode()).hexdigest()
+        for v in range(2, variants + 1) if redone == n else ():
+            key = "ib1-" + hashlib.sha256(f"{req.idempotency_key} variant {v}".encode()).hexdigest()
             rel2 = f"images/{req.job_id}/0-{key[-12:]}.png"
-            (out / rel2).write_bytes(product_png(n + 1, (20, 20, 20)))
-            rows.append(row | {"paths": rel2, "idempotency_key": key, "variant": 2, "request_id": "req_v2"})
+            (out / rel2).write_bytes(product_png(n + v - 1, (20 * v, 20, 20)))
+            rows.append(
+                row | {"paths": rel2, "idempotency_key": key, "variant": v, "request_id": f"req_v{v}"}
+            )
     with (out / "results.csv").open("w", newline="") as fh:
-        write_csv(fh, [*RESULT_COLUMNS, "variant"], rows)
+        write_csv(fh, [*RESULT_COLUMNS, "sku", "product_name", "colour"], rows)
     sha = hashlib.sha256(manifest.read_bytes()).hexdigest()
     run = {"manifest": str(manifest), "manifest_sha256": sha, "state": "finished"}
     (out / "run.json").write_text(json.dumps(run))

@@ -156,11 +156,13 @@ def test_the_filter_shows_unreviewed_approved_or_rejected_cards(
     from selenium.webdriver.support.ui import Select
 
     order = open_page(browser, server.url + "#filter=unreviewed")
-    assert browser.find_element("id", "shown").text == "13 shown"
+    # 12: the redone request's variant 1 is not unreviewed but replaced (order[2], its variant 2 before it)
+    assert browser.find_element("id", "shown").text == "12 shown"
+    assert order[2] not in shown(browser)
     assert order[0] in shown(browser)  # (only the cards in and near the window are in the document)
     press(browser, "a")  # the first card leaves the unreviewed ones; the next takes its place
     saved(browser, 1)
-    assert browser.find_element("id", "shown").text == "12 shown"
+    assert browser.find_element("id", "shown").text == "11 shown"
     assert order[0] not in shown(browser) and all(decision == "" for decision, _ in shown(browser).values())
     assert browser.execute_script("return document.querySelector('.card.sel').dataset.key") == order[1]
     Select(browser.find_element("id", "filter")).select_by_value("approved")
@@ -368,18 +370,21 @@ def test_nothing_outside_the_output_folder_is_served(server: ReviewServer, out: 
 
 def test_the_report_shows_the_decisions_read_only(browser: Any, out: Path) -> None:
     folder = LocalFolder(out)
-    keys = [card.key for card in load_cards(folder)[0]][:3]
-    record_decision(folder, Decision(keys[0], 2, "rejected", "handle <missing>", "alice"))
-    record_decision(folder, Decision(keys[1], 1, "approved", "", "bob"))
-    record_decision(folder, Decision(keys[2], 1, "approved", "", "bob"))
-    record_decision(folder, Decision(keys[2], 1, "cleared", "", "bob"))
+    keys = [card.key for card in load_cards(folder).cards]  # p000, p001 variant 2, p001 variant 1, p002
+    record_decision(folder, Decision(keys[0], 1, "rejected", "handle <missing>", "alice"))
+    record_decision(folder, Decision(keys[1], 2, "approved", "", "bob"))
+    record_decision(folder, Decision(keys[2], 1, "rejected", "too dark", "bob"))
+    record_decision(folder, Decision(keys[3], 1, "approved", "", "bob"))
+    record_decision(folder, Decision(keys[3], 1, "cleared", "", "bob"))
     page = build_report(out)
     text = page.read_text()
     assert 'rv-rejected">rejected by alice: <span class="note">handle &lt;missing&gt;</span>' in text
     assert 'rv-approved">approved by bob<' in text
-    # 13 images, 2 decided (a cleared one is unreviewed again)
-    assert text.count('class="rv rv-unreviewed"') == 11
-    assert "2 of 13 reviewed: 1 approved, 1 rejected" in text
+    assert 'rv-redone">rejected, redone by bob: <span class="note">too dark</span>' in text
+    # 13 images: 1 rejected and open, 1 approved, 1 rejected and redone (counted apart), 10 unreviewed (a
+    # cleared decision leaves its image unreviewed again)
+    assert text.count('class="rv rv-unreviewed"') == 10
+    assert "review: 11 open (10 unreviewed, 1 rejected) · 1 approved · 1 redone" in text
     assert "<button" not in text and "fetch(" not in text  # read-only
     browser.get(page.as_uri() + "#review=rejected")
     visible = browser.execute_script(
