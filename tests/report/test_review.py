@@ -13,13 +13,24 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.review import chromium, request, review_folder
-from helpers.runs import cli, read_jsonl
+from helpers.review import (
+    BOUND,
+    chromium,
+    open_page,
+    press,
+    recorded,
+    request,
+    review_folder,
+    saved,
+    shown,
+    until,
+)
+from helpers.runs import cli
 
 from imagebatch.report import build_report
 from imagebatch.report.review import TOKEN_HEADER, ReviewServer
@@ -27,8 +38,6 @@ from imagebatch.report.review_data import load_cards
 from imagebatch.storage.location import LocalFolder, open_location
 from imagebatch.work.decisions import Decision, decided, read_decisions, record_decision
 
-BOUND = 30.0
-"""Seconds a test waits for the page to do what it was asked (on a loaded machine)."""
 SCREENSHOT = os.environ.get("IMAGEBATCH_REVIEW_SCREENSHOT")
 """Where the keyboard test saves its screenshot of the page too (the README's docs/review.png)."""
 
@@ -49,50 +58,6 @@ def out(tmp_path: Path) -> Path:
 def server(out: Path) -> Iterator[ReviewServer]:
     with ReviewServer(LocalFolder(out), "alice") as running:
         yield running
-
-
-def until(browser: Any, check: Callable[[Any], Any], what: str) -> Any:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(browser, BOUND, poll_frequency=0.05).until(check, message=what)
-
-
-def open_page(browser: Any, url: str) -> list[str]:
-    """Load the page; the cards' keys in the page's order."""
-    browser.get(url)
-    until(browser, lambda d: d.execute_script("return document.body.dataset.ready") == "1", "the page ready")
-    return list(
-        browser.execute_script(
-            "return JSON.parse(document.getElementById('data').textContent).cards.map(c => c.k)"
-        )
-    )
-
-
-def press(browser: Any, keys: str) -> None:
-    from selenium.webdriver.common.action_chains import ActionChains
-
-    ActionChains(browser).send_keys(keys).perform()
-
-
-def saved(browser: Any, n: int) -> None:
-    """Wait until this page has had `n` decisions answered as recorded."""
-    until(browser, lambda d: d.execute_script("return document.body.dataset.saved") == str(n), f"{n} saved")
-
-
-def shown(browser: Any) -> dict[str, tuple[str, str]]:
-    """The cards in the document: key -> (decision, review line)."""
-    cards = browser.execute_script(
-        "return [...document.querySelectorAll('.card')].map(c => [c.dataset.key, c.dataset.decision,"
-        " c.querySelector('.rv').textContent])"
-    )
-    return {key: (decision, line) for key, decision, line in cards}
-
-
-def recorded(out: Path) -> list[tuple[str, int, str, str, str]]:
-    return [
-        (d["key"], d["variant"], d["decision"], d["note"], d["reviewer"])
-        for d in read_jsonl(out / "review.jsonl")
-    ]
 
 
 def test_a_reviewer_rejects_with_a_note_and_approves_by_keyboard_and_both_persist(

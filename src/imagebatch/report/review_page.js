@@ -156,7 +156,7 @@ function firstRow(top) {  // the first row whose bottom is below `top`
 }
 function heading(r, n) {
   const e = el('div', 'group');
-  e.append(el('b', '', D.group + ' '), r.head || '(empty)', el('span', 'gn', `${n} shown · g marks them`));
+  e.append(el('b', '', D.group + ' '), r.head || '(empty)', ' ', el('span', 'gn', `${n} shown · g marks them`));
   return e;
 }
 function layout() {
