@@ -1,11 +1,12 @@
 """The review page at catalog scale: `imagebatch review` over a 10,000-request run, opened in headless
 Chromium (Debian's, through Selenium and its chromedriver), and decisions posted from the page.
 
-    uv run python bench/bench_review.py [--requests 10000] [--posts 500] [--loads 5]
+    uv run python bench/bench_review.py [--requests 10000] [--posts 500] [--loads 5] [--group-by sku]
 
 The folder is laid out as a run leaves it: a 10,000-row catalog manifest (its prompts shown on the
-cards), its plan's keys in results.csv, one 1024 px PNG and one thumbnail hard-linked per request. The
-server runs in this process (its own threads), as `imagebatch review` does.
+cards), its plan's keys and its metadata columns (sku, product_name, colour) in results.csv, one 1024 px
+PNG and one thumbnail hard-linked per request. The server runs in this process (its own threads), as
+`imagebatch review` does, showing every metadata column (and grouping by `--group-by`, if given).
 
 Measured:
 - server start: results.csv read, the manifest planned again (for the prompts), the port bound;
@@ -51,7 +52,7 @@ def make_folder(root: Path, n: int) -> Path:
     lines = ["id,sku,product_name,colour,prompt"]
     for i in range(n):
         prompt = "Studio photo of a {product_name} in {colour} on white, soft shadow, 45 degree view"
-        lines.append(f'p{i:05d},SKU-{10000 + i},{PRODUCTS[i % 6]},{COLOURS[i % 8]},"{prompt}"')
+        lines.append(f'p{i:05d},SKU-{10000 + i // 3},{PRODUCTS[i % 6]},{COLOURS[i % 8]},"{prompt}"')
     manifest.write_text("\n".join(lines) + "\n")
     out = root / "out"
     (out / "images").mkdir(parents=True)
@@ -62,7 +63,7 @@ def make_folder(root: Path, n: int) -> Path:
     (out / "base.png").write_bytes(image.getvalue())
     (out / "base.jpg").write_bytes(thumb.getvalue())
     rows = []
-    for req in plan(load_manifest(manifest)):
+    for req in plan(load_manifest(manifest)):  # (three colourways a product)
         name = f"{req.job_id}-0-{req.idempotency_key[-12:]}.png"
         (out / "images" / name).hardlink_to(out / "base.png")
         (out / "thumbs" / f"{name}.jpg").hardlink_to(out / "base.jpg")
@@ -70,10 +71,10 @@ def make_folder(root: Path, n: int) -> Path:
             "job_id": req.job_id, "request_index": 0, "turn_index": 0, "status": "succeeded",
             "paths": f"images/{name}", "images": 1, "width": 1024, "height": 1024, "mime_type": "image/png",
             "model": req.model, "route": "native", "idempotency_key": req.idempotency_key, "attempts": 1,
-            "finish_reason": "STOP", "request_id": f"req_{req.job_id}",
+            "finish_reason": "STOP", "request_id": f"req_{req.job_id}", **req.job.metadata,
         })  # fmt: skip
     with (out / "results.csv").open("w", newline="") as fh:
-        write_csv(fh, RESULT_COLUMNS, rows)
+        write_csv(fh, [*RESULT_COLUMNS, "sku", "product_name", "colour"], rows)
     sha = hashlib.sha256(manifest.read_bytes()).hexdigest()
     (out / "run.json").write_text(json.dumps({"manifest": str(manifest), "manifest_sha256": sha}))
     return out
@@ -159,13 +160,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--posts", type=int, default=500)
     parser.add_argument("--loads", type=int, default=5)
+    parser.add_argument("--group-by", default=None, help="a column to group the cards by (e.g. sku)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         out = make_folder(Path(tmp), args.requests)
         made = time.perf_counter() - t0
         t0 = time.perf_counter()
-        server = ReviewServer(LocalFolder(out), "bench")
+        grouped = {"group_by": args.group_by} if args.group_by else {}  # (so that it runs on older code too)
+        server = ReviewServer(LocalFolder(out), "bench", **grouped)
         started = time.perf_counter() - t0
         driver = browser(Path(tmp) / "profile")
         try:

@@ -86,8 +86,8 @@ def test_cards_are_the_rows_with_images_each_requests_variants_newest_first(tmp_
     assert cards[3].images == ("images/c/0-1.png",)
     assert (found.without, found.refused) == (1, 4)
     # Each redone image names the versions it replaces, oldest first; those are marked replaced (`x`).
-    assert [(c.shown["pk"], c.shown["x"]) for c in cards] == [
-        (["ib1-a1", "ib1-a2"], 0), (["ib1-a1"], 1), ([], 1), ([], 0),
+    assert [(c.shown.get("pk"), c.shown.get("x")) for c in cards] == [
+        (["ib1-a1", "ib1-a2"], None), (["ib1-a1"], 1), (None, 1), (None, None),
     ]  # fmt: skip
     # A request done in an earlier run says so, not "skipped"; no metadata columns, none shown.
     assert cards[3].shown["s"] == "done earlier" and cards[0].shown["s"] == "succeeded"

@@ -44,9 +44,9 @@ class ReviewCard:
     """Its images' names in the output location (`images/<job>/<file>`), each checked by `safe_name`."""
     shown: dict[str, Any]
     """The page's data: `k` key, `v` variant, `nv` variants of its request, `t` title, `s` status (its
-    label), `p` prompt, `f` facts, `n` images, `m` the shown columns' values, `r` reference images, `pk`
-    the keys of the older variants it replaces (oldest first), `x` 1 if a newer variant replaced it, `g`
-    its group's value (when grouped)."""
+    label), `p` prompt, `f` facts, `n` images, `m` the shown columns' values; where there are any, `r`
+    reference images, `pk` the keys of the older variants it replaces (oldest first), `x` 1 if a newer
+    variant replaced it; `g` its group's value (when grouped)."""
     references: tuple[str, ...] = ()
     """Its request's reference images and mask, as the plan names them (a path, or an object's URL)."""
 
@@ -170,9 +170,11 @@ def _request_cards(
             "k": key, "v": variant, "nv": len(variants), "t": row_title(row),
             "s": status_label(row["status"]), "p": _clipped(prompt),
             "f": " · ".join([*row_facts(row), f"key {key[:16]}"]), "n": len(images),
-            "m": [row.get(c, "") for c in columns], "r": len(refs), "pk": [c.key for c in made],
-            "x": int(key in replaced),
+            "m": [row.get(c, "") for c in columns],
         }  # fmt: skip
+        # The rest only where it is not the usual (10,000 cards: each key left out saves 60 KB of page)
+        extra = {"r": len(refs), "pk": [c.key for c in made], "x": int(key in replaced)}
+        data |= {name: value for name, value in extra.items() if value}
         if group_by:
             data["g"] = row.get(group_by, "")
         made.append(ReviewCard(key, variant, images, data, tuple(str(ref) for ref in refs)))

@@ -4,7 +4,8 @@ const $ = id => document.getElementById(id);
 const D = JSON.parse($('data').textContent);
 const TOKEN = document.querySelector('meta[name="review-token"]').content;
 const W = 320, H = 500, GAP = 10, GH = 34;  // a card's box and a group's heading, as the style sets them
-const cards = D.cards, byKey = new Map(cards.map((c, i) => [c.k, i]));
+const cards = D.cards, byKey = new Map(cards.map((c, i) => [c.k, i])), NONE = [];
+for (const c of cards) if (!c.pk) c.pk = NONE;  // left out of the data where empty (as `r` and `x` are)
 const state = new Map(Object.entries(D.decisions));  // key -> {decision, note, reviewer, at}
 const drafts = new Map(), pending = new Map(), shown = new Map(), heads = new Map(), marked = new Set();
 let undo = [];
@@ -98,7 +99,8 @@ function build(i) {
   }
   const id = el('div', 'id');
   if (c.nv > 1 || c.v > 1) id.append(el('span', 'var', 'variant ' + c.v));
-  id.append(c.t + ' ', el('span', 'st', c.s));
+  id.append(el('span', 't', c.t), el('span', 'st', c.s));
+  id.title = c.t;
   const meta = el('div', 'cols');
   D.columns.forEach((name, j) => {
     if (c.m[j] === '') return;

@@ -41,18 +41,18 @@ SCRIPT = (ASSETS / "review_page.js").read_text(encoding="utf-8")
 the nonce, so that it needs nothing else from the server)."""
 FILTERS = {
     "all": "all",
-    "open": "open: still to judge",
+    "open": "open (to judge)",
     "unreviewed": "unreviewed",
     "approved": "approved",
-    "rejected": "rejected, not yet redone",
-    "redone": "redone: a newer variant replaced it",
+    "rejected": "rejected (not redone)",
+    "redone": "redone (replaced)",
 }
 """The page's filters (`#filter=open`) and their labels; the page's script knows the same names."""
 KEYS = (
     "j/k or ←/→ move · a approve · r reject · n note · u undo · v view large · x mark · g mark group"
     " · A approve marked"
 )
-VIEW_KEYS = "j/k or arrows move · a/r/n/u · 0 fit · 1 100 % · +/- zoom · c compare · Esc back"
+VIEW_KEYS = "j/k, arrows · a r n u · 0 fit · 1 100 % · +/- zoom · c compare"
 
 
 def inline_json(data: Any) -> str:
