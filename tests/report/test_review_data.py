@@ -147,3 +147,27 @@ def test_the_pages_inline_data_cannot_end_its_script_element() -> None:
     (data,) = re.findall(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
     assert json.loads(data) == {"cards": [{"k": "ib1-a", "p": prompt}], "aside": "x"}
     assert "<script>alert" not in page and page.count("</script>") == 2
+
+
+def test_the_undo_stack_is_replayed_from_the_record_per_reviewer(tmp_path: Path) -> None:
+    from imagebatch.work.decisions import iter_decisions, undo_stack
+
+    folder = LocalFolder(tmp_path)
+    for decision in (
+        Decision("ib1-a", 1, "approved", reviewer="ann"),
+        Decision("ib1-b", 1, "rejected", "dark", reviewer="ann"),
+        Decision("ib1-b", 1, "rejected", "too dark", reviewer="ann"),  # a note changed: its own step
+        Decision("ib1-a", 1, "rejected", reviewer="bob"),  # another reviewer's: not ann's to undo
+        Decision("ib1-b", 1, "rejected", "dark", reviewer="ann", undo=True),  # ann's u
+    ):
+        record_decision(folder, decision)
+    history = list(iter_decisions(folder))
+    assert history[-1].undo and not history[0].undo  # kept in the record, read back
+    assert b'"undo"' not in (tmp_path / REVIEW_FILE).read_bytes().splitlines()[0]  # only where true
+    stack = undo_stack(history, "ann")
+    assert stack == [("ib1-a", None), ("ib1-b", None)]  # the note change taken back; next, b's rejection
+    assert undo_stack(history, "bob") == [("ib1-a", history[0])]
+    # The server's cache replays the same record, and what another server appends after
+    cache = DecisionCache(folder, interval=60)
+    record_decision(folder, Decision("ib1-b", 1, "cleared", reviewer="ann", undo=True))
+    assert cache.undo_stack("ann") == [("ib1-a", None)]

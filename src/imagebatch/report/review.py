@@ -19,9 +19,11 @@ Security: a loopback server is still reachable from every web page its user open
   `X-Review-Token`), an `Origin` of this server, `Content-Type: application/json` (a form or a `no-cors`
   fetch from another site can set none of these), and `Sec-Fetch-Site: same-origin` when the browser
   sends it; anything else is answered 403 and writes nothing;
-- the only files served are the images results.csv names and their thumbnails, addressed by request key
-  and image number (no path comes from the URL); a name that is absolute, has `..` or lies outside
-  `images/` is never served, nor a local file whose real path (symlinks resolved) leaves OUT;
+- the only files served are the images results.csv names and their thumbnails, and the thumbnails of
+  each request's reference images (OUT's `thumbs/ref-*.jpg`, made there from the manifest's files as the
+  report makes them: the reference itself is never served), addressed by request key and number (no path
+  comes from the URL); a name that is absolute, has `..` or lies outside `images/` is never served, nor a
+  local file whose real path (symlinks resolved) leaves OUT;
 - the page's Content-Security-Policy runs its own script only (a nonce) and loads nothing from elsewhere;
   no other site may frame the page or embed its images (`frame-ancestors`, `Cross-Origin-Resource-Policy`).
 
@@ -29,7 +31,9 @@ Choices where the issue is silent: the cards are results.csv's rows with an imag
 requests without one have nothing to judge: report.html shows them); a request's variants are separate
 cards, newest first, each with its own key; the reviewer's name is `--reviewer`, else
 `$IMAGEBATCH_REVIEWER`, else the login name, and the page may set its own (kept in that browser); the
-keys, the note and undo are described in `report.review_page`. A missing thumbnail is made on the spot in
+keys, the note, the large view, bulk approve and undo are described in `report.review_page`; undo
+survives a reload because each undo is recorded as one (`Decision.undo`) and the server replays the
+record for the page (`GET /api/undo`). A missing thumbnail is made on the spot in
 a folder (as the report would) and in a bucket the image itself is served instead.
 """
 
