@@ -255,3 +255,17 @@ def test_the_report_says_done_earlier_and_counts_the_sets_state_beside_the_last_
     assert text.count('<span class="st">done earlier</span>') == 3
     assert '<option value="skipped">done earlier</option>' in text
     assert ">skipped<" not in text
+
+
+def test_a_column_the_results_do_not_have_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from helpers.runs import cli
+
+    out = review_folder(tmp_path, requests=2, redone=None)
+    for flag in ("--show", "--group-by"):
+        code, _, err = cli(capsys, "review", str(out), flag, "size")
+        assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith(
+            f"imagebatch review: {flag}: results.csv has no column 'size' (its columns: sku, "
+        )

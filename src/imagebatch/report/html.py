@@ -305,7 +305,8 @@ def _summary(
     summary = (
         f"<p>the set: {requests.total()} requests · {images} images · "
         + " · ".join(f"{_esc(s)} {n}" for s, n in sorted(requests.items()))
-        + f"</p><p>last run: {_esc(last_run_line(run))}</p><p>by model: "
+        + (f"</p><p>last run: {_esc(last)}" if (last := last_run_line(run)) else "")
+        + "</p><p>by model: "
         + " · ".join(f"{_esc(m)} {n}" for m, n in sorted(by_model.items()))
         + f"</p><p>review: {review_line(reviews)} (<code>imagebatch review OUT</code> to review)</p>"
     )

@@ -86,8 +86,11 @@ def review_line(states: Mapping[str, int]) -> str:
 
 
 def last_run_line(run: Mapping[str, Any]) -> str:
-    """What the last run did, from run.json's counts: `succeeded 6 · failed 2 · done earlier 52`."""
+    """What the last run did, from run.json's counts: `finished: succeeded 6 · failed 2 · done earlier
+    52`; empty if run.json has no counts."""
     counts = run.get("counts") or {}
+    if not isinstance(counts, dict) or not counts:
+        return ""
     parts = [f"{status_label(s)} {n:,}" for s, n in counts.items() if isinstance(n, int) and n]
     state = " ".join(str(x) for x in (run.get("state") or "?", run.get("stopped") or "") if x)
     return f"{state}: {' · '.join(parts) or 'nothing'}"
