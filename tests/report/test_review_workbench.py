@@ -170,6 +170,17 @@ def test_bulk_approve_records_each_marked_image_as_its_own_decision(browser: Any
         press(browser, "u")  # undo takes back one decision at a time, the last first
         saved(browser, 4)
         assert recorded(out)[-1][:3] == (order[3], 1, "cleared")
+        # Shift-click marks every card from the selected one to the one clicked
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.keys import Keys
+
+        select(browser, order[2])
+        last = browser.find_element("css selector", f".card[data-key='{order[4]}'] .id")
+        ActionChains(browser).key_down(Keys.SHIFT).click(last).key_up(Keys.SHIFT).perform()
+        assert browser.find_element("id", "nmarked").text == "3 marked"
+        browser.find_element("id", "approvemarked").click()
+        saved(browser, 7)
+        assert {key for key, _, kind, _, _ in recorded(out)[-3:] if kind == "approved"} == set(order[2:5])
 
 
 def test_the_open_view_holds_what_still_needs_a_person(browser: Any, tmp_path: Path) -> None:
