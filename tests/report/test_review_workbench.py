@@ -110,7 +110,7 @@ def test_a_redone_image_is_shown_beside_the_versions_it_replaces_with_the_notes(
         select(browser, v3)
         press(browser, "v")
         until(browser, lambda d: js(d, "document.body.dataset.viewing") == v3, "the large view")
-        captions = [e.text for e in browser.find_elements("css selector", "#vpanes .vcap")]
+        captions = js(browser, "[...document.querySelectorAll('#vpanes .vcap')].map(e => e.innerText)")
         assert captions == [
             "variant 1 · rejected by alice: handle missing on the left",
             "variant 2 · rejected by bob: too dark",
@@ -122,6 +122,13 @@ def test_a_redone_image_is_shown_beside_the_versions_it_replaces_with_the_notes(
         assert len(browser.find_elements("css selector", "#vpanes .vpane")) == 1
         press(browser, "c")
         assert len(browser.find_elements("css selector", "#vpanes .vpane")) == 3
+        # Another reviewer's decision on it reaches the open large view: its caption changes, its images stay
+        browser.execute_script("document.querySelector('#vpanes .now img').dataset.kept = '1'")
+        record_decision(LocalFolder(out), Decision(v3, 3, "approved", "at last", "dan"))
+        browser.execute_script("window.dispatchEvent(new Event('focus'))")
+        now = "document.querySelector('#vpanes .now .vcap').innerText"
+        until(browser, lambda d: js(d, now).endswith("approved by dan: at last"), "dan's decision")
+        assert js(browser, "document.querySelector('#vpanes .now img').dataset.kept") == "1"
         press(browser, "\ue00c")
     # A reference thumbnail is served only for a reference the request has
     with ReviewServer(LocalFolder(out), "carol", refresh_interval=0) as server:

@@ -118,6 +118,7 @@ class ReviewServer:
         self.token = secrets.token_urlsafe(32)
         self.decisions = DecisionCache(location, interval=refresh_interval)
         self._cards_lock = threading.Lock()
+        self._refs_lock = threading.Lock()
         self._cards_seen: object = None
         self.cards: dict[str, ReviewCard] = {}
         self._cards_json = "[]"
@@ -249,12 +250,15 @@ class ReviewServer:
         root = self.location.root
         if not _thumbs_confined(root, name) or is_url(ref):
             return None
-        try:
-            made = ensure_thumbnail(root, Path(ref), ref_thumb_name(ref))
-        except TooLarge:
-            return None
-        thumb = local_file(root, made) if made else None
-        return None if thumb is None else thumb.read_bytes()
+        # Many cards share a reference: one thread makes its thumbnail while the others wait, rather than
+        # read it half written (`ensure_thumbnail` writes in place).
+        with self._refs_lock:
+            try:
+                made = ensure_thumbnail(root, Path(ref), ref_thumb_name(ref))
+            except TooLarge:
+                return None
+            thumb = local_file(root, made) if made else None
+            return None if thumb is None else thumb.read_bytes()
 
     def host_ok(self, host: str | None) -> bool:
         return host is not None and host.lower() in self.hosts

@@ -359,15 +359,26 @@ function pane(i, j, now) {
   p.append(caption(i, now), box);
   return p;
 }
+let showing = '';  // the card and mode the large view shows: the same again only updates its captions
 function showLarge() {
   if (!view.length) { hideLarge(); return; }
-  const i = view[sel], c = cards[i], panes = $('vpanes');
+  const i = view[sel], c = cards[i], panes = $('vpanes'), chain = compare ? c.pk.map(k => byKey.get(k)) : [];
   viewing = true;
   $('viewer').hidden = false;
   $('vtitle').textContent = `${c.t} · ${sel + 1} of ${fmt(view.length)}`;
   $('vcols').textContent = D.columns.map((n, j) => c.m[j] ? `${n} ${c.m[j]}` : '').filter(Boolean).join(' · ');
+  if (showing === c.k + compare) {  // another decision arrived: the images (zoom, scroll) stay
+    const shownPanes = panes.querySelectorAll('.vpane');
+    [...chain, ...Array(c.n).fill(i)].forEach((at, n) => {
+      const p = shownPanes[n];
+      p.className = 'vpane' + (at === i ? ' now' : '') + ' d-' + reviewState(at);
+      p.firstChild.replaceWith(caption(at, at === i));
+    });
+    return;
+  }
+  showing = c.k + compare;
   panes.textContent = '';
-  if (compare) for (const k of c.pk) panes.append(pane(byKey.get(k), 0, false));
+  for (const at of chain) panes.append(pane(at, 0, false));
   for (let j = 0; j < c.n; j++) panes.append(pane(i, j, true));
   $('vcompare').textContent = c.pk.length ? (compare ? 'c hides the earlier variants' : 'c compares') : '';
   sizeImages();
@@ -375,6 +386,7 @@ function showLarge() {
 }
 function hideLarge() {
   viewing = false;
+  showing = '';
   $('viewer').hidden = true;
   delete document.body.dataset.viewing;
   reveal();
