@@ -57,16 +57,15 @@ from typing import Any
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from imagebatch.gateway.constants import ENV_REVIEWER
-from imagebatch.manifest.sources import is_url
-from imagebatch.report.html import ref_thumb_name
 from imagebatch.report.review_data import (
     DecisionCache,
     ReviewCard,
     ReviewError,
-    confined,
     decision_json,
     load_cards,
     local_file,
+    reference_thumbnail,
+    thumbs_confined,
 )
 from imagebatch.report.review_page import inline_json, render_page
 from imagebatch.storage import layout
@@ -118,7 +117,6 @@ class ReviewServer:
         self.token = secrets.token_urlsafe(32)
         self.decisions = DecisionCache(location, interval=refresh_interval)
         self._cards_lock = threading.Lock()
-        self._refs_lock = threading.Lock()
         self._cards_seen: object = None
         self.cards: dict[str, ReviewCard] = {}
         self._cards_json = "[]"
@@ -243,22 +241,7 @@ class ReviewServer:
         card = self.cards.get(key)
         if card is None or not number.isdigit() or int(number) >= len(card.references):
             return None
-        ref = card.references[int(number)]
-        name = f"{layout.THUMBS_DIR}/{ref_thumb_name(ref)}.jpg"
-        if not isinstance(self.location, LocalFolder):
-            return self.location.get(name)
-        root = self.location.root
-        if not _thumbs_confined(root, name) or is_url(ref):
-            return None
-        # Many cards share a reference: one thread makes its thumbnail while the others wait, rather than
-        # read it half written (`ensure_thumbnail` writes in place).
-        with self._refs_lock:
-            try:
-                made = ensure_thumbnail(root, Path(ref), ref_thumb_name(ref))
-            except TooLarge:
-                return None
-            thumb = local_file(root, made) if made else None
-            return None if thumb is None else thumb.read_bytes()
+        return reference_thumbnail(self.location, card.references[int(number)])
 
     def host_ok(self, host: str | None) -> bool:
         return host is not None and host.lower() in self.hosts
@@ -284,13 +267,6 @@ def _name(location: Location) -> str:
     return location.root.name if isinstance(location, LocalFolder) else location.url
 
 
-def _thumbs_confined(root: Path, place: str) -> bool:
-    """Whether thumbs/ and the thumbnail `place` in it, where they exist, lie inside OUT (no symlink out)."""
-    return not any(
-        os.path.lexists(root / p) and confined(root, p) is None for p in (layout.THUMBS_DIR, place)
-    )
-
-
 def _local_image(root: Path, rel: str, thumbnail: bool) -> tuple[bytes, str] | None:
     source = local_file(root, rel)
     if source is None:
@@ -298,7 +274,7 @@ def _local_image(root: Path, rel: str, thumbnail: bool) -> tuple[bytes, str] | N
     if thumbnail:
         # The report's own thumbnail, made once into thumbs/ if missing; never through a symlink out of OUT.
         name = thumb_name(rel)
-        if not _thumbs_confined(root, f"{layout.THUMBS_DIR}/{name}.jpg"):
+        if not thumbs_confined(root, f"{layout.THUMBS_DIR}/{name}.jpg"):
             return None
         try:
             made = ensure_thumbnail(root, source, name)

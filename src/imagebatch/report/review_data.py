@@ -1,6 +1,7 @@
 """What the review page shows and records: its cards (results.csv's rows with images, newest variant
-first), the image files it may serve (only those results.csv names, confined to the output location),
-and the decisions in force, kept current without reading the whole record again (`DecisionCache`).
+first, with the manifest's columns), the image files it may serve (only those results.csv names, confined
+to the output location, and the thumbnails of the requests' reference images), and the decisions in
+force, kept current without reading the whole record again (`DecisionCache`).
 
 Every read goes through the output location (`storage.location`), so a bucket is reviewed as a folder is.
 """
@@ -18,13 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from imagebatch.report.html import image_paths, manifest_details, reviewable, row_facts, row_title
+from imagebatch.manifest.sources import is_url
+from imagebatch.report.html import (
+    image_paths,
+    manifest_details,
+    ref_thumb_name,
+    reviewable,
+    row_facts,
+    row_title,
+)
 from imagebatch.report.setstate import request_of, status_label, superseded, variant_number
 from imagebatch.storage import layout
 from imagebatch.storage.csvcells import csv_value, read_csv
 from imagebatch.storage.location import LocalFolder, Location, json_object
 from imagebatch.work.decisions import REVIEW_FILE, REVIEW_PREFIX, Decision, record_decision, undo_stack
 from imagebatch.work.store import RESULT_COLUMNS
+from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail
 
 PROMPT_SHOWN = 400
 """A card shows at most this many characters of its prompt (the page holds every card's data)."""
@@ -111,6 +121,38 @@ def _chosen(header: list[str], show: Sequence[str] | None, group_by: str | None)
                 known = ", ".join(metadata_columns(header) or header)
                 raise ReviewError(f"{flag}: results.csv has no column {name!r} (its columns: {known})")
     return list(show) if show is not None else metadata_columns(header)
+
+
+def thumbs_confined(root: Path, place: str) -> bool:
+    """Whether thumbs/ and the thumbnail `place` in it, where they exist, lie inside `root` (no symlink
+    out of the output folder)."""
+    return not any(
+        os.path.lexists(root / p) and confined(root, p) is None for p in (layout.THUMBS_DIR, place)
+    )
+
+
+_REFERENCES = threading.Lock()
+"""Many cards share a reference image: one thread makes its thumbnail while the others wait, rather than
+read it half written (`ensure_thumbnail` writes in place)."""
+
+
+def reference_thumbnail(location: Location, ref: str) -> bytes | None:
+    """The thumbnail of a request's reference image (or mask) `ref` as the report names it, in the output
+    location's thumbs/; in a folder, made there from the manifest's file if missing (the reference itself
+    is never served). None if there is none."""
+    name = f"{layout.THUMBS_DIR}/{ref_thumb_name(ref)}.jpg"
+    if not isinstance(location, LocalFolder):
+        return location.get(name)
+    root = location.root
+    if is_url(ref) or not thumbs_confined(root, name):
+        return None
+    with _REFERENCES:
+        try:
+            made = ensure_thumbnail(root, Path(ref), ref_thumb_name(ref))
+        except TooLarge:
+            return None
+        thumb = local_file(root, made) if made else None
+        return None if thumb is None else thumb.read_bytes()
 
 
 def load_cards(location: Location, show: Sequence[str] | None = None, group_by: str | None = None) -> CardSet:
