@@ -225,7 +225,10 @@ hash shows every card); the hash never reaches a selector (`#status]=x` had thro
 def _page(title: str, summary: str, nav: str, cards: list[str], options: dict[str, list[str]]) -> str:
     selects = "".join(
         f'<label>{name} <select name="{name}"><option value="">all</option>'
-        + "".join(f'<option value="{_esc(v)}">{_esc(status_label(v))}</option>' for v in values)
+        + "".join(
+            f'<option value="{_esc(v)}">{_esc(status_label(v) if name == "status" else v)}</option>'
+            for v in values
+        )
         + "</select></label> "
         for name, values in options.items()
     )
