@@ -8,6 +8,7 @@ import hashlib
 import http.client
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,14 @@ import pytest
 from PIL import Image, ImageDraw
 
 from helpers.browser import CHROMIUM, FLAGS
+from helpers.runs import read_jsonl
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.storage.csvcells import write_csv
 from imagebatch.work.store import RESULT_COLUMNS
 
 CHROMEDRIVER = shutil.which("chromedriver")
+BOUND = 30.0
+"""Seconds a test waits for the page to do what it was asked (on a loaded machine)."""
 PRODUCTS = [
     ("ceramic mug", "cobalt blue", (38, 74, 168)), ("ceramic mug", "sage green", (132, 160, 120)),
     ("canvas tote bag", "sand", (212, 188, 140)), ("desk lamp", "brushed brass", (181, 148, 74)),
@@ -52,28 +56,43 @@ def product_png(shape: int, colour: tuple[int, int, int], side: int = 256) -> by
     return buf.getvalue()
 
 
-def review_folder(root: Path, requests: int = 12, redone: int | None = 1) -> Path:
+def review_folder(
+    root: Path,
+    requests: int = 12,
+    redone: int | None = 1,
+    variants: int = 2,
+    references: bool = False,
+    side: int = 256,
+) -> Path:
     """`root/out`, an output folder as a run over a catalog manifest of `requests` rows leaves it (every
     request succeeded, a 256 px PNG each), plus one failed request (no image), and, if `redone` is given,
-    a second variant of that request (its own key, `variant` 2, as a redo adds it). The manifest is
-    `root/catalog.csv`, named by run.json, so the page shows each prompt."""
+    variants 2..`variants` of that request (each its own key, as a redo adds them). The manifest is
+    `root/catalog.csv`, named by run.json, so the page shows each prompt; its metadata columns (`sku`,
+    `product_name`, `colour`) are results.csv's too, as a run writes them. With `references`, each row
+    names a reference image (`root/ref.png`). `side`: the images' size in pixels."""
     manifest = root / "catalog.csv"
-    lines = ["id,sku,product_name,colour,prompt"]
+    refs = ",reference_images" if references else ""
+    if references:
+        (root / "ref.png").write_bytes(product_png(0, (200, 200, 200)))
+    lines = [f"id,sku,product_name,colour,prompt{refs}"]
     for i in range(requests):
         name, colour, _ = PRODUCTS[i % len(PRODUCTS)]
         lines.append(
-            f"p{i:03d},SKU-{1000 + i},{name},{colour},Studio photo of a {{product_name}} in {{colour}}"
+            f"p{i:03d},SKU-{1000 + i // 2},{name},{colour},Studio photo of a {{product_name}} in {{colour}}"
+            + (",ref.png" if references else "")
         )
-    lines.append("broken,SKU-9999,mug,black,Studio photo of a {product_name} in {colour}")
+    lines.append(
+        "broken,SKU-9999,mug,black,Studio photo of a {product_name} in {colour}" + ("," if references else "")
+    )
     manifest.write_text("\n".join(lines) + "\n")
     out = root / "out"
     rows: list[dict[str, Any]] = []
     for n, req in enumerate(plan(load_manifest(manifest))):
         row: dict[str, Any] = {
             "job_id": req.job_id, "request_index": req.request_index, "turn_index": req.turn_index,
-            "status": "succeeded", "images": 1, "width": 256, "height": 256, "mime_type": "image/png",
+            "status": "succeeded", "images": 1, "width": side, "height": side, "mime_type": "image/png",
             "model": req.model, "route": "native", "idempotency_key": req.idempotency_key, "attempts": 1,
-            "finish_reason": "STOP", "request_id": f"req_{n}", "variant": 1,
+            "finish_reason": "STOP", "request_id": f"req_{n}", "variant": 1, **req.job.metadata,
         }  # fmt: skip
         if req.job_id == "broken":
             rows.append(
@@ -82,15 +101,17 @@ def review_folder(root: Path, requests: int = 12, redone: int | None = 1) -> Pat
             continue
         rel = f"images/{req.job_id}/0-{req.idempotency_key[-12:]}.png"
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        (out / rel).write_bytes(product_png(n, PRODUCTS[n % len(PRODUCTS)][2]))
+        (out / rel).write_bytes(product_png(n, PRODUCTS[n % len(PRODUCTS)][2], side))
         rows.append(row | {"paths": rel})
-        if redone == n:
-            key = "ib1-" + hashlib.sha256(f"{req.idempotency_key} variant 2".encode()).hexdigest()
+        for v in range(2, variants + 1) if redone == n else ():
+            key = "ib1-" + hashlib.sha256(f"{req.idempotency_key} variant {v}".encode()).hexdigest()
             rel2 = f"images/{req.job_id}/0-{key[-12:]}.png"
-            (out / rel2).write_bytes(product_png(n + 1, (20, 20, 20)))
-            rows.append(row | {"paths": rel2, "idempotency_key": key, "variant": 2, "request_id": "req_v2"})
+            (out / rel2).write_bytes(product_png(n + v - 1, (20 * v, 20, 20), side))
+            rows.append(
+                row | {"paths": rel2, "idempotency_key": key, "variant": v, "request_id": f"req_v{v}"}
+            )
     with (out / "results.csv").open("w", newline="") as fh:
-        write_csv(fh, [*RESULT_COLUMNS, "variant"], rows)
+        write_csv(fh, [*RESULT_COLUMNS, "sku", "product_name", "colour"], rows)
     sha = hashlib.sha256(manifest.read_bytes()).hexdigest()
     run = {"manifest": str(manifest), "manifest_sha256": sha, "state": "finished"}
     (out / "run.json").write_text(json.dumps(run))
@@ -138,3 +159,50 @@ def request(
         return answer.status, answer.read()
     finally:
         conn.close()
+
+
+# --- driving the page ---------------------------------------------------------------------------------
+
+
+def until(browser: Any, check: Callable[[Any], Any], what: str) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, BOUND, poll_frequency=0.05).until(check, message=what)
+
+
+def open_page(browser: Any, url: str) -> list[str]:
+    """Load the page; the cards' keys in the page's order."""
+    browser.get(url)
+    until(browser, lambda d: d.execute_script("return document.body.dataset.ready") == "1", "the page ready")
+    return list(
+        browser.execute_script(
+            "return JSON.parse(document.getElementById('data').textContent).cards.map(c => c.k)"
+        )
+    )
+
+
+def press(browser: Any, keys: str) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(browser).send_keys(keys).perform()
+
+
+def saved(browser: Any, n: int) -> None:
+    """Wait until this page has had `n` decisions answered as recorded."""
+    until(browser, lambda d: d.execute_script("return document.body.dataset.saved") == str(n), f"{n} saved")
+
+
+def shown(browser: Any) -> dict[str, tuple[str, str]]:
+    """The cards in the document: key -> (decision, review line)."""
+    cards = browser.execute_script(
+        "return [...document.querySelectorAll('.card')].map(c => [c.dataset.key, c.dataset.decision,"
+        " c.querySelector('.rv').textContent])"
+    )
+    return {key: (decision, line) for key, decision, line in cards}
+
+
+def recorded(out: Path) -> list[tuple[str, int, str, str, str]]:
+    return [
+        (d["key"], d["variant"], d["decision"], d["note"], d["reviewer"])
+        for d in read_jsonl(out / "review.jsonl")
+    ]

@@ -13,13 +13,24 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.review import chromium, request, review_folder
-from helpers.runs import cli, read_jsonl
+from helpers.review import (
+    BOUND,
+    chromium,
+    open_page,
+    press,
+    recorded,
+    request,
+    review_folder,
+    saved,
+    shown,
+    until,
+)
+from helpers.runs import cli
 
 from imagebatch.report import build_report
 from imagebatch.report.review import TOKEN_HEADER, ReviewServer
@@ -27,8 +38,6 @@ from imagebatch.report.review_data import load_cards
 from imagebatch.storage.location import LocalFolder, open_location
 from imagebatch.work.decisions import Decision, decided, read_decisions, record_decision
 
-BOUND = 30.0
-"""Seconds a test waits for the page to do what it was asked (on a loaded machine)."""
 SCREENSHOT = os.environ.get("IMAGEBATCH_REVIEW_SCREENSHOT")
 """Where the keyboard test saves its screenshot of the page too (the README's docs/review.png)."""
 
@@ -49,50 +58,6 @@ def out(tmp_path: Path) -> Path:
 def server(out: Path) -> Iterator[ReviewServer]:
     with ReviewServer(LocalFolder(out), "alice") as running:
         yield running
-
-
-def until(browser: Any, check: Callable[[Any], Any], what: str) -> Any:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(browser, BOUND, poll_frequency=0.05).until(check, message=what)
-
-
-def open_page(browser: Any, url: str) -> list[str]:
-    """Load the page; the cards' keys in the page's order."""
-    browser.get(url)
-    until(browser, lambda d: d.execute_script("return document.body.dataset.ready") == "1", "the page ready")
-    return list(
-        browser.execute_script(
-            "return JSON.parse(document.getElementById('data').textContent).cards.map(c => c.k)"
-        )
-    )
-
-
-def press(browser: Any, keys: str) -> None:
-    from selenium.webdriver.common.action_chains import ActionChains
-
-    ActionChains(browser).send_keys(keys).perform()
-
-
-def saved(browser: Any, n: int) -> None:
-    """Wait until this page has had `n` decisions answered as recorded."""
-    until(browser, lambda d: d.execute_script("return document.body.dataset.saved") == str(n), f"{n} saved")
-
-
-def shown(browser: Any) -> dict[str, tuple[str, str]]:
-    """The cards in the document: key -> (decision, review line)."""
-    cards = browser.execute_script(
-        "return [...document.querySelectorAll('.card')].map(c => [c.dataset.key, c.dataset.decision,"
-        " c.querySelector('.rv').textContent])"
-    )
-    return {key: (decision, line) for key, decision, line in cards}
-
-
-def recorded(out: Path) -> list[tuple[str, int, str, str, str]]:
-    return [
-        (d["key"], d["variant"], d["decision"], d["note"], d["reviewer"])
-        for d in read_jsonl(out / "review.jsonl")
-    ]
 
 
 def test_a_reviewer_rejects_with_a_note_and_approves_by_keyboard_and_both_persist(
@@ -156,11 +121,13 @@ def test_the_filter_shows_unreviewed_approved_or_rejected_cards(
     from selenium.webdriver.support.ui import Select
 
     order = open_page(browser, server.url + "#filter=unreviewed")
-    assert browser.find_element("id", "shown").text == "13 shown"
+    # 12: the redone request's variant 1 is not unreviewed but replaced (order[2], its variant 2 before it)
+    assert browser.find_element("id", "shown").text == "12 shown"
+    assert order[2] not in shown(browser)
     assert order[0] in shown(browser)  # (only the cards in and near the window are in the document)
     press(browser, "a")  # the first card leaves the unreviewed ones; the next takes its place
     saved(browser, 1)
-    assert browser.find_element("id", "shown").text == "12 shown"
+    assert browser.find_element("id", "shown").text == "11 shown"
     assert order[0] not in shown(browser) and all(decision == "" for decision, _ in shown(browser).values())
     assert browser.execute_script("return document.querySelector('.card.sel').dataset.key") == order[1]
     Select(browser.find_element("id", "filter")).select_by_value("approved")
@@ -368,18 +335,21 @@ def test_nothing_outside_the_output_folder_is_served(server: ReviewServer, out: 
 
 def test_the_report_shows_the_decisions_read_only(browser: Any, out: Path) -> None:
     folder = LocalFolder(out)
-    keys = [card.key for card in load_cards(folder)[0]][:3]
-    record_decision(folder, Decision(keys[0], 2, "rejected", "handle <missing>", "alice"))
-    record_decision(folder, Decision(keys[1], 1, "approved", "", "bob"))
-    record_decision(folder, Decision(keys[2], 1, "approved", "", "bob"))
-    record_decision(folder, Decision(keys[2], 1, "cleared", "", "bob"))
+    keys = [card.key for card in load_cards(folder).cards]  # p000, p001 variant 2, p001 variant 1, p002
+    record_decision(folder, Decision(keys[0], 1, "rejected", "handle <missing>", "alice"))
+    record_decision(folder, Decision(keys[1], 2, "approved", "", "bob"))
+    record_decision(folder, Decision(keys[2], 1, "rejected", "too dark", "bob"))
+    record_decision(folder, Decision(keys[3], 1, "approved", "", "bob"))
+    record_decision(folder, Decision(keys[3], 1, "cleared", "", "bob"))
     page = build_report(out)
     text = page.read_text()
     assert 'rv-rejected">rejected by alice: <span class="note">handle &lt;missing&gt;</span>' in text
     assert 'rv-approved">approved by bob<' in text
-    # 13 images, 2 decided (a cleared one is unreviewed again)
-    assert text.count('class="rv rv-unreviewed"') == 11
-    assert "2 of 13 reviewed: 1 approved, 1 rejected" in text
+    assert 'rv-redone">rejected, redone by bob: <span class="note">too dark</span>' in text
+    # 13 images: 1 rejected and open, 1 approved, 1 rejected and redone (counted apart), 10 unreviewed (a
+    # cleared decision leaves its image unreviewed again)
+    assert text.count('class="rv rv-unreviewed"') == 10
+    assert "review: 11 open (10 unreviewed, 1 rejected) · 1 approved · 1 redone" in text
     assert "<button" not in text and "fetch(" not in text  # read-only
     browser.get(page.as_uri() + "#review=rejected")
     visible = browser.execute_script(

@@ -78,12 +78,53 @@ def test_cards_are_the_rows_with_images_each_requests_variants_newest_first(tmp_
         "d,0,0,succeeded,../d.png;/etc/x.png;images/../d.png;thumbs/x.png,1,m,native,ib1-d1,1",
     ]
     (tmp_path / "results.csv").write_text(header + "\n".join(rows) + "\n")
-    cards, without, refused = load_cards(LocalFolder(tmp_path))
+    found = load_cards(LocalFolder(tmp_path))
+    cards = found.cards
     assert [(c.key, c.variant, c.shown["nv"]) for c in cards] == [
         ("ib1-a3", 3, 3), ("ib1-a2", 2, 3), ("ib1-a1", 1, 3), ("ib1-c1", 1, 1),
     ]  # fmt: skip
     assert cards[3].images == ("images/c/0-1.png",)
-    assert (without, refused) == (1, 4)
+    assert (found.without, found.refused) == (1, 4)
+    # Each redone image names the versions it replaces, oldest first; those are marked replaced (`x`).
+    assert [(c.shown.get("pk"), c.shown.get("x")) for c in cards] == [
+        (["ib1-a1", "ib1-a2"], None), (["ib1-a1"], 1), (None, 1), (None, None),
+    ]  # fmt: skip
+    # A request done in an earlier run says so, not "skipped"; no metadata columns, none shown.
+    assert cards[3].shown["s"] == "done earlier" and cards[0].shown["s"] == "succeeded"
+    assert found.columns == [] and cards[0].shown["m"] == []
+
+
+def test_cards_show_the_manifests_columns_and_sit_together_by_group(tmp_path: Path) -> None:
+    from imagebatch.report.review_data import ReviewError
+
+    header = (
+        "job_id,request_index,status,paths,images,model,route,idempotency_key,variant,sku,colour,season\n"
+    )
+    rows = [
+        "a,0,succeeded,images/a/0.png,1,m,native,ib1-a,1,SKU-1,black,ss27",
+        "b,0,succeeded,images/b/0.png,1,m,native,ib1-b,1,SKU-2,white,ss27",
+        "c,0,succeeded,images/c/0.png,1,m,native,ib1-c,1,SKU-1,white,ss27",
+        "d,0,succeeded,images/d/0.png,1,m,native,ib1-d,1,SKU-3,red,",
+        "e,0,succeeded,images/e/0.png,1,m,native,ib1-e,1,SKU-2,black,ss27",
+    ]
+    (tmp_path / "results.csv").write_text(header + "\n".join(rows) + "\n")
+    folder = LocalFolder(tmp_path)
+    every = load_cards(folder)  # all the manifest's columns by default, results.csv's order
+    assert every.columns == ["sku", "colour", "season"]
+    assert [c.shown["m"] for c in every.cards][:2] == [["SKU-1", "black", "ss27"], ["SKU-2", "white", "ss27"]]
+    grouped = load_cards(folder, show=["colour"], group_by="sku")  # groups in order of first appearance
+    assert [(c.key, c.shown["g"], c.shown["m"]) for c in grouped.cards] == [
+        ("ib1-a", "SKU-1", ["black"]), ("ib1-c", "SKU-1", ["white"]), ("ib1-b", "SKU-2", ["white"]),
+        ("ib1-e", "SKU-2", ["black"]), ("ib1-d", "SKU-3", ["red"]),
+    ]  # fmt: skip
+    for show, group_by, flag in ((["size"], None, "--show"), (None, "Sku", "--group-by")):
+        try:
+            load_cards(folder, show=show, group_by=group_by)
+        except ReviewError as exc:
+            assert str(exc).startswith(f"{flag}: results.csv has no column ")
+            assert "(its columns: sku, colour, season)" in str(exc)
+        else:
+            raise AssertionError(f"{flag} accepted a column results.csv does not have")
 
 
 def test_only_plain_names_under_images_may_be_served() -> None:
@@ -106,3 +147,27 @@ def test_the_pages_inline_data_cannot_end_its_script_element() -> None:
     (data,) = re.findall(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
     assert json.loads(data) == {"cards": [{"k": "ib1-a", "p": prompt}], "aside": "x"}
     assert "<script>alert" not in page and page.count("</script>") == 2
+
+
+def test_the_undo_stack_is_replayed_from_the_record_per_reviewer(tmp_path: Path) -> None:
+    from imagebatch.work.decisions import iter_decisions, undo_stack
+
+    folder = LocalFolder(tmp_path)
+    for decision in (
+        Decision("ib1-a", 1, "approved", reviewer="ann"),
+        Decision("ib1-b", 1, "rejected", "dark", reviewer="ann"),
+        Decision("ib1-b", 1, "rejected", "too dark", reviewer="ann"),  # a note changed: its own step
+        Decision("ib1-a", 1, "rejected", reviewer="bob"),  # another reviewer's: not ann's to undo
+        Decision("ib1-b", 1, "rejected", "dark", reviewer="ann", undo=True),  # ann's u
+    ):
+        record_decision(folder, decision)
+    history = list(iter_decisions(folder))
+    assert history[-1].undo and not history[0].undo  # kept in the record, read back
+    assert b'"undo"' not in (tmp_path / REVIEW_FILE).read_bytes().splitlines()[0]  # only where true
+    stack = undo_stack(history, "ann")
+    assert stack == [("ib1-a", None), ("ib1-b", None)]  # the note change taken back; next, b's rejection
+    assert undo_stack(history, "bob") == [("ib1-a", history[0])]
+    # The server's cache replays the same record, and what another server appends after
+    cache = DecisionCache(folder, interval=60)
+    record_decision(folder, Decision("ib1-b", 1, "cleared", reviewer="ann", undo=True))
+    assert cache.undo_stack("ann") == [("ib1-a", None)]

@@ -256,7 +256,10 @@ def _review(args: argparse.Namespace) -> int:
     except (UsageError, OSError) as exc:
         print(f"imagebatch review: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return serve_review(location, default_reviewer(args.reviewer), args.port)
+    show = [c.strip() for c in args.show.split(",") if c.strip()] if args.show is not None else None
+    return serve_review(
+        location, default_reviewer(args.reviewer), args.port, show=show, group_by=args.group_by
+    )
 
 
 def _review_arguments(parser: argparse.ArgumentParser) -> None:
@@ -269,6 +272,10 @@ def _review_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"the name decisions are recorded under (default: ${ENV_REVIEWER}, else the login name)",
     )
+    parser.add_argument(
+        "--show", default=None, help="the manifest's columns each card shows, e.g. sku,colour (default: all)"
+    )
+    parser.add_argument("--group-by", default=None, help="a column whose equal values sit together, e.g. sku")
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imagebatch.report.setstate import (
+    DONE,
+    REVIEW_STATES,
+    last_run_line,
+    review_line,
+    review_state,
+    set_counts,
+    status_label,
+    superseded,
+)
 from imagebatch.storage import layout
 from imagebatch.storage.csvcells import read_csv
 from imagebatch.storage.location import LocalFolder, confined, write_atomic
@@ -26,7 +36,7 @@ PAGE_SIZE = 500
 """Cards per page: a 100,000-request run makes 200 pages, none of them heavy."""
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 """The outputs a card shows as a thumbnail (the others are text, or a `no_image` record)."""
-REVIEWABLE = ("succeeded", "skipped")
+REVIEWABLE = DONE
 """The statuses whose images a reviewer approves or rejects (the others have no image to judge)."""
 REASONS = {
     "unknown": "sent, but no usable answer was recorded: it may have been made and billed; "
@@ -51,6 +61,11 @@ def image_paths(row: Mapping[str, str]) -> list[str]:
 def reviewable(row: Mapping[str, str]) -> bool:
     """Whether a row has images to review: done, with at least one image."""
     return row["status"] in REVIEWABLE and bool(image_paths(row))
+
+
+def ref_thumb_name(ref: object) -> str:
+    """The thumbnail's name (under `thumbs/`, without `.jpg`) of a reference image or mask a card shows."""
+    return "ref-" + hashlib.sha256(str(ref).encode()).hexdigest()[:16]
 
 
 def _thumb_html(out: Path, source: Path, name: str, label: str, link: str | None = None) -> str:
@@ -128,20 +143,21 @@ def row_title(row: Mapping[str, str]) -> str:
     return f"{row['job_id']} #{row['request_index']}{turn}"
 
 
-def _review_html(row: Mapping[str, str], decision: Decision | None) -> str:
-    """The card's review, read-only: approved or rejected (by whom, the note), or unreviewed."""
+def _review_html(row: Mapping[str, str], decision: Decision | None, state: str) -> str:
+    """The card's review, read-only: approved or rejected (by whom, the note; "rejected, redone" once a
+    newer variant replaced it), or unreviewed."""
     if not reviewable(row):
         return ""
-    if decision is None:
-        return '<div class="rv rv-unreviewed">unreviewed</div>'
+    if decision is None or decision.decision == "cleared":
+        return f'<div class="rv rv-{state}">{"unreviewed" if state == "unreviewed" else "replaced"}</div>'
     by = f" by {_esc(decision.reviewer)}" if decision.reviewer else ""
     note = f': <span class="note">{_esc(decision.note)}</span>' if decision.note else ""
-    return f'<div class="rv rv-{_esc(decision.decision)}">{_esc(decision.decision)}{by}{note}</div>'
+    redone = ", redone" if state == "redone" else ""
+    return f'<div class="rv rv-{state}">{_esc(decision.decision)}{redone}{by}{note}</div>'
 
 
-def _card_html(out: Path, card: Card, decision: Decision | None = None) -> str:
+def _card_html(out: Path, card: Card, decision: Decision | None = None, replaced: bool = False) -> str:
     row = card.row
-    decision = decision if decision is None or decision.decision != "cleared" else None
     status = row["status"]
     media: list[str] = []
     texts: list[str] = []
@@ -155,24 +171,24 @@ def _card_html(out: Path, card: Card, decision: Decision | None = None) -> str:
             said = json.loads(source.read_text()).get("text")
             texts.append(f"no image; the service said: {said}" if said else "no image")
     for i, ref in enumerate([*card.references, *([card.mask] if card.mask else [])]):
-        name = "ref-" + hashlib.sha256(str(ref).encode()).hexdigest()[:16]
+        name = ref_thumb_name(ref)
         label = "mask" if card.mask is not None and i == len(card.references) else "reference"
         media.append(_thumb_html(out, Path(ref), name, label))
     reason = row_reason(row)
     facts = " · ".join(_esc(x) for x in row_facts(row))
-    review = (decision.decision if decision else "unreviewed") if reviewable(row) else ""
+    review = review_state(decision, replaced) if reviewable(row) else ""
     variant = f" variant {row['variant']}" if row.get("variant") not in (None, "", "1") else ""
     return (
         f'<div class="card s-{_esc(status)}" data-status="{_esc(status)}" data-route="{_esc(row["route"])}" '
         f'data-model="{_esc(row["model"])}" data-review="{review}">'
         f'<div class="media">{"".join(media)}</div>'
         f'<div class="id">{_esc(row_title(row))}{_esc(variant)} '
-        f'<span class="st">{_esc(status)}</span></div>'
+        f'<span class="st">{_esc(status_label(status))}</span></div>'
         f'<div class="prompt">{_esc(card.prompt)}</div><div class="facts">{facts} · key '
         f"{_esc(row['idempotency_key'][:16])}</div>"
         + "".join(f'<pre class="text">{_esc(t)}</pre>' for t in texts)
         + (f'<div class="reason">{_esc(reason)}</div>' if reason else "")
-        + _review_html(row, decision)
+        + _review_html(row, decision, review)
         + "</div>"
     )
 
@@ -189,6 +205,7 @@ STYLE = """body{font:14px system-ui,sans-serif;margin:1em;background:#fafafa}
 pre.text{white-space:pre-wrap;max-height:12em;overflow:auto;background:#f4f4f4;padding:4px}
 nav a{margin-right:8px}
 .rv{margin-top:4px;font-weight:bold}.rv-approved{color:#080}.rv-rejected{color:#b00}.rv-unreviewed{color:#888}
+.rv-redone{color:#a60}
 .rv .note{font-weight:normal;color:#333}"""
 SCRIPT = """const keys=['status','route','model','review'],f={};function apply(){let n=0;
 for(const c of document.querySelectorAll('.card')){const ok=keys.every(k=>!f[k]||c.dataset[k]===f[k]);
@@ -208,7 +225,10 @@ hash shows every card); the hash never reaches a selector (`#status]=x` had thro
 def _page(title: str, summary: str, nav: str, cards: list[str], options: dict[str, list[str]]) -> str:
     selects = "".join(
         f'<label>{name} <select name="{name}"><option value="">all</option>'
-        + "".join(f'<option value="{_esc(v)}">{_esc(v)}</option>' for v in values)
+        + "".join(
+            f'<option value="{_esc(v)}">{_esc(status_label(v) if name == "status" else v)}</option>'
+            for v in values
+        )
         + "</select></label> "
         for name, values in options.items()
     )
@@ -243,29 +263,7 @@ def build_report(
     run = json.loads(run_json.read_text()) if run_json.is_file() else {}
     details = manifest_details(run) if details is None else details
     decisions = decided(LocalFolder(out)) if decisions is None else decisions
-    counts: Counter[str] = Counter()
-    reviews: Counter[str] = Counter()
-    by_model: Counter[str] = Counter()
-    routes: set[str] = set()
-    images = 0
-    for row in _rows(out):
-        counts[row["status"]] += 1
-        by_model[row["model"]] += 1
-        routes.add(row["route"])
-        images += int(row.get("images") or 0) if row["status"] in ("succeeded", "skipped") else 0
-        if reviewable(row):
-            reviews[review_of(row, decisions)] += 1
-    total = counts.total()
-    summary = (
-        f"<p>{total} requests · {images} images · "
-        + " · ".join(f"{_esc(s)} {n}" for s, n in sorted(counts.items()))
-        + "</p><p>by model: "
-        + " · ".join(f"{_esc(m)} {n}" for m, n in sorted(by_model.items()))
-        + f"</p><p>run: {_esc(run.get('state', '?'))} {_esc(run.get('stopped') or '')}</p>"
-        + f"<p>review: {review_tally(reviews)} (<code>imagebatch review OUT</code> to review)</p>"
-    )
-    options = {"status": sorted(counts), "route": sorted(routes), "model": sorted(by_model)}
-    options["review"] = [r for r in ("unreviewed", "approved", "rejected") if reviews[r]]
+    summary, options, total, replaced = _summary(out, run, decisions)
     names = [layout.report_page(n) for n in range(1, max(1, math.ceil(total / page_size)) + 1)]
     nav = (
         "".join(f'<a href="{name}">page {i}</a>' for i, name in enumerate(names, 1)) if len(names) > 1 else ""
@@ -274,7 +272,9 @@ def build_report(
     for number, name in enumerate(names, 1):
         page = [_card(row, details) for row in itertools.islice(rows, page_size)]
         title = f"imagebatch report: {out.name}" + (f" (page {number})" if len(names) > 1 else "")
-        cards = [_card_html(out, c, decisions.get(c.row["idempotency_key"])) for c in page]
+        cards = [
+            _card_html(out, c, decisions.get(key := c.row["idempotency_key"]), key in replaced) for c in page
+        ]
         # Whole or not at all (a full disk cut a page mid-tag), and never through a link out of OUT.
         write_atomic(confined(out, name), _page(title, summary, nav, cards, options).encode())
     rows.close()
@@ -282,6 +282,41 @@ def build_report(
         if stale.name not in names:
             stale.unlink()
     return out / names[0]
+
+
+def _summary(
+    out: Path, run: Mapping[str, Any], decisions: Mapping[str, Decision]
+) -> tuple[str, dict[str, list[str]], int, set[str]]:
+    """The report's summary (the set's state, the last run's counts beside it), its filters' options, the
+    number of results.csv's rows, and the keys of the images a newer variant replaced."""
+    statuses: Counter[str] = Counter()
+    by_model: Counter[str] = Counter()
+    routes: set[str] = set()
+    images = 0
+    reviewed: list[dict[str, str]] = []  # the reviewable rows' request, variant and key only
+    for row in _rows(out):
+        statuses[row["status"]] += 1
+        by_model[row["model"]] += 1
+        routes.add(row["route"])
+        images += int(row.get("images") or 0) if row["status"] in DONE else 0
+        if reviewable(row):
+            reviewed.append({k: row.get(k, "") for k in ("job_id", "request_index", "turn_index", "variant",
+                                                         "idempotency_key")})  # fmt: skip
+    replaced = superseded(reviewed)
+    reviews = Counter(review_state(decisions.get(r["idempotency_key"]), r["idempotency_key"] in replaced)
+                      for r in reviewed)  # fmt: skip
+    requests = set_counts(_rows(out))
+    summary = (
+        f"<p>the set: {requests.total()} requests · {images} images · "
+        + " · ".join(f"{_esc(s)} {n}" for s, n in sorted(requests.items()))
+        + (f"</p><p>last run: {_esc(last)}" if (last := last_run_line(run)) else "")
+        + "</p><p>by model: "
+        + " · ".join(f"{_esc(m)} {n}" for m, n in sorted(by_model.items()))
+        + f"</p><p>review: {review_line(reviews)} (<code>imagebatch review OUT</code> to review)</p>"
+    )
+    options = {"status": sorted(statuses), "route": sorted(routes), "model": sorted(by_model)}
+    options["review"] = [r for r in REVIEW_STATES if reviews[r]]
+    return summary, options, statuses.total(), replaced
 
 
 def review_of(row: Mapping[str, str], decisions: Mapping[str, Decision]) -> str:

@@ -19,9 +19,11 @@ Security: a loopback server is still reachable from every web page its user open
   `X-Review-Token`), an `Origin` of this server, `Content-Type: application/json` (a form or a `no-cors`
   fetch from another site can set none of these), and `Sec-Fetch-Site: same-origin` when the browser
   sends it; anything else is answered 403 and writes nothing;
-- the only files served are the images results.csv names and their thumbnails, addressed by request key
-  and image number (no path comes from the URL); a name that is absolute, has `..` or lies outside
-  `images/` is never served, nor a local file whose real path (symlinks resolved) leaves OUT;
+- the only files served are the images results.csv names and their thumbnails, and the thumbnails of
+  each request's reference images (OUT's `thumbs/ref-*.jpg`, made there from the manifest's files as the
+  report makes them: the reference itself is never served), addressed by request key and number (no path
+  comes from the URL); a name that is absolute, has `..` or lies outside `images/` is never served, nor a
+  local file whose real path (symlinks resolved) leaves OUT;
 - the page's Content-Security-Policy runs its own script only (a nonce) and loads nothing from elsewhere;
   no other site may frame the page or embed its images (`frame-ancestors`, `Cross-Origin-Resource-Policy`).
 
@@ -29,7 +31,9 @@ Choices where the issue is silent: the cards are results.csv's rows with an imag
 requests without one have nothing to judge: report.html shows them); a request's variants are separate
 cards, newest first, each with its own key; the reviewer's name is `--reviewer`, else
 `$IMAGEBATCH_REVIEWER`, else the login name, and the page may set its own (kept in that browser); the
-keys, the note and undo are described in `report.review_page`. A missing thumbnail is made on the spot in
+keys, the note, the large view, bulk approve and undo are described in `report.review_page`; undo
+survives a reload because each undo is recorded as one (`Decision.undo`) and the server replays the
+record for the page (`GET /api/undo`). A missing thumbnail is made on the spot in
 a folder (as the report would) and in a bucket the image itself is served instead.
 """
 
@@ -45,7 +49,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -58,10 +62,11 @@ from imagebatch.report.review_data import (
     DecisionCache,
     ReviewCard,
     ReviewError,
-    confined,
     decision_json,
     load_cards,
     local_file,
+    reference_thumbnail,
+    thumbs_confined,
 )
 from imagebatch.report.review_page import inline_json, render_page
 from imagebatch.storage import layout
@@ -104,16 +109,24 @@ class ReviewServer:
     thread once started. `with ReviewServer(...) as server:` starts and stops it; `server.url`."""
 
     def __init__(
-        self, location: Location, reviewer: str, port: int = 0, refresh_interval: float = 1.0
+        self,
+        location: Location,
+        reviewer: str,
+        port: int = 0,
+        refresh_interval: float = 1.0,
+        show: Sequence[str] | None = None,
+        group_by: str | None = None,
     ) -> None:
         self.location = location
         self.reviewer = reviewer
+        self.show, self.group_by = show, group_by
         self.token = secrets.token_urlsafe(32)
         self.decisions = DecisionCache(location, interval=refresh_interval)
         self._cards_lock = threading.Lock()
         self._cards_seen: object = None
         self.cards: dict[str, ReviewCard] = {}
         self._cards_json = "[]"
+        self.columns: list[str] = []
         self.aside = ""
         self._load_cards()
         self._httpd = _HTTPServer((HOST, port), _Handler, self)
@@ -159,9 +172,11 @@ class ReviewServer:
         with self._cards_lock:
             if seen is not None and seen == self._cards_seen:
                 return
-            cards, without, refused = load_cards(self.location)
-            self.cards = {card.key: card for card in cards}
-            self._cards_json = inline_json([card.shown for card in cards])
+            found = load_cards(self.location, self.show, self.group_by)
+            self.cards = {card.key: card for card in found.cards}
+            self.columns = found.columns
+            self._cards_json = inline_json([card.shown for card in found.cards])
+            without, refused = found.without, found.refused
             aside = (
                 [f"{_count(without, 'request')} without an image not shown (report.html)"] if without else []
             )
@@ -179,6 +194,8 @@ class ReviewServer:
             "version": version,
             "reviewer": self.reviewer,
             "aside": self.aside,
+            "columns": self.columns,
+            "group": self.group_by or "",
         }
         return render_page(f"imagebatch review: {_name(self.location)}", self.token, nonce, shown, data)
 
@@ -195,7 +212,9 @@ class ReviewServer:
             return HTTPStatus.BAD_REQUEST, {"error": f"note must be text of at most {MAX_NOTE} characters"}
         if not isinstance(reviewer, str) or len(reviewer) > MAX_REVIEWER:
             return HTTPStatus.BAD_REQUEST, {"error": f"reviewer must be at most {MAX_REVIEWER} characters"}
-        stored = self.decisions.record(Decision(card.key, card.variant, kind, note.strip(), reviewer.strip()))
+        undo = body.get("undo", False) is True  # it takes back this reviewer's last decision on the card
+        decision = Decision(card.key, card.variant, kind, note.strip(), reviewer.strip(), undo=undo)
+        stored = self.decisions.record(decision)
         return HTTPStatus.OK, {"decision": decision_json(stored), "version": self.decisions.version}
 
     def image(self, key: str, number: str, thumbnail: bool) -> tuple[bytes, str] | None:
@@ -211,6 +230,24 @@ class ReviewServer:
             return data, "image/jpeg"
         data = self.location.get(rel)
         return None if data is None else (data, CONTENT_TYPES[Path(rel).suffix])
+
+    def undo_stack(self, reviewer: str) -> list[dict[str, Any]]:
+        """What `reviewer` (or, if empty, this server's reviewer) can still undo, oldest first: each card's
+        key and the decision it had before (None: none), so that a reloaded page undoes as before."""
+        stack = self.decisions.undo_stack(reviewer.strip() or self.reviewer)
+        return [
+            {"k": key, "before": None if before is None else decision_json(before)}
+            for key, before in stack
+            if key in self.cards
+        ]
+
+    def reference(self, key: str, number: str) -> bytes | None:
+        """The thumbnail of reference image (or mask) `number` of the request `key`: the report's own, in
+        OUT's thumbs/ (made there from the manifest's file if missing, in a folder); None if there is none."""
+        card = self.cards.get(key)
+        if card is None or not number.isdigit() or int(number) >= len(card.references):
+            return None
+        return reference_thumbnail(self.location, card.references[int(number)])
 
     def host_ok(self, host: str | None) -> bool:
         return host is not None and host.lower() in self.hosts
@@ -243,9 +280,8 @@ def _local_image(root: Path, rel: str, thumbnail: bool) -> tuple[bytes, str] | N
     if thumbnail:
         # The report's own thumbnail, made once into thumbs/ if missing; never through a symlink out of OUT.
         name = thumb_name(rel)
-        for place in (layout.THUMBS_DIR, f"{layout.THUMBS_DIR}/{name}.jpg"):
-            if os.path.lexists(root / place) and confined(root, place) is None:
-                return None
+        if not thumbs_confined(root, f"{layout.THUMBS_DIR}/{name}.jpg"):
+            return None
         try:
             made = ensure_thumbnail(root, source, name)
         except TooLarge:
@@ -361,6 +397,11 @@ class _Handler(BaseHTTPRequestHandler):
             version, changed = review.decisions.since(since)
             decisions = {k: decision_json(d) for k, d in changed.items()}
             return self._json(HTTPStatus.OK, {"version": version, "decisions": decisions})
+        if url.path == "/api/undo":
+            reviewer = parse_qs(url.query).get("reviewer", [""])[0][:MAX_REVIEWER]
+            return self._json(HTTPStatus.OK, {"undo": review.undo_stack(reviewer)})
+        if len(parts) == 4 and parts[1] == "ref" and (thumb := review.reference(unquote(parts[2]), parts[3])):
+            return self._send(HTTPStatus.OK, thumb, "image/jpeg", {"Cache-Control": "private, max-age=3600"})
         if url.path == "/favicon.ico":  # none: an empty answer rather than a 404 in the console
             return self._send(HTTPStatus.OK, b"", "image/x-icon", {})
         if len(parts) == 4 and parts[1] in ("thumb", "image"):
@@ -427,11 +468,14 @@ def serve_review(
     reviewer: str,
     port: int = 0,
     announce: Callable[[str], None] = lambda line: print(line, flush=True),
+    *,
+    show: Sequence[str] | None = None,
+    group_by: str | None = None,
 ) -> int:
-    """`imagebatch review`: serve until SIGINT or SIGTERM; 0 then, 2 if there is nothing to review or
-    the port cannot be had."""
+    """`imagebatch review`: serve until SIGINT or SIGTERM; 0 then, 2 if there is nothing to review, a
+    column to show or group by is not results.csv's, or the port cannot be had."""
     try:
-        server = ReviewServer(location, reviewer, port)
+        server = ReviewServer(location, reviewer, port, show=show, group_by=group_by)
     except ReviewError as exc:
         print(f"imagebatch review: {exc}", file=sys.stderr)
         return 2

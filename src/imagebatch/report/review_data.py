@@ -1,29 +1,42 @@
 """What the review page shows and records: its cards (results.csv's rows with images, newest variant
-first), the image files it may serve (only those results.csv names, confined to the output location),
-and the decisions in force, kept current without reading the whole record again (`DecisionCache`).
+first, with the manifest's columns), the image files it may serve (only those results.csv names, confined
+to the output location, and the thumbnails of the requests' reference images), and the decisions in
+force, kept current without reading the whole record again (`DecisionCache`).
 
 Every read goes through the output location (`storage.location`), so a bucket is reviewed as a folder is.
 """
 
 from __future__ import annotations
 
+import csv
 import io
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from imagebatch.report.html import image_paths, manifest_details, reviewable, row_facts, row_title
+from imagebatch.manifest.sources import is_url
+from imagebatch.report.html import (
+    image_paths,
+    manifest_details,
+    ref_thumb_name,
+    reviewable,
+    row_facts,
+    row_title,
+)
+from imagebatch.report.setstate import request_of, status_label, superseded, variant_number
 from imagebatch.storage import layout
-from imagebatch.storage.csvcells import read_csv
+from imagebatch.storage.csvcells import csv_value, read_csv
 from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
 from imagebatch.storage.location import LocalFolder, Location, json_object
 from imagebatch.storage.location import confined as storage_confined
-from imagebatch.work.decisions import Decision, record_decision
+from imagebatch.work.decisions import Decision, record_decision, undo_stack
+from imagebatch.work.store import RESULT_COLUMNS
+from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail
 
 PROMPT_SHOWN = 400
 """A card shows at most this many characters of its prompt (the page holds every card's data)."""
@@ -42,16 +55,12 @@ class ReviewCard:
     images: tuple[str, ...]
     """Its images' names in the output location (`images/<job>/<file>`), each checked by `safe_name`."""
     shown: dict[str, Any]
-    """The page's data: `k` key, `v` variant, `nv` variants of its request, `t` title, `s` status, `p`
-    prompt, `f` facts, `n` images."""
-
-
-def variant_of(row: Mapping[str, str]) -> int:
-    """A row's variant: results.csv's `variant` cell, 1 where the column or the cell is missing."""
-    try:
-        return max(1, int(row.get("variant") or 1))
-    except ValueError:
-        return 1
+    """The page's data: `k` key, `v` variant, `nv` variants of its request, `t` title, `s` status (its
+    label), `p` prompt, `f` facts, `n` images, `m` the shown columns' values; where there are any, `r`
+    reference images, `pk` the keys of the older variants it replaces (oldest first), `x` 1 if a newer
+    variant replaced it; `g` its group's value (when grouped)."""
+    references: tuple[str, ...] = ()
+    """Its request's reference images and mask, as the plan names them (a path, or an object's URL)."""
 
 
 def safe_name(rel: str) -> bool:
@@ -85,42 +94,137 @@ def local_file(root: Path, rel: str) -> Path | None:
     return real if real is not None and real.is_file() else None
 
 
-def load_cards(location: Location) -> tuple[list[ReviewCard], int, int]:
-    """The cards of the run in `location`, and how many requests have no image to review and how many
-    image names were refused (not `safe_name`). Cards keep results.csv's order of requests (job, request,
-    turn), each request's variants newest first. Raises `ReviewError` without results.csv."""
+@dataclass(frozen=True, slots=True)
+class CardSet:
+    """The cards of a run, what was left out, and the manifest's columns they show."""
+
+    cards: list[ReviewCard]
+    without: int
+    """Requests with no image to review (report.html shows them)."""
+    refused: int
+    """Image names refused (not `safe_name`)."""
+    columns: list[str]
+    """The columns each card shows (its `m`, in this order)."""
+    group_by: str | None = None
+
+
+def metadata_columns(header: Sequence[str]) -> list[str]:
+    """results.csv's columns that are the manifest's own (its metadata: `sku`, `colour`, ...), in order."""
+    return [c for c in header if c not in RESULT_COLUMNS]
+
+
+def _chosen(header: list[str], show: Sequence[str] | None, group_by: str | None) -> list[str]:
+    """The columns to show: `show` (each checked against results.csv), else every metadata column."""
+    for flag, names in (("--show", show or ()), ("--group-by", [group_by] if group_by else [])):
+        for name in names:
+            if name not in header:
+                known = ", ".join(metadata_columns(header) or header)
+                raise ReviewError(f"{flag}: results.csv has no column {name!r} (its columns: {known})")
+    return list(show) if show is not None else metadata_columns(header)
+
+
+def thumbs_confined(root: Path, place: str) -> bool:
+    """Whether thumbs/ and the thumbnail `place` in it, where they exist, lie inside `root` (no symlink
+    out of the output folder)."""
+    return not any(
+        os.path.lexists(root / p) and confined(root, p) is None for p in (layout.THUMBS_DIR, place)
+    )
+
+
+_REFERENCES = threading.Lock()
+"""Many cards share a reference image: one thread makes its thumbnail while the others wait, rather than
+read it half written (`ensure_thumbnail` writes in place)."""
+
+
+def reference_thumbnail(location: Location, ref: str) -> bytes | None:
+    """The thumbnail of a request's reference image (or mask) `ref` as the report names it, in the output
+    location's thumbs/; in a folder, made there from the manifest's file if missing (the reference itself
+    is never served). None if there is none."""
+    name = f"{layout.THUMBS_DIR}/{ref_thumb_name(ref)}.jpg"
+    if not isinstance(location, LocalFolder):
+        return location.get(name)
+    root = location.root
+    if is_url(ref) or not thumbs_confined(root, name):
+        return None
+    with _REFERENCES:
+        try:
+            made = ensure_thumbnail(root, Path(ref), ref_thumb_name(ref))
+        except TooLarge:
+            return None
+        thumb = local_file(root, made) if made else None
+        return None if thumb is None else thumb.read_bytes()
+
+
+def load_cards(location: Location, show: Sequence[str] | None = None, group_by: str | None = None) -> CardSet:
+    """The cards of the run in `location`. Cards keep results.csv's order of requests (job, request,
+    turn), each request's variants newest first; with `group_by`, the requests sharing that column's
+    value sit together (groups in the order of their first request). Each card shows the `show` columns
+    (default: the manifest's metadata columns). Raises `ReviewError` without results.csv, or for a
+    column it does not have."""
     raw = location.get(layout.RESULTS_CSV)
     if raw is None:
         raise ReviewError(
             f"{location.url} has no {layout.RESULTS_CSV} (not an output folder of a finished run)"
         )
-    text = io.StringIO(raw.decode("utf-8", errors="replace"), newline="")
-    rows = list(read_csv(text, layout.RESULTS_READ_COLUMNS))
+    text = raw.decode("utf-8", errors="replace")
+    rows = list(read_csv(io.StringIO(text, newline=""), layout.RESULTS_READ_COLUMNS))
+    header = [csv_value(c) for c in next(csv.reader(io.StringIO(text, newline="")), [])]
+    columns = _chosen(header, show, group_by)
     details = manifest_details(json_object(location.get(layout.RUN_JSON) or b"{}") or {})
-    shown = [row for row in rows if reviewable(row)]
     groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
-    for row in shown:
-        groups.setdefault((row["job_id"], row["request_index"], row.get("turn_index") or "0"), []).append(row)
-    cards, refused = [], 0
-    for variants in groups.values():
-        # A later variant's key is its own; its prompt is its request's (any variant the plan knows).
-        planned = next(
-            (details[r["idempotency_key"]] for r in variants if r["idempotency_key"] in details), None
-        )
-        for row in sorted(variants, key=variant_of, reverse=True):
-            images = tuple(rel for rel in image_paths(row) if safe_name(rel))
-            refused += len(image_paths(row)) - len(images)
-            if not images:
-                continue
-            key, variant = row["idempotency_key"], variant_of(row)
-            prompt = str(getattr(planned, "prompt", "") or "")
-            data = {
-                "k": key, "v": variant, "nv": len(variants), "t": row_title(row), "s": row["status"],
-                "p": prompt[:PROMPT_SHOWN] + ("…" if len(prompt) > PROMPT_SHOWN else ""),
-                "f": " · ".join([*row_facts(row), f"key {key[:16]}"]), "n": len(images),
-            }  # fmt: skip
-            cards.append(ReviewCard(key, variant, images, data))
-    return cards, len(rows) - len(shown), refused
+    without = refused = 0
+    for row in rows:
+        if not reviewable(row):
+            without += 1
+            continue
+        safe = sum(safe_name(rel) for rel in image_paths(row))
+        refused += len(image_paths(row)) - safe
+        if safe:
+            groups.setdefault(request_of(row), []).append(row)
+    requests = list(groups.values())
+    if group_by:  # a stable sort by each group's first appearance: one product's colourways together
+        first: dict[str, int] = {}
+        for variants in requests:
+            first.setdefault(variants[0].get(group_by, ""), len(first))
+        requests.sort(key=lambda variants: first[variants[0].get(group_by, "")])
+    cards: list[ReviewCard] = []
+    for variants in requests:
+        cards.extend(_request_cards(variants, details, columns, group_by))
+    return CardSet(cards, without, refused, columns, group_by)
+
+
+def _request_cards(
+    variants: list[dict[str, str]], details: Mapping[str, Any], columns: list[str], group_by: str | None
+) -> list[ReviewCard]:
+    """One request's cards (its variants with images, newest first); each names the older variants it
+    replaces (`pk`, oldest first)."""
+    # A later variant's key is its own; its prompt and references are its request's (any variant the
+    # plan knows).
+    planned = next((details[r["idempotency_key"]] for r in variants if r["idempotency_key"] in details), None)
+    prompt = str(getattr(planned, "prompt", "") or "")
+    refs = [*getattr(planned, "reference_images", []), *filter(None, [getattr(planned, "mask", None)])]
+    made: list[ReviewCard] = []
+    replaced = superseded(variants)
+    for row in sorted(variants, key=variant_number):
+        images = tuple(rel for rel in image_paths(row) if safe_name(rel))
+        key, variant = row["idempotency_key"], variant_number(row)
+        data = {
+            "k": key, "v": variant, "nv": len(variants), "t": row_title(row),
+            "s": status_label(row["status"]), "p": _clipped(prompt),
+            "f": " · ".join([*row_facts(row), f"key {key[:16]}"]), "n": len(images),
+            "m": [row.get(c, "") for c in columns],
+        }  # fmt: skip
+        # The rest only where it is not the usual (10,000 cards: each key left out saves 60 KB of page)
+        extra = {"r": len(refs), "pk": [c.key for c in made], "x": int(key in replaced)}
+        data |= {name: value for name, value in extra.items() if value}
+        if group_by:
+            data["g"] = row.get(group_by, "")
+        made.append(ReviewCard(key, variant, images, data, tuple(str(ref) for ref in refs)))
+    return made[::-1]
+
+
+def _clipped(prompt: str) -> str:
+    return prompt[:PROMPT_SHOWN] + ("…" if len(prompt) > PROMPT_SHOWN else "")
 
 
 def decision_json(decision: Decision) -> dict[str, str]:
@@ -159,6 +263,7 @@ class DecisionCache:
         self._checked = float("-inf")
         self._offset = 0  # a folder: the bytes of review.jsonl read so far
         self._objects: dict[str, Decision | None] = {}  # a bucket: every decision object read so far
+        self._history: list[Decision] = []  # every decision read, in the record's order (for undo)
         self.refresh(force=True)
 
     def record(self, decision: Decision) -> Decision:
@@ -166,6 +271,12 @@ class DecisionCache:
         with self._lock:
             self._apply([stored])
         return stored
+
+    def undo_stack(self, reviewer: str) -> list[tuple[str, Decision | None]]:
+        """What `reviewer` can still undo (`work.decisions.undo_stack`), from the record as it is now."""
+        self.refresh(force=True)
+        with self._lock:
+            return undo_stack(list(self._history), reviewer)
 
     def since(self, version: int) -> tuple[int, dict[str, Decision]]:
         """The current version and the decisions that changed after `version` (all for -1)."""
@@ -215,8 +326,10 @@ class DecisionCache:
         decisions = [d for line in chunk[:complete].splitlines() if (d := _decision(line)) is not None]
         with self._lock:
             if start == 0 and self._in_force:
+                self._history = decisions
                 self._replace(decisions)
             else:
+                self._history.extend(decisions)
                 self._apply(decisions)
 
     def _read_objects(self) -> None:
@@ -230,9 +343,12 @@ class DecisionCache:
                 self._objects[name] = None if raw is None else _decision(raw)
         with self._lock:
             if new[0] > last_read:  # the usual case: every new object sorts after those read before
-                self._apply([d for name in new if (d := self._objects[name]) is not None])
+                decisions = [d for name in new if (d := self._objects[name]) is not None]
+                self._history.extend(decisions)
+                self._apply(decisions)
             else:  # one listed among those read before (another server's clock): fold them all again
-                self._replace([d for name in names if (d := self._objects.get(name)) is not None])
+                self._history = [d for name in names if (d := self._objects.get(name)) is not None]
+                self._replace(self._history)
 
     def _replace(self, decisions: list[Decision]) -> None:
         """The record read whole: its last decision per key is in force (the caller holds the lock)."""

@@ -38,6 +38,9 @@ class Decision:
     reviewer: str = ""
     at: str = ""
     """When it was made: ISO 8601 in UTC (`now()` if left empty when recorded)."""
+    undo: bool = False
+    """It takes back this reviewer's last decision on the image (the review page's `u`), so that a page
+    loaded later can undo further back (`undo_stack`). Written only when true."""
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> Decision | None:
@@ -50,7 +53,7 @@ class Decision:
         note, reviewer, at = (data.get(name, "") for name in ("note", "reviewer", "at"))
         if not all(isinstance(text, str) for text in (note, reviewer, at)):
             return None
-        return cls(key, variant, decision, note, reviewer, at)  # type: ignore[arg-type]
+        return cls(key, variant, decision, note, reviewer, at, data.get("undo") is True)  # type: ignore[arg-type]
 
 
 def now() -> str:
@@ -83,7 +86,10 @@ def record_decision(location: Location, decision: Decision) -> Decision:
 
 
 def _line(decision: Decision) -> bytes:
-    return (json.dumps(asdict(decision), ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    data = asdict(decision)
+    if not decision.undo:
+        del data["undo"]  # the usual line stays as it was
+    return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
 def _append(folder: LocalFolder, line: bytes) -> None:
@@ -126,3 +132,25 @@ def read_decisions(location: Location) -> dict[str, Decision]:
 def decided(location: Location) -> dict[str, Decision]:
     """The images approved or rejected now (the last decision, unless it was `cleared`)."""
     return {key: d for key, d in read_decisions(location).items() if d.decision != "cleared"}
+
+
+UNDO_DEPTH = 200
+"""How far back a reloaded review page can undo."""
+
+
+def undo_stack(
+    history: Iterable[Decision], reviewer: str, depth: int = UNDO_DEPTH
+) -> list[tuple[str, Decision | None]]:
+    """What `reviewer` can still undo, oldest first: (key, the decision in force before theirs, or None),
+    replayed from the record (`history`, oldest first): each decision of theirs pushes, each of their
+    undos (`Decision.undo`) takes back the last one pushed."""
+    in_force: dict[str, Decision] = {}
+    stack: list[tuple[str, Decision | None]] = []
+    for decision in history:
+        if decision.reviewer == reviewer:
+            if not decision.undo:
+                stack.append((decision.key, in_force.get(decision.key)))
+            elif stack and stack[-1][0] == decision.key:
+                stack.pop()
+        in_force[decision.key] = decision
+    return stack[-depth:]

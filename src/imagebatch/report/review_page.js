@@ -1,0 +1,494 @@
+'use strict';
+// The review page's script (report/review_page.py says what the page does; this file, how).
+const $ = id => document.getElementById(id);
+const D = JSON.parse($('data').textContent);
+const TOKEN = document.querySelector('meta[name="review-token"]').content;
+const W = 320, H = 500, GAP = 10, GH = 34;  // a card's box and a group's heading, as the style sets them
+const cards = D.cards, byKey = new Map(cards.map((c, i) => [c.k, i])), NONE = [];
+for (const c of cards) if (!c.pk) c.pk = NONE;  // left out of the data where empty (as `r` and `x` are)
+const state = new Map(Object.entries(D.decisions));  // key -> {decision, note, reviewer, at}
+const drafts = new Map(), pending = new Map(), shown = new Map(), heads = new Map(), marked = new Set();
+let undo = [];
+const grid = $('grid'), fmt = n => n.toLocaleString('en-US');
+const FILTERS = ['all', 'open', 'unreviewed', 'approved', 'rejected', 'redone'];
+let view = [], sel = 0, filter = 'all', version = D.version, cols = 1, frame = 0;
+let rows = [], cardRow = [], cardCol = [], height = 0;  // the grid's rows (headings and cards), laid out
+let chain = Promise.resolve(), saved = 0, failed = false, noteKey = null;
+let viewing = false, zoom = 0, compare = true;  // the large view: zoom 0 is "fit to the window"
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+function say(text) { $('status').textContent = text; }
+function reviewer() { return $('reviewer').value.trim(); }
+function current(k) { const d = state.get(k); return d && d.decision !== 'cleared' ? d : null; }
+function selectedKey() { return view.length ? cards[view[sel]].k : undefined; }
+// The review state of a card: report/setstate.py's `review_state`, the same rule (`x`: a newer variant
+// replaced it). Open: unreviewed, or rejected and not yet redone.
+function reviewState(i) {
+  const c = cards[i], d = current(c.k);
+  if (d && d.decision === 'approved') return 'approved';
+  if (c.x) return 'redone';
+  return d ? d.decision : 'unreviewed';
+}
+function matches(i) {
+  const s = reviewState(i);
+  return filter === 'all' || s === filter || (filter === 'open' && (s === 'unreviewed' || s === 'rejected'));
+}
+function count() {
+  const n = {unreviewed: 0, rejected: 0, approved: 0, redone: 0};
+  let reviewed = 0;
+  for (let i = 0; i < cards.length; i++) { n[reviewState(i)]++; if (current(cards[i].k)) reviewed++; }
+  $('count').textContent = `${fmt(reviewed)} of ${fmt(cards.length)} reviewed`;
+  let tally = `${fmt(n.unreviewed + n.rejected)} open (${fmt(n.unreviewed)} unreviewed, ` +
+              `${fmt(n.rejected)} rejected) · ${fmt(n.approved)} approved`;
+  if (n.redone) tally += ` · ${fmt(n.redone)} redone`;
+  $('tally').textContent = tally;
+  $('shown').textContent = `${fmt(view.length)} shown`;
+  $('bulk').hidden = !marked.size;
+  $('nmarked').textContent = `${fmt(marked.size)} marked`;
+}
+function said(d) {  // "rejected by alice" (the note apart)
+  return d.decision + (d.reviewer ? ' by ' + d.reviewer : '');
+}
+
+// --- cards: only those in and near the window are in the document ---------------------------------
+function fill(e, i) {
+  const c = cards[i], k = c.k, d = current(k), s = reviewState(i), rv = e.querySelector('.rv');
+  for (const name of ['approved', 'rejected', 'redone']) e.classList.toggle('d-' + name, s === name);
+  e.classList.toggle('saving', !!pending.get(k));
+  e.classList.toggle('marked', marked.has(k));
+  e.dataset.decision = d ? d.decision : '';
+  e.dataset.state = s;
+  rv.textContent = '';
+  if (d) {
+    rv.append(d.decision + (s === 'redone' ? ', redone' : '') + (d.reviewer ? ' by ' + d.reviewer : ''));
+    if (d.note) rv.append(': ', el('span', 'note', d.note));
+  } else {
+    rv.append(s === 'redone' ? 'replaced by a newer variant' : 'unreviewed');
+    if (drafts.get(k)) rv.append(' · note: ', el('span', 'note', drafts.get(k)));
+  }
+  rv.title = rv.textContent;
+  const prev = e.querySelector('.prev');
+  if (prev) {
+    const p = c.pk[c.pk.length - 1], pd = current(p);
+    prev.textContent = `replaces variant ${cards[byKey.get(p)].v}` + (pd ? ', ' + said(pd) : ', unreviewed');
+    if (pd && pd.note) prev.append(': ', el('span', 'note', pd.note));
+    prev.title = prev.textContent;
+  }
+}
+function thumb(k, j, label, cls) {
+  const a = el('a', cls), img = el('img'), q = encodeURIComponent(k);
+  a.href = `/image/${q}/${j}`; a.target = '_blank'; a.rel = 'noopener';
+  img.loading = 'lazy'; img.alt = label; img.src = `/thumb/${q}/${j}`;
+  a.append(img);
+  return a;
+}
+function build(i) {
+  const c = cards[i], e = el('div', 'card'), media = el('div', 'media');
+  e.dataset.key = c.k;
+  const n = Math.min(c.n, c.pk.length ? 1 : 4);  // a redone card keeps room for the version it replaces
+  for (let j = 0; j < n; j++) media.append(thumb(c.k, j, `image ${j + 1} of ${c.t}`));
+  if (c.pk.length) {  // the version it replaces, beside it
+    const p = cards[byKey.get(c.pk[c.pk.length - 1])], was = thumb(p.k, 0, `variant ${p.v} of ${c.t}`, 'was');
+    was.append(el('span', 'tag', 'variant ' + p.v));
+    media.append(was);
+  }
+  const id = el('div', 'id');
+  if (c.nv > 1 || c.v > 1) id.append(el('span', 'var', 'variant ' + c.v));
+  id.append(el('span', 't', c.t), el('span', 'st', c.s));
+  id.title = c.t;
+  const meta = el('div', 'cols');
+  D.columns.forEach((name, j) => {
+    if (c.m[j] === '') return;
+    if (meta.childNodes.length) meta.append(' · ');
+    meta.append(el('b', '', name + ' '), c.m[j]);
+  });
+  meta.title = meta.textContent;
+  e.append(media, id, meta, el('div', 'prompt', c.p));
+  if (c.r) {
+    const refs = el('div', 'refs', 'refs');
+    for (let j = 0; j < Math.min(c.r, 4); j++) {
+      const img = el('img');
+      img.loading = 'lazy'; img.alt = `reference ${j + 1}`; img.src = `/ref/${encodeURIComponent(c.k)}/${j}`;
+      refs.append(img);
+    }
+    e.append(refs);
+  }
+  if (c.pk.length) e.append(el('div', 'prev'));
+  const buttons = el('div', 'btns');
+  const acts = [['mark', '✓', 'mark (x)'], ['approved', 'Approve', 'a'], ['rejected', 'Reject', 'r'],
+                ['note', 'Note', 'n'], ['view', 'View', 'v']];
+  for (const [act, label, key] of acts) {
+    const b = el('button', '', label);
+    b.type = 'button'; b.dataset.act = act; b.title = key; buttons.append(b);
+  }
+  e.append(el('div', 'facts', c.f), el('div', 'rv'), buttons);
+  fill(e, i);
+  return e;
+}
+// Rows of cards, each group (with --group-by) starting a row under its heading.
+function arrange() {
+  cols = Math.max(1, Math.floor((grid.clientWidth + GAP) / (W + GAP)));
+  rows = []; cardRow = new Array(view.length); cardCol = new Array(view.length);
+  let y = 0, col = cols, group;
+  for (let p = 0; p < view.length; p++) {
+    const c = cards[view[p]];
+    if (D.group && (p === 0 || c.g !== group)) {
+      group = c.g;
+      rows.push({top: y, head: group, first: p});
+      y += GH; col = cols;
+    }
+    if (col === cols) { rows.push({top: y, first: p}); y += H + GAP; col = 0; }
+    cardRow[p] = rows.length - 1; cardCol[p] = col++;
+  }
+  height = y;
+  grid.style.height = height + 'px';
+}
+function firstRow(top) {  // the first row whose bottom is below `top`
+  let lo = 0, hi = rows.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1, r = rows[mid];
+    if (r.top + (r.head === undefined ? H : GH) < top) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+function heading(r, n) {
+  const e = el('div', 'group');
+  e.append(el('b', '', D.group + ' '), r.head || '(empty)', ' ', el('span', 'gn', `${n} shown · g marks them`));
+  return e;
+}
+function layout() {
+  frame = 0;
+  const top = window.scrollY - gridTop(), want = new Set(), wantHeads = new Set();
+  for (let r = firstRow(top - H); r < rows.length && rows[r].top < top + innerHeight + H; r++) {
+    const row = rows[r];
+    if (row.head !== undefined) { wantHeads.add(r); continue; }
+    for (let p = row.first; p < view.length && cardRow[p] === r; p++) want.add(p);
+  }
+  const wanted = new Set([...want].map(p => view[p]));
+  for (const [i, e] of shown) if (!wanted.has(i)) { e.remove(); shown.delete(i); }
+  for (const [r, e] of heads) if (!wantHeads.has(r)) { e.remove(); heads.delete(r); }
+  for (const r of wantHeads) {
+    if (heads.has(r)) continue;
+    let n = 0;
+    for (let p = rows[r].first; p < view.length && cards[view[p]].g === rows[r].head; p++) n++;
+    const e = heading(rows[r], n);
+    e.style.top = rows[r].top + 'px';
+    heads.set(r, e); grid.append(e);
+  }
+  for (const p of want) {
+    const i = view[p];
+    let e = shown.get(i);
+    if (!e) { e = build(i); shown.set(i, e); grid.append(e); }
+    e.style.transform = `translate(${cardCol[p] * (W + GAP)}px,${rows[cardRow[p]].top}px)`;
+    e.classList.toggle('sel', p === sel);
+  }
+  $('empty').hidden = view.length > 0;
+}
+function later() { if (!frame) frame = requestAnimationFrame(layout); }
+function gridTop() { return grid.getBoundingClientRect().top + window.scrollY; }
+function refilter(keepKey) {
+  view = [];
+  for (let i = 0; i < cards.length; i++) if (matches(i)) view.push(i);
+  const p = keepKey === undefined ? -1 : view.indexOf(byKey.get(keepKey));
+  sel = p >= 0 ? p : Math.max(0, Math.min(sel, view.length - 1));
+  for (const [i, e] of shown) fill(e, i);
+  for (const e of heads.values()) e.remove();  // their counts change with the view
+  heads.clear();
+  arrange();
+  layout();
+  count();
+  if (viewing) showLarge();
+}
+function reveal() {
+  if (!view.length) return;
+  const header = document.querySelector('header').offsetHeight, r = cardRow[sel];
+  const y = gridTop() + rows[r].top, head = r > 0 && rows[r - 1].head !== undefined ? GH : 0;  // its heading too
+  if (y - head - header - GAP < window.scrollY) window.scrollTo(0, y - head - header - GAP);
+  else if (y + H + GAP > window.scrollY + innerHeight) window.scrollTo(0, y + H + GAP - innerHeight);
+  layout();
+}
+function move(step) {
+  if (!view.length) return;
+  sel = Math.max(0, Math.min(view.length - 1, sel + step));
+  reveal();
+  if (viewing) showLarge();
+}
+
+// --- decisions: sent one at a time, in order; the server's answer is what stands ------------------
+function post(k, decision, note, isUndo) {
+  pending.set(k, (pending.get(k) || 0) + 1);
+  const body = JSON.stringify({key: k, decision, note, reviewer: reviewer(), undo: !!isUndo});
+  const sent = chain.then(() => fetch('/api/decision', {
+    method: 'POST', body, cache: 'no-store',
+    headers: {'Content-Type': 'application/json', 'X-Review-Token': TOKEN},
+  })).then(async r => {
+    const answer = await r.json().catch(() => ({}));
+    if (!r.ok) throw new Error(answer.error || 'HTTP ' + r.status);
+    return answer;
+  });
+  chain = sent.catch(() => {});
+  return sent.then(answer => {
+    if (pending.get(k) === 1) state.set(k, answer.decision);
+    document.body.dataset.saved = ++saved;
+    say('');
+  }, error => {
+    failed = true;
+    say(`not saved (${cards[byKey.get(k)].t}): ${error.message}`);
+  }).finally(() => {
+    const left = pending.get(k) - 1;
+    if (left) pending.set(k, left); else pending.delete(k);
+    if (!pending.size && failed) { failed = false; refresh(true); } else refilter(selectedKey());
+  });
+}
+function record(k, decision, note, isUndo) {
+  state.set(k, {decision, note, reviewer: reviewer(), at: ''});
+  post(k, decision, note, isUndo);
+}
+function noteOf(k) {  // the note a decision on `k` carries: a draft, else the note it has
+  const before = current(k);
+  const note = drafts.has(k) ? drafts.get(k) : (before ? before.note : '');
+  drafts.delete(k);
+  return note;
+}
+function decide(decision) {
+  const k = selectedKey();
+  if (k === undefined) return;
+  const next = sel + 1 < view.length ? cards[view[sel + 1]].k : k;
+  undo.push({k, before: state.get(k) || null});
+  record(k, decision, noteOf(k));
+  refilter(next);
+  reveal();
+}
+function approveMarked() {  // each its own decision (and its own undo), in the page's order
+  const keys = cards.map(c => c.k).filter(k => marked.has(k));
+  if (!keys.length) { say('nothing marked (x marks a card, g its group)'); return; }
+  for (const k of keys) {
+    undo.push({k, before: state.get(k) || null});
+    record(k, 'approved', noteOf(k));
+  }
+  marked.clear();
+  refilter(selectedKey());
+}
+function mark(keys) {
+  const all = keys.every(k => marked.has(k));
+  for (const k of keys) if (all) marked.delete(k); else marked.add(k);
+  for (const [i, e] of shown) fill(e, i);
+  count();
+}
+function markGroup() {
+  if (!view.length) return;
+  const g = cards[view[sel]].g;
+  mark(view.filter(i => !D.group || cards[i].g === g).map(i => cards[i].k));
+}
+function undoLast() {
+  const u = undo.pop();
+  if (!u) { say('nothing to undo'); return; }
+  const b = u.before && u.before.decision !== 'cleared' ? u.before : null;
+  record(u.k, b ? b.decision : 'cleared', b ? b.note : '', true);
+  refilter(u.k);
+  reveal();
+}
+function openNote() {
+  const k = selectedKey();
+  if (k === undefined) return;
+  const d = current(k);
+  noteKey = k;
+  $('notefor').textContent = cards[byKey.get(k)].t;
+  $('note').value = drafts.has(k) ? drafts.get(k) : (d ? d.note : '');
+  $('notebar').hidden = false;
+  $('note').focus();
+}
+function closeNote() { $('notebar').hidden = true; noteKey = null; $('note').blur(); }
+$('note').addEventListener('keydown', ev => {
+  if (ev.key === 'Escape') { ev.preventDefault(); closeNote(); return; }
+  if (ev.key !== 'Enter') return;
+  ev.preventDefault();
+  const k = noteKey, note = $('note').value.trim(), d = current(k);
+  closeNote();
+  if (d) { undo.push({k, before: state.get(k)}); record(k, d.decision, note); } else drafts.set(k, note);
+  refilter(selectedKey());
+});
+async function refresh(full) {
+  if (document.hidden && !full) return;
+  try {
+    const r = await fetch('/api/decisions?since=' + (full ? -1 : version), {cache: 'no-store'});
+    if (!r.ok) throw new Error('HTTP ' + r.status);
+    const answer = await r.json(), keep = selectedKey();
+    for (const [k, d] of Object.entries(answer.decisions)) if (!pending.get(k)) state.set(k, d);
+    if (full) {
+      for (const k of [...state.keys()]) if (!pending.get(k) && !(k in answer.decisions)) state.delete(k);
+    }
+    version = answer.version;
+    if (full || Object.keys(answer.decisions).length) refilter(keep);
+  } catch (error) {
+    say('cannot reach the review server: ' + error.message);
+  }
+}
+async function loadUndo() {  // what this reviewer can still undo, replayed by the server from the record
+  try {
+    const r = await fetch('/api/undo?reviewer=' + encodeURIComponent(reviewer()), {cache: 'no-store'});
+    if (!r.ok) throw new Error('HTTP ' + r.status);
+    undo = [...(await r.json()).undo, ...undo];
+  } catch (error) {
+    say('the earlier decisions cannot be undone: ' + error.message);
+  }
+}
+
+// --- the large view: the selected image fit to the window (or 100 %, zoomed), beside the versions it
+// replaces, each with its decision and note --------------------------------------------------------
+function caption(i, now) {
+  const c = cards[i], d = current(c.k), cap = el('div', 'vcap');
+  cap.append(`variant ${c.v}` + (now ? ' (this card)' : '') + ' · ' + (d ? said(d) : 'unreviewed'));
+  if (d && d.note) cap.append(': ', el('span', 'note', d.note));
+  return cap;
+}
+function pane(i, j, now) {
+  const c = cards[i], p = el('div', 'vpane' + (now ? ' now' : '')), box = el('div', 'vbox');
+  const img = el('img');
+  p.classList.add('d-' + reviewState(i));
+  img.alt = `image ${j + 1} of ${c.t}, variant ${c.v}`;
+  img.src = `/image/${encodeURIComponent(c.k)}/${j}`;
+  img.addEventListener('load', () => sizeImages());
+  box.append(img);
+  box.addEventListener('scroll', () => follow(box));
+  p.append(caption(i, now), box);
+  return p;
+}
+let showing = '';  // the card and mode the large view shows: the same again only updates its captions
+function showLarge() {
+  if (!view.length) { hideLarge(); return; }
+  const i = view[sel], c = cards[i], panes = $('vpanes'), chain = compare ? c.pk.map(k => byKey.get(k)) : [];
+  viewing = true;
+  $('viewer').hidden = false;
+  $('vtitle').textContent = `${c.t} · ${sel + 1} of ${fmt(view.length)}`;
+  $('vcols').textContent = D.columns.map((n, j) => c.m[j] ? `${n} ${c.m[j]}` : '').filter(Boolean).join(' · ');
+  if (showing === c.k + compare) {  // another decision arrived: the images (zoom, scroll) stay
+    const shownPanes = panes.querySelectorAll('.vpane');
+    [...chain, ...Array(c.n).fill(i)].forEach((at, n) => {
+      const p = shownPanes[n];
+      p.className = 'vpane' + (at === i ? ' now' : '') + ' d-' + reviewState(at);
+      p.firstChild.replaceWith(caption(at, at === i));
+    });
+    return;
+  }
+  showing = c.k + compare;
+  panes.textContent = '';
+  for (const at of chain) panes.append(pane(at, 0, false));
+  for (let j = 0; j < c.n; j++) panes.append(pane(i, j, true));
+  $('vcompare').textContent = c.pk.length ? (compare ? 'c hides the earlier variants' : 'c compares') : '';
+  sizeImages();
+  document.body.dataset.viewing = c.k;
+}
+function hideLarge() {
+  viewing = false;
+  showing = '';
+  $('viewer').hidden = true;
+  delete document.body.dataset.viewing;
+  reveal();
+}
+function sizeImages() {  // fit (zoom 0), else the image's own pixels times `zoom`
+  let scale = 0;
+  for (const img of $('vpanes').querySelectorAll('img')) {
+    const box = img.parentElement;
+    box.classList.toggle('fit', !zoom);
+    img.style.width = zoom && img.naturalWidth ? img.naturalWidth * zoom + 'px' : '';
+    img.style.height = zoom && img.naturalHeight ? img.naturalHeight * zoom + 'px' : '';
+    if (!scale && img.naturalWidth) {
+      scale = zoom || Math.min(1, box.clientWidth / img.naturalWidth, box.clientHeight / img.naturalHeight);
+    }
+  }
+  $('vzoom').textContent = (zoom ? '' : 'fit · ') + (scale ? Math.round(scale * 100) + ' %' : '');
+  document.body.dataset.zoom = zoom ? String(zoom) : 'fit';
+}
+function setZoom(z) {
+  if (z === '+' || z === '-') {
+    const img = $('vpanes').querySelector('img'), box = img && img.parentElement;
+    const now = zoom || (img && img.naturalWidth ?
+      Math.min(1, box.clientWidth / img.naturalWidth, box.clientHeight / img.naturalHeight) : 1);
+    z = Math.min(8, Math.max(0.05, z === '+' ? now * 1.25 : now / 1.25));
+  }
+  zoom = z;
+  sizeImages();
+}
+let following = false;
+function follow(box) {  // the panes scroll together at 100 % and beyond, so the same spot is compared
+  if (following) return;
+  following = true;
+  for (const other of $('vpanes').querySelectorAll('.vbox')) {
+    if (other !== box) { other.scrollLeft = box.scrollLeft; other.scrollTop = box.scrollTop; }
+  }
+  following = false;
+}
+
+// --- keys, clicks, filter --------------------------------------------------------------------------
+const KEYS = {j: () => move(1), k: () => move(-1), ArrowRight: () => move(1), ArrowLeft: () => move(-1),
+              a: () => decide('approved'), r: () => decide('rejected'), n: openNote, u: undoLast,
+              x: () => { const k = selectedKey(); if (k !== undefined) mark([k]); }, g: markGroup,
+              A: approveMarked, v: showLarge, Enter: showLarge};
+const VIEW_KEYS = {...KEYS, ArrowDown: () => move(1), ArrowUp: () => move(-1), Escape: hideLarge,
+                   v: hideLarge, Enter: hideLarge, '0': () => setZoom(0), f: () => setZoom(0),
+                   '1': () => setZoom(1), '+': () => setZoom('+'), '=': () => setZoom('+'),
+                   '-': () => setZoom('-'), c: () => { compare = !compare; showLarge(); }};
+document.addEventListener('keydown', ev => {
+  const t = ev.target;
+  if (t instanceof HTMLInputElement || t instanceof HTMLSelectElement) return;
+  if (t instanceof HTMLTextAreaElement) return;
+  const keys = viewing ? VIEW_KEYS : KEYS;
+  if (!viewing && ev.key === 'Escape' && marked.size) { mark([...marked]); return; }
+  if (ev.ctrlKey || ev.metaKey || ev.altKey || !keys[ev.key]) return;
+  ev.preventDefault();
+  keys[ev.key]();
+});
+grid.addEventListener('click', ev => {
+  const e = ev.target.closest('.card');
+  const p = e ? view.indexOf(byKey.get(e.dataset.key)) : -1;
+  if (p < 0) return;
+  const from = sel;
+  sel = p;
+  const b = ev.target.closest('button'), a = ev.target.closest('a');
+  if (ev.shiftKey) {  // shift-click marks every card from the selected one to this one
+    ev.preventDefault();
+    mark(view.slice(Math.min(from, p), Math.max(from, p) + 1).map(i => cards[i].k));
+  } else if (b) {
+    const act = b.dataset.act;
+    if (act === 'note') openNote();
+    else if (act === 'view') showLarge();
+    else if (act === 'mark') mark([e.dataset.key]);
+    else decide(act);
+  } else if (a && !ev.ctrlKey && !ev.metaKey) {  // an image opens the large view (a new tab with Ctrl)
+    ev.preventDefault();
+    showLarge();
+  }
+  layout();
+});
+$('approvemarked').addEventListener('click', approveMarked);
+$('unmark').addEventListener('click', () => mark([...marked]));
+$('vclose').addEventListener('click', hideLarge);
+$('filter').addEventListener('change', ev => {
+  filter = ev.target.value;
+  history.replaceState(null, '', '#filter=' + filter);
+  ev.target.blur();
+  refilter(selectedKey());
+  window.scrollTo(0, 0);
+});
+$('reviewer').value = localStorage.getItem('imagebatch-reviewer') || D.reviewer;
+$('reviewer').addEventListener('change', ev => {
+  localStorage.setItem('imagebatch-reviewer', ev.target.value.trim());
+});
+window.addEventListener('scroll', later, {passive: true});
+window.addEventListener('resize', () => { refilter(selectedKey()); if (viewing) sizeImages(); });
+window.addEventListener('focus', () => refresh(false));
+document.addEventListener('visibilitychange', () => { if (!document.hidden) refresh(false); });
+setInterval(() => refresh(false), 3000);
+try {
+  const f = new URLSearchParams(location.hash.slice(1)).get('filter');
+  if (FILTERS.includes(f)) { filter = f; $('filter').value = f; }
+} catch (error) {}
+refilter();
+performance.mark('first-cards');
+loadUndo().then(() => { document.body.dataset.ready = '1'; });
