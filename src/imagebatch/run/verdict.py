@@ -76,10 +76,8 @@ def warnings(info: dict[str, Any]) -> Iterator[str]:
     counts: Mapping[str, int] = info["counts"]
     if stopped := info.get("stopped"):
         left = counts.get("not_attempted", 0)
-        yield (
-            f"Stopped early: {stopped}. {left} request(s) not attempted; a rerun picks up where this one "
-            "stopped."
-        )
+        rest = f"{left} request(s) not attempted. A rerun picks up where this one stopped."
+        yield f"Stopped early: {stopped}. {rest}"
     if limited := info.get("rate_limited"):
         yield (
             f"{limited} request(s) failed on HTTP 429 (the service's rate limit; the native and chat routes "
