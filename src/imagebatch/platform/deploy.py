@@ -19,10 +19,11 @@ Choices (README "Scheduled runs"):
   deployment; the emulator only by name: `embedded`): a scheduled run on placeholder images, reporting
   Completed, is what no one wants. A deployment's run without one fails with the same line
   (`config.NO_SERVICE`).
-- **Dead runs are marked Crashed** by Prefect's documented zombie-run automation, created or updated here
-  (`ensure_heartbeat_automation`, one per server, for runs tagged `imagebatch`): runs send a heartbeat
-  every 30 s (the deployment's job variables' `env`; `serve` gives it to its runner), and one with none
-  for 90 s (`IMAGEBATCH_HEARTBEAT_WINDOW`) is Crashed, which frees the deployment's slot for the next.
+- **Dead runs are marked Crashed** by Prefect's documented zombie-run automation, created here once and
+  updated only when it differs (`platform.automations`, one per server, for runs tagged `imagebatch`):
+  runs send a heartbeat every 30 s (the deployment's job variables' `env`; `serve` gives it to its
+  runner), and one with none for 90 s (`IMAGEBATCH_HEARTBEAT_WINDOW`) is Crashed, which frees the
+  deployment's slot for the next; a second automation crashes a run claimed but never started.
 - **One run at a time, `CANCEL_NEW`**: the deployment's concurrency limit is 1 and a run that starts while
   another holds the slot is cancelled by the server ("Deployment concurrency limit reached"), visible as
   such in the UI. A run sends everything not yet done, so a skipped firing loses nothing: the next one
@@ -49,9 +50,8 @@ Choices (README "Scheduled runs"):
   with the deploying shell's credentials (a missing bucket or refused credentials: exit 2, nothing
   deployed), and each worker reads its own from its store's standard chain when its runs start.
 
-Over 450 lines on purpose: `deploy` and `serve` are one set of checks (address, pool, bucket, manifest,
-shards) feeding one deployment; the heartbeat automation is the one other piece, and it exists only for
-these deployments.
+`deploy` and `serve` are one set of checks (address, pool, bucket, manifest, shards) feeding one
+deployment; the automations it keeps are in `platform.automations`.
 """
 
 from __future__ import annotations
@@ -67,6 +67,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL
 from imagebatch.manifest import ManifestError
 from imagebatch.manifest.load import absolute
+from imagebatch.platform.automations import (
+    AUTOMATION_NAME,
+    HEARTBEAT_ENV,
+    HEARTBEAT_SECONDS,
+    TAG,
+    dead_run_automations,
+    ensure,
+    heartbeat_window,
+)
 from imagebatch.run.constants import FLOW_NAME
 from imagebatch.run.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.run.preflight import EMBEDDED, UsageError, locked, out_text, output_location, preflight
@@ -78,19 +87,7 @@ if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
 
 COLLISION = "CANCEL_NEW"
-FINAL_STATE_NAMES = ("Completed", "Failed", "Cancelled", "Crashed")
 """What the server does with a run of the deployment that starts while another one runs: cancel it."""
-
-TAG = "imagebatch"
-"""Every deployment's tag, which its runs carry: the heartbeat automation watches the runs with it."""
-HEARTBEAT_SECONDS = 30
-"""How often a deployment's run tells the server it is alive (Prefect's `PREFECT_FLOWS_HEARTBEAT_FREQUENCY`,
-30 s at least; Prefect's own default is 180 s)."""
-HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS)}
-ENV_WINDOW = "IMAGEBATCH_HEARTBEAT_WINDOW"
-WINDOW_SECONDS = 90.0
-"""A run with no heartbeat for this long is marked Crashed (three heartbeats missed; Prefect's guide's)."""
-AUTOMATION_NAME = "imagebatch: crash runs whose heartbeat stopped"
 
 START_SERVER_HINT = (
     "start a Prefect server (`prefect server start`), then `export PREFECT_API_URL=http://127.0.0.1:4200/api`"
@@ -139,7 +136,8 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
         if shards > 1 and serve:
             raise UsageError("--shards needs a work pool's workers: use imagebatch deploy --work-pool")
         window = heartbeat_window()
-        ensure_heartbeat_automation(window)
+        for automation in dead_run_automations(window):
+            ensure(automation)  # created once, updated only when it differs (platform.automations)
         if getattr(args, "check", False):
             print(f"checked; runs tagged {TAG!r} without a heartbeat for {window:g} s are marked Crashed")
             return EXIT_OK
@@ -319,73 +317,6 @@ def check_work_pool(pool: str) -> None:
                 f"work pool {pool!r} does not exist on the server: create it with "
                 f"`prefect work-pool create {pool} --type process`"
             ) from None
-
-
-def heartbeat_window() -> float:
-    """The automation's window: `IMAGEBATCH_HEARTBEAT_WINDOW` seconds, else 90; more than a heartbeat's
-    period plus its way to the server (a shorter one would crash live runs)."""
-    raw = os.environ.get(ENV_WINDOW)
-    try:
-        window = float(raw) if raw else WINDOW_SECONDS
-    except ValueError:
-        raise UsageError(f"{ENV_WINDOW}={raw!r} is not a number of seconds") from None
-    if window < HEARTBEAT_SECONDS + 10:
-        raise UsageError(f"{ENV_WINDOW} must be at least {HEARTBEAT_SECONDS + 10} s, not {window:g}")
-    return window
-
-
-def heartbeat_automation(window: float) -> Any:
-    """Prefect's documented zombie-run automation ("detect zombie flows"), for the runs tagged `TAG`: after
-    a run's heartbeat, expect another heartbeat or a final state within `window`, else mark it Crashed.
-
-    Scoped by tag so that other flows on the server, with Prefect's default 180 s heartbeat, are left
-    alone. Crashed releases the deployment's concurrency slot, so the next scheduled run runs."""
-    from prefect.client.schemas.objects import StateType
-    from prefect.events.actions import ChangeFlowRunState
-    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
-    from prefect.events.schemas.events import ResourceSpecification
-
-    trigger = EventTrigger(
-        match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
-        match_related=ResourceSpecification(
-            {"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{TAG}"}
-        ),
-        after={"prefect.flow-run.heartbeat"},
-        expect={"prefect.flow-run.heartbeat"} | {f"prefect.flow-run.{s}" for s in FINAL_STATE_NAMES},
-        for_each={"prefect.resource.id"},
-        posture=Posture.Proactive,
-        threshold=1,
-        within=timedelta(seconds=window),
-    )
-    crash = ChangeFlowRunState(
-        name="Crashed",
-        state=StateType.CRASHED,
-        force=False,  # a run that has ended meanwhile stays as it ended
-        message=f"no heartbeat for {window:g} s: its process is gone (a machine, a worker or the run died)",
-    )
-    return AutomationCore(
-        name=AUTOMATION_NAME,
-        description=f"Made by imagebatch deploy: marks Crashed a run tagged {TAG!r} whose heartbeat "
-        f"(every {HEARTBEAT_SECONDS} s) stopped for {window:g} s.",
-        trigger=trigger,
-        actions=[crash],
-    )
-
-
-def ensure_heartbeat_automation(window: float) -> str:
-    """Create the heartbeat automation, or update the one of that name (one per server); returns its id."""
-    from prefect.client.orchestration import get_client
-
-    wanted = heartbeat_automation(window)
-    with get_client(sync_client=True) as client:
-        existing = client.read_automations_by_name(AUTOMATION_NAME)
-        if not existing:
-            return str(client.create_automation(wanted))
-        first, *duplicates = existing
-        client.update_automation(first.id, wanted)
-        for extra in duplicates:  # two deploys at once can both create it
-            client.delete_automation(extra.id)
-        return str(first.id)
 
 
 def clear_schedules(full_name: str) -> None:

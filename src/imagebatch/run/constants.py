@@ -8,8 +8,11 @@ from __future__ import annotations
 FLOW_NAME = "generate_from_manifest"
 """The flow's name on Prefect's server: deployments are `generate_from_manifest/NAME`."""
 
-TERMINAL_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
-"""Prefect's state types a run (flow or task) never leaves."""
+FINAL_STATE_NAMES = ("Completed", "Failed", "Cancelled", "Crashed")
+"""Prefect's final states, by the names its events carry (`prefect.flow-run.Failed`): a run (flow or task)
+never leaves one."""
+TERMINAL_STATES = tuple(name.upper() for name in FINAL_STATE_NAMES)
+"""The same states by their types, as the API's filters and a run's `state_type` say them."""
 
 SHARD_GRACE = 120.0
 """Seconds a Running shard's lock may be free before its run counts as crashed (`run.shards`): longer
