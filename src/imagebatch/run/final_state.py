@@ -32,6 +32,7 @@ from typing import Any, ParamSpec
 
 from prefect.states import Cancelled, Completed, Failed, State
 
+from imagebatch.run.constants import SHARDED_STOP_GRACE, STOP_GRACE
 from imagebatch.run.graceful_stop import graceful_stop, safe_output
 from imagebatch.run.verdict import Allowance, parse_allowance, verdict, warnings
 from imagebatch.work.outcome import NOT_DONE, not_done, tally
@@ -211,14 +212,19 @@ def concluded(body: Callable[P, dict[str, Any]]) -> Callable[P, State[Any]]:
     def run(*args: P.args, **kwargs: P.kwargs) -> State[Any]:
         from imagebatch.run.hooks import RunHooks, current_hooks, run_hooks
 
-        allowance = parse_allowance(signature.bind_partial(*args, **kwargs).arguments.get("allow_failures"))
+        arguments = signature.bind_partial(*args, **kwargs).arguments
+        allowance = parse_allowance(arguments.get("allow_failures"))
+        # A sharded run's parent sends nothing: it waits out its shards' own stop, then writes the records.
+        parent = (arguments.get("shards") or 1) > 1 and arguments.get("shard") is None
         with contextlib.ExitStack() as stack:
             hooks = current_hooks() or stack.enter_context(run_hooks(RunHooks()))
             on_terminal = hooks.signals is not None
             stack.enter_context(quiet_task_runs(on_terminal))
             if not on_terminal:
                 stack.enter_context(safe_output())
-                stack.enter_context(graceful_stop(hooks.control))
+                stack.enter_context(
+                    graceful_stop(hooks.control, SHARDED_STOP_GRACE if parent else STOP_GRACE)
+                )
             return conclude(body(*args, **kwargs), allowance, on_terminal)
 
     return run
