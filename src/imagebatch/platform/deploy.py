@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -76,6 +77,8 @@ from imagebatch.platform.automations import (
     ensure,
     heartbeat_window,
 )
+from imagebatch.platform.deploy_metadata import apply as apply_metadata
+from imagebatch.platform.deploy_metadata import block_ids, metadata_of, notify
 from imagebatch.run.constants import FLOW_NAME
 from imagebatch.run.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.run.preflight import EMBEDDED, UsageError, locked, out_text, output_location, preflight
@@ -114,6 +117,7 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
         schedule = schedule_of(args)
         api_url = require_prefect_server()
         pool = None if serve else work_pool_of(args)
+        metadata = metadata_of(args)
     except UsageError as exc:
         print(f"imagebatch {command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -132,6 +136,7 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
             rate_limit_of(args.global_limit)  # refuses a limit the server does not have
         if pool:
             check_work_pool(pool)
+        blocks = block_ids(metadata.notify)
         shards = getattr(args, "shards", 1)
         if shards > 1 and serve:
             raise UsageError("--shards needs a work pool's workers: use imagebatch deploy --work-pool")
@@ -143,14 +148,16 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
             return EXIT_OK
         if shards > 1:  # the parent plans and merges; its shards run as runs of NAME-shards
             shard_deployment = f"{args.name}-shards"
-            build_deployment(shard_deployment, parameters, None, pool, limit=None).apply(work_pool_name=pool)
+            shard_runs = build_deployment(shard_deployment, parameters, None, pool, limit=None)
+            apply_metadata(shard_runs, replace(metadata, paused=False)).apply(work_pool_name=pool)
             parameters |= {"shards": shards, "shard_deployment": f"{FLOW_NAME}/{shard_deployment}"}
             parameters["shard_start_timeout"] = args.shard_start_timeout
-        deployment = build_deployment(args.name, parameters, schedule, pool)
+        deployment = apply_metadata(build_deployment(args.name, parameters, schedule, pool), metadata)
         if schedule is None:
             clear_schedules(f"{FLOW_NAME}/{args.name}")
         if not serve:
             deployment_id = deployment.apply(work_pool_name=pool)
+            notify(str(deployment_id), f"{FLOW_NAME}/{args.name}", blocks)
     except UsageError as exc:
         print(f"imagebatch {command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -253,9 +260,9 @@ def schedule_of(args: argparse.Namespace) -> Any:
     if args.interval is not None:
         if args.interval < 1:
             raise UsageError(f"--interval must be at least 1 second, not {args.interval:g}")
-        return Interval(timedelta(seconds=args.interval), timezone=args.timezone)
+        return Interval(timedelta(seconds=args.interval), timezone=args.timezone or "UTC")
     try:
-        return Cron(args.cron, timezone=args.timezone)
+        return Cron(args.cron, timezone=args.timezone or "UTC")  # stored: what `describe` prints
     except ValueError as exc:
         raise UsageError(f"--cron {args.cron!r} is not a cron expression: {exc}") from None
 
@@ -378,7 +385,7 @@ def describe(
         when = (
             f"cron {schedule.cron!r}" if schedule.cron else f"every {schedule.interval.total_seconds():g} s"
         )
-        lines.append(f"  schedule: {when} ({schedule.timezone or 'UTC'})")
+        lines.append(f"  schedule: {when} ({schedule.timezone})" + (", paused" if args.paused else ""))
     lines.append(f"  manifest: {parameters['manifest']}")
     lines.append(f"  out: {parameters['out']} (a run sends only new and changed rows)")
     if is_object_url(parameters["out"]):
