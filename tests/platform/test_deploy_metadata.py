@@ -35,8 +35,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
         from prefect.workers.process import ProcessWorker
 
         template = ProcessWorker.get_default_base_job_template()
-        body = {"name": POOL, "type": "process", "base_job_template": template}
-        httpx.post(f"{running.api_url}/work_pools/", json=body, timeout=30).raise_for_status()
+        for name in (POOL, "imagebatch"):  # ours, and prefect.yaml's
+            body = {"name": name, "type": "process", "base_job_template": template}
+            httpx.post(f"{running.api_url}/work_pools/", json=body, timeout=30).raise_for_status()
         yield running
 
 
@@ -175,3 +176,28 @@ def seen_event(server: PrefectServer, flow_run_id: str, name: str, timeout: floa
     while not call(server, "POST", "/events/filter", body)["total"]:
         assert time.monotonic() < deadline, f"no {name} event after {timeout} s"
         time.sleep(0.2)
+
+
+def test_prefect_deploy_without_an_address_ends_in_its_one_line_refusal(
+    server: PrefectServer, tmp_path: Path
+) -> None:
+    """prefect.yaml's build step runs in `prefect deploy`'s process: its refusal is the one line, the exit
+    code 2, and no traceback (a failed `run_shell_script` step printed two around it)."""
+    import os
+    import subprocess
+    import sys
+
+    from imagebatch.run.preflight import NO_SERVICE
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "IMAGEBATCH_"))}
+    env |= {"PREFECT_API_URL": server.api_url, "PREFECT_HOME": str(tmp_path / "home"), "PWD": str(repo)}
+    command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "nightly-yaml"]
+    done = subprocess.run(
+        command, cwd=repo, env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said
+    assert NO_SERVICE in said and "Traceback" not in said, said
+    response = httpx.get(f"{server.api_url}/deployments/name/generate_from_manifest/nightly-yaml", timeout=30)
+    assert response.status_code == 404
