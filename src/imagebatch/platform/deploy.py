@@ -128,18 +128,8 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
         return EXIT_USAGE
 
     try:
-        if args.api_key_block:
-            check_secret_block(args.api_key_block)
-        if args.global_limit:
-            from imagebatch.run.limits import rate_limit_of
-
-            rate_limit_of(args.global_limit)  # refuses a limit the server does not have
-        if pool:
-            check_work_pool(pool)
-        blocks = block_ids(metadata.notify)
+        blocks = check_on_server(args, pool, metadata.notify, serve=serve)
         shards = getattr(args, "shards", 1)
-        if shards > 1 and serve:
-            raise UsageError("--shards needs a work pool's workers: use imagebatch deploy --work-pool")
         window = heartbeat_window()
         for automation in dead_run_automations(window):
             ensure(automation)  # created once, updated only when it differs (platform.automations)
@@ -172,6 +162,24 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def check_on_server(
+    args: argparse.Namespace, pool: str | None, notify_blocks: tuple[str, ...], *, serve: bool
+) -> dict[str, str]:
+    """What the server must have before anything is deployed: the Secret block, the global limit, the
+    work pool and the notification blocks (returns their ids); UsageError naming what is missing."""
+    if args.api_key_block:
+        check_secret_block(args.api_key_block)
+    if args.global_limit:
+        from imagebatch.run.limits import rate_limit_of
+
+        rate_limit_of(args.global_limit)  # refuses a limit the server does not have
+    if pool:
+        check_work_pool(pool)
+    if getattr(args, "shards", 1) > 1 and serve:
+        raise UsageError("--shards needs a work pool's workers: use imagebatch deploy --work-pool")
+    return block_ids(notify_blocks)
 
 
 def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:

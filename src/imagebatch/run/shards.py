@@ -97,10 +97,7 @@ def run_shards(
     claim and start) is marked Crashed, and so is a Running one whose lock has been free for `grace`
     seconds (`SHARD_GRACE`; its machine died: the process held its shard lock while it sent). The run goes
     on without them: what they sent without an answer is `unknown`, what they never sent is sent by the
-    next run.
-
-    Once `stopped()` gives a reason (the parent's own stop: a worker's SIGTERM, a cancellation), the whole
-    run stops (`_stop_all`): nothing more is claimed, and the parent waits for its shards to end."""
+    next run. Once `stopped()` gives a reason (the parent's own stop), every shard stops (`_stop_all`)."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
@@ -133,13 +130,18 @@ def run_shards(
                 _crash_dead(client, tracked, store, shards, clock, grace, never_started)
                 sleep(poll)
         finally:
-            for shard in tracked:
-                if shard.here is not None and shard.here.poll() is None:
-                    shard.here.terminate()  # the parent is stopping: so does the shard it started
+            _end_ours(tracked)
     return [
         {"flow_run_id": str(s.run_id), "state": s.state, "message": s.message, "here": s.claimed_here}
         for s in tracked
     ]
+
+
+def _end_ours(tracked: list[_Shard]) -> None:
+    """The parent is leaving (an error): so does the shard process it started."""
+    for shard in tracked:
+        if shard.here is not None and shard.here.poll() is None:
+            shard.here.terminate()
 
 
 def _refresh(client: Any, tracked: list[_Shard], clock: Callable[[], float]) -> None:
