@@ -536,12 +536,16 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
                 query = {"deployments": {"name": {"any_": ["killable-shards"]}}}
                 while True:  # real processes: wait (bounded) until the worker's shard is sending
                     running = {
-                        r["id"]
+                        r["id"]: r["name"].removeprefix("shard ")
                         for r in stack.post("/flow_runs/filter", query)
                         if r["state_type"] == "RUNNING"
                     }
-                    on_worker = running & submitted_by(tmp_path / "w1.log")
-                    if on_worker and len(emulator.requests()) >= 6:
+                    on_worker = set(running) & submitted_by(tmp_path / "w1.log")
+                    # The worker's shard itself has sent (its own journal), not only the parent's child.
+                    journals = [out / f"journal.shard-{running[i]}.jsonl" for i in on_worker]
+                    if on_worker and all(
+                        j.is_file() and "attempt_started" in j.read_text() for j in journals
+                    ):
                         break
                     assert time.monotonic() < deadline, "the worker's shard did not start sending in 120 s"
                     time.sleep(0.05)

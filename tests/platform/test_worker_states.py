@@ -204,13 +204,26 @@ def test_one_no_image_ends_failed_and_allow_failures_makes_it_completed(scene: C
         == f"imagebatch: 1 of {ROWS} requests not done ({ROWS - 1} succeeded, 1 no_image)"
     )
     logs = here.wait_log(run["id"], 30, "1 request(s) were answered without an image (no_image)")
-    assert any(log["level"] == 20 and log["message"].startswith(f"Failed: 1 of {ROWS}") for log in logs)
+    assert any(log["level"] == 40 and log["message"].startswith(f"Failed: 1 of {ROWS}") for log in logs)
     assert not [log for log in logs if log["task_run_id"] and log["message"].startswith("Finished in state")]
+    _quiet_and_true(logs, here.worker_log.read_text(errors="replace"))
 
     here.deploy("--allow-failures 1")  # the same deployment, updated: one request may fall short
     again = here.wait_final(here.start_run())
     assert again["state_type"] == "COMPLETED", again["state"]
     assert again["state"]["message"].endswith("(within --allow-failures 1)")
+
+
+def _quiet_and_true(logs: list[dict[str, Any]], terminal: str) -> None:
+    """Issue 30 #4, #5: a Failed run's log in Prefect and what its worker printed: no traceback (Prefect's
+    engine once logged 43 lines of "Unexpected result for failed state"), no "unexpected exception", no
+    `NoneType: None` (an error logged without one), at most two ERROR records (the verdict's one)."""
+    text = "\n".join(log["message"] for log in logs)
+    for where in (text, terminal):
+        for noise in ("Traceback", "unexpected exception", "NoneType: None", "Unexpected result"):
+            assert noise not in where, where[-3000:]
+    assert len([log for log in logs if log["level"] >= 40]) <= 2, text
+    assert terminal.count("| ERROR") <= 2, terminal[-3000:]
 
 
 def _stopped_and_nothing_lost(here: Scene, run: dict[str, Any]) -> Counter[str]:

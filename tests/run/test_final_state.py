@@ -209,7 +209,9 @@ def test_a_run_with_one_no_image_ends_failed_with_its_counts_and_a_warning(
     logs, tasks = _server_logs_and_task_states(summary["prefect"]["flow_run_id"], "without an image")
     warnings = [log["message"] for log in logs if log["level"] == logging.WARNING]
     assert any("1 request(s) were answered without an image" in w for w in warnings), warnings
-    assert any(log["level"] == logging.INFO and log["message"].startswith("Failed: 1 of 4") for log in logs)
+    assert any(log["level"] == logging.ERROR and log["message"].startswith("Failed: 1 of 4") for log in logs)
+    assert [log["level"] for log in logs if log["level"] >= logging.ERROR] == [logging.ERROR]  # the verdict
+    assert not [log for log in logs if "NoneType: None" in log["message"] or "Traceback" in log["message"]]
     assert not [log for log in logs if log["message"].startswith("Finished in state") and log["task_run_id"]]
     by_name = {t["name"]: t["state_type"] for t in tasks}
     assert by_name == {"p0#0": "COMPLETED", "p1#0": "COMPLETED", "p2#0": "FAILED", "p3#0": "COMPLETED"}
@@ -252,3 +254,57 @@ def test_each_run_keeps_its_own_report_and_report_html_is_the_newest(
     assert "run: finished" in Path(first["run_report"]).read_text()
     assert (out / "report.html").read_text() == Path(second["run_report"]).read_text()
     assert "skipped" in Path(second["run_report"]).read_text()
+
+
+def test_a_failed_or_cancelled_state_carries_the_summary_in_an_exception() -> None:
+    """Prefect's engine reads a Failed or Cancelled state's data as an exception (issue 30 #4)."""
+    from imagebatch.run.final_state import RunEnded, summary_of
+
+    for summary in (info({"succeeded": 1, "failed": 1}), info({"not_attempted": 2}, stopped="interrupted")):
+        state = final_state(summary)
+        assert isinstance(state.data, RunEnded) and str(state.data) == state.message
+        assert summary_of(state) == summary
+    assert summary_of(final_state(info(ALL_DONE))) == info(ALL_DONE)
+
+
+def test_prefects_engine_ends_a_failed_run_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """What a worker's flow process does (`prefect.engine` -> `run_flow(..., error_logger=...)`): the
+    state's exception is raised again to the engine, which logged it as "unexpected exception" with its
+    traceback; the verdict was logged already."""
+    from prefect import flow
+    from prefect.flow_engine import run_flow
+
+    from imagebatch.run.final_state import RunEnded
+
+    @flow(name="ends-failed")
+    def ends_failed() -> Any:
+        return final_state(info({"succeeded": 1, "no_image": 1}))
+
+    caplog.set_level(logging.INFO)
+    with pytest.raises(RunEnded):
+        run_flow(ends_failed, error_logger=logging.getLogger("prefect.flow_runs"))  # type: ignore[arg-type]
+    text = caplog.text
+    assert "Finished in state Failed('imagebatch: 1 of 2 requests not done" in text
+    assert "unexpected exception" not in text and "Traceback" not in text, text
+
+
+def test_the_terminal_says_each_kind_of_problem_once_without_errors(
+    service_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30 #5: six requests without an image and one 429 on the terminal: one line per kind of
+    problem, no ERROR record per request (nor its `NoneType: None`), no traceback."""
+    from imagebatch.gateway.emulator.settings import FaultConfig, parse_script
+
+    rows = [{"id": f"p{i}", "prompt": f"product {i}" + (" bad" if i < 6 else "")} for i in range(8)]
+    manifest = write_jsonl(tmp_path / "m.jsonl", rows)
+    scripts = [parse_script("no_image@bad"), parse_script("429,429,429,429@product 7")]
+    service_env.configure(faults=FaultConfig(scripts=scripts))
+    try:
+        code, _, err = cli(capsys, "run", str(manifest), "--out", str(tmp_path / "out"))
+    finally:
+        service_env.configure(faults=FaultConfig())
+    assert code == 1
+    for noise in ("ERROR", "NoneType: None", "Traceback", "Task run failed"):
+        assert noise not in err, err
+    assert err.count("6 request(s) were answered without an image") == 1, err
+    assert err.count("1 request(s) failed on HTTP 429") == 1, err

@@ -13,7 +13,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_OK, exit_code_for
-from imagebatch.storage.layout import UNKNOWN_HINT
 from imagebatch.work.prices import money
 
 if TYPE_CHECKING:
@@ -25,7 +24,7 @@ def report(
     out: Console, err: Console, info: dict[str, Any], signals: list[int], guard: PrefectGuard | None = None
 ) -> int:
     """Print the run's summary from its records (usage, spend and warnings); return the exit code."""
-    from imagebatch.run.verdict import parse_allowance, verdict
+    from imagebatch.run.verdict import parse_allowance, verdict, warnings
 
     print_summary(out, info)
     if info.get("redo") is not None:
@@ -43,22 +42,7 @@ def report(
         out.print(line, markup=False, highlight=False)
     if info.get("report"):
         out.print(f"report: {info['report']}", markup=False, highlight=False)
-    if info.get("stopped"):
-        err.print(f"Stopped early: {info['stopped']}. A rerun picks up where this one stopped.", markup=False)
-    counts: dict[str, int] = info["counts"]
-    if counts.get("unknown"):
-        err.print(
-            f"{counts['unknown']} request(s) have an unknown outcome (sent, no answer); "
-            f"for each, {UNKNOWN_HINT}.",
-            markup=False,
-        )
-    if info.get("rate_limited"):
-        err.print(
-            f"{info['rate_limited']} request(s) failed on HTTP 429 (the service's rate limit; the native and "
-            "chat routes are never retried): a rerun sends them; a lower --rpm or --concurrency avoids it.",
-            markup=False,
-        )
-    for line in info.get("unwritten", []):
+    for line in warnings(info):  # the flow run's log says them in the same words (run.final_state)
         err.print(line, markup=False)
     if guard is not None and guard.note:
         err.print(f"{guard.note}.", markup=False)

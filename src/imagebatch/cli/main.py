@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from imagebatch.delivery.naming import DEFAULT_TEMPLATE
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES, ENV_REVIEWER
 from imagebatch.gateway.emulator.options import emulator_arguments
+from imagebatch.platform.deploy_metadata import add_arguments as add_metadata_arguments
 from imagebatch.platform.worker import GRACE as WORKER_GRACE
 from imagebatch.run.constants import FLOW_NAME
 from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
@@ -459,6 +460,7 @@ def _deploy_arguments(parser: argparse.ArgumentParser, *, work_pool: bool) -> No
     )
     if work_pool:
         _work_pool_arguments(parser)
+    add_metadata_arguments(parser, work_pool=work_pool)  # tags, description, ... (platform.deploy_metadata)
     parser.add_argument(
         "--concurrency",
         type=int,

@@ -320,6 +320,7 @@ def _parent_records(
         sleep=hooks.sleep,
         grace=hooks.shard_grace,
         start_timeout=options.shard_start_timeout,
+        stopped=lambda: hooks.control.reason,  # a stop of the parent stops every shard
     )
     with held(store):  # every shard has ended: merge their journals, then the records
         if store.is_object_store:
@@ -333,7 +334,7 @@ def _parent_records(
         results = records_after(run.units, before, after, "; ".join(failed) or "no shard sent it")
         info["shard_runs"] = runs
         # No task runs of its own to wait for at the end (the shards record theirs).
-        halt_reason = "; ".join(failed) or None
+        halt_reason = hooks.control.reason or "; ".join(failed) or None
         return write_records(checked, store, run.units, results, info, halt_reason, 0, options.report)
 
 

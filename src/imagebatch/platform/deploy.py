@@ -19,10 +19,11 @@ Choices (README "Scheduled runs"):
   deployment; the emulator only by name: `embedded`): a scheduled run on placeholder images, reporting
   Completed, is what no one wants. A deployment's run without one fails with the same line
   (`config.NO_SERVICE`).
-- **Dead runs are marked Crashed** by Prefect's documented zombie-run automation, created or updated here
-  (`ensure_heartbeat_automation`, one per server, for runs tagged `imagebatch`): runs send a heartbeat
-  every 30 s (the deployment's job variables' `env`; `serve` gives it to its runner), and one with none
-  for 90 s (`IMAGEBATCH_HEARTBEAT_WINDOW`) is Crashed, which frees the deployment's slot for the next.
+- **Dead runs are marked Crashed** by Prefect's documented zombie-run automation, created here once and
+  updated only when it differs (`platform.automations`, one per server, for runs tagged `imagebatch`):
+  runs send a heartbeat every 30 s (the deployment's job variables' `env`; `serve` gives it to its
+  runner), and one with none for 90 s (`IMAGEBATCH_HEARTBEAT_WINDOW`) is Crashed, which frees the
+  deployment's slot for the next; a second automation crashes a run claimed but never started.
 - **One run at a time, `CANCEL_NEW`**: the deployment's concurrency limit is 1 and a run that starts while
   another holds the slot is cancelled by the server ("Deployment concurrency limit reached"), visible as
   such in the UI. A run sends everything not yet done, so a skipped firing loses nothing: the next one
@@ -49,26 +50,35 @@ Choices (README "Scheduled runs"):
   with the deploying shell's credentials (a missing bucket or refused credentials: exit 2, nothing
   deployed), and each worker reads its own from its store's standard chain when its runs start.
 
-Over 450 lines on purpose: `deploy` and `serve` are one set of checks (address, pool, bucket, manifest,
-shards) feeding one deployment; the heartbeat automation is the one other piece, and it exists only for
-these deployments.
+`deploy` and `serve` are one set of checks (address, pool, bucket, manifest, shards) feeding one
+deployment; the automations it keeps are in `platform.automations`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from imagebatch.gateway.constants import ENV_API_KEY
-from imagebatch.gateway.constants import ENV_HEARTBEAT_WINDOW as ENV_WINDOW
 from imagebatch.gateway.environment import base_url_or_environment
 from imagebatch.manifest import ManifestError
 from imagebatch.manifest.load import absolute
+from imagebatch.platform.automations import (
+    AUTOMATION_NAME,
+    HEARTBEAT_ENV,
+    HEARTBEAT_SECONDS,
+    TAG,
+    dead_run_automations,
+    ensure,
+    heartbeat_window,
+)
+from imagebatch.platform.deploy_metadata import apply as apply_metadata
+from imagebatch.platform.deploy_metadata import block_ids, metadata_of, notify
 from imagebatch.run.constants import FLOW_NAME
 from imagebatch.run.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.run.preflight import EMBEDDED, UsageError, locked, out_text, output_location, preflight
@@ -80,18 +90,7 @@ if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
 
 COLLISION = "CANCEL_NEW"
-FINAL_STATE_NAMES = ("Completed", "Failed", "Cancelled", "Crashed")
 """What the server does with a run of the deployment that starts while another one runs: cancel it."""
-
-TAG = "imagebatch"
-"""Every deployment's tag, which its runs carry: the heartbeat automation watches the runs with it."""
-HEARTBEAT_SECONDS = 30
-"""How often a deployment's run tells the server it is alive (Prefect's `PREFECT_FLOWS_HEARTBEAT_FREQUENCY`,
-30 s at least; Prefect's own default is 180 s)."""
-HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_SECONDS)}
-WINDOW_SECONDS = 90.0
-"""A run with no heartbeat for this long is marked Crashed (three heartbeats missed; Prefect's guide's)."""
-AUTOMATION_NAME = "imagebatch: crash runs whose heartbeat stopped"
 
 START_SERVER_HINT = (
     "start a Prefect server (`prefect server start`), then `export PREFECT_API_URL=http://127.0.0.1:4200/api`"
@@ -118,6 +117,7 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
         schedule = schedule_of(args)
         api_url = require_prefect_server()
         pool = None if serve else work_pool_of(args)
+        metadata = metadata_of(args)
     except UsageError as exc:
         print(f"imagebatch {command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -129,32 +129,26 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
         return EXIT_USAGE
 
     try:
-        if args.api_key_block:
-            check_secret_block(args.api_key_block)
-        if args.global_limit:
-            from imagebatch.run.limits import rate_limit_of
-
-            rate_limit_of(args.global_limit)  # refuses a limit the server does not have
-        if pool:
-            check_work_pool(pool)
+        blocks = check_on_server(args, pool, metadata.notify, serve=serve)
         shards = getattr(args, "shards", 1)
-        if shards > 1 and serve:
-            raise UsageError("--shards needs a work pool's workers: use imagebatch deploy --work-pool")
         window = heartbeat_window()
-        ensure_heartbeat_automation(window)
+        for automation in dead_run_automations(window):
+            ensure(automation)  # created once, updated only when it differs (platform.automations)
         if getattr(args, "check", False):
             print(f"checked; runs tagged {TAG!r} without a heartbeat for {window:g} s are marked Crashed")
             return EXIT_OK
         if shards > 1:  # the parent plans and merges; its shards run as runs of NAME-shards
             shard_deployment = f"{args.name}-shards"
-            build_deployment(shard_deployment, parameters, None, pool, limit=None).apply(work_pool_name=pool)
+            shard_runs = build_deployment(shard_deployment, parameters, None, pool, limit=None)
+            apply_metadata(shard_runs, replace(metadata, paused=False)).apply(work_pool_name=pool)
             parameters |= {"shards": shards, "shard_deployment": f"{FLOW_NAME}/{shard_deployment}"}
             parameters["shard_start_timeout"] = args.shard_start_timeout
-        deployment = build_deployment(args.name, parameters, schedule, pool)
+        deployment = apply_metadata(build_deployment(args.name, parameters, schedule, pool), metadata)
         if schedule is None:
             clear_schedules(f"{FLOW_NAME}/{args.name}")
         if not serve:
             deployment_id = deployment.apply(work_pool_name=pool)
+            notify(str(deployment_id), f"{FLOW_NAME}/{args.name}", blocks)
     except UsageError as exc:
         print(f"imagebatch {command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -169,6 +163,24 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def check_on_server(
+    args: argparse.Namespace, pool: str | None, notify_blocks: tuple[str, ...], *, serve: bool
+) -> dict[str, str]:
+    """What the server must have before anything is deployed: the Secret block, the global limit, the
+    work pool and the notification blocks (returns their ids); UsageError naming what is missing."""
+    if args.api_key_block:
+        check_secret_block(args.api_key_block)
+    if args.global_limit:
+        from imagebatch.run.limits import rate_limit_of
+
+        rate_limit_of(args.global_limit)  # refuses a limit the server does not have
+    if pool:
+        check_work_pool(pool)
+    if getattr(args, "shards", 1) > 1 and serve:
+        raise UsageError("--shards needs a work pool's workers: use imagebatch deploy --work-pool")
+    return block_ids(notify_blocks)
 
 
 def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
@@ -257,9 +269,9 @@ def schedule_of(args: argparse.Namespace) -> Any:
     if args.interval is not None:
         if args.interval < 1:
             raise UsageError(f"--interval must be at least 1 second, not {args.interval:g}")
-        return Interval(timedelta(seconds=args.interval), timezone=args.timezone)
+        return Interval(timedelta(seconds=args.interval), timezone=args.timezone or "UTC")
     try:
-        return Cron(args.cron, timezone=args.timezone)
+        return Cron(args.cron, timezone=args.timezone or "UTC")  # stored: what `describe` prints
     except ValueError as exc:
         raise UsageError(f"--cron {args.cron!r} is not a cron expression: {exc}") from None
 
@@ -323,73 +335,6 @@ def check_work_pool(pool: str) -> None:
             ) from None
 
 
-def heartbeat_window() -> float:
-    """The automation's window: `IMAGEBATCH_HEARTBEAT_WINDOW` seconds, else 90; more than a heartbeat's
-    period plus its way to the server (a shorter one would crash live runs)."""
-    raw = os.environ.get(ENV_WINDOW)
-    try:
-        window = float(raw) if raw else WINDOW_SECONDS
-    except ValueError:
-        raise UsageError(f"{ENV_WINDOW}={raw!r} is not a number of seconds") from None
-    if window < HEARTBEAT_SECONDS + 10:
-        raise UsageError(f"{ENV_WINDOW} must be at least {HEARTBEAT_SECONDS + 10} s, not {window:g}")
-    return window
-
-
-def heartbeat_automation(window: float) -> Any:
-    """Prefect's documented zombie-run automation ("detect zombie flows"), for the runs tagged `TAG`: after
-    a run's heartbeat, expect another heartbeat or a final state within `window`, else mark it Crashed.
-
-    Scoped by tag so that other flows on the server, with Prefect's default 180 s heartbeat, are left
-    alone. Crashed releases the deployment's concurrency slot, so the next scheduled run runs."""
-    from prefect.client.schemas.objects import StateType
-    from prefect.events.actions import ChangeFlowRunState
-    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
-    from prefect.events.schemas.events import ResourceSpecification
-
-    trigger = EventTrigger(
-        match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
-        match_related=ResourceSpecification(
-            {"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{TAG}"}
-        ),
-        after={"prefect.flow-run.heartbeat"},
-        expect={"prefect.flow-run.heartbeat"} | {f"prefect.flow-run.{s}" for s in FINAL_STATE_NAMES},
-        for_each={"prefect.resource.id"},
-        posture=Posture.Proactive,
-        threshold=1,
-        within=timedelta(seconds=window),
-    )
-    crash = ChangeFlowRunState(
-        name="Crashed",
-        state=StateType.CRASHED,
-        force=False,  # a run that has ended meanwhile stays as it ended
-        message=f"no heartbeat for {window:g} s: its process is gone (a machine, a worker or the run died)",
-    )
-    return AutomationCore(
-        name=AUTOMATION_NAME,
-        description=f"Made by imagebatch deploy: marks Crashed a run tagged {TAG!r} whose heartbeat "
-        f"(every {HEARTBEAT_SECONDS} s) stopped for {window:g} s.",
-        trigger=trigger,
-        actions=[crash],
-    )
-
-
-def ensure_heartbeat_automation(window: float) -> str:
-    """Create the heartbeat automation, or update the one of that name (one per server); returns its id."""
-    from prefect.client.orchestration import get_client
-
-    wanted = heartbeat_automation(window)
-    with get_client(sync_client=True) as client:
-        existing = client.read_automations_by_name(AUTOMATION_NAME)
-        if not existing:
-            return str(client.create_automation(wanted))
-        first, *duplicates = existing
-        client.update_automation(first.id, wanted)
-        for extra in duplicates:  # two deploys at once can both create it
-            client.delete_automation(extra.id)
-        return str(first.id)
-
-
 def clear_schedules(full_name: str) -> None:
     """Remove the schedules of an existing deployment (Prefect's update keeps them when given none)."""
     from prefect.client.orchestration import get_client
@@ -449,7 +394,7 @@ def describe(
         when = (
             f"cron {schedule.cron!r}" if schedule.cron else f"every {schedule.interval.total_seconds():g} s"
         )
-        lines.append(f"  schedule: {when} ({schedule.timezone or 'UTC'})")
+        lines.append(f"  schedule: {when} ({schedule.timezone})" + (", paused" if args.paused else ""))
     lines.append(f"  manifest: {parameters['manifest']}")
     lines.append(f"  out: {parameters['out']} (a run sends only new and changed rows)")
     if is_object_url(parameters["out"]):

@@ -13,7 +13,8 @@ So this command runs `prefect worker start` as its child (in a session of its ow
 Ctrl-C reaches this process only) and, on the first SIGTERM or SIGINT, first sends SIGTERM to each of the
 worker's flow-run processes (each leads a process group of its own), which stop as on a terminal (what
 is in flight finishes and is saved, results.csv and run.json "stopped", the run Cancelled), waits until
-they have ended (at most `grace` seconds: the flow itself abandons what is still in flight after 25 s),
+they have ended (at most `grace` seconds: the flow itself abandons what is still in flight after
+`run.constants.STOP_GRACE`),
 and only then stops the worker. A second signal stops the worker at once (Prefect's own behaviour).
 
 The flow-run processes are found as the worker's children whose environment names a flow run
@@ -33,11 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from imagebatch.run.constants import WORKER_GRACE
 from imagebatch.run.exit_codes import EXIT_USAGE, exit_code_for
 
-GRACE = 40.0
-"""Seconds to wait for the flow runs to end after their SIGTERM: their own 25 s grace for what is in
-flight (`stopping.GRACE`), then writing the records and reporting the state."""
+GRACE = WORKER_GRACE
+"""Seconds to wait for the flow runs to end after their SIGTERM (`run.constants.WORKER_GRACE`)."""
 
 
 def worker_main(args: argparse.Namespace) -> int:

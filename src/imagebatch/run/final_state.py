@@ -14,6 +14,11 @@ runs (README "Scheduled runs" lists what each state means).
   `not_attempted`, and a rerun goes on from there.
 
 The CLI's exit code follows the same rule (`exit_code`): 0 exactly when the state is Completed.
+
+A Failed or Cancelled state's data is a `RunEnded` exception carrying the summary: Prefect's engine ends
+a flow run by `state.result()`, which for such a state must find an exception (anything else is its
+"Unexpected result for failed state" traceback); the engine then re-raises it and logs it as an
+"unexpected exception", which `EngineNoise` drops: the verdict was logged already, in one line.
 """
 
 from __future__ import annotations
@@ -27,9 +32,9 @@ from typing import Any, ParamSpec
 
 from prefect.states import Cancelled, Completed, Failed, State
 
+from imagebatch.run.constants import SHARDED_STOP_GRACE, STOP_GRACE
 from imagebatch.run.graceful_stop import graceful_stop, safe_output
-from imagebatch.run.verdict import Allowance, parse_allowance, verdict
-from imagebatch.storage.layout import UNKNOWN_HINT
+from imagebatch.run.verdict import Allowance, parse_allowance, verdict, warnings
 from imagebatch.work.outcome import NOT_DONE, not_done, tally
 from imagebatch.work.variants import describe
 
@@ -38,34 +43,58 @@ PREFIX = "imagebatch: "
 broke (`ran_to_end`)."""
 
 
+class RunEnded(Exception):
+    """The data of a Failed or Cancelled run's final state: its message, and the run summary (`summary`)."""
+
+    def __init__(self, message: str, summary: dict[str, Any]) -> None:
+        super().__init__(message, summary)  # both in `args`: it pickles whole, as Prefect's results do
+        self.summary = summary
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def final_state(info: dict[str, Any], allowance: Allowance | None = None) -> State[Any]:
-    """The flow run's final state for the run summary `info` (its data is `info`)."""
+    """The flow run's final state for the run summary `info` (its data is `info`, or a `RunEnded`
+    carrying it when the run did not complete)."""
     counts: Mapping[str, int] = info["counts"]
     stopped: str | None = info.get("stopped")
     unwritten: list[str] = info.get("unwritten") or []
     message = PREFIX + "; ".join(([f"stopped: {stopped}"] if stopped else []) + [tally(counts)] + unwritten)
     kind = verdict(info, allowance)
     if kind == "Cancelled":
-        return Cancelled(message=message + "; a rerun goes on from there", data=info)
+        message += "; a rerun goes on from there"
+        return Cancelled(message=message, data=RunEnded(message, info))
     if kind == "Failed":
-        return Failed(message=message, data=info)
+        return Failed(message=message, data=RunEnded(message, info))
     if not_done(counts):
         message += f" (within --allow-failures {allowance})"
     return Completed(message=message, data=info)
 
 
-def conclude(info: dict[str, Any], allowance: Allowance | None = None) -> State[Any]:
-    """Log the run's summary and warnings to the flow run's log, and return its final state."""
+def conclude(
+    info: dict[str, Any], allowance: Allowance | None = None, on_terminal: bool = False
+) -> State[Any]:
+    """Log the run's summary and warnings to the flow run's log, and return its final state. With
+    `on_terminal` these lines go to Prefect's log only: the terminal prints the same summary itself
+    (`cli.display.report`), once."""
     from prefect.logging import get_run_logger
 
     state = final_state(info, allowance)
-    log_summary(get_run_logger(), info, state)  # type: ignore[arg-type]  # a LoggerAdapter, same methods
+    extra = {OFF_TERMINAL: True} if on_terminal else {}
+    log_summary(get_run_logger(), info, state, extra)  # type: ignore[arg-type]  # a LoggerAdapter, same methods
     return state
 
 
-def log_summary(logger: logging.Logger, info: dict[str, Any], state: State[Any]) -> None:
-    """One INFO line with the counts (and spend), then one WARNING per class of problem, each saying what
-    to do: a stop (401 and 402 name their fix), 429s, `unknown`, other failures, unwritten records."""
+LEVELS = {"Completed": logging.INFO, "Cancelled": logging.WARNING, "Failed": logging.ERROR}
+"""The verdict line's level: a Failed run's one ERROR record, so log-based alerting sees one per run."""
+
+
+def log_summary(
+    logger: logging.Logger, info: dict[str, Any], state: State[Any], extra: dict[str, Any] | None = None
+) -> None:
+    """One line with the verdict and counts (and spend), then one WARNING per kind of problem, each saying
+    what to do (`run.verdict.warnings`)."""
     counts: Mapping[str, int] = info["counts"]
     line = f"{state.name}: {tally(counts)} -> {info.get('out')}"
     if (sent := info.get("sent")) is not None:
@@ -76,34 +105,16 @@ def log_summary(logger: logging.Logger, info: dict[str, Any], state: State[Any])
             line += f" (up to {spend['spent'] + spend['in_doubt']:,.2f} if the unknown ones were billed)"
     if (redo := info.get("redo")) is not None:
         line += f"; {describe(redo)}"
-    logger.info(line)
+    logger.log(LEVELS.get(str(state.name), logging.INFO), line, extra=extra)
     for warning in warnings(info):
-        logger.warning(warning)
-
-
-def warnings(info: dict[str, Any]) -> Iterator[str]:
-    counts: Mapping[str, int] = info["counts"]
-    if stopped := info.get("stopped"):
-        left = counts.get("not_attempted", 0)
-        yield f"Stopped early: {stopped}. {left} request(s) not attempted; a rerun sends them."
-    if limited := info.get("rate_limited"):
-        yield (
-            f"{limited} request(s) failed on HTTP 429 (the service's rate limit): a rerun sends them; a "
-            "lower rpm or concurrency (or a --global-limit shared by every run) avoids it."
-        )
-    if unknown := counts.get("unknown"):
-        yield f"{unknown} request(s) have an unknown outcome (sent, no answer): {UNKNOWN_HINT}."
-    failed = counts.get("failed", 0) - (info.get("rate_limited") or 0)
-    if failed > 0:
-        yield f"{failed} request(s) failed: the error column of results.csv (and report.html) says why."
-    if no_image := counts.get("no_image"):
-        yield f"{no_image} request(s) were answered without an image (no_image): results.csv has the text."
-    yield from info.get("unwritten") or []
+        logger.warning(warning, extra=extra)
 
 
 def summary_of(state: State[Any]) -> dict[str, Any]:
     """The run summary a flow run's final state carries; the run's own error when it raised."""
     data = state.result(raise_on_failure=False)
+    if isinstance(data, RunEnded):
+        return data.summary
     if isinstance(data, BaseException):
         raise data
     if not isinstance(data, dict):
@@ -117,28 +128,74 @@ def ran_to_end(state_type: str | None, message: str | None) -> bool:
     return state_type == "COMPLETED" or (state_type == "FAILED" and (message or "").startswith(PREFIX))
 
 
+OFF_TERMINAL = "imagebatch_off_terminal"
+"""A log record's attribute (`extra`) for lines Prefect's log keeps but a terminal's console skips."""
+
+
 class TaskRunNoise(logging.Filter):
-    """Prefect's "Finished in state ..." line of each task run (one per request for runs of up to 100
-    requests, at INFO, or at ERROR for a Failed batch) goes to DEBUG: the UI's task-run list shows each
-    batch's state and counts, and the flow's log keeps the lines above. Other task-run lines pass."""
+    """Prefect's lines about each task run go to DEBUG: "Finished in state ..." (one per request for runs
+    of up to 100 requests, at INFO, or at ERROR for a Failed batch), and "Task run failed with state: ..."
+    (an ERROR per batch not done, with a bogus `NoneType: None` traceback: Prefect logs it with
+    `exc_info` where there is no exception). The UI's task-run list shows each batch's state and counts,
+    and the flow's log says it once, in its verdict. Other task-run lines (a real exception) pass."""
+
+    QUIET = ("Finished in state", "Task run failed with state:")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("Finished in state"):
+        if not str(record.msg).startswith(self.QUIET):
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.exc_info, record.exc_text = None, None
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
+class EngineNoise(logging.Filter):
+    """Drops the engine's "exited with unexpected exception" record (and its traceback) when the
+    exception is a `RunEnded`: the run's own verdict, raised again by Prefect's `run_flow` (see the top)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], RunEnded))
+
+
+class OffTerminal(logging.Filter):
+    """On a console handler: drops the records marked `OFF_TERMINAL` (the terminal prints them itself)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, OFF_TERMINAL, False)
+
+
+def _engine_loggers_quiet() -> None:
+    """`EngineNoise` on the loggers Prefect's engine reports a flow run's end with: installed once, for
+    good, since the engine logs after the flow's body (and every block of ours) has returned."""
+    for name in ("prefect.flow_runs", "prefect.engine", "prefect.flow_engine"):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, EngineNoise) for f in target.filters):
+            target.addFilter(EngineNoise())
+
+
+_engine_loggers_quiet()
+
+
 @contextlib.contextmanager
-def quiet_task_runs() -> Iterator[None]:
-    """`TaskRunNoise` on Prefect's task-run logger while the flow runs."""
+def quiet_task_runs(on_terminal: bool = False) -> Iterator[None]:
+    """`TaskRunNoise` on Prefect's task-run logger while the flow runs; with `on_terminal`, `OffTerminal`
+    on the console handlers too."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
     target = logging.getLogger("prefect.task_runs")
-    noise = TaskRunNoise()
+    noise, off = TaskRunNoise(), OffTerminal()
     target.addFilter(noise)
+    names = ["", *(n for n in logging.root.manager.loggerDict if n.startswith("prefect"))]
+    found = (h for n in names for h in logging.getLogger(n).handlers)
+    handlers = {h for h in found if isinstance(h, PrefectConsoleHandler)}
+    for handler in handlers if on_terminal else ():
+        handler.addFilter(off)
     try:
         yield
     finally:
         target.removeFilter(noise)
+        for handler in handlers:
+            handler.removeFilter(off)
 
 
 P = ParamSpec("P")
@@ -155,16 +212,22 @@ def concluded(body: Callable[P, dict[str, Any]]) -> Callable[P, State[Any]]:
     def run(*args: P.args, **kwargs: P.kwargs) -> State[Any]:
         from imagebatch.run.hooks import RunHooks, current_hooks, run_hooks
 
-        allowance = parse_allowance(signature.bind_partial(*args, **kwargs).arguments.get("allow_failures"))
+        arguments = signature.bind_partial(*args, **kwargs).arguments
+        allowance = parse_allowance(arguments.get("allow_failures"))
+        # A sharded run's parent sends nothing: it waits out its shards' own stop, then writes the records.
+        parent = (arguments.get("shards") or 1) > 1 and arguments.get("shard") is None
         with contextlib.ExitStack() as stack:
             hooks = current_hooks() or stack.enter_context(run_hooks(RunHooks()))
-            stack.enter_context(quiet_task_runs())
-            if hooks.signals is None:
+            on_terminal = hooks.signals is not None
+            stack.enter_context(quiet_task_runs(on_terminal))
+            if not on_terminal:
                 stack.enter_context(safe_output())
-                stack.enter_context(graceful_stop(hooks.control))
-            return conclude(body(*args, **kwargs), allowance)
+                stack.enter_context(
+                    graceful_stop(hooks.control, SHARDED_STOP_GRACE if parent else STOP_GRACE)
+                )
+            return conclude(body(*args, **kwargs), allowance, on_terminal)
 
     return run
 
 
-__all__ = ["NOT_DONE", "Allowance", "conclude", "concluded", "final_state", "summary_of"]
+__all__ = ["NOT_DONE", "Allowance", "RunEnded", "conclude", "concluded", "final_state", "summary_of"]

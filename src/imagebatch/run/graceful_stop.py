@@ -19,8 +19,9 @@ run at once as Crashed (or Cancelled) with nothing recorded. So around dispatch 
 same handling as the command (`graceful_stop`): the first SIGTERM (or SIGINT) stops the run the way
 Ctrl-C does (no new request; those in flight finish and are saved; results.csv and run.json written
 "stopped"; the flow run ends **Cancelled** with the counts, see `run.final_state`). Requests in flight
-that have not finished `grace` seconds (25 s, inside Prefect's 30) after the first signal, or at a second
-signal, are abandoned: the run is set Crashed with that reason and the process exits (143): the journal
+that have not finished `grace` seconds (`run.constants.STOP_GRACE`, inside Prefect's 30) after the first
+signal, or at a second signal, are abandoned: the run is set Crashed with that reason and the process
+exits (143): the journal
 already has them as sent, so a rerun reports them `unknown` and sends the rest.
 
 A worker that died leaves the flow's stdout and stderr pipes without a reader: Prefect's console log
@@ -39,12 +40,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from imagebatch.run.constants import STOP_GRACE
 from imagebatch.run.dispatch import RunControl
 from imagebatch.run.exit_codes import INTERRUPTED, exit_code_for
 
-GRACE = 25.0
-"""Seconds the requests in flight get after the first signal: inside Prefect's 30 s between its SIGTERM
-and its SIGKILL on a cancellation, leaving time to record the abandonment."""
+GRACE = STOP_GRACE
 SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
 
 logger = logging.getLogger("imagebatch.run")

@@ -1,13 +1,18 @@
-"""A shard that the sharded run's parent runs itself (`run.shards`): `prefect flow-run execute RUN` in a
-child process that gets the API key and the object store's secrets on its standard input, never in its
-environment.
+"""A shard that the sharded run's parent runs itself (`run.shards`): Prefect's flow engine
+(`python -m prefect.engine RUN`, what a worker's flow process runs) in a child process that gets the API
+key and the object store's secrets on its standard input, never in its environment.
+
+The engine runs in this very process (not under `prefect flow-run execute`, which starts it as a further
+child in a process group of its own): the parent's one SIGTERM on a stop reaches the flow, which stops
+gracefully (`run.graceful_stop`); a supervisor in between died of it while its engine went on sending
+(issue 30 #2).
 
 A child started with the key in its environment would show it in `/proc/PID/environ` (and hand it on to
 anything it starts). So the parent leaves `IMAGEBATCH_API_KEY` and the stores' secret variables
 (`gateway.constants.STORE_SECRETS`, such as `AWS_SECRET_ACCESS_KEY`) out of the child's environment and writes
 them to the child's stdin, as one JSON object on one line; the child keeps them in its own `os.environ`
 (where the flow's `resolve_api_key` and the store's credential chain look; Linux's `/proc/PID/environ`
-keeps showing the environment the process started with), and runs Prefect's own command in this process.
+keeps showing the environment the process started with), and runs Prefect's flow engine in this process.
 
     python -m imagebatch.run.shard_child RUN_ID     ({"IMAGEBATCH_API_KEY": ..., ...} on stdin)
 """
@@ -30,8 +35,8 @@ def main(argv: list[str]) -> None:
     for name in (ENV_API_KEY, *STORE_SECRETS):
         if isinstance(value := secrets.get(name), str) and value:
             os.environ[name] = value
-    sys.argv = ["prefect", "flow-run", "execute", *argv]
-    runpy.run_module("prefect", run_name="__main__", alter_sys=True)
+    sys.argv = ["prefect.engine", *argv]
+    runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ def run_shards(
     grace: float = SHARD_GRACE,
     start_timeout: float = START_TIMEOUT,
     never_started: float = NEVER_STARTED,
+    stopped: Callable[[], str | None] = lambda: None,
 ) -> list[dict[str, Any]]:
     """Start the N shard runs of `deployment` (as sub-runs of this flow run), run some of them here, and
     wait until each ends. Returns, per shard, its flow run's id, final state and message, and whether
@@ -88,14 +89,14 @@ def run_shards(
     The parent holds a worker's slot, so it never only waits there (a pool of concurrency 1, or one
     worker started with `--limit 1`, would deadlock): it claims shard 0 at once, and any shard no worker
     has claimed within `start_timeout` seconds once its own is done, as a worker claims a run (proposing
-    Pending: the server accepts one claim only) and runs it in a child process with Prefect's own
-    `prefect flow-run execute`. One at a time: the parent's slot is one run's worth of its machine.
+    Pending: the server accepts one claim only) and runs it in a child process with Prefect's own flow
+    engine (`run.shard_child`). One at a time: the parent's slot is one run's worth of its machine.
 
     A shard a worker claimed that is not Running `never_started` seconds later (its worker died between
     claim and start) is marked Crashed, and so is a Running one whose lock has been free for `grace`
     seconds (`SHARD_GRACE`; its machine died: the process held its shard lock while it sent). The run goes
     on without them: what they sent without an answer is `unknown`, what they never sent is sent by the
-    next run."""
+    next run. Once `stopped()` gives a reason (the parent's own stop), every shard stops (`_stop_all`)."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
@@ -110,15 +111,17 @@ def run_shards(
         for i in range(shards)
     ]
     tracked = [_Shard(i, run.id, clock()) for i, run in enumerate(started)]  # type: ignore[union-attr]  # FlowRuns (sync context)
-    first = True
+    first, stopping = True, False
     with get_client(sync_client=True) as client:
         try:
             while True:
                 _refresh(client, tracked, clock)
+                if not stopping and (why := stopped()):
+                    stopping = _stop_all(client, tracked, shards, why)
                 if all(s.state in TERMINAL_STATES and s.here is None for s in tracked):
                     break
                 _reap(client, tracked, shards)
-                if not any(s.here for s in tracked):
+                if not stopping and not any(s.here for s in tracked):
                     waited = 0.0 if first else start_timeout
                     if _claim(client, tracked, clock, waited, shards) is not None:
                         first = False
@@ -126,13 +129,18 @@ def run_shards(
                 _crash_dead(client, tracked, store, shards, clock, grace, never_started)
                 sleep(poll)
         finally:
-            for shard in tracked:
-                if shard.here is not None and shard.here.poll() is None:
-                    shard.here.terminate()  # the parent is stopping: so does the shard it started
+            _end_ours(tracked)
     return [
         {"flow_run_id": str(s.run_id), "state": s.state, "message": s.message, "here": s.claimed_here}
         for s in tracked
     ]
+
+
+def _end_ours(tracked: list[_Shard]) -> None:
+    """The parent is leaving (an error): so does the shard process it started."""
+    for shard in tracked:
+        if shard.here is not None and shard.here.poll() is None:
+            shard.here.terminate()
 
 
 def _refresh(client: Any, tracked: list[_Shard], clock: Callable[[], float]) -> None:
@@ -171,7 +179,8 @@ def _claim(
 
 
 def _execute(client: Any, run_id: Any) -> subprocess.Popen[bytes]:
-    """`prefect flow-run execute RUN` in a child process, as a process worker starts a run: this
+    """Prefect's flow engine for the run in a child process (`run.shard_child`), as a process worker starts
+    a run: this
     process's environment (the worker gave it the service) less the API key and the object stores'
     secrets (`STORE_SECRETS`), which go to the child on its stdin (`run.shard_child`: never in a child's
     environment), the API this run talks to, and the deployment's job variables' `env` (the heartbeat
@@ -185,11 +194,36 @@ def _execute(client: Any, run_id: Any) -> subprocess.Popen[bytes]:
     if url := PREFECT_API_URL.value():
         env["PREFECT_API_URL"] = str(url)
     command = [sys.executable, "-m", "imagebatch.run.shard_child", str(run_id)]
-    child = subprocess.Popen(command, env=env, stdin=subprocess.PIPE)
+    # A session of its own: a signal to the parent's process group (a worker's, a cancellation's) stops
+    # the parent, which stops this child with one signal of its own (`_stop_all`), never two.
+    child = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, start_new_session=True)
     assert child.stdin is not None
     with contextlib.suppress(BrokenPipeError), child.stdin:  # a child that died at once is reaped as such
         child.stdin.write(json.dumps(secrets).encode() + b"\n")
     return child
+
+
+def _stop_all(client: Any, tracked: list[_Shard], shards: int, why: str) -> bool:
+    """Stop every shard of a run that is stopping: the one running here gets one SIGTERM (its own graceful
+    stop: what is in flight finishes and is recorded); one a worker runs is set Cancelling (its worker
+    sends it the same SIGTERM); one not yet started is Cancelled, so that no worker runs it later."""
+    import signal
+
+    from prefect.logging import get_run_logger
+    from prefect.states import Cancelled, Cancelling
+
+    for shard in tracked:
+        name = shard_name(shard.index, shards)
+        if shard.here is not None:
+            with contextlib.suppress(ProcessLookupError):
+                shard.here.send_signal(signal.SIGTERM)
+        elif shard.state in ("SCHEDULED", "PENDING"):
+            message = f"shard {name}: not started; the sharded run stopped ({why})"
+            client.set_flow_run_state(shard.run_id, Cancelled(message=message), force=True)
+        elif shard.state == "RUNNING":
+            client.set_flow_run_state(shard.run_id, Cancelling(message=f"the sharded run stopped ({why})"))
+    get_run_logger().warning("Stopping every shard of this run (%s); waiting for them to end", why)
+    return True
 
 
 def _reap(client: Any, tracked: list[_Shard], shards: int) -> None:

@@ -2,16 +2,19 @@
 the rule that decides a run's final state (`verdict`).
 
 Without Prefect, so that the command line can check it before Prefect starts, and a rerun settled without
-Prefect (`run.nothing_to_send`) ends by the same rule."""
+Prefect (`run.nothing_to_send`) ends by the same rule; the warnings a run ends with (`warnings`) are said
+in the same words in the flow run's log and on the terminal."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from imagebatch.run.exit_codes import INTERRUPTED
 from imagebatch.run.preflight import UsageError
+from imagebatch.storage.layout import UNKNOWN_HINT
 from imagebatch.work.outcome import not_done, total
 
 ALLOW_HELP = "N (requests) or P% (of the run's requests)"
@@ -65,3 +68,27 @@ def verdict(info: dict[str, Any], allowance: Allowance | None = None) -> Verdict
     if not missing or (allowance is not None and allowance.allows(missing, total(counts))):
         return "Completed"
     return "Failed"
+
+
+def warnings(info: dict[str, Any]) -> Iterator[str]:
+    """One line per kind of problem a run ended with, each saying what to do: a stop (401 and 402 name
+    their fix), 429s, `unknown`, other failures, answers without an image, unwritten records."""
+    counts: Mapping[str, int] = info["counts"]
+    if stopped := info.get("stopped"):
+        left = counts.get("not_attempted", 0)
+        rest = f"{left} request(s) not attempted. A rerun picks up where this one stopped."
+        yield f"Stopped early: {stopped}. {rest}"
+    if limited := info.get("rate_limited"):
+        yield (
+            f"{limited} request(s) failed on HTTP 429 (the service's rate limit; the native and chat routes "
+            "are never retried): a rerun sends them; a lower rpm or concurrency (or a --global-limit shared "
+            "by every run) avoids it."
+        )
+    if unknown := counts.get("unknown"):
+        yield f"{unknown} request(s) have an unknown outcome (sent, no answer); for each, {UNKNOWN_HINT}."
+    failed = counts.get("failed", 0) - (info.get("rate_limited") or 0)
+    if failed > 0:
+        yield f"{failed} request(s) failed: the error column of results.csv (and report.html) says why."
+    if no_image := counts.get("no_image"):
+        yield f"{no_image} request(s) were answered without an image (no_image): results.csv has the text."
+    yield from info.get("unwritten") or []
