@@ -145,8 +145,8 @@ P = ParamSpec("P")
 
 
 def concluded(body: Callable[P, dict[str, Any]]) -> Callable[P, State[Any]]:
-    """Wrap the flow's body: its run summary becomes its final state (`conclude`, with the body's own
-    `allow_failures` argument), Prefect's per-task-run lines go quiet (`quiet_task_runs`), and where no
+    """Wrap the flow's body: its run summary becomes its final state (`conclude`, with the allowance of the
+    body's own `options` argument), Prefect's per-task-run lines go quiet (`quiet_task_runs`), and where no
     terminal handles the signals (`RunHooks.signals` unset: a worker, `serve`, a Python caller) the run
     stops gracefully on SIGTERM or SIGINT and never dies of a closed output pipe (`run.graceful_stop`)."""
     signature = inspect.signature(body)
@@ -155,7 +155,8 @@ def concluded(body: Callable[P, dict[str, Any]]) -> Callable[P, State[Any]]:
     def run(*args: P.args, **kwargs: P.kwargs) -> State[Any]:
         from imagebatch.run.hooks import RunHooks, current_hooks, run_hooks
 
-        allowance = parse_allowance(signature.bind_partial(*args, **kwargs).arguments.get("allow_failures"))
+        options = signature.bind_partial(*args, **kwargs).arguments.get("options")  # imagebatch.options
+        allowance = parse_allowance(options.outcome.allow_failures if options is not None else None)
         with contextlib.ExitStack() as stack:
             hooks = current_hooks() or stack.enter_context(run_hooks(RunHooks()))
             stack.enter_context(quiet_task_runs())
