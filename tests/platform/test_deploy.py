@@ -45,6 +45,7 @@ from helpers.prefect_server import (
 
 from imagebatch.cli.main import main
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+from imagebatch.options import RunOptions
 from imagebatch.run.preflight import NO_SERVICE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -255,10 +256,12 @@ def test_deploy_with_a_cron_schedule_is_on_the_server(
     parameters = deployment["parameters"]
     assert parameters["manifest"] == str(CATALOG)  # made absolute
     assert parameters["out"] == str(out.resolve())
-    assert parameters["concurrency"] == 8
-    assert parameters["api_key_secret_block"] is None
-    assert parameters["global_limit"] is None
-    assert not any("key" in name for name in parameters if name != "api_key_secret_block")
+    options = parameters["options"]
+    assert options["pacing"]["concurrency"] == 8
+    assert options["service"]["api_key_secret_block"] is None
+    assert options["pacing"]["global_limit"] is None
+    names = [name for path, _ in _leaves(parameters) for name in path]
+    assert not any("key" in name for name in names if name != "api_key_secret_block")
     assert stack.emulator.api_key not in str(deployment)
     assert deployment["global_concurrency_limit"]["limit"] == 1
     assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
@@ -432,10 +435,13 @@ def test_prefect_yaml_refuses_without_an_address_and_makes_what_imagebatch_deplo
         assert yaml[field] == command[field], field
     assert yaml["job_variables"] == {"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
     assert yaml["global_concurrency_limit"]["limit"] == command["global_concurrency_limit"]["limit"] == 1
-    given = {k: v for k, v in command["parameters"].items() if v is not None}
-    assert yaml["parameters"] == {k: v for k, v in given.items() if k in yaml["parameters"]}
-    assert yaml["parameters"]["base_url"] == "embedded"
-    assert {k for k in given if k not in yaml["parameters"]} <= {"adaptive", "report", "edit"}  # defaults
+    given = {path: v for path, v in _leaves(command["parameters"]) if v is not None}
+    in_yaml = dict(_leaves(yaml["parameters"]))
+    assert in_yaml == {path: v for path, v in given.items() if path in in_yaml}
+    assert in_yaml[("options", "service", "base_url")] == "embedded"
+    defaults = dict(_leaves({"options": RunOptions().model_dump(mode="json")}))
+    left_out = {path: v for path, v in given.items() if path not in in_yaml}
+    assert left_out == {path: defaults[path] for path in left_out}  # what prefect.yaml leaves out: defaults
     [schedule] = yaml["schedules"]
     assert schedule["schedule"]["cron"] == command["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
     assert len(stack.post("/automations/filter")) >= 1
@@ -488,6 +494,76 @@ def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_
         assert rerun["state_type"] == "COMPLETED"
         assert len(emulator.requests()) == 40  # nothing sent again
         assert {r["status"] for r in read_results(out)} == {"skipped"}
+
+
+def test_a_sharded_deployments_budget_bounds_the_whole_run_on_two_workers(
+    stacks: dict[str, Stack | None], tmp_path: Path
+) -> None:
+    """Issue 28: `deploy --shards 2 --max-images 10` over 40 requests on two real workers sends at most 10
+    images in all (each shard took the whole budget before: 20); the parent splits it between its shards
+    by their requests to send, and each shard's run carries its part."""
+    from collections import Counter
+
+    from helpers.runs import read_results
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    key = stack.emulator.api_key
+    manifest = tmp_path / "big.csv"
+    manifest.write_text("id,prompt\n" + "".join(f"b{i:03d},budget product {i}\n" for i in range(40)))
+    out = tmp_path / "out"
+    second = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "worker-2")}
+    with (
+        EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.05)) as emulator,
+        running_worker(stack.api, POOL, second, tmp_path / "worker-2.log", stop_grace=3),
+    ):
+        code = stack.deploy(
+            f"{manifest} --out {out} --name budgeted --work-pool {POOL} --shards 2 --max-images 10 "
+            f"--concurrency 4 --base-url {emulator.url}"
+        )
+        assert code == 0
+        parent = stack.wait(stack.run(stack.deployment("budgeted")["id"]), timeout=240)
+    assert parent["state_type"] in TERMINAL
+    sent = Counter(r["idempotency_key"] for r in emulator.requests())
+    assert len(sent) == 10 and set(sent.values()) == {1}  # the whole run's budget, each key once
+    statuses = Counter(r["status"] for r in read_results(out))
+    assert statuses == {"succeeded": 10, "not_attempted": 30}
+    run = json.loads((out / "run.json").read_text())
+    parts = [
+        stack.get(f"/flow_runs/{s['flow_run_id']}")["parameters"]["options"]["budgets"]["max_images"]
+        for s in run["shard_runs"]
+    ]
+    assert sum(parts) == 10 and all(p > 0 for p in parts)
+
+
+def test_a_deployment_of_the_earlier_shape_keeps_working(
+    stacks: dict[str, Stack | None], tmp_path: Path
+) -> None:
+    """A deployment made before the options were one model (every option a parameter of its own, here made
+    through Prefect's API as the earlier `imagebatch deploy` made it) runs on today's worker, its flat
+    options read as the model's fields."""
+    from helpers.runs import read_results
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from imagebatch.platform.deploy import build_deployment
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    out = tmp_path / "out"
+    flat = {
+        "manifest": str(CATALOG), "out": str(out), "concurrency": 2, "base_url": stack.emulator.url,
+        "max_images": 3, "report": False, "api_key_secret_block": None, "shards": 1, "shard": None,
+    }  # fmt: skip
+    with temporary_settings({PREFECT_API_URL: stack.api}):
+        deployment = build_deployment("earlier-shape", flat, None, POOL)
+        deployment.enforce_parameter_schema = False  # the earlier flow's schema took these names
+        deployment_id = deployment.apply(work_pool_name=POOL)
+    run = stack.wait(stack.run(str(deployment_id)))
+    assert "Validation of flow parameters failed" not in str(run["state"]["message"])
+    info = json.loads((out / "run.json").read_text())
+    assert info["options"]["concurrency"] == 2 and info["options"]["max_images"] == 3
+    assert info["options"]["report"] is False and not (out / "report.html").exists()
+    assert [r["status"] for r in read_results(out)].count("succeeded") == 3
 
 
 def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finishes_with_no_duplicate(
@@ -587,6 +663,15 @@ def test_a_deployment_run_without_an_address_fails_with_one_line(stack: Stack, t
     assert run["state_type"] == "FAILED"
     assert NO_SERVICE in run["state"]["message"]
     assert not (tmp_path / "out" / "images").exists()
+
+
+def _leaves(tree: dict[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Each value of nested parameters with its path: (("options", "pacing", "concurrency"), 8)."""
+    for name, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, (*path, name))
+        else:
+            yield (*path, name), value
 
 
 def _automations(stack: Stack) -> list[dict[str, Any]]:
