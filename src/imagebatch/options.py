@@ -162,7 +162,7 @@ class Outcome(Group):
     )
 
 
-SHARDED = Cli(commands=DEPLOY_ONLY)
+SHARDED = Cli(commands=DEPLOY_ONLY, metavar="N")
 
 
 class Sharding(Group):

@@ -222,8 +222,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
 
     err = Console(stderr=True, soft_wrap=True)
     out = Console(soft_wrap=True)
-    found = _preflight(args, err)
-    if found is None:
+    if (found := _preflight(args, err)) is None:
         return EXIT_USAGE
     checked, options = found
     if server is not None and (info := _settled(checked, options)) is not None:

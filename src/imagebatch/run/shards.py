@@ -111,10 +111,9 @@ def run_shards(
     start_timeout: float = START_TIMEOUT,
     never_started: float = NEVER_STARTED,
 ) -> list[dict[str, Any]]:
-    """Start the N shard runs of `deployment` (as sub-runs of this flow run, shard I with `parameters[I]`:
-    `shard_parameters`), run some of them here, and
-    wait until each ends. Returns, per shard, its flow run's id, final state and message, and whether
-    the parent ran it (`here`).
+    """Start the N shard runs of `deployment` (sub-runs of this one, `parameters` from `shard_parameters`),
+    run some here, wait until each ends. Returns, per shard, its flow run's id, final state and message,
+    and whether the parent ran it (`here`).
 
     The parent holds a worker's slot, so it never only waits there (a pool of concurrency 1, or one
     worker started with `--limit 1`, would deadlock): it claims shard 0 at once, and any shard no worker
