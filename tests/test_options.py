@@ -141,11 +141,19 @@ def test_a_deployment_of_the_earlier_shape_is_read_as_the_model() -> None:
     """Flat parameters (every option a parameter of its own, as deployments were made before the model)
     become the model's fields of those names; a name the model has not is refused with what to do."""
     from prefect.exceptions import ParameterTypeError
+    from prefect.utilities.callables import get_call_parameters, parameters_to_args_kwargs
 
     from imagebatch.flows.batch import generate_from_manifest
 
     flat = every_other() | {"shard": 1, "shard_deployment": "generate_from_manifest/x-shards"}
-    validated = generate_from_manifest.validate_parameters({"manifest": "m.csv", "out": "/o", **flat})
+    # As Prefect's engine takes a deployment's run: bound to the function's signature, then validated.
+    args, kwargs = parameters_to_args_kwargs(
+        generate_from_manifest.fn, {"manifest": "m.csv", "out": "/o", **flat}
+    )
+    validated = generate_from_manifest.validate_parameters(
+        get_call_parameters(generate_from_manifest.fn, args, kwargs)
+    )
+    assert set(validated) == {"manifest", "out", "options", "role"}
     assert validated["options"] == RunOptions.from_flat(**{k: v for k, v in flat.items() if k in OWNER})
     assert validated["role"] == ShardRole(shard=1, shard_deployment="generate_from_manifest/x-shards")
     with pytest.raises(ParameterTypeError, match="redeploy it"):

@@ -31,7 +31,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
-from imagebatch.options import MAX_CONCURRENCY, RunOptions, ShardRole
+from imagebatch.options import MAX_CONCURRENCY, OWNER, RunOptions, ShardRole
 from imagebatch.run import api_guard as prefect_guard
 from imagebatch.run.artifacts import ProgressArtifact, budgets
 from imagebatch.run.constants import FLOW_NAME
@@ -140,21 +140,27 @@ class BatchFlow(Flow[..., Any]):
     """The flow, reading the parameters of a deployment made before the options were one model."""
 
     def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
-        return super().validate_parameters(from_earlier_shape(parameters))
+        validated = super().validate_parameters(from_earlier_shape(parameters))
+        return {k: v for k, v in validated.items() if k in PARAMETERS}
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        unset_earlier = {k for k, v in parameters.items() if k in EARLIER and v is None}
+        return super().serialize_parameters({k: v for k, v in parameters.items() if k not in unset_earlier})
 
 
 def from_earlier_shape(parameters: dict[str, Any]) -> dict[str, Any]:
     """A deployment made by an earlier imagebatch gives every option as a parameter of its own
-    (`concurrency=8`): read as the model's fields of those names, so its runs keep working unchanged."""
-    flat = {k: v for k, v in parameters.items() if k not in PARAMETERS}
+    (`concurrency=8`): read as the model's fields of those names, so its runs keep working unchanged.
+    A name the model has not is refused, saying to redeploy."""
+    flat = {k: v for k, v in parameters.items() if k not in PARAMETERS and v is not None}
+    kept = {k: v for k, v in parameters.items() if k in PARAMETERS}
     if not flat:
-        return parameters
+        return kept
     role = {k: flat.pop(k) for k in list(flat) if k in ShardRole.model_fields}
     try:
         options = RunOptions.from_flat(**flat)
     except (ValueError, ValidationError) as exc:
         raise ParameterTypeError(f"{exc}; redeploy it with this imagebatch (`imagebatch deploy`)") from None
-    kept = {k: v for k, v in parameters.items() if k in PARAMETERS}
     return kept | {"options": options, "role": ShardRole(**role)}
 
 
@@ -195,6 +201,23 @@ def generate_from_manifest(
 
 
 PARAMETERS = frozenset(inspect.signature(generate_from_manifest.fn).parameters)
+EARLIER = frozenset(OWNER) | frozenset(ShardRole.model_fields)
+"""The flow's parameters before the options were one model: each option, a shard's number and deployment."""
+
+
+def _accept_earlier_shape(batch: Flow[..., Any]) -> None:
+    """Prefect binds a deployment run's parameters to the flow function's signature before the flow
+    validates them (`from_earlier_shape`), so the signature it reads gains one keyword per earlier
+    parameter, hidden from the form (`SkipJsonSchema`); the flow's form was made before, from the four."""
+    signature, hide = inspect.signature(batch.fn), SkipJsonSchema[Any]  # type: ignore[misc]  # pydantic's marker
+    hidden = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=hide)
+        for name in sorted(EARLIER)
+    ]
+    batch.fn.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *hidden])  # type: ignore[attr-defined]
+
+
+_accept_earlier_shape(generate_from_manifest)
 
 
 def start(manifest: str, out: str, options: RunOptions, role: ShardRole) -> Run:
