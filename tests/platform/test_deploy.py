@@ -559,7 +559,7 @@ def test_a_deployment_of_the_earlier_shape_keeps_working(
         deployment.enforce_parameter_schema = False  # the earlier flow's schema took these names
         deployment_id = deployment.apply(work_pool_name=POOL)
     run = stack.wait(stack.run(str(deployment_id)))
-    assert "Validation of flow parameters failed" not in str(run["state"]["message"])
+    assert "Validation of flow parameters failed" not in str(run["state"]["message"]), run["state"]
     info = json.loads((out / "run.json").read_text())
     assert info["options"]["concurrency"] == 2 and info["options"]["max_images"] == 3
     assert info["options"]["report"] is False and not (out / "report.html").exists()
