@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -23,8 +23,8 @@ START_TIMEOUT = 60.0
 """Seconds a shard may wait for a worker before the parent, its own shard done, runs it itself."""
 
 Redo = Literal["rejected"]
-"""What `--redo` takes: the images whose decision in force is `rejected` (`work.variants`)."""
-REDO_CHOICES: tuple[str, ...] = get_args(Redo)
+"""What `--redo` takes (its choices on the command line): the images whose decision in force is
+`rejected` (`work.variants`)."""
 
 COMMANDS = frozenset({"run", "deploy", "serve"})
 
@@ -32,8 +32,8 @@ COMMANDS = frozenset({"run", "deploy", "serve"})
 @dataclass(frozen=True)
 class Cli:
     """How a field appears on the command line, beside its name, type and description: `flag` when it is
-    not the field's name in kebab case, `metavar`, the `env` variable it falls back to, and the commands
-    that take it (`scheduled` ones are `deploy` and `serve`)."""
+    not the field's name in kebab case, `metavar`, the `env` variable it falls back to (read through
+    `environment_value`), and the commands that take it."""
 
     flag: str | None = None
     metavar: str | None = None
