@@ -1,5 +1,1 @@
-"""The `imagebatch` command: parsing, the terminal's display and exit codes."""
-
-from imagebatch.cli.main import main
-
-__all__ = ["main"]
+"""The `imagebatch` command: parsing, the terminal's display and exit codes (`imagebatch.cli.main:main`)."""
