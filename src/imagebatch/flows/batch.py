@@ -5,6 +5,8 @@ sharded run (`run_shard`), or the shards' parent (`run_parent`, with `run.shards
 `run/dispatch.py` (with the `generate` task of `imagebatch.work.generate`), the end of the run (its
 records and Prefect artifacts) `run/outputs.py`, the files are kept by `imagebatch.work.store`. Tasks
 return nothing (their records go to the run context), so Prefect keeps no per-task results in memory.
+The flow takes the manifest, the output and the run's options (`imagebatch.options`); a deployment made
+before the options were one model still runs (`from_earlier_shape`).
 """
 
 # No `from __future__ import annotations`: Prefect validates the flow's parameters against the annotations
