@@ -474,4 +474,4 @@ def test_deploy_passes_the_files_root_as_an_absolute_parameter(
     with pytest.raises(ManifestError, match="outside the files root"):
         check(build_parser().parse_args(argv))
     parameters = check(build_parser().parse_args([*argv, "--files-root", "shared"]))
-    assert parameters["files_root"] == [str((tmp_path / "shared").resolve())]
+    assert parameters["options"]["inputs"]["files_root"] == [str((tmp_path / "shared").resolve())]

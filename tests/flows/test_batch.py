@@ -242,11 +242,22 @@ def test_embedded_emulator_is_the_default(
 
 @pytest.mark.parametrize("concurrency", [0, 257])
 def test_concurrency_is_bounded(service_env: Any, examples: Path, tmp_path: Path, concurrency: int) -> None:
-    from imagebatch.run.preflight import UsageError
+    """The model's bounds: the options refuse it, and so does the flow given it as a deployment gives it
+    (a dict), before anything is sent."""
+    from pydantic import ValidationError
 
-    with pytest.raises(UsageError):
+    from imagebatch.flows.batch import generate_from_manifest
+    from imagebatch.options import problem
+
+    with pytest.raises(ValidationError) as refused:
         run(examples / "catalog.csv", tmp_path / "out", concurrency=concurrency)
-    assert service_env.requests() == []
+    assert problem(refused.value) == f"--concurrency must be from 1 to 256, not {concurrency}"
+    state = generate_from_manifest(
+        manifest=str(examples / "catalog.csv"), out=str(tmp_path / "out"),
+        options={"pacing": {"concurrency": concurrency}}, return_state=True,  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert state.is_failed() and "concurrency" in str(state.message)
+    assert service_env.requests() == [] and not (tmp_path / "out").exists()
 
 
 def test_native_500_is_unknown_not_resent(service_env: Any, tmp_path: Path) -> None:

@@ -121,7 +121,7 @@ def test_deploy_checks_the_manifest_in_the_bucket_and_its_objects_before_deployi
     )
     parameters = check(args)
     assert parameters["manifest"] == f"s3://{bucket}/cat/m.csv"
-    assert parameters["files_root"] == [f"s3://{bucket}/shared"]
+    assert parameters["options"]["inputs"]["files_root"] == [f"s3://{bucket}/shared"]
 
 
 def test_a_rerun_into_a_bucket_with_nothing_to_send_reads_no_image_and_starts_no_prefect(

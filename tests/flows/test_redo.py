@@ -19,6 +19,7 @@ from helpers.runs import cli, read_results, run_flow, write_jsonl
 from imagebatch.cli.main import build_parser
 from imagebatch.flows.batch import generate_from_manifest
 from imagebatch.manifest import PlannedRequest, load_manifest, plan, variant_of
+from imagebatch.options import RunOptions
 from imagebatch.platform.deploy import check as deploy_check
 from imagebatch.run.dispatch import RunControl
 from imagebatch.run.hooks import RunHooks, run_hooks
@@ -117,14 +118,13 @@ def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
 
     # Settled without Prefect (a rerun with nothing to send) lists them the same; a new rejection of
     # the newest variant is something to send, for the flow.
-    checked = preflight(manifest, out, concurrency=4, base_url=service_env.url, api_key_secret_block=None)
-    common = dict(force=False, retry_unknown=False, report=False, concurrency=4, api_key_secret_block=None,
-                  global_limit=None, files_root=None, redo="rejected")  # fmt: skip
-    settled = settle_without_prefect(checked, **common)  # type: ignore[arg-type]
+    options = RunOptions.from_flat(base_url=service_env.url, report=False, redo="rejected")
+    checked = preflight(manifest, out, options)
+    settled = settle_without_prefect(checked, options)
     assert settled is not None and settled["requests"] == 9 and settled["redo"]["variants"] == 0
     assert rows_of(out, "p0") == [("0", "2", "skipped"), ("0", "1", "skipped")]
     decide(out, v2["p0"], note="still no handle")
-    assert settle_without_prefect(checked, **common) is None  # type: ignore[arg-type]
+    assert settle_without_prefect(checked, options) is None
     run_flow(manifest=str(manifest), out=str(out), redo="rejected")
     assert sent_keys(service_env, sent) == Counter([variant_of(reqs["p0", 0], 3).idempotency_key])
     assert [v for _, v, _ in rows_of(out, "p0")] == ["3", "2", "1"]
@@ -310,11 +310,10 @@ def test_redo_options_are_checked_before_anything_starts(
         ["deploy", str(manifest), "--out", out, "--name", "redo", "--base-url", "embedded",
          "--redo", "rejected", "--edit"]
     )  # fmt: skip
-    assert {k: v for k, v in deploy_check(args).items() if k in ("redo", "edit")} == {
-        "redo": "rejected",
-        "edit": True,
-    }
-    assert {"redo", "edit"} <= set(generate_from_manifest.parameters.properties)  # the flow's own parameters
+    resend = deploy_check(args)["options"]["resend"]
+    assert {k: v for k, v in resend.items() if k in ("redo", "edit")} == {"redo": "rejected", "edit": True}
+    form = generate_from_manifest.parameters.definitions["Resend"]["properties"]
+    assert {"redo", "edit"} <= set(form)  # the flow's own options
 
 
 def test_an_edit_redo_into_a_bucket_from_the_command_line(

@@ -79,13 +79,20 @@ class Rendezvous:
         self.held -= 1
 
 
-def run_flow(**parameters: Any) -> dict[str, Any]:
-    """Run the flow here and return its run summary, whatever its final state (Completed, Failed,
-    Cancelled); what the flow raised is raised."""
+def run_flow(manifest: str, out: str, **options: Any) -> dict[str, Any]:
+    """Run the flow here with these options (named alone: `concurrency=3`; a shard's role too) and return
+    its run summary, whatever its final state (Completed, Failed, Cancelled); what the flow raised is
+    raised."""
     from imagebatch.flows.batch import generate_from_manifest
+    from imagebatch.options import RunOptions, ShardRole
     from imagebatch.run.final_state import summary_of
 
-    return summary_of(generate_from_manifest(**parameters, return_state=True))
+    role = ShardRole(**{k: options.pop(k) for k in list(options) if k in ShardRole.model_fields})
+    run_options = RunOptions.from_flat(**options)
+    state = generate_from_manifest(
+        manifest=manifest, out=out, options=run_options, role=role, return_state=True
+    )
+    return summary_of(state)
 
 
 class Gate:

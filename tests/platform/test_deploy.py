@@ -1,29 +1,19 @@
-"""`imagebatch deploy` against real Prefect components started here: `prefect server start` (SQLite in a
-temporary PREFECT_HOME and, where PostgreSQL is installed, PostgreSQL) and a `prefect worker start`
-process on a process work pool, running deployments against an emulator over HTTP.
+"""`imagebatch deploy` against real Prefect components started here (`helpers.prefect_stack`: a server per
+database, an emulator, a process worker), running deployments against an emulator over HTTP; the sharded
+runs are in test_deploy_shards.py.
 
-One stack per database for the module, both started at once (a server, its own emulator with a key of its
-own, a worker whose environment holds that key: the only way the key reaches the runs). `imagebatch
-deploy` runs in this process under `temporary_settings` pointing at the stack's server; the server is
-read over its REST API. The session's Prefect test harness (tests/flows/conftest.py) is not used here:
-nothing in this module talks to Prefect except through the servers it starts, and the harness would
-add its start-up to this module's run on its own.
+`imagebatch deploy` runs in this process under `temporary_settings` pointing at the stack's server; the
+server is read over its REST API.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
-import shlex
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,172 +23,30 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 from helpers.prefect_server import (
-    PrefectServer,
     kill_machine,
-    postgres_database_url,
-    running_prefect_server,
     running_worker,
     start_worker,
     stop_process_group,
-    submitted_by,
+)
+from helpers.prefect_stack import (  # the fixtures: stacks, stack, and prefect_harness (none here)
+    CATALOG,
+    CATALOG_REQUESTS,
+    IDLE_POOL,
+    PG_DATABASE,
+    POOL,
+    REPO,
+    SCHEDULER_BROKEN,
+    YAML_POOL,
+    Stack,
+    create_process_pool,
+    each_stack,  # noqa: F401
+    no_session_harness,  # noqa: F401
+    started_stacks,  # noqa: F401
 )
 
-from imagebatch.cli.main import main
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+from imagebatch.options import RunOptions
 from imagebatch.run.preflight import NO_SERVICE
-
-REPO = Path(__file__).resolve().parents[2]
-CATALOG = REPO / "manifests" / "examples" / "catalog.csv"
-CATALOG_REQUESTS = 6  # one image per row
-POOL = "imagebatch-test-pool"  # has a worker
-YAML_POOL = "imagebatch"  # prefect.yaml's (no worker here)
-IDLE_POOL = "imagebatch-idle-pool"  # has none: scheduled runs of its deployments stay scheduled
-FLOW = "generate_from_manifest"
-TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-PG_DATABASE = f"imagebatch_test_deploy_{os.getpid()}"  # one per test run: helpers run at once
-BACKENDS = ("sqlite", "postgres")
-# What Prefect 3.8.8's scheduler logs on SQLAlchemy 2.1 (pinned below 2.1 in pyproject.toml for it).
-SCHEDULER_BROKEN = "Can't evaluate bulk DML statement"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness() -> None:
-    """Overrides tests/flows/conftest.py's session harness for this module: no temporary server needed."""
-
-
-@dataclass
-class Stack:
-    """A real Prefect server, an emulator with its own key, and one process worker on `POOL` holding it."""
-
-    backend: str
-    server: PrefectServer
-    emulator: EmulatorServer
-    worker_log: Path
-    database_url: str | None
-
-    @property
-    def api(self) -> str:
-        return self.server.api_url
-
-    def get(self, path: str) -> Any:
-        return self._call("GET", path)
-
-    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        return self._call("POST", path, body or {})
-
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One REST call, retried like Prefect's own client retries it: a 502/503 (SQLite busy under the
-        workers' writes), and, for a GET (a read, safe to repeat), a read timeout. Prefect 3.8.8's server on
-        SQLite can stall every request for 60 s when two workers poll one pool: its writes wait on the
-        database lock until SQLite's 60 s busy timeout (seen in the sharded test; Prefect issue #23051).
-        The runs ride that out, since Prefect's client retries too, and so must the test's reads."""
-        deadline = time.monotonic() + 150
-        while True:
-            try:
-                response = httpx.request(method, f"{self.api}{path}", json=body, timeout=60)
-            except (httpx.ReadTimeout, httpx.PoolTimeout):
-                if method != "GET" or time.monotonic() > deadline:
-                    raise
-                continue
-            if response.status_code not in (502, 503) or time.monotonic() > deadline:
-                response.raise_for_status()
-                return response.json()
-            time.sleep(0.2)
-
-    def deployment(self, name: str) -> dict[str, Any]:
-        return dict(self.get(f"/deployments/name/{FLOW}/{name}"))
-
-    def deploy(self, arguments: str) -> int:
-        """`imagebatch deploy ARGUMENTS` (shell-quoted) in this process, against this stack's server."""
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings({PREFECT_API_URL: self.api}):
-            return main(["deploy", *shlex.split(arguments)])
-
-    def run(self, deployment_id: str) -> str:
-        return str(self.post(f"/deployments/{deployment_id}/create_flow_run")["id"])
-
-    def wait(self, flow_run_id: str, timeout: float = 150) -> dict[str, Any]:
-        """Poll the flow run until it is in a final state (bounded)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            run = self.get(f"/flow_runs/{flow_run_id}")
-            if run["state_type"] in TERMINAL:
-                return dict(run)
-            if time.monotonic() > deadline:
-                worker = self.worker_log.read_text(errors="replace")[-3000:]
-                pytest.fail(f"flow run {flow_run_id} still {run['state_name']} after {timeout} s:\n{worker}")
-            time.sleep(0.25)
-
-
-@contextmanager
-def running_stack(backend: str, home: Path) -> Iterator[Stack | None]:
-    """Yields None for PostgreSQL where it is not installed."""
-    database_url = postgres_database_url(PG_DATABASE) if backend == "postgres" else None
-    if backend == "postgres" and database_url is None:
-        yield None
-        return
-    key = f"sk-deploy-test-{secrets.token_hex(12)}"
-    settings = EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0)
-    with (
-        EmulatorServer(settings) as emulator,
-        running_prefect_server(home / "server", database_url, stop_grace=3) as server,
-    ):
-        for pool in (POOL, IDLE_POOL, YAML_POOL):
-            _create_process_pool(server.api_url, pool)
-        worker_env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(home / "worker")}
-        worker_log = home / "worker.log"
-        with running_worker(server.api_url, POOL, worker_env, worker_log, stop_grace=3):
-            yield Stack(backend, server, emulator, worker_log, database_url)
-
-
-def _create_process_pool(api_url: str, name: str) -> None:
-    """A pool with Prefect's process job template, before anything deploys to it."""
-    from prefect.workers.process import ProcessWorker
-
-    body = {
-        "name": name,
-        "type": "process",
-        "base_job_template": ProcessWorker.get_default_base_job_template(),
-    }
-    httpx.post(f"{api_url}/work_pools/", json=body, timeout=10).raise_for_status()
-
-
-@pytest.fixture(scope="module")
-def stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Stack | None]]:
-    """Both stacks, started at once (each takes 15-25 s, mostly the server's start and migrations)."""
-    # The folders are made here, not in the threads: two first calls of `mktemp` at once race in pytest's
-    # making of its base folder (with `--basetemp`, one removes what the other just made).
-    homes = {backend: tmp_path_factory.mktemp(f"prefect-{backend}") for backend in BACKENDS}
-    with ExitStack() as cleanup:
-
-        def enter(backend: str) -> tuple[AbstractContextManager[Stack | None], Stack | None]:
-            manager = running_stack(backend, homes[backend])
-            return manager, manager.__enter__()
-
-        with ThreadPoolExecutor(len(BACKENDS)) as pool:
-            futures = {backend: pool.submit(enter, backend) for backend in BACKENDS}
-        started: dict[str, Stack | None] = {}
-        errors = []
-        for backend, future in futures.items():
-            try:
-                manager, started[backend] = future.result()
-                cleanup.push(manager.__exit__)
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
-        yield started
-
-
-@pytest.fixture(params=BACKENDS)
-def stack(request: pytest.FixtureRequest, stacks: dict[str, Stack | None]) -> Stack:
-    found = stacks[request.param]
-    if found is None:
-        pytest.skip(
-            "PostgreSQL is not installed here (no pg_lsclusters/pg_ctlcluster): tested on SQLite only"
-        )
-    return found
 
 
 @dataclass
@@ -255,10 +103,12 @@ def test_deploy_with_a_cron_schedule_is_on_the_server(
     parameters = deployment["parameters"]
     assert parameters["manifest"] == str(CATALOG)  # made absolute
     assert parameters["out"] == str(out.resolve())
-    assert parameters["concurrency"] == 8
-    assert parameters["api_key_secret_block"] is None
-    assert parameters["global_limit"] is None
-    assert not any("key" in name for name in parameters if name != "api_key_secret_block")
+    options = parameters["options"]
+    assert options["pacing"]["concurrency"] == 8
+    assert options["service"]["api_key_secret_block"] is None
+    assert options["pacing"]["global_limit"] is None
+    names = [name for path, _ in _leaves(parameters) for name in path]
+    assert not any("key" in name for name in names if name != "api_key_secret_block")
     assert stack.emulator.api_key not in str(deployment)
     assert deployment["global_concurrency_limit"]["limit"] == 1
     assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
@@ -432,148 +282,46 @@ def test_prefect_yaml_refuses_without_an_address_and_makes_what_imagebatch_deplo
         assert yaml[field] == command[field], field
     assert yaml["job_variables"] == {"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
     assert yaml["global_concurrency_limit"]["limit"] == command["global_concurrency_limit"]["limit"] == 1
-    given = {k: v for k, v in command["parameters"].items() if v is not None}
-    assert yaml["parameters"] == {k: v for k, v in given.items() if k in yaml["parameters"]}
-    assert yaml["parameters"]["base_url"] == "embedded"
-    assert {k for k in given if k not in yaml["parameters"]} <= {"adaptive", "report", "edit"}  # defaults
+    given = {path: v for path, v in _leaves(command["parameters"]) if v is not None}
+    in_yaml = dict(_leaves(yaml["parameters"]))
+    assert in_yaml == {path: v for path, v in given.items() if path in in_yaml}
+    assert in_yaml[("options", "service", "base_url")] == "embedded"
+    defaults = dict(_leaves({"options": RunOptions().model_dump(mode="json")}))
+    left_out = {path: v for path, v in given.items() if path not in in_yaml}
+    assert left_out == {path: defaults[path] for path in left_out}  # what prefect.yaml leaves out: defaults
     [schedule] = yaml["schedules"]
     assert schedule["schedule"]["cron"] == command["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
     assert len(stack.post("/automations/filter")) >= 1
 
 
-def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_once(
-    stack: Stack, tmp_path: Path
+def test_a_deployment_of_the_earlier_shape_keeps_working(
+    stacks: dict[str, Stack | None], tmp_path: Path
 ) -> None:
-    """Issue 11, item 4: the parent plans, two shard runs share the work on the pool's two workers, all
-    under one global limit of 4, every key sent once; the parent merges and writes the records; a rerun
-    sends nothing."""
-    from collections import Counter
-
-    from helpers.runs import peak_in_flight, read_results
+    """A deployment made before the options were one model (every option a parameter of its own, here made
+    through Prefect's API as the earlier `imagebatch deploy` made it) runs on today's worker, its flat
+    options read as the model's fields."""
+    from helpers.runs import read_results
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    key = stack.emulator.api_key
-    manifest = tmp_path / "big.csv"
-    manifest.write_text("id,prompt\n" + "".join(f"s{i:03d},product {i}\n" for i in range(40)))
-    out = tmp_path / "out"
-    settings = EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2)
-    second = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "worker-2")}
-    with (
-        EmulatorServer(settings) as emulator,
-        running_worker(stack.api, POOL, second, tmp_path / "worker-2.log", stop_grace=3),
-    ):
-        with temporary_settings({PREFECT_API_URL: stack.api}):
-            assert main(["limits", "--name", "t-shards", "--concurrency", "4"]) == 0
-        code = stack.deploy(
-            f"{manifest} --out {out} --name sharded --work-pool {POOL} --shards 2 --concurrency 16 "
-            f"--global-limit t-shards --base-url {emulator.url}"
-        )
-        assert code == 0
-        assert stack.deployment("sharded-shards")["global_concurrency_limit"] is None
-        parent = stack.wait(stack.run(stack.deployment("sharded")["id"]), timeout=240)
-        assert parent["state_type"] == "COMPLETED", parent["state"]
-
-        run = json.loads((out / "run.json").read_text())
-        assert [s["state"] for s in run["shard_runs"]] == ["COMPLETED", "COMPLETED"]
-        assert {r["status"] for r in read_results(out)} == {"succeeded"} and len(read_results(out)) == 40
-        sent = Counter(r["idempotency_key"] for r in emulator.requests())
-        assert len(sent) == 40 and set(sent.values()) == {1}  # each key once, over both machines
-        assert peak_in_flight(emulator.requests()) <= 4  # the global limit held across both shards
-        assert not list(out.glob("journal.shard-*")) and not list(out.glob("usage.shard-*"))  # merged
-        started = [e for e in map(json.loads, (out / "journal.jsonl").read_text().splitlines())
-                   if e["event"] == "attempt_started"]  # fmt: skip
-        assert len(started) == 40
-
-        rerun = stack.wait(stack.run(stack.deployment("sharded")["id"]), timeout=240)
-        assert rerun["state_type"] == "COMPLETED"
-        assert len(emulator.requests()) == 40  # nothing sent again
-        assert {r["status"] for r in read_results(out)} == {"skipped"}
-
-
-def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finishes_with_no_duplicate(
-    stacks: dict[str, Stack | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from collections import Counter
-
-    from helpers.runs import read_results, run_flow
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from imagebatch.run.final_state import ran_to_end
-    from imagebatch.run.hooks import RunHooks, run_hooks
+    from imagebatch.platform.deploy import build_deployment
 
     stack = stacks["sqlite"]
     assert stack is not None
-    pool = "imagebatch-kill-pool"
-    _create_process_pool(stack.api, pool)
-    key = stack.emulator.api_key
-    monkeypatch.setenv("IMAGEBATCH_API_KEY", key)  # the parent runs here, in this process
-    manifest = tmp_path / "m.csv"
-    manifest.write_text("id,prompt\n" + "".join(f"k{i:03d},item {i}\n" for i in range(40)))
     out = tmp_path / "out"
-    env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
-
-    def parent() -> dict[str, Any]:
-        hooks = RunHooks(shard_grace=8.0)
-        with temporary_settings({PREFECT_API_URL: stack.api}), run_hooks(hooks):
-            return run_flow(
-                manifest=str(manifest), out=str(out), concurrency=4, base_url=emulator.url, adaptive=False,
-                shards=2, shard_deployment=f"{FLOW}/killable-shards",
-            )  # fmt: skip
-
-    with EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=1.0)) as emulator:
-        worker = start_worker(stack.api, pool, env, tmp_path / "w1.log")
-        try:
-            assert (
-                stack.deploy(
-                    f"{manifest} --out {out} --name killable --work-pool {pool} --shards 2 "
-                    f"--base-url {emulator.url}"
-                )
-                == 0
-            )
-            with ThreadPoolExecutor(1) as pool_thread:
-                first = pool_thread.submit(parent)
-                deadline = time.monotonic() + 120
-                query = {"deployments": {"name": {"any_": ["killable-shards"]}}}
-                while True:  # real processes: wait (bounded) until the worker's shard is sending
-                    running = {
-                        r["id"]: r["name"].removeprefix("shard ")
-                        for r in stack.post("/flow_runs/filter", query)
-                        if r["state_type"] == "RUNNING"
-                    }
-                    on_worker = set(running) & submitted_by(tmp_path / "w1.log")
-                    # The worker's shard itself has sent (its own journal), not only the parent's child.
-                    journals = [out / f"journal.shard-{running[i]}.jsonl" for i in on_worker]
-                    if on_worker and all(
-                        j.is_file() and "attempt_started" in j.read_text() for j in journals
-                    ):
-                        break
-                    assert time.monotonic() < deadline, "the worker's shard did not start sending in 120 s"
-                    time.sleep(0.05)
-                assert kill_machine(worker, on_worker) >= 1  # the worker's machine, not the parent's
-                info = first.result(timeout=240)
-        finally:
-            stop_process_group(worker, grace=1)
-        by_run = {s["flow_run_id"]: (s["state"], s["here"]) for s in info["shard_runs"]}
-        [lost] = on_worker
-        assert by_run.pop(lost) == ("CRASHED", False)
-        assert list(by_run.values()) == [("COMPLETED", True)]  # shard 0, in the parent's process
-        statuses = Counter(r["status"] for r in read_results(out))
-        assert statuses["unknown"] >= 1 and statuses["not_attempted"] >= 1  # in flight, and never sent
-        assert "succeeded" not in statuses or statuses["succeeded"] < 40
-
-        with running_worker(stack.api, pool, env, tmp_path / "w2.log", stop_grace=3):
-            again = parent()
-        # Both shards ran to their end; one left with an `unknown` request ends Failed (issue 20: its
-        # requests are not all done), which the parent reads as run through, not as a broken shard.
-        assert all(ran_to_end(s["state"], s["message"]) for s in again["shard_runs"]), again["shard_runs"]
-        sent = Counter(r["idempotency_key"] for r in emulator.requests())
-        assert set(sent.values()) == {1}  # no request sent twice, over both runs
-        assert len(sent) == 40  # every request sent once: the unknown ones only before the rerun
-        final = Counter(r["status"] for r in read_results(out))
-        assert (
-            final["not_attempted"] == 0 and final["unknown"] == statuses["unknown"]
-        )  # left for the user to settle, never resent
-        assert final["unknown"] + final["succeeded"] + final["skipped"] == 40
+    flat = {
+        "manifest": str(CATALOG), "out": str(out), "concurrency": 2, "base_url": stack.emulator.url,
+        "max_images": 3, "report": False, "api_key_secret_block": None, "shards": 1, "shard": None,
+    }  # fmt: skip
+    with temporary_settings({PREFECT_API_URL: stack.api}):
+        deployment = build_deployment("earlier-shape", flat, None, POOL)
+        deployment.enforce_parameter_schema = False  # the earlier flow's schema took these names
+        deployment_id = deployment.apply(work_pool_name=POOL)
+    run = stack.wait(stack.run(str(deployment_id)))
+    assert "Validation of flow parameters failed" not in str(run["state"]["message"]), run["state"]
+    info = json.loads((out / "run.json").read_text())
+    assert info["options"]["concurrency"] == 2 and info["options"]["max_images"] == 3
+    assert info["options"]["report"] is False and not (out / "report.html").exists()
+    assert [r["status"] for r in read_results(out)].count("succeeded") == 3
 
 
 def test_a_deployment_run_without_an_address_fails_with_one_line(stack: Stack, tmp_path: Path) -> None:
@@ -591,6 +339,15 @@ def test_a_deployment_run_without_an_address_fails_with_one_line(stack: Stack, t
     assert run["state_type"] == "FAILED"
     assert NO_SERVICE in run["state"]["message"]
     assert not (tmp_path / "out" / "images").exists()
+
+
+def _leaves(tree: dict[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Each value of nested parameters with its path: (("options", "pacing", "concurrency"), 8)."""
+    for name, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, (*path, name))
+        else:
+            yield (*path, name), value
 
 
 def _automations(stack: Stack) -> list[dict[str, Any]]:
@@ -643,7 +400,7 @@ def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
     stack = stacks["sqlite"]
     assert stack is not None
     pool, window = "imagebatch-zombie-pool", 45.0
-    _create_process_pool(stack.api, pool)
+    create_process_pool(stack.api, pool)
     key = stack.emulator.api_key
     manifest = tmp_path / "m.csv"
     manifest.write_text("id,prompt\n" + "".join(f"z{i:03d},item {i}\n" for i in range(20)))
@@ -686,110 +443,6 @@ def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
         assert (second["state_type"] == "COMPLETED") == (statuses["unknown"] == 0)
 
 
-def _sharded_deploy(stack: Stack, tmp_path: Path, pool: str, emulator: EmulatorServer, timeout: float) -> str:
-    manifest = tmp_path / "m.csv"
-    manifest.write_text("id,prompt\n" + "".join(f"p{i:03d},thing {i}\n" for i in range(16)))
-    code = stack.deploy(
-        f"{manifest} --out {tmp_path / 'out'} --name {pool} --work-pool {pool} --shards 2 --concurrency 4 "
-        f"--base-url {emulator.url} --shard-start-timeout {timeout:g}"
-    )
-    assert code == 0
-    return str(stack.deployment(pool)["id"])
-
-
-@contextlib.contextmanager
-def _shard_children() -> Iterator[dict[int, bytes]]:
-    """The environment (`/proc/PID/environ`) of every `imagebatch.run.shard_child` process seen while
-    the block runs (polled; a shard child lives for seconds)."""
-    seen: dict[int, bytes] = {}
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.05):
-            for proc in Path("/proc").iterdir():
-                if not proc.name.isdigit() or int(proc.name) in seen:
-                    continue
-                with contextlib.suppress(OSError):
-                    if b"imagebatch.run.shard_child" in (proc / "cmdline").read_bytes():
-                        seen[int(proc.name)] = (proc / "environ").read_bytes()
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        yield seen
-    finally:
-        done.set()
-        thread.join(timeout=30)
-
-
-def test_shards_on_one_worker_with_limit_1_do_not_deadlock(
-    stacks: dict[str, Stack | None], tmp_path: Path
-) -> None:
-    """Issue 20, item 5: one worker started with `--limit 1`: the parent holds its only slot, so it runs
-    shard 0 itself at once and shard 1 once no worker has started it within the start timeout."""
-    from collections import Counter
-
-    stack = stacks["sqlite"]
-    assert stack is not None
-    pool = "imagebatch-one-slot"
-    _create_process_pool(stack.api, pool)
-    key = stack.emulator.api_key
-    env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
-    with (
-        EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2)) as emulator,
-        running_worker(stack.api, pool, env, tmp_path / "w.log", extra_args=("--limit", "1"), stop_grace=3),
-        _shard_children() as children,
-    ):
-        parent = stack.wait(stack.run(_sharded_deploy(stack, tmp_path, pool, emulator, 3)), timeout=240)
-    assert parent["state_type"] == "COMPLETED", parent["state"]
-    # The shards the parent ran got the key on stdin (they sent with it), never in their environment.
-    assert children and not [pid for pid, environ in children.items() if key.encode() in environ]
-    run = json.loads((tmp_path / "out" / "run.json").read_text())
-    assert [(s["state"], s["here"]) for s in run["shard_runs"]] == [("COMPLETED", True), ("COMPLETED", True)]
-    assert submitted_by(tmp_path / "w.log") == {parent["id"]}
-    sent = Counter(r["idempotency_key"] for r in emulator.requests())
-    assert len(sent) == 16 and set(sent.values()) == {1}
-
-
-def test_two_shards_on_two_workers_with_limit_1_run_one_per_worker(
-    stacks: dict[str, Stack | None], tmp_path: Path
-) -> None:
-    """Issue 20, item 5: two workers, each `--limit 1`, two shards: the parent (on one worker) runs one
-    shard, the other worker takes the other; no deadlock, one shard per machine."""
-    from collections import Counter
-
-    stack = stacks["sqlite"]
-    assert stack is not None
-    pool = "imagebatch-two-slots"
-    _create_process_pool(stack.api, pool)
-    key = stack.emulator.api_key
-    logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
-    with ExitStack() as workers:
-        emulator = workers.enter_context(
-            EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2))
-        )
-        for i, log in enumerate(logs):
-            env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / f"w{i}")}
-            workers.enter_context(
-                running_worker(stack.api, pool, env, log, extra_args=("--limit", "1"), stop_grace=3)
-            )
-        parent = stack.wait(stack.run(_sharded_deploy(stack, tmp_path, pool, emulator, 120)), timeout=240)
-    assert parent["state_type"] == "COMPLETED", parent["state"]
-    run = json.loads((tmp_path / "out" / "run.json").read_text())
-    shard_runs = run["shard_runs"]
-    assert {s["state"] for s in shard_runs} == {"COMPLETED"}
-    # The parent claims the first shard no worker has (shard 0, or shard 1 when a worker was quicker).
-    [in_parent] = [s["flow_run_id"] for s in shard_runs if s["here"]]
-    [on_worker] = [s["flow_run_id"] for s in shard_runs if not s["here"]]
-    by_worker = [submitted_by(log) for log in logs]
-    parents_worker = next(i for i, ran in enumerate(by_worker) if parent["id"] in ran)
-    assert by_worker[1 - parents_worker] == {on_worker}  # the other machine
-    assert by_worker[parents_worker] == {parent["id"]}  # the other shard ran in the parent's slot
-    assert in_parent not in by_worker[0] | by_worker[1]
-    sent = Counter(r["idempotency_key"] for r in emulator.requests())
-    assert len(sent) == 16 and set(sent.values()) == {1}
-
-
 def test_deploy_into_a_bucket_refuses_a_missing_bucket_and_a_url_with_a_secret_before_deploying(
     stacks: dict[str, Stack | None], s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -808,81 +461,6 @@ def test_deploy_into_a_bucket_refuses_a_missing_bucket_and_a_url_with_a_secret_b
     assert "holds a user, password or query" in err and "Hunter2" not in err and "AKIAEXAMPLE" not in err
     with pytest.raises(httpx.HTTPStatusError):
         stack.deployment("to-bucket")
-
-
-def test_a_sharded_deployment_into_a_bucket_on_two_machines_that_share_nothing_writes_everything_once(
-    stacks: dict[str, Stack | None], s3: Any, tmp_path: Path
-) -> None:
-    """Issue 19, item 4: `deploy --shards 2 --out s3://...`, two real workers (`--limit 1`) whose working
-    folder, HOME, PREFECT_HOME and TMPDIR are their own empty folders, each with the store's address and
-    credentials in its environment: the parent runs one shard, the other machine the other; each request
-    is sent once (the emulator's request log), results.csv is whole in the bucket, the journal is one
-    compacted object, and neither the key nor the store's secret is in an object, the deployment, or a
-    shard child's environment."""
-    from collections import Counter
-
-    from helpers.runs import read_results
-
-    stack = stacks["sqlite"]
-    assert stack is not None
-    pool = "imagebatch-bucket"
-    _create_process_pool(stack.api, pool)
-    key = stack.emulator.api_key
-    bucket = s3.bucket()
-    url = f"s3://{bucket}/nightly"
-    manifest = tmp_path / "deployer" / "m.csv"
-    manifest.parent.mkdir()
-    manifest.write_text("id,prompt\n" + "".join(f"b{i:03d},thing {i}\n" for i in range(16)))
-    machines = [tmp_path / f"machine-{i}" for i in range(2)]
-    with ExitStack() as workers:
-        emulator = workers.enter_context(
-            EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2))
-        )
-        for i, home in enumerate(machines):
-            (home / "tmp").mkdir(parents=True)
-            env = {
-                "IMAGEBATCH_API_KEY": key,
-                "HOME": str(home),
-                "PREFECT_HOME": str(home / ".prefect"),
-                "TMPDIR": str(home / "tmp"),
-                **s3.env(),
-            }
-            log = tmp_path / f"w{i}.log"
-            workers.enter_context(
-                running_worker(stack.api, pool, env, log, extra_args=("--limit", "1"), stop_grace=3, cwd=home)
-            )
-        code = stack.deploy(
-            f"{manifest} --out {url} --name {pool} --work-pool {pool} --shards 2 --concurrency 4 "
-            f"--base-url {emulator.url} --shard-start-timeout 120"
-        )
-        assert code == 0
-        deployment = stack.deployment(pool)
-        with _shard_children() as children:
-            parent = stack.wait(stack.run(str(deployment["id"])), timeout=240)
-    assert parent["state_type"] == "COMPLETED", parent["state"]
-    assert deployment["parameters"]["out"] == url
-
-    objects = s3.objects(bucket, "nightly")
-    run = json.loads(objects["run.json"])
-    assert [s["state"] for s in run["shard_runs"]] == ["COMPLETED", "COMPLETED"]
-    assert sorted(s["here"] for s in run["shard_runs"]) == [False, True]  # one shard on each machine
-    (tmp_path / "results.csv").write_bytes(objects["results.csv"])
-    rows = read_results(tmp_path)
-    assert len(rows) == 16 and {r["status"] for r in rows} == {"succeeded"}
-    assert all(objects[p].startswith(b"\x89PNG") for r in rows for p in r["paths"].split(";"))
-    assert "report.html" in objects and len([n for n in objects if n.startswith("thumbs/")]) == 16
-    sent = Counter(r["idempotency_key"] for r in emulator.requests())
-    assert len(sent) == 16 and set(sent.values()) == {1}  # each key sent exactly once, over both machines
-    [journal] = [n for n in objects if n.startswith("journal/")]  # the shards' segments, compacted
-    assert journal.endswith("-compact.jsonl")
-    assert {".imagebatch.lease", ".imagebatch.shard-0-of-2.lease", ".imagebatch.shard-1-of-2.lease"} <= set(
-        objects
-    )
-    assert not [p for home in machines for p in home.rglob("*") if p.suffix in (".png", ".csv", ".jsonl")]
-    secrets_ = (key.encode(), s3.secret_key.encode())
-    assert not [name for name, data in objects.items() if any(s in data for s in secrets_)]
-    assert s3.secret_key not in json.dumps(deployment) and key not in json.dumps(deployment)
-    assert children and not [pid for pid, env in children.items() if any(s in env for s in secrets_)]
 
 
 def test_the_emulator_is_used_in_a_deployment_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from helpers.runs import write_jsonl
 
+from imagebatch.options import RunOptions
 from imagebatch.run.nothing_to_send import settle_without_prefect
 from imagebatch.run.preflight import preflight
 from imagebatch.work.store import OutputStore
@@ -85,27 +86,39 @@ def test_only_a_folder_with_nothing_to_send_is_settled(service_env: Any, tmp_pat
 
     manifest = write_jsonl(tmp_path / "m.jsonl", JOBS)
     out = tmp_path / "out"
-    options: dict[str, Any] = {
-        "force": False, "retry_unknown": False, "report": False, "concurrency": 4,
-        "api_key_secret_block": None, "global_limit": None, "files_root": None,
-    }  # fmt: skip
-    checked = preflight(manifest, out, concurrency=4, api_key_secret_block=None, base_url=service_env.url)
-    assert settle_without_prefect(checked, **options) is None  # a first run: no journal yet
-    generate_from_manifest(str(manifest), str(out), report=False)
-    assert settle_without_prefect(checked, **(options | {"force": True})) is None
+    options = RunOptions.from_flat(report=False, base_url=service_env.url)
+    checked = preflight(manifest, out, options)
+    assert settle_without_prefect(checked, options) is None  # a first run: no journal yet
+    generate_from_manifest(str(manifest), str(out), options)
+    assert settle_without_prefect(checked, options.with_flat(force=True)) is None
     with OutputStore(out).hold_and_merge():  # another run holds the folder: the flow says so, not us
-        assert settle_without_prefect(checked, **options) is None
+        assert settle_without_prefect(checked, options) is None
     (out / "results.csv").unlink()
-    info = settle_without_prefect(checked, **options)
+    info = settle_without_prefect(checked, options)
     assert info is not None and info["counts"]["skipped"] == 5 and (out / "results.csv").is_file()
     grown = write_jsonl(
         tmp_path / "m2.jsonl", [*JOBS, {"id": "x", "prompt": "more", "model": "compat-image-2"}]
     )
-    assert (
-        settle_without_prefect(
-            preflight(grown, out, concurrency=4, api_key_secret_block=None, base_url=service_env.url),
-            **options,
-        )
-        is None
-    )
+    assert settle_without_prefect(preflight(grown, out, options), options) is None
     assert len(service_env.requests()) == 5
+
+
+def test_every_option_reaches_the_settled_reruns_record(service_env: Any, tmp_path: Path) -> None:
+    """Driven by the model's fields: each option at a value other than its default reaches run.json's
+    options of a rerun settled without Prefect, as the flow records them. Only `force` never settles
+    (it sends everything), and `base_url` is recorded as the run resolved it."""
+    from helpers.options import every_other
+
+    from imagebatch.flows.batch import generate_from_manifest
+
+    manifest = write_jsonl(tmp_path / "m.jsonl", JOBS)
+    out = tmp_path / "out"
+    generate_from_manifest(str(manifest), str(out), RunOptions.from_flat(base_url=service_env.url))
+    values = every_other() | {"force": False, "base_url": service_env.url, "report": False}
+    options = RunOptions.from_flat(**values)
+    checked = preflight(manifest, out, RunOptions.from_flat(base_url=service_env.url))
+    info = settle_without_prefect(checked, options)
+    assert info is not None and info["sent"] == 0
+    recorded = json.loads((out / "run.json").read_text())["options"]
+    assert {name: recorded[name] for name in values} == values
+    assert recorded["shard"] is None

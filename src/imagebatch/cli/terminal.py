@@ -1,6 +1,6 @@
 """`imagebatch run` on a terminal: the checks before Prefect starts, the temporary server, Ctrl-C and
 SIGTERM, and the end of the command. What it prints (the progress bar, the summary, the exit code it
-decides) is `cli/display.py`; the command line itself (every option) is in `cli.py`."""
+decides) is `cli/display.py`; its flags are the options model's (`cli/flags.py`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from imagebatch.storage import layout
 from imagebatch.storage.location import redact_urls, shown_url
 
 if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
+    from imagebatch.options import RunOptions
     from imagebatch.platform.prefect_server import TemporaryServer
     from imagebatch.run.api_guard import PrefectGuard
     from imagebatch.run.hooks import RunHooks
@@ -236,10 +237,10 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
 
     err = Console(stderr=True, soft_wrap=True)
     out = Console(soft_wrap=True)
-    checked = _preflight(args, err)
-    if checked is None:
+    if (found := _preflight(args, err)) is None:
         return EXIT_USAGE
-    if server is not None and (info := _settled(args, checked)) is not None:
+    checked, options = found
+    if server is not None and (info := _settled(checked, options)) is not None:
         server.kill()  # it was started while we checked; nothing will use it
         err.print("Nothing to send: every request is done or left alone; Prefect was not started.")
         return display.report(out, err, info, [])
@@ -258,7 +259,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
         )
     progress, on_progress = display.progress_bar(err)
     hooks = RunHooks(on_progress=on_progress, checked=checked)
-    server = _prefect_server(server, emulator=not checked.base_url, report=args.report)
+    server = _prefect_server(server, emulator=not checked.base_url, report=options.outcome.report)
     try:
         api = (
             temporary_settings(_temporary_server_settings(server.wait_ready()))
@@ -282,40 +283,22 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
             guarding(guard),
             ending.watching(signals),
         ):
-            info = _generate(args, guard)
+            info = _generate(args, options, guard)
     except UsageError as exc:
         err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
         return EXIT_USAGE
     return ending.finish(info, signals)
 
 
-def _generate(args: argparse.Namespace, guard: PrefectGuard) -> dict[str, Any]:
+def _generate(args: argparse.Namespace, options: RunOptions, guard: PrefectGuard) -> dict[str, Any]:
     """Run the flow; its summary. Once the run's records are written, a failure of Prefect's engine to
     record the run's end (its server lost) does not make the run fail: the records are the run's."""
     from imagebatch.flows.batch import generate_from_manifest
     from imagebatch.run.final_state import summary_of
 
     try:
-        state = generate_from_manifest(
-            manifest=str(args.manifest),
-            out=str(args.out),
-            concurrency=args.concurrency,
-            base_url=args.base_url,
-            force=args.force,
-            retry_unknown=args.retry_unknown,
-            api_key_secret_block=args.api_key_block,
-            rpm=args.rpm,
-            adaptive=args.adaptive,
-            max_images=args.max_images,
-            max_spend=args.max_spend,
-            prices=args.prices,
-            global_limit=args.global_limit,
-            report=args.report,
-            files_root=args.files_root,
-            allow_failures=args.allow_failures,
-            redo=args.redo,
-            edit=args.edit,
-            return_state=True,
+        state: Any = generate_from_manifest(
+            manifest=str(args.manifest), out=str(args.out), options=options, return_state=True
         )
         return summary_of(state)  # raises what the flow raised
     except Exception as exc:
@@ -331,43 +314,26 @@ def _run_json(checked: Preflight) -> Path | None:
     return checked.out / layout.RUN_JSON if isinstance(checked.out, Path) else None
 
 
-def _settled(args: argparse.Namespace, checked: Preflight) -> dict[str, Any] | None:
+def _settled(checked: Preflight, options: RunOptions) -> dict[str, Any] | None:
     """The run's summary when it has nothing to send, its records written without Prefect
     (`run.nothing_to_send`); else None."""
     from imagebatch.run.nothing_to_send import settle_without_prefect
 
-    return settle_without_prefect(
-        checked, force=args.force, retry_unknown=args.retry_unknown, report=args.report,
-        concurrency=args.concurrency, api_key_secret_block=args.api_key_block,
-        global_limit=args.global_limit, files_root=args.files_root, allow_failures=args.allow_failures,
-        redo=args.redo, edit=args.edit,
-    )  # fmt: skip
+    return settle_without_prefect(checked, options)
 
 
-def _preflight(args: argparse.Namespace, err: Console) -> Preflight | None:
-    """Everything that can be checked without Prefect, checked first (a mistake costs no start-up); None,
-    the problems printed, when the run cannot start."""
+def _preflight(args: argparse.Namespace, err: Console) -> tuple[Preflight, RunOptions] | None:
+    """Everything that can be checked without Prefect, checked first (a mistake costs no start-up): the
+    run's checks and its options (`run.preflight.options_from`); None, the problems printed, when the
+    run cannot start."""
     from imagebatch.manifest import ManifestError
-    from imagebatch.run.preflight import UsageError, preflight
+    from imagebatch.run.preflight import UsageError, options_from, preflight
     from imagebatch.run.verdict import parse_allowance
 
     try:
-        parse_allowance(args.allow_failures)
-        return preflight(
-            args.manifest,
-            args.out,
-            concurrency=args.concurrency,
-            base_url=args.base_url,
-            api_key_secret_block=args.api_key_block,
-            rpm=args.rpm,
-            max_images=args.max_images,
-            max_spend=args.max_spend,
-            prices=args.prices,
-            files_root=args.files_root,
-            redo=args.redo,
-            edit=args.edit,
-            force=args.force,
-        )
+        options = options_from(args, "run")
+        parse_allowance(options.outcome.allow_failures)
+        return preflight(args.manifest, args.out, options), options
     except ManifestError as exc:
         for problem in exc.problems:
             err.print(str(problem), markup=False, highlight=False)

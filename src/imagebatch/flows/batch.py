@@ -5,11 +5,15 @@ sharded run (`run_shard`), or the shards' parent (`run_parent`, with `run.shards
 `run/dispatch.py` (with the `generate` task of `imagebatch.work.generate`), the end of the run (its
 records and Prefect artifacts) `run/outputs.py`, the files are kept by `imagebatch.work.store`. Tasks
 return nothing (their records go to the run context), so Prefect keeps no per-task results in memory.
+The flow takes the manifest, the output and the run's options (`imagebatch.options`); a deployment made
+before the options were one model still runs (`from_earlier_shape`).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Prefect validates the flow's parameters against the annotations
+# of `run.final_state.concluded`'s wrapper, resolved in that module's globals, which lack `RunOptions`.
 import contextlib
+import functools
+import inspect
 import logging
 import secrets
 from collections import Counter
@@ -19,13 +23,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prefect import flow
+from prefect import Flow
+from prefect.exceptions import ParameterTypeError
 from prefect.logging import get_run_logger
 from prefect.runtime import deployment
 from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
+from imagebatch.options import MAX_CONCURRENCY, OWNER, RunOptions, ShardRole
 from imagebatch.run import api_guard as prefect_guard
 from imagebatch.run.artifacts import ProgressArtifact, budgets
 from imagebatch.run.constants import FLOW_NAME
@@ -35,8 +43,6 @@ from imagebatch.run.hooks import RunHooks, current_hooks
 from imagebatch.run.limits import SlotBroker, rate_limit_of
 from imagebatch.run.outputs import run_info, write_records
 from imagebatch.run.preflight import (
-    DEFAULT_CONCURRENCY,
-    MAX_CONCURRENCY,
     Preflight,
     UsageError,
     key_source,
@@ -46,11 +52,11 @@ from imagebatch.run.preflight import (
     resolve_api_key,
 )
 from imagebatch.run.shards import (
-    START_TIMEOUT,
     records_after,
     run_shards,
     shard_name,
     shard_of,
+    shard_parameters,
     shards_released,
 )
 from imagebatch.work.context import Pacer, RunContext, Unit, group_units
@@ -115,38 +121,13 @@ def forward_logs_to_prefect(*names: str) -> Iterator[None]:
             target.removeHandler(handler)
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """The flow's parameters after the manifest and the output folder, for the functions of each mode."""
-
-    concurrency: int
-    base_url: str | None
-    force: bool
-    retry_unknown: bool
-    api_key_secret_block: str | None
-    rpm: int | None
-    adaptive: bool
-    max_images: int | None
-    max_spend: float | None
-    prices: str | None
-    global_limit: str | None
-    report: bool
-    shards: int
-    shard: int | None
-    shard_deployment: str | None
-    files_root: list[str] | None = None
-    allow_failures: str | None = None
-    shard_start_timeout: float = START_TIMEOUT
-    redo: str | None = None
-    edit: bool = False
-
-
 @dataclass
 class Run:
     """One run, checked and planned: what each mode (`run_here`, `run_shard`, `run_parent`) works from."""
 
     checked: Preflight
     options: RunOptions
+    role: ShardRole
     hooks: RunHooks
     units: list[Unit]
     """The plan's units; once the folder's state is read, with every variant of their requests
@@ -157,8 +138,36 @@ class Run:
     """The name of the global limit's rate limit (`run.limits.rate_limit_of`), when it has one."""
 
 
-# Over 60 lines only by its parameters and their docstring: the body is the run's story, a screen long.
-@flow(
+class BatchFlow(Flow[..., Any]):
+    """The flow, reading the parameters of a deployment made before the options were one model."""
+
+    def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        validated = super().validate_parameters(from_earlier_shape(parameters))
+        return {k: v for k, v in validated.items() if k in PARAMETERS}
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        unset_earlier = {k for k, v in parameters.items() if k in EARLIER and v is None}
+        return super().serialize_parameters({k: v for k, v in parameters.items() if k not in unset_earlier})
+
+
+def from_earlier_shape(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A deployment made by an earlier imagebatch gives every option as a parameter of its own
+    (`concurrency=8`): read as the model's fields of those names, so its runs keep working unchanged.
+    A name the model has not is refused, saying to redeploy."""
+    flat = {k: v for k, v in parameters.items() if k not in PARAMETERS and v is not None}
+    kept = {k: v for k, v in parameters.items() if k in PARAMETERS}
+    if not flat:
+        return kept
+    role = {k: flat.pop(k) for k in list(flat) if k in ShardRole.model_fields}
+    try:
+        options = RunOptions.from_flat(**flat)
+    except (ValueError, ValidationError) as exc:
+        raise ParameterTypeError(f"{exc}; redeploy it with this imagebatch (`imagebatch deploy`)") from None
+    return kept | {"options": options, "role": ShardRole(**role)}
+
+
+@functools.partial(
+    BatchFlow,
     name=FLOW_NAME,
     # At most one batch per unit in flight, plus the one being admitted (see run.dispatch).
     task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENCY + 1),  # type: ignore[arg-type]  # Prefect's own generics
@@ -169,85 +178,70 @@ class Run:
 def generate_from_manifest(
     manifest: str,
     out: str,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    base_url: str | None = None,
-    force: bool = False,
-    retry_unknown: bool = False,
-    api_key_secret_block: str | None = None,
-    rpm: int | None = None,
-    adaptive: bool = True,
-    max_images: int | None = None,
-    max_spend: float | None = None,
-    prices: str | None = None,
-    global_limit: str | None = None,
-    report: bool = True,
-    shards: int = 1,
-    shard: int | None = None,
-    shard_deployment: str | None = None,
-    files_root: list[str] | None = None,
-    allow_failures: str | None = None,
-    shard_start_timeout: float = START_TIMEOUT,
-    redo: str | None = None,
-    edit: bool = False,
+    options: RunOptions = RunOptions(),  # noqa: B008  # frozen: one instance is safe to share
+    role: SkipJsonSchema[ShardRole | None] = None,
 ) -> dict[str, Any]:
     """Generate every image a manifest asks for into `out`, resuming from what `out` already holds.
 
-    The API key is read from the Prefect Secret block named by `api_key_secret_block`, else from
-    `IMAGEBATCH_API_KEY`; with no `base_url` (and no `IMAGEBATCH_BASE_URL`) the embedded emulator is used.
-    `rpm` spaces request starts (60 / rpm seconds apart); `adaptive` (default) starts with a few requests
-    in flight and adapts to the service's 429s (see `run.dispatch.Window`), never above `concurrency`.
-    `max_images` caps the images this run may deliver (see `run.dispatch.Dispatcher`). `global_limit`
-    names a Prefect global concurrency limit whose slot each request holds on the wire (`run.limits`).
-    With `report=False` no thumbnail is made and no `report.html` written (`imagebatch report OUT` makes
-    them later): a thumbnail costs ~15 ms of CPU per 1K image, as much as the rest of a request's work.
-    With `shards` > 1 the run starts that many runs of `shard_deployment` (each `shard` I of them sends
-    its share) on a work pool's workers (shard 0, and one no worker starts within `shard_start_timeout`
-    seconds, run in this run's process), waits, and writes the records (see `run.shards`).
-    `files_root` names folders reference images and masks may come from besides the manifest's folder.
-    `allow_failures` (`3`, or `2.5%` of the requests) lets a run that was not stopped end Completed with
-    that many requests not done (`run.final_state`).
-    `redo="rejected"` sends a new variant of each request whose newest image a reviewer rejected, and
-    nothing else new; with `edit`, as an edit turn on the rejected image with the reviewer's note where it
-    can be (`work.variants`).
-    The flow run ends Completed, Failed or Cancelled (`run.final_state.final_state`), its state's data the run
-    summary (counts by status, paths), which is also written to `out/run.json`: call it with
-    `return_state=True` and read the summary with `run.final_state.summary_of(state)`.
+    Args:
+        manifest: The manifest: a CSV, JSON, JSON Lines, XLSX (FILE.xlsx#SHEET) or Parquet file, or a CSV
+            or JSON object's URL (s3://bucket/m.csv).
+        out: The output folder, or an object store's s3://bucket/prefix: a rerun sends only what is new.
+        options: The run's options (`imagebatch.options`), each described where it is declared.
+        role: Set by imagebatch for a sharded run's parts, never by a person (not in the form).
+
+    The flow run ends Completed, Failed or Cancelled (`run.final_state`), its state's data the run summary,
+    also written to `out/run.json`: call it with `return_state=True` and read it with
+    `run.final_state.summary_of(state)`.
     """
-    options = RunOptions(
-        concurrency=concurrency, base_url=base_url, force=force, retry_unknown=retry_unknown,
-        api_key_secret_block=api_key_secret_block, rpm=rpm, adaptive=adaptive, max_images=max_images,
-        max_spend=max_spend, prices=prices, global_limit=global_limit, report=report, shards=shards,
-        shard=shard, shard_deployment=shard_deployment, files_root=files_root,
-        allow_failures=allow_failures, shard_start_timeout=shard_start_timeout, redo=redo, edit=edit,
-    )  # fmt: skip
+    run = start(manifest, out, options, role or ShardRole())
+    if run.role.shard is not None:
+        return run_shard(run)  # send this shard's units; the parent writes the records
+    if options.sharding.shards > 1:
+        return run_parent(run)  # start the shards' runs, wait for them, write the records
+    return run_here(run)  # send every unit, write the records
+
+
+PARAMETERS = frozenset(inspect.signature(generate_from_manifest.fn).parameters)
+EARLIER = frozenset(OWNER) | frozenset(ShardRole.model_fields)
+"""The flow's parameters before the options were one model: each option, a shard's number and deployment."""
+
+
+def _accept_earlier_shape(batch: Flow[..., Any]) -> None:
+    """Prefect binds a deployment run's parameters to the flow function's signature before the flow
+    validates them (`from_earlier_shape`), so the signature it reads gains one keyword per earlier
+    parameter, hidden from the form (`SkipJsonSchema`); the flow's form was made before, from the four."""
+    signature, hide = inspect.signature(batch.fn), SkipJsonSchema[Any]  # type: ignore[misc]  # pydantic's marker
+    hidden = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=hide)
+        for name in sorted(EARLIER)
+    ]
+    batch.fn.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *hidden])  # type: ignore[attr-defined]
+
+
+_accept_earlier_shape(generate_from_manifest)
+
+
+def start(manifest: str, out: str, options: RunOptions, role: ShardRole) -> Run:
+    """The run checked (`preflight`, unless the command made it) and planned, its run.json begun."""
     hooks = current_hooks() or RunHooks()
+    shard, shards = role.shard, options.sharding.shards
     checked = hooks.checked or preflight(
-        manifest, out, concurrency=concurrency, base_url=base_url,
-        api_key_secret_block=api_key_secret_block, rpm=rpm, max_images=max_images,
-        max_spend=max_spend, prices=prices, shard=shard is not None, files_root=files_root,
-        deployed=deployment.id is not None, redo=redo, edit=edit, force=force,
-    )  # fmt: skip
-    if shards < 1 or (shard is not None and not 0 <= shard < shards):
-        raise UsageError(f"shard {shard} of {shards}: shards must be 1 or more, and a shard 0 to shards - 1")
-    rate_limit = rate_limit_of(global_limit) if global_limit else None  # a missing limit is refused here
+        manifest, out, options, shard=shard is not None, deployed=deployment.id is not None
+    )
+    if shard is not None and not 0 <= shard < shards:
+        raise UsageError(f"shard {shard} of {shards}: a shard is 0 to shards - 1")
+    limit = options.pacing.global_limit
+    rate_limit = rate_limit_of(limit) if limit else None  # a missing limit is refused here
     units = group_units(plan(checked.manifest))
     planned = sum(len(unit.requests) for unit in units)
-    info = run_info(checked, planned, concurrency, force, retry_unknown, api_key_secret_block)
-    info["options"] |= {
-        "global_limit": global_limit, "report": report, "shards": shards, "shard": shard,
-        "files_root": files_root, "allow_failures": allow_failures, "redo": redo, "edit": edit,
-    }  # fmt: skip
-    run = Run(checked, options, hooks, units, info, rate_limit)
-    if shards > 1 and shard is None:
-        return run_parent(run)  # start the shards' runs, wait for them, write the records
-    if shard is not None:
-        return run_shard(run)  # send this shard's units; the parent writes the records
-    return run_here(run)  # send every unit, write the records
+    info = run_info(checked, planned, options, shard)
+    return Run(checked, options, role, hooks, units, info, rate_limit)
 
 
 def run_here(run: Run) -> dict[str, Any]:
     """A run in this process: send its units, then write its records (`run.outputs`)."""
-    checked, options = run.checked, run.options
+    checked, report = run.checked, run.options.outcome.report
     store = OutputStore(checked.out)
     with _output(run, store) as (url, key):
         states = store.load_state()
@@ -257,7 +251,7 @@ def run_here(run: Run) -> dict[str, Any]:
         run.info["sent"] = len(ctx.started_keys)
         try:
             return write_records(
-                checked, store, run.units, ctx.results, run.info, ctx.halt_reason, tasks, options.report
+                checked, store, run.units, ctx.results, run.info, ctx.halt_reason, tasks, report
             )
         finally:
             ctx.results.close()
@@ -266,13 +260,13 @@ def run_here(run: Run) -> dict[str, Any]:
 def run_shard(run: Run) -> dict[str, Any]:
     """One shard of a sharded run: send its share of the units into its own journal; the parent writes the
     run's records once every shard has ended (`run_parent`)."""
-    options, info = run.options, run.info
-    assert options.shard is not None
-    store = OutputStore(run.checked.out, shard_name(options.shard, options.shards))
+    info, shard, shards = run.info, run.role.shard, run.options.sharding.shards
+    assert shard is not None
+    store = OutputStore(run.checked.out, shard_name(shard, shards))
     with _output(run, store) as (url, key):
         states = store.load_state()
         held_keys = plan_variants(run, store, states)
-        units = [u for u in run.units if shard_of(u, options.shards) == options.shard]
+        units = [u for u in run.units if shard_of(u, shards) == shard]
         info["requests"] = sum(len(unit.requests) for unit in units)
         ctx, _tasks = _send(run, store, units, url, key, states, held_keys)
         try:
@@ -287,44 +281,38 @@ def run_shard(run: Run) -> dict[str, Any]:
 def run_parent(run: Run) -> dict[str, Any]:
     """The parent of a sharded run: start `shards` runs of `shard_deployment` (`run.shards`), wait for
     them, merge their journals and write the run's records."""
-    checked, options = run.checked, run.options
-    if not options.shard_deployment:
-        raise UsageError(f"{options.shards} shards need the deployment their runs use (shard_deployment)")
-    parameters = {
-        "manifest": checked.manifest.source, "out": out_text(checked.out),
-        "concurrency": options.concurrency, "base_url": options.base_url, "force": options.force,
-        "retry_unknown": options.retry_unknown, "api_key_secret_block": options.api_key_secret_block,
-        "rpm": options.rpm, "adaptive": options.adaptive, "prices": options.prices,
-        "global_limit": options.global_limit, "report": options.report, "files_root": options.files_root,
-        "allow_failures": options.allow_failures, "redo": options.redo, "edit": options.edit,
-    }  # fmt: skip
-    store = OutputStore(checked.out)
-    with held(store, sharded=options.shards):  # a bucket's lease, for the whole run (the shards' too)
-        return _parent_records(run, store, options.shard_deployment, parameters)
+    shards, deployment_name = run.options.sharding.shards, run.role.shard_deployment
+    if not deployment_name:
+        raise UsageError(f"{shards} shards need the deployment their runs use (imagebatch deploy --shards)")
+    store = OutputStore(run.checked.out)
+    with held(store, sharded=shards):  # a bucket's lease, for the whole run (the shards' too)
+        return _parent_records(run, store, deployment_name)
 
 
-def _parent_records(
-    run: Run, store: OutputStore, deployment: str, parameters: dict[str, Any]
-) -> dict[str, Any]:
-    """The parent's part of a sharded run in the location it holds: its state before, the shards' runs,
-    and the records once every shard has ended."""
+def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[str, Any]:
+    """The parent's part of a sharded run in the location it holds: its state before, the shards' runs
+    (each with its part of the budgets: `run.shards.shard_parameters`), and the records once every shard
+    has ended."""
     checked, options, hooks, info = run.checked, run.options, run.hooks, run.info
+    shards = options.sharding.shards
     with held(store):  # nothing else runs into the folder; the last sharded run's files are merged
         before = store.load_state()
-        plan_variants(run, store, before)  # the shards plan the same from the same state
+        held_keys = plan_variants(run, store, before)  # the shards plan the same from the same state
+    source, out = checked.manifest.source, out_text(checked.out)
+    parameters = shard_parameters(source, out, options, run.units, before, held_keys)
     runs = run_shards(
-        deployment,
+        deployment_name,
         parameters,
-        options.shards,
+        shards,
         store,
         sleep=hooks.sleep,
         grace=hooks.shard_grace,
-        start_timeout=options.shard_start_timeout,
+        start_timeout=options.sharding.shard_start_timeout,
         stopped=lambda: hooks.control.reason,  # a stop of the parent stops every shard
     )
     with held(store):  # every shard has ended: merge their journals, then the records
         if store.is_object_store:
-            shards_released(store, options.shards, hooks.sleep)  # a killed shard's lease, until it expires
+            shards_released(store, shards, hooks.sleep)  # a killed shard's lease, until it expires
         after = store.load_state()
         failed = [
             f"shard {i}: {r['state']} ({r['message']})"
@@ -335,7 +323,8 @@ def _parent_records(
         info["shard_runs"] = runs
         # No task runs of its own to wait for at the end (the shards record theirs).
         halt_reason = hooks.control.reason or "; ".join(failed) or None
-        return write_records(checked, store, run.units, results, info, halt_reason, 0, options.report)
+        report = options.outcome.report
+        return write_records(checked, store, run.units, results, info, halt_reason, 0, report)
 
 
 @contextlib.contextmanager
@@ -345,7 +334,7 @@ def _output(run: Run, store: OutputStore) -> Iterator[tuple[str, str]]:
     with (
         prefect_guard.watching(),
         forward_logs_to_prefect("imagebatch"),
-        service(run.checked.base_url, run.options.api_key_secret_block, run.hooks) as (url, key),
+        service(run.checked.base_url, run.options.service.api_key_secret_block, run.hooks) as (url, key),
         held(store),
     ):
         store.prepare()
@@ -356,10 +345,10 @@ def plan_variants(run: Run, store: OutputStore, states: dict[str, KeyState]) -> 
     """Add every variant of the plan's requests to `run.units` (and, for `--redo rejected`, the new ones),
     from the folder's state as this run found it (`work.variants`); return the keys the run must not
     send (variants, outside a redo)."""
-    options = run.options
+    resend = run.options.resend
     run.units, held_keys, redo = with_variants(
-        run.units, states, store, redo=redo_kinds(options.redo), edit=options.edit,
-        retry_unknown=options.retry_unknown,
+        run.units, states, store, redo=redo_kinds(resend.redo), edit=resend.edit,
+        retry_unknown=resend.retry_unknown,
     )  # fmt: skip
     run.info["requests"] = sum(len(unit.requests) for unit in run.units)
     if redo is not None:
@@ -379,15 +368,16 @@ def _send(
     """Send `units` (`run.dispatch`) with the run's client, limit, pacing, caps and signal handling;
     `states` is the folder's state as the run found it; return the run context (its records) and the
     number of Prefect task runs started."""
-    options, hooks = run.options, run.hooks
-    slots = SlotBroker(options.global_limit, run.rate_limit) if options.global_limit else None
+    options, hooks, pacing = run.options, run.hooks, run.options.pacing
+    limit = pacing.global_limit
+    slots = SlotBroker(limit, run.rate_limit) if limit else None
     client = GatewayClient(
         url, key, sleep=hooks.sleep, transport=hooks.transport, slot=slots or contextlib.nullcontext
     )
     ctx = RunContext(
         client, store, states,
-        force=options.force, retry_unknown=options.retry_unknown,
-        key_source=key_source(options.api_key_secret_block), thumbnails=options.report,
+        force=options.resend.force, retry_unknown=options.resend.retry_unknown,
+        key_source=key_source(options.service.api_key_secret_block), thumbnails=options.outcome.report,
         requests=sum(len(unit.requests) for unit in units), held=held_keys,
     )  # fmt: skip
     with (
@@ -395,11 +385,11 @@ def _send(
         slots or contextlib.nullcontext(),
         hooks.signals() if hooks.signals else contextlib.nullcontext(),
     ):
-        if options.rpm:
-            ctx.pacer = Pacer(60.0 / options.rpm, sleep=hooks.sleep, clock=hooks.clock)
+        if pacing.rpm:
+            ctx.pacer = Pacer(60.0 / pacing.rpm, sleep=hooks.sleep, clock=hooks.clock)
         progress = ProgressArtifact(hooks.on_progress)
-        caps = budgets(options.max_images, options.max_spend, run.checked.prices)
-        tasks = dispatch(ctx, units, options.concurrency, hooks.control, progress, options.adaptive, caps)
+        caps = budgets(options.budgets.max_images, options.budgets.max_spend, run.checked.prices)
+        tasks = dispatch(ctx, units, pacing.concurrency, hooks.control, progress, pacing.adaptive, caps)
         progress.close()
     ctx.end_dispatch()
     return ctx, tasks

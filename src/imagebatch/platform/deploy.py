@@ -68,6 +68,7 @@ from imagebatch.gateway.constants import ENV_API_KEY
 from imagebatch.gateway.environment import base_url_or_environment
 from imagebatch.manifest import ManifestError
 from imagebatch.manifest.load import absolute
+from imagebatch.options import RunOptions, ShardRole
 from imagebatch.platform.automations import (
     AUTOMATION_NAME,
     HEARTBEAT_ENV,
@@ -77,11 +78,19 @@ from imagebatch.platform.automations import (
     ensure,
     heartbeat_window,
 )
+from imagebatch.platform.deploy_metadata import DeploymentMetadata, block_ids, metadata_of, notify
 from imagebatch.platform.deploy_metadata import apply as apply_metadata
-from imagebatch.platform.deploy_metadata import block_ids, metadata_of, notify
 from imagebatch.run.constants import FLOW_NAME
 from imagebatch.run.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from imagebatch.run.preflight import EMBEDDED, UsageError, locked, out_text, output_location, preflight
+from imagebatch.run.preflight import (
+    EMBEDDED,
+    UsageError,
+    locked,
+    options_from,
+    out_text,
+    output_location,
+    preflight,
+)
 from imagebatch.run.verdict import parse_allowance
 from imagebatch.storage.location import is_object_url, shown_url
 from imagebatch.work.store import OutputLockedError, OutputStore
@@ -127,27 +136,18 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
         where = shown_url(args.manifest)
         print(f"{where}: {len(exc.problems)} problem(s); nothing was deployed.", file=sys.stderr)
         return EXIT_USAGE
-
     try:
-        blocks = check_on_server(args, pool, metadata.notify, serve=serve)
-        shards = getattr(args, "shards", 1)
+        model = RunOptions.model_validate(parameters["options"])
+        blocks = _server_checks(model, pool, metadata.notify, serve=serve)
         window = heartbeat_window()
         for automation in dead_run_automations(window):
             ensure(automation)  # created once, updated only when it differs (platform.automations)
         if getattr(args, "check", False):
             print(f"checked; runs tagged {TAG!r} without a heartbeat for {window:g} s are marked Crashed")
             return EXIT_OK
-        if shards > 1:  # the parent plans and merges; its shards run as runs of NAME-shards
-            shard_deployment = f"{args.name}-shards"
-            shard_runs = build_deployment(shard_deployment, parameters, None, pool, limit=None)
-            apply_metadata(shard_runs, replace(metadata, paused=False)).apply(work_pool_name=pool)
-            parameters |= {"shards": shards, "shard_deployment": f"{FLOW_NAME}/{shard_deployment}"}
-            parameters["shard_start_timeout"] = args.shard_start_timeout
-        deployment = apply_metadata(build_deployment(args.name, parameters, schedule, pool), metadata)
-        if schedule is None:
-            clear_schedules(f"{FLOW_NAME}/{args.name}")
-        if not serve:
-            deployment_id = deployment.apply(work_pool_name=pool)
+        deployment = _apply(args.name, parameters, schedule, pool, metadata)
+        deployment_id = None if serve else deployment.apply(work_pool_name=pool)
+        if deployment_id is not None:
             notify(str(deployment_id), f"{FLOW_NAME}/{args.name}", blocks)
     except UsageError as exc:
         print(f"imagebatch {command}: {exc}", file=sys.stderr)
@@ -165,26 +165,46 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
     return EXIT_OK
 
 
-def check_on_server(
-    args: argparse.Namespace, pool: str | None, notify_blocks: tuple[str, ...], *, serve: bool
+def _server_checks(
+    options: RunOptions, pool: str | None, notify_blocks: tuple[str, ...], *, serve: bool
 ) -> dict[str, str]:
     """What the server must have before anything is deployed: the Secret block, the global limit, the
     work pool and the notification blocks (returns their ids); UsageError naming what is missing."""
-    if args.api_key_block:
-        check_secret_block(args.api_key_block)
-    if args.global_limit:
+    if options.service.api_key_secret_block:
+        check_secret_block(options.service.api_key_secret_block)
+    if options.pacing.global_limit:
         from imagebatch.run.limits import rate_limit_of
 
-        rate_limit_of(args.global_limit)  # refuses a limit the server does not have
+        rate_limit_of(options.pacing.global_limit)  # refuses a limit the server does not have
     if pool:
         check_work_pool(pool)
-    if getattr(args, "shards", 1) > 1 and serve:
+    if options.sharding.shards > 1 and serve:
         raise UsageError("--shards needs a work pool's workers: use imagebatch deploy --work-pool")
     return block_ids(notify_blocks)
 
 
+def _apply(
+    name: str, parameters: dict[str, Any], schedule: Any, pool: str | None, metadata: DeploymentMetadata
+) -> RunnerDeployment:
+    """The deployment NAME (and, for a sharded run, NAME-shards, the deployment its shards run as, applied
+    now, never paused), each with the metadata given; its schedule cleared on the server when it has none."""
+    if parameters["options"]["sharding"]["shards"] > 1:  # the parent plans and merges
+        shard_deployment = f"{name}-shards"
+        shard_runs = build_deployment(shard_deployment, parameters, None, pool, limit=None)
+        apply_metadata(shard_runs, replace(metadata, paused=False)).apply(work_pool_name=pool)
+        parameters["role"] = ShardRole(shard_deployment=f"{FLOW_NAME}/{shard_deployment}").model_dump(
+            mode="json"
+        )
+    deployment = apply_metadata(build_deployment(name, parameters, schedule, pool), metadata)
+    if schedule is None:
+        clear_schedules(f"{FLOW_NAME}/{name}")
+    return deployment
+
+
 def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
-    """`run`'s checks (`preflight`), then the deployment's parameters: absolute paths, never the key.
+    """`run`'s checks (`preflight`), then the deployment's parameters: the manifest, the output and the
+    options (`imagebatch.options`, whole: the form Prefect's UI shows), paths made absolute, the service's
+    address from here, never the key.
 
     Served runs run here, so `serve` checks for the key here too, as `run` does."""
     if "{" in str(args.out):
@@ -195,46 +215,33 @@ def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
     manifest = absolute(args.manifest)  # a path made absolute, or an object's URL as it is
     where = output_location(args.out)
     out = where if isinstance(where, str) else where.expanduser().resolve()
-    prices = str(Path(args.prices).expanduser().resolve()) if args.prices else None
-    roots = [absolute(r) for r in args.files_root] if args.files_root else None
-    options: dict[str, Any] = {
-        "concurrency": args.concurrency,
-        "base_url": base_url_or_environment(args.base_url),
-        "rpm": args.rpm,
-        "max_images": args.max_images,
-        "max_spend": args.max_spend,
-        "prices": prices,
-        "files_root": roots,
-    }
-    block = args.api_key_block if serve else args.api_key_block or _KEY_AT_RUN_TIME
-    parse_allowance(args.allow_failures)
+    options = _absolute(options_from(args, "serve" if serve else "deploy"))
+    service = options.service
+    block = service.api_key_secret_block if serve else service.api_key_secret_block or _KEY_AT_RUN_TIME
+    parse_allowance(options.outcome.allow_failures)
     try:
-        preflight(
-            manifest,
-            out,
-            api_key_secret_block=block,
-            deployed=True,
-            redo=args.redo,
-            edit=args.edit,
-            **options,
+        checked = options.model_copy(
+            update={"service": service.model_copy(update={"api_key_secret_block": block})}
         )
+        preflight(manifest, out, checked, deployed=True)
     except UsageError as exc:
         # A running run holding the folder does not stop a redeploy; `preflight` checks the folder last,
         # so the message tells whether that was the only problem.
         if str(exc) != _held_message(out):
             raise
-    return {
-        "manifest": manifest,
-        "out": out_text(out),
-        **options,
-        "api_key_secret_block": args.api_key_block,
-        "adaptive": args.adaptive,
-        "global_limit": args.global_limit,
-        "report": args.report,
-        "allow_failures": args.allow_failures,
-        "redo": args.redo,
-        "edit": args.edit,
-    }
+    return {"manifest": manifest, "out": out_text(out), "options": options.model_dump(mode="json")}
+
+
+def _absolute(options: RunOptions) -> RunOptions:
+    """The options as a worker reads them: the price table and files roots made absolute (a worker runs
+    the flow in a temporary folder), the service's address from `IMAGEBATCH_BASE_URL` here if not given."""
+    prices = options.budgets.prices
+    roots = options.inputs.files_root
+    return options.with_flat(
+        base_url=base_url_or_environment(options.service.base_url),
+        prices=str(Path(prices).expanduser().resolve()) if prices else None,
+        files_root=[absolute(r) for r in roots] if roots else None,
+    )
 
 
 def _held_message(out: Path | str) -> str | None:
@@ -400,20 +407,21 @@ def describe(
     if is_object_url(parameters["out"]):
         whose = "each worker's" if pool else "this process's"
         lines.append(f"  store credentials: {whose} own (environment, profile or role; never a parameter)")
-    if parameters.get("files_root"):
-        lines.append(f"  files root: the manifest's folder and {', '.join(parameters['files_root'])}")
+    options = RunOptions.model_validate(parameters["options"])
+    if options.inputs.files_root:
+        lines.append(f"  files root: the manifest's folder and {', '.join(options.inputs.files_root)}")
     if pool:
         lines.append(f"  runs on: work pool {pool!r}; a worker: imagebatch worker --pool {pool}")
     else:
         lines.append("  runs in: this process, until Ctrl-C (the schedule is paused then)")
     where = "the worker's" if pool else "this process's"
-    if args.api_key_block:
-        lines.append(f"  API key: the Prefect Secret block {args.api_key_block!r}")
+    if options.service.api_key_secret_block:
+        lines.append(f"  API key: the Prefect Secret block {options.service.api_key_secret_block!r}")
     else:
         lines.append(f"  API key: {ENV_API_KEY} in {where} environment (never a parameter)")
-    if str(parameters["base_url"]).strip().lower() == EMBEDDED:
+    if str(options.service.base_url).strip().lower() == EMBEDDED:
         lines.append("  service: the embedded emulator (its images are placeholders), as asked")
     else:
-        lines.append(f"  service: {parameters['base_url']}")
+        lines.append(f"  service: {options.service.base_url}")
     lines.append("  one run at a time: a run that starts while one is running is cancelled (CANCEL_NEW)")
     return "\n".join(lines)

@@ -202,8 +202,8 @@ P = ParamSpec("P")
 
 
 def concluded(body: Callable[P, dict[str, Any]]) -> Callable[P, State[Any]]:
-    """Wrap the flow's body: its run summary becomes its final state (`conclude`, with the body's own
-    `allow_failures` argument), Prefect's per-task-run lines go quiet (`quiet_task_runs`), and where no
+    """Wrap the flow's body: its run summary becomes its final state (`conclude`, with the allowance of the
+    body's own `options` argument), Prefect's per-task-run lines go quiet (`quiet_task_runs`), and where no
     terminal handles the signals (`RunHooks.signals` unset: a worker, `serve`, a Python caller) the run
     stops gracefully on SIGTERM or SIGINT and never dies of a closed output pipe (`run.graceful_stop`)."""
     signature = inspect.signature(body)
@@ -213,9 +213,10 @@ def concluded(body: Callable[P, dict[str, Any]]) -> Callable[P, State[Any]]:
         from imagebatch.run.hooks import RunHooks, current_hooks, run_hooks
 
         arguments = signature.bind_partial(*args, **kwargs).arguments
-        allowance = parse_allowance(arguments.get("allow_failures"))
+        options, role = arguments.get("options"), arguments.get("role")  # imagebatch.options
+        allowance = parse_allowance(options.outcome.allow_failures if options is not None else None)
         # A sharded run's parent sends nothing: it waits out its shards' own stop, then writes the records.
-        parent = (arguments.get("shards") or 1) > 1 and arguments.get("shard") is None
+        parent = options is not None and options.sharding.shards > 1 and getattr(role, "shard", None) is None
         with contextlib.ExitStack() as stack:
             hooks = current_hooks() or stack.enter_context(run_hooks(RunHooks()))
             on_terminal = hooks.signals is not None

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from imagebatch.manifest import plan
+from imagebatch.options import RunOptions
 from imagebatch.run.outputs import run_info, write_files
 from imagebatch.run.preflight import Preflight, key_source
 from imagebatch.storage.segments import JOURNAL
@@ -30,37 +31,20 @@ NOT_STARTED = {"flow_run_id": None, "task_runs": 0, "started": False}
 """What run.json says of Prefect for a run settled here."""
 
 
-def settle_without_prefect(
-    checked: Preflight,
-    *,
-    force: bool,
-    retry_unknown: bool,
-    report: bool,
-    concurrency: int,
-    api_key_secret_block: str | None,
-    global_limit: str | None,
-    files_root: list[str] | None,
-    allow_failures: str | None = None,
-    redo: str | None = None,
-    edit: bool = False,
-) -> dict[str, Any] | None:
+def settle_without_prefect(checked: Preflight, options: RunOptions) -> dict[str, Any] | None:
     """The run's summary if it has nothing to send (its records written), else None (the flow runs).
 
     None too when the location has no journal yet (a first run) or is held by another run (the flow
     then says so as usual). An output in a bucket is settled the same way, under its lease: the rerun
     then reads the lease, one listing and the compacted journal, and writes the run's records."""
-    if force:
+    if options.resend.force:
         return None
     store = OutputStore(checked.out)
     if not _has_journal(store):
         return None
     try:
         with store.hold_and_merge():
-            options = {
-                "global_limit": global_limit, "report": report, "shards": 1, "shard": None,
-                "files_root": files_root, "allow_failures": allow_failures, "redo": redo, "edit": edit,
-            }  # fmt: skip
-            return _settle(checked, store, retry_unknown, report, concurrency, api_key_secret_block, options)
+            return _settle(checked, store, options)
     except OutputLockedError:
         return None
 
@@ -73,22 +57,16 @@ def _has_journal(store: OutputStore) -> bool:
     return store.journal_path.is_file()
 
 
-def _settle(
-    checked: Preflight,
-    store: OutputStore,
-    retry_unknown: bool,
-    report: bool,
-    concurrency: int,
-    secret_block: str | None,
-    options: dict[str, Any],
-) -> dict[str, Any] | None:
+def _settle(checked: Preflight, store: OutputStore, options: RunOptions) -> dict[str, Any] | None:
     states = store.load_state()
+    resend, report = options.resend, options.outcome.report
     units, held, redo = with_variants(
-        group_units(plan(checked.manifest)), states, store, redo=redo_kinds(options["redo"]),
-        edit=options["edit"], retry_unknown=retry_unknown,
+        group_units(plan(checked.manifest)), states, store, redo=redo_kinds(resend.redo),
+        edit=resend.edit, retry_unknown=resend.retry_unknown,
     )  # fmt: skip
-    ctx = RunContext(None, store, states, retry_unknown=retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
-                     key_source=key_source(secret_block), thumbnails=report, held=held)  # fmt: skip
+    ctx = RunContext(None, store, states, retry_unknown=resend.retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
+                     key_source=key_source(options.service.api_key_secret_block), thumbnails=report,
+                     held=held)  # fmt: skip
     try:
         if any(ctx.decision(r.idempotency_key) == "send" for unit in units for r in unit.requests):
             return None
@@ -97,8 +75,7 @@ def _settle(
         ctx.end_dispatch()
         ctx.results.close()
     planned = sum(len(unit.requests) for unit in units)
-    info = run_info(checked, planned, concurrency, False, retry_unknown, secret_block)
-    info["options"] |= options  # as the flow records them (flows.batch)
+    info = run_info(checked, planned, options)  # as the flow records them (flows.batch)
     info["sent"] = 0
     if redo is not None:
         info["redo"] = redo.info()

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import imagebatch
+from imagebatch.options import RunOptions
 from imagebatch.report.location import write_report
 from imagebatch.run.preflight import Preflight, out_text
 from imagebatch.storage import layout
@@ -141,26 +142,16 @@ def rate_limited(records: Iterable[RequestRecord]) -> int:
 
 
 def run_info(
-    checked: Preflight,
-    planned: int,
-    concurrency: int,
-    force: bool,
-    retry_unknown: bool,
-    secret_block: str | None,
+    checked: Preflight, planned: int, options: RunOptions, shard: int | None = None
 ) -> dict[str, Any]:
-    """What `run.json` says of a run when it starts (`state: running` until it ends)."""
+    """What `run.json` says of a run when it starts (`state: running` until it ends): its options are every
+    field of the model by its name (`RunOptions.flat`), the service as resolved, and a shard's number."""
     return {
         "manifest": checked.manifest.source,  # a workbook's with its sheet: `path#Sheet`
         "manifest_sha256": checked.manifest.sha256,
         "out": out_text(checked.out),
         "service": checked.base_url or "embedded emulator",
-        "options": {
-            "concurrency": concurrency,
-            "force": force,
-            "retry_unknown": retry_unknown,
-            "base_url": checked.base_url,
-            "api_key_secret_block": secret_block,
-        },
+        "options": options.flat() | {"base_url": checked.base_url, "shard": shard},
         "versions": {"imagebatch": imagebatch.__version__, "prefect": importlib.metadata.version("prefect")},
         "started_at": datetime.now(UTC).isoformat(),
         "ended_at": None,

@@ -12,18 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from imagebatch.gateway.client import normalise_base_url
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_PRICES
 from imagebatch.gateway.environment import api_key_from_environment, base_url_or_environment
 from imagebatch.gateway.errors import ConfigurationError
 from imagebatch.manifest import Manifest, load_manifest
+from imagebatch.options import RunOptions, fields, problem
 from imagebatch.storage.location import is_object_url, shown_url
 from imagebatch.work.prices import PriceError, PriceTable
 from imagebatch.work.store import OutputLockedError, OutputStore
-from imagebatch.work.variants import REDO_KINDS, redo_kinds
 
-MAX_CONCURRENCY = 256
-DEFAULT_CONCURRENCY = 4
 EMBEDDED = "embedded"
 """The service address that names the embedded emulator (`--base-url embedded`,
 `IMAGEBATCH_BASE_URL=embedded`): how a deployment asks for it, since one without an address is refused."""
@@ -158,63 +158,55 @@ class Preflight:
     prices: PriceTable | None = None
 
 
-REDO_CHOICES = REDO_KINDS
-"""What `--redo` takes, comma separated (`work.variants.REDO_KINDS`)."""
-
-
-def check_redo(redo: str | None, edit: bool, force: bool) -> None:
-    """`--redo KINDS` (and `--edit` only with it; never with `--force`, which remakes every first
-    sample instead)."""
+def options_from(args: Any, command: str) -> RunOptions:
+    """The run's options from a command's parsed flags (`cli.flags`: an absent flag is None, leaving the
+    model's default); a value out of its bounds is `UsageError`, one line naming the flag."""
+    given = {
+        name: getattr(args, name)
+        for name in fields()
+        if getattr(args, name, None) is not None  # a flag `command` has (cli.flags made it), given
+    }
     try:
-        redo_kinds(redo)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if edit and redo is None:
+        return RunOptions.from_flat(**given)
+    except ValidationError as exc:
+        raise UsageError(problem(exc)) from None
+
+
+def check_redo(options: RunOptions) -> None:
+    """`--edit` only with `--redo`, and `--redo` never with `--force`, which remakes every first sample
+    instead (the kinds `--redo` takes are checked by the model: `work.variants.redo_kinds`)."""
+    resend = options.resend
+    if resend.edit and resend.redo is None:
         raise UsageError("--edit makes the variants of --redo rejected as edits: give --redo rejected too")
-    if redo is not None and force:
+    if resend.redo is not None and resend.force:
         raise UsageError("--redo and --force cannot go together: --force makes every request again")
 
 
 def preflight(
     manifest: str | Path,
     out: str | Path,
+    options: RunOptions,
     *,
-    concurrency: int,
-    base_url: str | None,
-    api_key_secret_block: str | None,
-    rpm: int | None = None,
-    max_images: int | None = None,
-    max_spend: float | None = None,
-    prices: str | None = None,
     shard: bool = False,
-    files_root: list[str] | None = None,
     deployed: bool = False,
-    redo: str | None = None,
-    edit: bool = False,
-    force: bool = False,
 ) -> Preflight:
     """Every check that needs neither Prefect nor the service: the manifest and its files (inside the
-    manifest's folder or `files_root`), the options, the output folder, the base URL and the key's presence
-    and form. Raises `ManifestError` or `UsageError`. `deployed`: a deployment's run (or the deploying
-    command), which needs an address (`resolve_base_url`)."""
-    loaded = load_manifest(manifest, files_root=files_root)  # a path, or an object's URL
-    if not 1 <= concurrency <= MAX_CONCURRENCY:
-        raise UsageError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}, not {concurrency}")
-    if rpm is not None and rpm < 1:
-        raise UsageError(f"--rpm must be at least 1, not {rpm}")
-    if max_images is not None and max_images < 0:
-        raise UsageError(f"--max-images must be 0 or more, not {max_images}")
-    check_redo(redo, edit, force)
+    manifest's folder or `files_root`), the options beyond their own bounds (the model's), the output
+    folder, the base URL and the key's presence and form. Raises `ManifestError` or `UsageError`.
+    `deployed`: a deployment's run (or the deploying command), which needs an address (`resolve_base_url`)."""
+    loaded = load_manifest(manifest, files_root=options.inputs.files_root)  # a path, or an object's URL
+    check_redo(options)
+    budgets, block = options.budgets, options.service.api_key_secret_block
     try:
-        table = PriceTable.from_option(prices)
+        table = PriceTable.from_option(budgets.prices)
     except PriceError as exc:
         raise UsageError(str(exc)) from None
-    if max_spend is not None and (max_spend < 0 or table is None):
+    if budgets.max_spend is not None and table is None:
         raise UsageError(
-            f"--max-spend {max_spend:g} needs a price table (--prices FILE or ${ENV_PRICES}) and 0 or more"
+            f"--max-spend {budgets.max_spend:g} needs a price table (--prices FILE or ${ENV_PRICES})"
         )
-    url = resolve_base_url(base_url, deployed=deployed)
-    if url and not api_key_secret_block:
+    url = resolve_base_url(options.service.base_url, deployed=deployed)
+    if url and not block:
         key = api_key_from_environment()
         if not key:
             raise UsageError(f"{url} needs an API key: set {ENV_API_KEY} (or --api-key-block NAME)")

@@ -32,13 +32,12 @@ from typing import Any
 
 from imagebatch.gateway.constants import ENV_API_KEY, STORE_SECRETS
 from imagebatch.manifest.plan import key_digits
+from imagebatch.options import START_TIMEOUT, RunOptions, ShardRole, split_budgets
 from imagebatch.run.constants import SHARD_GRACE, TERMINAL_STATES
-from imagebatch.work.context import Unit
+from imagebatch.work.context import Unit, decide
 from imagebatch.work.records import carried, not_attempted
 from imagebatch.work.store import KeyState, OutputLockedError, OutputStore, RequestRecord
 
-START_TIMEOUT = 60.0
-"""Seconds a shard may wait for a worker before the parent, its own shard done, runs it itself."""
 NEVER_STARTED = 300.0
 """Seconds a shard a worker claimed may take to start before it counts as crashed."""
 
@@ -51,6 +50,36 @@ def shard_of(unit: Unit, shards: int) -> int:
 
 def shard_name(shard: int, shards: int) -> str:
     return f"{shard}-of-{shards}"
+
+
+def shard_parameters(
+    manifest: str,
+    out: str,
+    options: RunOptions,
+    units: list[Unit],
+    before: dict[str, KeyState],
+    held: frozenset[str],
+) -> list[dict[str, Any]]:
+    """Each shard's flow parameters: the parent's options whole (a new option reaches the shards unasked),
+    but for its part of the run's budgets, split by each shard's requests to send as the parent found the
+    output (`split_budgets`: the parts add up to the whole), and its number."""
+    shards, resend = options.sharding.shards, options.resend
+    to_send = [0] * shards
+    for unit in units:
+        to_send[shard_of(unit, shards)] += sum(
+            decide(before.get(k), force=resend.force, retry_unknown=resend.retry_unknown, held=k in held)
+            == "send"
+            for k in (r.idempotency_key for r in unit.requests)
+        )
+    return [
+        {
+            "manifest": manifest,
+            "out": out,
+            "options": options.model_copy(update={"budgets": part}).model_dump(mode="json"),
+            "role": ShardRole(shard=i).model_dump(mode="json"),
+        }
+        for i, part in enumerate(split_budgets(options.budgets, to_send))
+    ]
 
 
 @dataclass
@@ -71,7 +100,7 @@ class _Shard:
 
 def run_shards(
     deployment: str,
-    parameters: dict[str, Any],
+    parameters: list[dict[str, Any]],
     shards: int,
     store: OutputStore,
     sleep: Callable[[float], None] = time.sleep,
@@ -82,9 +111,9 @@ def run_shards(
     never_started: float = NEVER_STARTED,
     stopped: Callable[[], str | None] = lambda: None,
 ) -> list[dict[str, Any]]:
-    """Start the N shard runs of `deployment` (as sub-runs of this flow run), run some of them here, and
-    wait until each ends. Returns, per shard, its flow run's id, final state and message, and whether
-    the parent ran it (`here`).
+    """Start the N shard runs of `deployment` (sub-runs of this one, `parameters` from `shard_parameters`),
+    run some here, wait until each ends. Returns, per shard, its flow run's id, final state and message,
+    and whether the parent ran it (`here`).
 
     The parent holds a worker's slot, so it never only waits there (a pool of concurrency 1, or one
     worker started with `--limit 1`, would deadlock): it claims shard 0 at once, and any shard no worker
@@ -103,7 +132,7 @@ def run_shards(
     started = [
         run_deployment(
             deployment,
-            parameters={**parameters, "shard": i, "shards": shards, "shard_deployment": None},
+            parameters=parameters[i],
             timeout=0,
             as_subflow=True,
             flow_run_name=f"shard {shard_name(i, shards)}",

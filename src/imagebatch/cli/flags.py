@@ -1,0 +1,81 @@
+"""The flags of a run's options, derived from the options model (`imagebatch.options`): one flag per
+field, its type, choices and help from the field, so that `run`, `deploy`, `serve` and `validate` never
+list an option by hand. A flag's default is None, meaning "the model's default" (or its environment
+variable's), so that the model stays the one place a default is written; the flags given make the
+run's options in `run.preflight.options_from`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic.fields import FieldInfo
+
+from imagebatch.options import OWNER, RunOptions, cli_of, fields, flag_of
+
+
+def add_option_flags(
+    parser: argparse.ArgumentParser,
+    command: str,
+    *,
+    only: Iterable[str] | None = None,
+    helps: dict[str, str] | None = None,
+) -> None:
+    """Add the flags of the fields `command` takes (or of the fields named in `only`), in one argument
+    group per group of the model; `helps` replaces a field's help where a command means it otherwise."""
+    chosen = set(only) if only is not None else None
+    titles: dict[str, argparse._ArgumentGroup] = {}
+    for name, info in fields().items():
+        if (chosen is None and command not in cli_of(info).commands) or (
+            chosen is not None and name not in chosen
+        ):
+            continue
+        group = OWNER[name]
+        if group not in titles:
+            model = RunOptions.model_fields[group].annotation
+            doc = " ".join((getattr(model, "__doc__", None) or "").split())
+            titles[group] = parser.add_argument_group(group, doc.replace("%", "%%"))
+        text = (helps or {}).get(name) or help_of(info)
+        titles[group].add_argument(
+            flag_of(name), dest=name, default=None, help=text.replace("%", "%%"), **kind_of(info)
+        )
+
+
+def help_of(info: FieldInfo) -> str:
+    """The field's description, with its default where the description does not say it."""
+    text = info.description or ""
+    default = info.default
+    if isinstance(default, bool):
+        return f"{text} (default: {'on' if default else 'off'})"
+    if default is not None and "Default" not in text:
+        return (
+            f"{text} (default {default:g})"
+            if isinstance(default, (int, float))
+            else f"{text} (default {default})"
+        )
+    return text
+
+
+def kind_of(info: FieldInfo) -> dict[str, Any]:
+    """argparse's keywords for the field's type: a switch with its --no- form, a repeatable value, a
+    choice, or a value of its type."""
+    kind = _without_none(info.annotation)
+    metavar = cli_of(info).metavar
+    if kind is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(kind) is list:
+        return {"action": "append", "metavar": metavar}  # repeated: --files-root A --files-root B
+    if typing.get_origin(kind) is typing.Literal:
+        return {"choices": typing.get_args(kind)}
+    return {"type": kind, "metavar": metavar}
+
+
+def _without_none(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        kept = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return kept[0] if len(kept) == 1 else annotation
+    return annotation

@@ -1,0 +1,109 @@
+"""`imagebatch report` and `imagebatch review`: an output location's contact sheet, built, copied out of
+a bucket, or served on 127.0.0.1 for a person to approve or reject each image."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from imagebatch.cli.common import OUT_HELP, command
+from imagebatch.gateway.constants import ENV_REVIEWER
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
+from imagebatch.storage.layout import REPORT_HTML, RESULTS_CSV
+
+
+def add_report(sub: Any) -> None:
+    parser = command(sub, "report", f"(re)build the contact sheet {REPORT_HTML} of an output folder")
+    parser.add_argument("out", help=OUT_HELP)
+    parser.add_argument(
+        "--to",
+        default=None,
+        metavar="DIR",
+        help="for a run in a bucket: copy its report, thumbnails, images and results.csv into DIR (writing "
+        "nothing to the bucket) and print the page to open",
+    )
+    parser.set_defaults(handler=lambda args: report_command(args.out, args.to))
+
+
+def add_review(sub: Any) -> None:
+    parser = command(
+        sub, "review", "serve the contact sheet on 127.0.0.1 to approve or reject each image", "Until Ctrl-C."
+    )
+    parser.add_argument("out", help=OUT_HELP)
+    parser.add_argument(
+        "--port", type=int, default=0, help="port on 127.0.0.1 (default 0: a free one, printed)"
+    )
+    parser.add_argument(
+        "--reviewer",
+        default=None,
+        help=f"the name decisions are recorded under (default: ${ENV_REVIEWER}, else the login name)",
+    )
+    parser.add_argument(
+        "--show", default=None, help="the manifest's columns each card shows, e.g. sku,colour (default: all)"
+    )
+    parser.add_argument("--group-by", default=None, help="a column whose equal values sit together, e.g. sku")
+    parser.set_defaults(handler=review_command)
+
+
+def report_command(out: str, to: str | None = None) -> int:
+    """A local folder, or an object store's `s3://bucket/prefix` (the report is built from its records and
+    thumbnails, fetched, and uploaded next to them). `to`: a bucket's report copied into that folder
+    instead, nothing written to the bucket (`report.download`)."""
+    from imagebatch.run.preflight import UsageError, check_output_store, output_location
+    from imagebatch.work.store import OutputStore
+
+    where = output_location(out)
+    if to is not None and not isinstance(where, str):
+        why = f"--to copies a report out of a bucket; {out}/{REPORT_HTML} opens where it is"
+        print(f"imagebatch report: {why}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if isinstance(where, str):
+            check_output_store(where, lock=False)
+        store = OutputStore(where)
+        if not store.location.exists(RESULTS_CSV):
+            why = f"has no {RESULTS_CSV} (not an output folder of a finished run)"
+            print(f"imagebatch report: {store.where} {why}", file=sys.stderr)
+            return EXIT_USAGE
+        print(_download(store, to) if to is not None else _build(store))
+    except (UsageError, OSError) as exc:
+        print(f"imagebatch report: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def _build(store: Any) -> Any:
+    from imagebatch.report.location import write_report
+
+    return write_report(store)
+
+
+def _download(store: Any, to: str) -> Path:
+    from imagebatch.report.download import download_report
+    from imagebatch.storage.objectstore import ObjectLocation
+
+    assert isinstance(store.location, ObjectLocation)
+    return download_report(store.location, Path(to).expanduser()).resolve()
+
+
+def review_command(args: argparse.Namespace) -> int:
+    """A local folder, or a bucket's `s3://bucket/prefix` (checked first, as for `report`); serves until
+    Ctrl-C (`report.review`)."""
+    from imagebatch.report.review import default_reviewer, serve_review
+    from imagebatch.run.preflight import UsageError, check_output_store, output_location
+    from imagebatch.storage.location import open_location
+
+    where = output_location(args.out)
+    try:
+        if isinstance(where, str):
+            check_output_store(where, lock=False)
+        location = open_location(where)
+    except (UsageError, OSError) as exc:
+        print(f"imagebatch review: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    show = [c.strip() for c in args.show.split(",") if c.strip()] if args.show is not None else None
+    return serve_review(
+        location, default_reviewer(args.reviewer), args.port, show=show, group_by=args.group_by
+    )

@@ -1,0 +1,138 @@
+"""`imagebatch validate`: a manifest's problems or its plan; with --out, what a run into OUT would send
+now; with --prices, the most it can cost. Sends nothing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from imagebatch.cli.common import MANIFEST_HELP, command, sheet_argument
+from imagebatch.cli.flags import add_option_flags
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from imagebatch.manifest import Manifest
+
+
+def add_validate(sub: Any) -> None:
+    parser = command(sub, "validate", "check a manifest and print its plan; sends nothing")
+    parser.add_argument("manifest", help=MANIFEST_HELP)
+    sheet_argument(parser)
+    parser.add_argument(
+        "--format",
+        choices=("csv", "json", "jsonl", "xlsx", "parquet"),
+        default=None,
+        help="the manifest's format (default: from its extension)",
+    )
+    parser.add_argument(
+        "--keys",
+        action="store_true",
+        help="also list every planned request with its idempotency key (with --out: and its state)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="an output folder or s3://bucket/prefix: also say what a run into it would send now (done, "
+        "new, changed, unknown, rejected), reading it only",
+    )
+    add_option_flags(
+        parser,
+        "validate",
+        only=("prices", "retry_unknown", "files_root", "redo", "edit"),
+        helps={
+            "prices": "price table: also print the most the manifest (with --out: the run) can cost, "
+            "by model",
+            "retry_unknown": "with --out: count what `run --retry-unknown` would send",
+            "redo": "with --out: what `run --redo KINDS` would send (new variants, edits) and, with "
+            "--prices, cost",
+            "edit": "with --redo: as `run --redo rejected --edit`",
+        },
+    )
+    parser.add_argument(
+        "--name",
+        default=None,
+        metavar="TEMPLATE",
+        help="check every row's deliverable name as `export --name TEMPLATE` would make it (unsafe "
+        "characters, a '/' in a value, empty or space-padded parts, collisions)",
+    )
+    parser.add_argument("--slug", action="store_true", help="with --name: as `export --slug` makes them")
+    parser.set_defaults(handler=validate_command)
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    """The manifest's problems or its plan; with --out, what a run into OUT would send now
+    (`work.forecast`); with --prices, the most that (or the whole manifest) can cost."""
+    from imagebatch.manifest.validate import check_manifest
+
+    if args.redo is not None and args.out is None:
+        print(
+            "imagebatch validate: --redo needs --out OUT, the output whose results it redoes", file=sys.stderr
+        )
+        return EXIT_USAGE
+    code, manifest = check_manifest(args, keys=args.keys and args.out is None)
+    if manifest is None:
+        return code
+    if args.name is not None:
+        from imagebatch.delivery.manifestnames import print_name_check
+
+        if (code := print_name_check(manifest, args.name, slugged=args.slug, out=sys.stdout)) != EXIT_OK:
+            return code
+    if args.out is not None:
+        return _forecast(manifest, args)
+    if args.prices:
+        return _estimate(manifest, args.prices)
+    return code
+
+
+def _estimate(manifest: Manifest, prices: str) -> int:
+    """`validate --prices`: the most the manifest can cost, by model (images at most x price)."""
+    from imagebatch.manifest import plan
+    from imagebatch.work.prices import PriceError, PriceTable, estimate_lines
+
+    try:
+        table = PriceTable.load(prices)
+    except PriceError as exc:
+        print(f"imagebatch validate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print("\nmost it can cost (images at most x price):")
+    print("\n".join(estimate_lines(plan(manifest), table)))
+    return EXIT_OK
+
+
+def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
+    """`validate --out OUT`: what a run into OUT would do now (read only: no lock taken, nothing written;
+    a folder that does not exist is not made)."""
+    from imagebatch.run.preflight import (
+        UsageError,
+        check_output_store,
+        check_redo,
+        options_from,
+        output_location,
+    )
+    from imagebatch.work.forecast import forecast, print_forecast
+    from imagebatch.work.prices import PriceError, PriceTable
+    from imagebatch.work.variants import redo_kinds
+
+    where = output_location(args.out)
+    try:
+        options = options_from(args, "validate")
+        check_redo(options)
+        resend = options.resend
+        table = PriceTable.load(args.prices) if args.prices else None
+        if isinstance(where, str):
+            check_output_store(where, lock=False)
+        elif where.exists() and not where.is_dir():
+            raise UsageError(f"--out {where} is a file, not a folder")
+        result = forecast(
+            manifest,
+            where,
+            retry_unknown=bool(args.retry_unknown),
+            redo=redo_kinds(resend.redo),
+            edit=resend.edit,
+        )
+    except (UsageError, PriceError, OSError) as exc:
+        print(f"imagebatch validate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print_forecast(result, manifest, sys.stdout, keys=args.keys, prices=table)
+    return EXIT_OK

@@ -1,0 +1,187 @@
+"""Real Prefect stacks for the deployment tests (tests/platform/test_deploy*.py): per database, a
+`prefect server start` (SQLite in a temporary PREFECT_HOME and, where PostgreSQL is installed, PostgreSQL),
+an emulator with a key of its own and a `prefect worker start` process on a process work pool holding that
+key (the only way the key reaches the runs). A module imports the fixtures `stacks` and `stack` (one
+stack per database for the module, both started at once: `started_stacks`, `each_stack`) and
+`prefect_harness` (`no_session_harness`), which replaces the session's Prefect test harness: nothing there
+talks to Prefect except through the servers started here.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from helpers.prefect_server import (
+    PrefectServer,
+    postgres_database_url,
+    running_prefect_server,
+    running_worker,
+)
+from imagebatch.cli.main import main
+from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+
+REPO = Path(__file__).resolve().parents[2]
+CATALOG = REPO / "manifests" / "examples" / "catalog.csv"
+CATALOG_REQUESTS = 6  # one image per row
+POOL = "imagebatch-test-pool"  # has a worker
+YAML_POOL = "imagebatch"  # prefect.yaml's (no worker here)
+IDLE_POOL = "imagebatch-idle-pool"  # has none: scheduled runs of its deployments stay scheduled
+FLOW = "generate_from_manifest"
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+PG_DATABASE = f"imagebatch_test_deploy_{os.getpid()}"  # one per test run: helpers run at once
+BACKENDS = ("sqlite", "postgres")
+# What Prefect 3.8.8's scheduler logs on SQLAlchemy 2.1 (pinned below 2.1 in pyproject.toml for it).
+SCHEDULER_BROKEN = "Can't evaluate bulk DML statement"
+
+
+@pytest.fixture(scope="module", autouse=True, name="prefect_harness")
+def no_session_harness() -> None:
+    """Overrides the session's Prefect test harness for the module that imports it: no temporary server
+    needed."""
+
+
+@dataclass
+class Stack:
+    """A real Prefect server, an emulator with its own key, and one process worker on `POOL` holding it."""
+
+    backend: str
+    server: PrefectServer
+    emulator: EmulatorServer
+    worker_log: Path
+    database_url: str | None
+
+    @property
+    def api(self) -> str:
+        return self.server.api_url
+
+    def get(self, path: str) -> Any:
+        return self._call("GET", path)
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self._call("POST", path, body or {})
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One REST call, retried like Prefect's own client retries it: a 502/503 (SQLite busy under the
+        workers' writes), and, for a GET (a read, safe to repeat), a read timeout. Prefect 3.8.8's server on
+        SQLite can stall every request for 60 s when two workers poll one pool: its writes wait on the
+        database lock until SQLite's 60 s busy timeout (seen in the sharded test; Prefect issue #23051).
+        The runs ride that out, since Prefect's client retries too, and so must the test's reads."""
+        deadline = time.monotonic() + 150
+        while True:
+            try:
+                response = httpx.request(method, f"{self.api}{path}", json=body, timeout=60)
+            except (httpx.ReadTimeout, httpx.PoolTimeout):
+                if method != "GET" or time.monotonic() > deadline:
+                    raise
+                continue
+            if response.status_code not in (502, 503) or time.monotonic() > deadline:
+                response.raise_for_status()
+                return response.json()
+            time.sleep(0.2)
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        return dict(self.get(f"/deployments/name/{FLOW}/{name}"))
+
+    def deploy(self, arguments: str) -> int:
+        """`imagebatch deploy ARGUMENTS` (shell-quoted) in this process, against this stack's server."""
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: self.api}):
+            return main(["deploy", *shlex.split(arguments)])
+
+    def run(self, deployment_id: str) -> str:
+        return str(self.post(f"/deployments/{deployment_id}/create_flow_run")["id"])
+
+    def wait(self, flow_run_id: str, timeout: float = 150) -> dict[str, Any]:
+        """Poll the flow run until it is in a final state (bounded)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.get(f"/flow_runs/{flow_run_id}")
+            if run["state_type"] in TERMINAL:
+                return dict(run)
+            if time.monotonic() > deadline:
+                worker = self.worker_log.read_text(errors="replace")[-3000:]
+                pytest.fail(f"flow run {flow_run_id} still {run['state_name']} after {timeout} s:\n{worker}")
+            time.sleep(0.25)
+
+
+@contextmanager
+def running_stack(backend: str, home: Path) -> Iterator[Stack | None]:
+    """Yields None for PostgreSQL where it is not installed."""
+    database_url = postgres_database_url(PG_DATABASE) if backend == "postgres" else None
+    if backend == "postgres" and database_url is None:
+        yield None
+        return
+    key = f"sk-deploy-test-{secrets.token_hex(12)}"
+    settings = EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0)
+    with (
+        EmulatorServer(settings) as emulator,
+        running_prefect_server(home / "server", database_url, stop_grace=3) as server,
+    ):
+        for pool in (POOL, IDLE_POOL, YAML_POOL):
+            create_process_pool(server.api_url, pool)
+        worker_env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(home / "worker")}
+        worker_log = home / "worker.log"
+        with running_worker(server.api_url, POOL, worker_env, worker_log, stop_grace=3):
+            yield Stack(backend, server, emulator, worker_log, database_url)
+
+
+def create_process_pool(api_url: str, name: str) -> None:
+    """A pool with Prefect's process job template, before anything deploys to it."""
+    from prefect.workers.process import ProcessWorker
+
+    body = {
+        "name": name,
+        "type": "process",
+        "base_job_template": ProcessWorker.get_default_base_job_template(),
+    }
+    httpx.post(f"{api_url}/work_pools/", json=body, timeout=10).raise_for_status()
+
+
+@pytest.fixture(scope="module", name="stacks")
+def started_stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Stack | None]]:
+    """Both stacks, started at once (each takes 15-25 s, mostly the server's start and migrations)."""
+    # The folders are made here, not in the threads: two first calls of `mktemp` at once race in pytest's
+    # making of its base folder (with `--basetemp`, one removes what the other just made).
+    homes = {backend: tmp_path_factory.mktemp(f"prefect-{backend}") for backend in BACKENDS}
+    with ExitStack() as cleanup:
+
+        def enter(backend: str) -> tuple[AbstractContextManager[Stack | None], Stack | None]:
+            manager = running_stack(backend, homes[backend])
+            return manager, manager.__enter__()
+
+        with ThreadPoolExecutor(len(BACKENDS)) as pool:
+            futures = {backend: pool.submit(enter, backend) for backend in BACKENDS}
+        started: dict[str, Stack | None] = {}
+        errors = []
+        for backend, future in futures.items():
+            try:
+                manager, started[backend] = future.result()
+                cleanup.push(manager.__exit__)
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        yield started
+
+
+@pytest.fixture(params=BACKENDS, name="stack")
+def each_stack(request: pytest.FixtureRequest, stacks: dict[str, Stack | None]) -> Stack:
+    found = stacks[request.param]
+    if found is None:
+        pytest.skip(
+            "PostgreSQL is not installed here (no pg_lsclusters/pg_ctlcluster): tested on SQLite only"
+        )
+    return found

@@ -1,0 +1,392 @@
+"""Sharded deployments on real Prefect components (`helpers.prefect_stack`): a parent and its shards on
+real workers, one or several machines, into a folder and into a bucket, a shard's machine dying, and a
+sharded run's budget across its shards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.prefect_server import (
+    kill_machine,
+    running_worker,
+    start_worker,
+    stop_process_group,
+    submitted_by,
+)
+from helpers.prefect_stack import (  # the fixtures: stacks, stack, and prefect_harness (none here)
+    FLOW,
+    POOL,
+    TERMINAL,
+    Stack,
+    create_process_pool,
+    each_stack,  # noqa: F401
+    no_session_harness,  # noqa: F401
+    started_stacks,  # noqa: F401
+)
+
+from imagebatch.cli.main import main
+from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+
+
+def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_once(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Issue 11, item 4: the parent plans, two shard runs share the work on the pool's two workers, all
+    under one global limit of 4, every key sent once; the parent merges and writes the records; a rerun
+    sends nothing."""
+    from collections import Counter
+
+    from helpers.runs import peak_in_flight, read_results
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    key = stack.emulator.api_key
+    manifest = tmp_path / "big.csv"
+    manifest.write_text("id,prompt\n" + "".join(f"s{i:03d},product {i}\n" for i in range(40)))
+    out = tmp_path / "out"
+    settings = EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2)
+    second = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "worker-2")}
+    with (
+        EmulatorServer(settings) as emulator,
+        running_worker(stack.api, POOL, second, tmp_path / "worker-2.log", stop_grace=3),
+    ):
+        with temporary_settings({PREFECT_API_URL: stack.api}):
+            assert main(["limits", "--name", "t-shards", "--concurrency", "4"]) == 0
+        code = stack.deploy(
+            f"{manifest} --out {out} --name sharded --work-pool {POOL} --shards 2 --concurrency 16 "
+            f"--global-limit t-shards --base-url {emulator.url}"
+        )
+        assert code == 0
+        assert stack.deployment("sharded-shards")["global_concurrency_limit"] is None
+        parent = stack.wait(stack.run(stack.deployment("sharded")["id"]), timeout=240)
+        assert parent["state_type"] == "COMPLETED", parent["state"]
+
+        run = json.loads((out / "run.json").read_text())
+        assert [s["state"] for s in run["shard_runs"]] == ["COMPLETED", "COMPLETED"]
+        assert {r["status"] for r in read_results(out)} == {"succeeded"} and len(read_results(out)) == 40
+        sent = Counter(r["idempotency_key"] for r in emulator.requests())
+        assert len(sent) == 40 and set(sent.values()) == {1}  # each key once, over both machines
+        assert peak_in_flight(emulator.requests()) <= 4  # the global limit held across both shards
+        assert not list(out.glob("journal.shard-*")) and not list(out.glob("usage.shard-*"))  # merged
+        started = [e for e in map(json.loads, (out / "journal.jsonl").read_text().splitlines())
+                   if e["event"] == "attempt_started"]  # fmt: skip
+        assert len(started) == 40
+
+        rerun = stack.wait(stack.run(stack.deployment("sharded")["id"]), timeout=240)
+        assert rerun["state_type"] == "COMPLETED"
+        assert len(emulator.requests()) == 40  # nothing sent again
+        assert {r["status"] for r in read_results(out)} == {"skipped"}
+
+
+def test_a_sharded_deployments_budget_bounds_the_whole_run_on_two_workers(
+    stacks: dict[str, Stack | None], tmp_path: Path
+) -> None:
+    """Issue 28: `deploy --shards 2 --max-images 10` over 40 requests on two real workers sends at most 10
+    images in all (each shard took the whole budget before: 20); the parent splits it between its shards
+    by their requests to send, and each shard's run carries its part."""
+    from collections import Counter
+
+    from helpers.runs import read_results
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    key = stack.emulator.api_key
+    manifest = tmp_path / "big.csv"
+    manifest.write_text("id,prompt\n" + "".join(f"b{i:03d},budget product {i}\n" for i in range(40)))
+    out = tmp_path / "out"
+    second = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "worker-2")}
+    with (
+        EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.05)) as emulator,
+        running_worker(stack.api, POOL, second, tmp_path / "worker-2.log", stop_grace=3),
+    ):
+        code = stack.deploy(
+            f"{manifest} --out {out} --name budgeted --work-pool {POOL} --shards 2 --max-images 10 "
+            f"--concurrency 4 --base-url {emulator.url}"
+        )
+        assert code == 0
+        parent = stack.wait(stack.run(stack.deployment("budgeted")["id"]), timeout=240)
+    assert parent["state_type"] in TERMINAL
+    sent = Counter(r["idempotency_key"] for r in emulator.requests())
+    assert len(sent) == 10 and set(sent.values()) == {1}  # the whole run's budget, each key once
+    statuses = Counter(r["status"] for r in read_results(out))
+    assert statuses == {"succeeded": 10, "not_attempted": 30}
+    run = json.loads((out / "run.json").read_text())
+    parts = [
+        stack.get(f"/flow_runs/{s['flow_run_id']}")["parameters"]["options"]["budgets"]["max_images"]
+        for s in run["shard_runs"]
+    ]
+    assert sum(parts) == 10 and all(p > 0 for p in parts)
+
+
+def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finishes_with_no_duplicate(
+    stacks: dict[str, Stack | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from collections import Counter
+
+    from helpers.runs import read_results, run_flow
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from imagebatch.run.final_state import ran_to_end
+    from imagebatch.run.hooks import RunHooks, run_hooks
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    pool = "imagebatch-kill-pool"
+    create_process_pool(stack.api, pool)
+    key = stack.emulator.api_key
+    monkeypatch.setenv("IMAGEBATCH_API_KEY", key)  # the parent runs here, in this process
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,prompt\n" + "".join(f"k{i:03d},item {i}\n" for i in range(40)))
+    out = tmp_path / "out"
+    env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
+
+    def parent() -> dict[str, Any]:
+        hooks = RunHooks(shard_grace=8.0)
+        with temporary_settings({PREFECT_API_URL: stack.api}), run_hooks(hooks):
+            return run_flow(
+                manifest=str(manifest), out=str(out), concurrency=4, base_url=emulator.url, adaptive=False,
+                shards=2, shard_deployment=f"{FLOW}/killable-shards",
+            )  # fmt: skip
+
+    with EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=1.0)) as emulator:
+        worker = start_worker(stack.api, pool, env, tmp_path / "w1.log")
+        try:
+            assert (
+                stack.deploy(
+                    f"{manifest} --out {out} --name killable --work-pool {pool} --shards 2 "
+                    f"--base-url {emulator.url}"
+                )
+                == 0
+            )
+            with ThreadPoolExecutor(1) as pool_thread:
+                first = pool_thread.submit(parent)
+                deadline = time.monotonic() + 120
+                query = {"deployments": {"name": {"any_": ["killable-shards"]}}}
+                while True:  # real processes: wait (bounded) until the worker's shard is sending
+                    running = {
+                        r["id"]: r["name"].removeprefix("shard ")
+                        for r in stack.post("/flow_runs/filter", query)
+                        if r["state_type"] == "RUNNING"
+                    }
+                    on_worker = set(running) & submitted_by(tmp_path / "w1.log")
+                    # The worker's shard itself has sent (its own journal), not only the parent's child.
+                    journals = [out / f"journal.shard-{running[i]}.jsonl" for i in on_worker]
+                    if on_worker and all(
+                        j.is_file() and "attempt_started" in j.read_text() for j in journals
+                    ):
+                        break
+                    assert time.monotonic() < deadline, "the worker's shard did not start sending in 120 s"
+                    time.sleep(0.05)
+                assert kill_machine(worker, on_worker) >= 1  # the worker's machine, not the parent's
+                info = first.result(timeout=240)
+        finally:
+            stop_process_group(worker, grace=1)
+        by_run = {s["flow_run_id"]: (s["state"], s["here"]) for s in info["shard_runs"]}
+        [lost] = on_worker
+        assert by_run.pop(lost) == ("CRASHED", False)
+        assert list(by_run.values()) == [("COMPLETED", True)]  # shard 0, in the parent's process
+        statuses = Counter(r["status"] for r in read_results(out))
+        assert statuses["unknown"] >= 1 and statuses["not_attempted"] >= 1  # in flight, and never sent
+        assert "succeeded" not in statuses or statuses["succeeded"] < 40
+
+        with running_worker(stack.api, pool, env, tmp_path / "w2.log", stop_grace=3):
+            again = parent()
+        # Both shards ran to their end; one left with an `unknown` request ends Failed (issue 20: its
+        # requests are not all done), which the parent reads as run through, not as a broken shard.
+        assert all(ran_to_end(s["state"], s["message"]) for s in again["shard_runs"]), again["shard_runs"]
+        sent = Counter(r["idempotency_key"] for r in emulator.requests())
+        assert set(sent.values()) == {1}  # no request sent twice, over both runs
+        assert len(sent) == 40  # every request sent once: the unknown ones only before the rerun
+        final = Counter(r["status"] for r in read_results(out))
+        assert (
+            final["not_attempted"] == 0 and final["unknown"] == statuses["unknown"]
+        )  # left for the user to settle, never resent
+        assert final["unknown"] + final["succeeded"] + final["skipped"] == 40
+
+
+def _sharded_deploy(stack: Stack, tmp_path: Path, pool: str, emulator: EmulatorServer, timeout: float) -> str:
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,prompt\n" + "".join(f"p{i:03d},thing {i}\n" for i in range(16)))
+    code = stack.deploy(
+        f"{manifest} --out {tmp_path / 'out'} --name {pool} --work-pool {pool} --shards 2 --concurrency 4 "
+        f"--base-url {emulator.url} --shard-start-timeout {timeout:g}"
+    )
+    assert code == 0
+    return str(stack.deployment(pool)["id"])
+
+
+@contextlib.contextmanager
+def _shard_children() -> Iterator[dict[int, bytes]]:
+    """The environment (`/proc/PID/environ`) of every `imagebatch.run.shard_child` process seen while
+    the block runs (polled; a shard child lives for seconds)."""
+    seen: dict[int, bytes] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            for proc in Path("/proc").iterdir():
+                if not proc.name.isdigit() or int(proc.name) in seen:
+                    continue
+                with contextlib.suppress(OSError):
+                    if b"imagebatch.run.shard_child" in (proc / "cmdline").read_bytes():
+                        seen[int(proc.name)] = (proc / "environ").read_bytes()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join(timeout=30)
+
+
+def test_shards_on_one_worker_with_limit_1_do_not_deadlock(
+    stacks: dict[str, Stack | None], tmp_path: Path
+) -> None:
+    """Issue 20, item 5: one worker started with `--limit 1`: the parent holds its only slot, so it runs
+    shard 0 itself at once and shard 1 once no worker has started it within the start timeout."""
+    from collections import Counter
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    pool = "imagebatch-one-slot"
+    create_process_pool(stack.api, pool)
+    key = stack.emulator.api_key
+    env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
+    with (
+        EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2)) as emulator,
+        running_worker(stack.api, pool, env, tmp_path / "w.log", extra_args=("--limit", "1"), stop_grace=3),
+        _shard_children() as children,
+    ):
+        parent = stack.wait(stack.run(_sharded_deploy(stack, tmp_path, pool, emulator, 3)), timeout=240)
+    assert parent["state_type"] == "COMPLETED", parent["state"]
+    # The shards the parent ran got the key on stdin (they sent with it), never in their environment.
+    assert children and not [pid for pid, environ in children.items() if key.encode() in environ]
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert [(s["state"], s["here"]) for s in run["shard_runs"]] == [("COMPLETED", True), ("COMPLETED", True)]
+    assert submitted_by(tmp_path / "w.log") == {parent["id"]}
+    sent = Counter(r["idempotency_key"] for r in emulator.requests())
+    assert len(sent) == 16 and set(sent.values()) == {1}
+
+
+def test_two_shards_on_two_workers_with_limit_1_run_one_per_worker(
+    stacks: dict[str, Stack | None], tmp_path: Path
+) -> None:
+    """Issue 20, item 5: two workers, each `--limit 1`, two shards: the parent (on one worker) runs one
+    shard, the other worker takes the other; no deadlock, one shard per machine."""
+    from collections import Counter
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    pool = "imagebatch-two-slots"
+    create_process_pool(stack.api, pool)
+    key = stack.emulator.api_key
+    logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
+    with ExitStack() as workers:
+        emulator = workers.enter_context(
+            EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2))
+        )
+        for i, log in enumerate(logs):
+            env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / f"w{i}")}
+            workers.enter_context(
+                running_worker(stack.api, pool, env, log, extra_args=("--limit", "1"), stop_grace=3)
+            )
+        parent = stack.wait(stack.run(_sharded_deploy(stack, tmp_path, pool, emulator, 120)), timeout=240)
+    assert parent["state_type"] == "COMPLETED", parent["state"]
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    shard_runs = run["shard_runs"]
+    assert {s["state"] for s in shard_runs} == {"COMPLETED"}
+    # The parent claims the first shard no worker has (shard 0, or shard 1 when a worker was quicker).
+    [in_parent] = [s["flow_run_id"] for s in shard_runs if s["here"]]
+    [on_worker] = [s["flow_run_id"] for s in shard_runs if not s["here"]]
+    by_worker = [submitted_by(log) for log in logs]
+    parents_worker = next(i for i, ran in enumerate(by_worker) if parent["id"] in ran)
+    assert by_worker[1 - parents_worker] == {on_worker}  # the other machine
+    assert by_worker[parents_worker] == {parent["id"]}  # the other shard ran in the parent's slot
+    assert in_parent not in by_worker[0] | by_worker[1]
+    sent = Counter(r["idempotency_key"] for r in emulator.requests())
+    assert len(sent) == 16 and set(sent.values()) == {1}
+
+
+def test_a_sharded_deployment_into_a_bucket_on_two_machines_that_share_nothing_writes_everything_once(
+    stacks: dict[str, Stack | None], s3: Any, tmp_path: Path
+) -> None:
+    """Issue 19, item 4: `deploy --shards 2 --out s3://...`, two real workers (`--limit 1`) whose working
+    folder, HOME, PREFECT_HOME and TMPDIR are their own empty folders, each with the store's address and
+    credentials in its environment: the parent runs one shard, the other machine the other; each request
+    is sent once (the emulator's request log), results.csv is whole in the bucket, the journal is one
+    compacted object, and neither the key nor the store's secret is in an object, the deployment, or a
+    shard child's environment."""
+    from collections import Counter
+
+    from helpers.runs import read_results
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    pool = "imagebatch-bucket"
+    create_process_pool(stack.api, pool)
+    key = stack.emulator.api_key
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/nightly"
+    manifest = tmp_path / "deployer" / "m.csv"
+    manifest.parent.mkdir()
+    manifest.write_text("id,prompt\n" + "".join(f"b{i:03d},thing {i}\n" for i in range(16)))
+    machines = [tmp_path / f"machine-{i}" for i in range(2)]
+    with ExitStack() as workers:
+        emulator = workers.enter_context(
+            EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2))
+        )
+        for i, home in enumerate(machines):
+            (home / "tmp").mkdir(parents=True)
+            env = {
+                "IMAGEBATCH_API_KEY": key,
+                "HOME": str(home),
+                "PREFECT_HOME": str(home / ".prefect"),
+                "TMPDIR": str(home / "tmp"),
+                **s3.env(),
+            }
+            log = tmp_path / f"w{i}.log"
+            workers.enter_context(
+                running_worker(stack.api, pool, env, log, extra_args=("--limit", "1"), stop_grace=3, cwd=home)
+            )
+        code = stack.deploy(
+            f"{manifest} --out {url} --name {pool} --work-pool {pool} --shards 2 --concurrency 4 "
+            f"--base-url {emulator.url} --shard-start-timeout 120"
+        )
+        assert code == 0
+        deployment = stack.deployment(pool)
+        with _shard_children() as children:
+            parent = stack.wait(stack.run(str(deployment["id"])), timeout=240)
+    assert parent["state_type"] == "COMPLETED", parent["state"]
+    assert deployment["parameters"]["out"] == url
+
+    objects = s3.objects(bucket, "nightly")
+    run = json.loads(objects["run.json"])
+    assert [s["state"] for s in run["shard_runs"]] == ["COMPLETED", "COMPLETED"]
+    assert sorted(s["here"] for s in run["shard_runs"]) == [False, True]  # one shard on each machine
+    (tmp_path / "results.csv").write_bytes(objects["results.csv"])
+    rows = read_results(tmp_path)
+    assert len(rows) == 16 and {r["status"] for r in rows} == {"succeeded"}
+    assert all(objects[p].startswith(b"\x89PNG") for r in rows for p in r["paths"].split(";"))
+    assert "report.html" in objects and len([n for n in objects if n.startswith("thumbs/")]) == 16
+    sent = Counter(r["idempotency_key"] for r in emulator.requests())
+    assert len(sent) == 16 and set(sent.values()) == {1}  # each key sent exactly once, over both machines
+    [journal] = [n for n in objects if n.startswith("journal/")]  # the shards' segments, compacted
+    assert journal.endswith("-compact.jsonl")
+    assert {".imagebatch.lease", ".imagebatch.shard-0-of-2.lease", ".imagebatch.shard-1-of-2.lease"} <= set(
+        objects
+    )
+    assert not [p for home in machines for p in home.rglob("*") if p.suffix in (".png", ".csv", ".jsonl")]
+    secrets_ = (key.encode(), s3.secret_key.encode())
+    assert not [name for name, data in objects.items() if any(s in data for s in secrets_)]
+    assert s3.secret_key not in json.dumps(deployment) and key not in json.dumps(deployment)
+    assert children and not [pid for pid, env in children.items() if any(s in env for s in secrets_)]
