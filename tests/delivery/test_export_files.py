@@ -30,7 +30,7 @@ import imagebatch.delivery.export as export_module
 from imagebatch.delivery.convert import Conversion, stage
 from imagebatch.delivery.export import export
 from imagebatch.storage.csvcells import read_csv
-from imagebatch.storage.location import open_location
+from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from imagebatch.delivery.aside import ASIDE_FOLDER
 from imagebatch.storage.csvcells import read_csv
-from imagebatch.storage.location import open_location
+from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision
 
 RED = encoded(Image.new("RGB", (64, 64), (255, 0, 0)), "PNG")

@@ -16,7 +16,7 @@ import imagebatch
 from imagebatch.cli.main import EXIT_OK
 from imagebatch.delivery.frames import DECISION_COLUMNS, USAGE_COLUMNS
 from imagebatch.run.hooks import RunHooks, run_hooks
-from imagebatch.storage.location import open_location
+from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision
 from imagebatch.work.store import RESULT_COLUMNS
 

@@ -17,7 +17,7 @@ from PIL import Image
 from imagebatch.delivery.aside import ASIDE_FOLDER
 from imagebatch.flows.deliver import export_deliverables
 from imagebatch.storage.csvcells import read_csv
-from imagebatch.storage.location import open_location
+from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "restore_logging")

@@ -26,7 +26,7 @@ from imagebatch.run.hooks import RunHooks, run_hooks
 from imagebatch.run.nothing_to_send import settle_without_prefect
 from imagebatch.run.preflight import preflight
 from imagebatch.storage import layout
-from imagebatch.storage.location import open_location
+from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision
 from imagebatch.work.store import OutputStore, file_stem
 

@@ -35,7 +35,8 @@ from helpers.runs import cli
 from imagebatch.report import build_report
 from imagebatch.report.review import TOKEN_HEADER, ReviewServer
 from imagebatch.report.review_data import load_cards
-from imagebatch.storage.location import LocalFolder, open_location
+from imagebatch.storage.kinds import open_location
+from imagebatch.storage.location import LocalFolder
 from imagebatch.work.decisions import Decision, decided, read_decisions, record_decision
 
 SCREENSHOT = os.environ.get("IMAGEBATCH_REVIEW_SCREENSHOT")

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from imagebatch.report.review_data import DecisionCache, load_cards, safe_name
-from imagebatch.storage.location import LocalFolder, open_location
+from imagebatch.storage.kinds import open_location
+from imagebatch.storage.location import LocalFolder
 from imagebatch.work.decisions import REVIEW_FILE, Decision, read_decisions, record_decision
 
 

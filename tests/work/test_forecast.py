@@ -13,7 +13,7 @@ from helpers.runs import cli, kill_mid_run, write_jsonl
 
 from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
 from imagebatch.storage.csvcells import read_csv
-from imagebatch.storage.location import open_location
+from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision
 from imagebatch.work.store import OutputStore
 

@@ -10,7 +10,7 @@ import pytest
 from helpers.runs import write_jsonl
 
 from imagebatch.manifest import PlannedRequest, load_manifest, plan, variant_of
-from imagebatch.storage.location import open_location
+from imagebatch.storage.kinds import open_location
 from imagebatch.work.context import Unit, group_units
 from imagebatch.work.decisions import Decision, record_decision
 from imagebatch.work.records import record

@@ -93,7 +93,7 @@ def review_command(args: argparse.Namespace) -> int:
     Ctrl-C (`report.review`)."""
     from imagebatch.report.review import default_reviewer, serve_review
     from imagebatch.run.preflight import UsageError, check_output_store, output_location
-    from imagebatch.storage.location import open_location
+    from imagebatch.storage.kinds import open_location
 
     where = output_location(args.out)
     try:

@@ -64,6 +64,7 @@ from imagebatch.delivery.listing import EXPORT_CSV, export_csv, listed, manifest
 from imagebatch.delivery.naming import DEFAULT_TEMPLATE, NameTemplate
 from imagebatch.delivery.summary import ExportSummary
 from imagebatch.storage import layout
+from imagebatch.storage.kinds import open_location
 from imagebatch.storage.location import (
     LocalFolder,
     Location,
@@ -71,7 +72,6 @@ from imagebatch.storage.location import (
     confined,
     is_object_url,
     local_path,
-    open_location,
     shown_url,
 )
 from imagebatch.work.decisions import decided

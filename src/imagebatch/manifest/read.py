@@ -117,19 +117,10 @@ def detect_format(path: Path | str, format: str | None = None) -> ManifestFormat
         ) from None
 
 
-def read_raw(path: Path | str, format: str | None = None, sheet: str | None = None) -> RawManifest:
-    """Read `path` (a file, or an object's URL: `sources`) into raw rows; raise ManifestError when it
-    cannot be read as a manifest.
-
-    `sheet`: the sheet of a workbook to read (default: its first visible sheet)."""
-    fmt = detect_format(path, format)
-    if fmt in ("xlsx", "parquet"):
-        if isinstance(path, str):
-            why = f"an .{fmt} manifest is read from a file, not a bucket: copy {path} here, or use CSV"
-            raise ManifestError([Problem(None, None, None, why)], path)
-        from .tables import read_table  # their readers: imported only for such a file
-
-        return read_table(path, fmt, sheet)
+def read_text_manifest(path: Path | str, fmt: ManifestFormat) -> RawManifest:
+    """Read a CSV, JSON or JSON Lines manifest `path` (a file, or an object's URL: `sources`) into raw rows;
+    raise ManifestError when it cannot be read as a manifest (a workbook or Parquet file: `manifest.tables`,
+    chosen by `load.read_raw`)."""
     data = _read_object(path) if isinstance(path, str) else read_file(path)
     digest = hashlib.sha256(data).hexdigest()
     text = _decode(data, path)

@@ -21,7 +21,7 @@ from imagebatch.manifest import plan
 from imagebatch.options import RunOptions
 from imagebatch.run.outputs import run_info, write_files
 from imagebatch.run.preflight import Preflight, key_source
-from imagebatch.storage.segments import JOURNAL
+from imagebatch.storage import layout
 from imagebatch.work.context import RunContext, group_units
 from imagebatch.work.store import OutputLockedError, OutputStore, RequestRecord
 from imagebatch.work.unit import run_unit
@@ -53,7 +53,7 @@ def _has_journal(store: OutputStore) -> bool:
     """Whether a run was here before: the folder's journal file, or a bucket's journal objects (one
     listing)."""
     if store.is_object_store:
-        return bool(store.location.list(JOURNAL))
+        return bool(store.location.list(layout.JOURNAL_SEGMENTS))
     return store.journal_path.is_file()
 
 

@@ -103,7 +103,7 @@ def review_line(out: str, records: Iterable[RequestRecord]) -> str:
     """`**Review:** 2 of 6 reviewed: 1 approved, 1 rejected; 4 unreviewed ...`: the decisions in force
     in the output location `out` on the images of `records`."""
     from imagebatch.report.html import review_of, review_tally, reviewable
-    from imagebatch.storage.location import open_location
+    from imagebatch.storage.kinds import open_location
     from imagebatch.work.decisions import decided
 
     decisions = decided(open_location(out))

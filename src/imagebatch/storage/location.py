@@ -1,11 +1,12 @@
 """The storage seam: where a run's record (journal, files, results, lease) lives, behind one small
 interface, `Location`, with two kinds: a local folder (`LocalFolder`: rename, fsync) and an object store
 (`storage.objectstore.ObjectLocation`: whole-object PUTs, create-only and compare-and-swap writes, listing
-for order). `open_location` picks the kind from `--out`.
+for order). `storage.kinds.open_location` picks the kind from `--out`.
 
 `OutputStore` (work/store.py) speaks of records and asks a `Location` for bytes by name; names are
 relative, `/`-separated (`images/job/0-abc.png`, `run.json`). A new backend is one more class with these
-methods (and a scheme in `open_location`); the journal's segments and the lease are built from them.
+methods (and a scheme in `storage.kinds.open_location`); the journal's segments and the lease are
+built from them.
 """
 
 from __future__ import annotations
@@ -223,15 +224,6 @@ class LocalFolder:
 
     def delete(self, name: str) -> None:
         confined(self.root, name).unlink(missing_ok=True)
-
-
-def open_location(out: str | os.PathLike[str]) -> Location:
-    """The `Location` `--out` names: an object store for `s3://`, `gs://`, `az://`, else a local folder."""
-    if is_object_url(out):
-        from imagebatch.storage.objectstore import ObjectLocation
-
-        return ObjectLocation(str(out))
-    return LocalFolder(local_path(out))
 
 
 def json_object(raw: bytes) -> dict[str, Any] | None:

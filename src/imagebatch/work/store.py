@@ -16,14 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imagebatch.storage.appendlog import AppendLog, WriteWatch, read_jsonl
-from imagebatch.storage.location import (
-    LocalFolder,
-    Location,
-    OutputLockedError,
-    atomic_file,
-    open_location,
-    write_atomic,
-)
+from imagebatch.storage.kinds import open_location
+from imagebatch.storage.location import LocalFolder, Location, OutputLockedError, atomic_file, write_atomic
 from imagebatch.work.holds import Holds
 from imagebatch.work.journal import Journal
 from imagebatch.work.outputfiles import OutputFiles

@@ -8,12 +8,15 @@ import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PIL import Image, ImageFile, JpegImagePlugin, PngImagePlugin
 
 from imagebatch.storage import layout
 from imagebatch.storage.location import OutsideRootError, confined, write_atomic
-from imagebatch.storage.objectstore import ObjectLocation
+
+if TYPE_CHECKING:  # obstore is imported only for a bucket (start-up)
+    from imagebatch.storage.objectstore import ObjectLocation
 
 THUMB_SIDE = 256
 """The longest side of a thumbnail, in pixels."""
