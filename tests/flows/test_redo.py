@@ -368,6 +368,7 @@ def test_redo_no_image_sends_exactly_those_requests(
     assert code == 1 and len(service_env.requests()) == before
 
     code, text, err = cli(capsys, *argv, "--redo", "no_image")
+    assert code == 0, err  # each request is what its newest variant is: done (issue 32 #5)
     assert sent_keys(service_env, before) == Counter(variant_of(r, 2).idempotency_key for r in blank)
     assert "redo: 2 variant(s) to send (2 no_image)" in text, text + err
     assert rows_of(tmp_path / "out", "n0") == [("0", "2", "succeeded"), ("0", "1", "no_image")]
@@ -376,6 +377,9 @@ def test_redo_no_image_sends_exactly_those_requests(
     sent = len(service_env.requests())
     code, text, _ = cli(capsys, *argv, "--redo", "no_image,rejected")  # their newest variant succeeded
     assert len(service_env.requests()) == sent and "redo: 0 variant(s) to send" in text
+    code, _, err = cli(capsys, *argv)  # the nightly rerun: nothing sent, and no longer failed by n0, n2
+    assert code == 0 and len(service_env.requests()) == sent, err
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["superseded"] == 2
     code, _, err = cli(capsys, *argv, "--redo", "no_image,later")
     assert code == 2 and "--redo takes rejected, no_image, failed (comma separated), not 'later'" in err
 

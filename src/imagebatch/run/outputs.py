@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +22,7 @@ from imagebatch.report.location import write_report
 from imagebatch.run.preflight import Preflight, out_text
 from imagebatch.storage import layout
 from imagebatch.work.context import Unit
+from imagebatch.work.outcome import request_counts
 from imagebatch.work.prices import PriceTable
 from imagebatch.work.records import storage_message
 from imagebatch.work.store import STATUSES, OutputStore, RequestRecord
@@ -96,7 +96,7 @@ def write_files(
         store.write_top(layout.USAGE_SUMMARY_CSV, usage_csv(usage))
     except OSError as exc:
         unwritten.append(f"{layout.USAGE_SUMMARY_CSV} not written: {storage_message(store.where, exc)}")
-    counts = Counter(r.status for r in records)
+    counts, superseded = request_counts(records)  # an old no_image a redo replaced is not counted
     info["usage"] = [row.to_dict() for row in usage]
     if price_table is not None:
         info["spend"] = spend(units, results, price_table)
@@ -105,6 +105,7 @@ def write_files(
         "ended_at": datetime.now(UTC).isoformat(),
         "state": "stopped" if halt_reason else "finished",
         "counts": {s: counts.get(s, 0) for s in STATUSES},
+        "superseded": superseded,
         "stopped": halt_reason,
         "prefect": prefect,
     }

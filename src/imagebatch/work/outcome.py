@@ -7,6 +7,7 @@ Shared by a batch's task run (its final state) and the flow run's verdict (`run.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,25 @@ if TYPE_CHECKING:  # Prefect is imported only to make a state: a rerun settled w
 
 DONE = ("succeeded", "skipped")
 NOT_DONE = ("failed", "no_image", "unknown", "not_attempted")
+
+
+def request_counts(records: Iterable[RequestRecord]) -> tuple[Counter[str], int]:
+    """The records' statuses, counted for the verdict, and how many were left out: a variant that is not
+    done is left out when its request has a newer variant (`--redo no_image` made one: the request is what
+    its newest variant is, so a nightly rerun after the redo is not failed by the old answer). Two passes
+    over `records` (a run's are read back from its spool)."""
+    newest: dict[tuple[str, int, int], int] = {}
+    for r in records:
+        request = (r.job_id, r.request_index, r.turn_index)
+        newest[request] = max(newest.get(request, 1), r.variant)
+    counts: Counter[str] = Counter()
+    superseded = 0
+    for r in records:
+        if r.status in NOT_DONE and r.variant < newest[(r.job_id, r.request_index, r.turn_index)]:
+            superseded += 1
+        else:
+            counts[r.status] += 1
+    return counts, superseded
 
 
 def not_done(counts: Mapping[str, int]) -> int:
