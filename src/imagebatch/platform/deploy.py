@@ -18,7 +18,7 @@ Choices (README "Scheduled runs"):
 - **A service address is required** (`--base-url URL`, or `IMAGEBATCH_BASE_URL` here, stored in the
   deployment; the emulator only by name: `embedded`): a scheduled run on placeholder images, reporting
   Completed, is what no one wants. A deployment's run without one fails with the same line
-  (`config.NO_SERVICE`).
+  (`run.preflight.NO_SERVICE`).
 - **Dead runs are marked Crashed** by Prefect's documented zombie-run automation, created here once and
   updated only when it differs (`platform.automations`, one per server, for runs tagged `imagebatch`):
   runs send a heartbeat every 30 s (the deployment's job variables' `env`; `serve` gives it to its
@@ -40,7 +40,7 @@ Choices (README "Scheduled runs"):
   deployment's schedules (runs are then started by hand: `prefect deployment run`).
 - **`--out` with `{date}` is not supported**: parameters are fixed when deploying, so a folder per run
   needs the flow to expand it when it starts; refused with a message rather than creating `{date}/`.
-- **The same checks as `run`** (`config.preflight`: the manifest and its files, the options, the output
+- **The same checks as `run`** (`run.preflight.preflight`: the manifest and its files, the options, the output
   folder, the base URL), before anything reaches Prefect. Two differences: the key is looked for where the
   runs will read it (the worker's environment: not checkable from here), and an output folder held by a
   running run does not stop a redeploy (the run will release it).
@@ -322,7 +322,8 @@ def require_prefect_server() -> str:
 
 
 def check_secret_block(name: str) -> None:
-    """The named Secret block exists on the server and holds a usable key (`config.resolve_api_key`)."""
+    """The named Secret block exists on the server and holds a usable key
+    (`run.preflight.resolve_api_key`)."""
     from imagebatch.run.preflight import resolve_api_key
 
     resolve_api_key(name)
