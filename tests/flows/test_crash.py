@@ -39,6 +39,12 @@ def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_p
                 img.verify()
     in_doubt = {k for k, s in states.items() if s.status == "unknown"}
     assert in_doubt, "requests were in flight when the process died"
+    # run.json still says the dead run is running; a reader that may write corrects it, as the next run does.
+    assert json.loads((out / "run.json").read_text())["state"] == "running"
+    assert OutputStore(out).settle_dead_run("2026-11-27T00:00:00+00:00")["state"] == "crashed"  # type: ignore[index]
+    left = json.loads((out / "run.json").read_text())
+    assert (left["state"], left["noticed_at"]) == ("crashed", "2026-11-27T00:00:00+00:00")
+    assert OutputStore(out).settle_dead_run("later") is None  # nothing more to correct
 
     service_env.configure(sleep=asyncio.sleep, latency=0.0)
     before = Counter(r["idempotency_key"] for r in service_env.requests())

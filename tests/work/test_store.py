@@ -230,3 +230,15 @@ def test_shards_write_their_own_files_and_a_run_holding_the_folder_alone_merges_
         assert not list(tmp_path.glob("*.shard-*.jsonl"))  # merged into the folder's own files
     assert len(list(read_jsonl(plain.journal_path))) == 2 and len(list(read_jsonl(plain.usage_path))) == 1
     assert {k: s.status for k, s in plain.load_state().items()} == {KEY: "succeeded", OTHER: "failed"}
+
+
+def test_a_run_json_that_says_running_is_left_alone_while_a_run_holds_the_folder(tmp_path: Path) -> None:
+    """Issue 30 item 6: only a reader that can tell (the lock is free) calls a `running` run dead."""
+    store = OutputStore(tmp_path / "out")
+    store.prepare()
+    store.write_run({"state": "running", "started_at": "then"})
+    with store.hold_and_merge():  # a live run holds it: its run.json is true
+        assert OutputStore(tmp_path / "out").settle_dead_run("now") is None
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["state"] == "running"
+    settled = OutputStore(tmp_path / "out").settle_dead_run("now")
+    assert settled is not None and (settled["state"], settled["started_at"]) == ("crashed", "then")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,8 @@ def report_command(out: str, to: str | None = None) -> int:
             why = f"has no {RESULTS_CSV} (not an output folder of a finished run)"
             print(f"imagebatch report: {store.where} {why}", file=sys.stderr)
             return EXIT_USAGE
+        if to is None and store.settle_dead_run(datetime.now(UTC).isoformat()) is not None:
+            print(f"imagebatch report: the last run into {store.where} died running; run.json says so now")
         print(_download(store, to) if to is not None else _build(store))
     except (UsageError, OSError) as exc:
         print(f"imagebatch report: {exc}", file=sys.stderr)

@@ -15,9 +15,17 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog, WriteWatch, read_jsonl
 from imagebatch.storage.kinds import open_location
-from imagebatch.storage.location import LocalFolder, Location, OutputLockedError, atomic_file, write_atomic
+from imagebatch.storage.location import (
+    LocalFolder,
+    Location,
+    OutputLockedError,
+    atomic_file,
+    json_object,
+    write_atomic,
+)
 from imagebatch.work.holds import Holds
 from imagebatch.work.journal import Journal
 from imagebatch.work.outputfiles import OutputFiles
@@ -172,6 +180,20 @@ class OutputStore:
 
     def write_run(self, info: dict[str, Any]) -> None:
         self.files.write_run(info)
+
+    def settle_dead_run(self, now: str) -> dict[str, Any] | None:
+        """A run.json that still says `running` while no run holds the location is a run whose process died
+        (`kill -9`, a lost machine, a plain worker's SIGTERM): say so in it, as `crashed` at `now` (ISO
+        time), and return what it says now; None when there was nothing to correct. A reader that may
+        write (`imagebatch report`, the next run) calls it; one that may not (`validate --out`) does not."""
+        raw = self.location.get(layout.RUN_JSON)
+        info = json_object(raw) if raw else None
+        if not info or info.get("state") != "running" or self.in_use() is not None:
+            return None
+        why = "its process ended without recording its end (killed, or its machine lost); a rerun resumes it"
+        info |= {"state": "crashed", "stopped": why, "noticed_at": now}
+        self.write_run(info)
+        return info
 
     def write_top(self, name: str, data: bytes) -> None:
         self.files.write_top(name, data)
