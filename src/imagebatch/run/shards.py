@@ -127,19 +127,8 @@ def run_shards(
     on without them: what they sent without an answer is `unknown`, what they never sent is sent by the
     next run. Once `stopped()` gives a reason (the parent's own stop), every shard stops (`_stop_all`)."""
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
 
-    started = [
-        run_deployment(
-            deployment,
-            parameters=parameters[i],
-            timeout=0,
-            as_subflow=True,
-            flow_run_name=f"shard {shard_name(i, shards)}",
-        )
-        for i in range(shards)
-    ]
-    tracked = [_Shard(i, run.id, clock()) for i, run in enumerate(started)]  # type: ignore[union-attr]  # FlowRuns (sync context)
+    tracked = _start(deployment, parameters, shards, clock)
     first, stopping = True, False
     with get_client(sync_client=True) as client:
         try:
@@ -163,6 +152,25 @@ def run_shards(
         {"flow_run_id": str(s.run_id), "state": s.state, "message": s.message, "here": s.claimed_here}
         for s in tracked
     ]
+
+
+def _start(
+    deployment: str, parameters: list[dict[str, Any]], shards: int, clock: Callable[[], float]
+) -> list[_Shard]:
+    """The N shard runs of `deployment`, created as sub-runs of this one (none started yet)."""
+    from prefect.deployments import run_deployment
+
+    started = [
+        run_deployment(
+            deployment,
+            parameters=parameters[i],
+            timeout=0,
+            as_subflow=True,
+            flow_run_name=f"shard {shard_name(i, shards)}",
+        )
+        for i in range(shards)
+    ]
+    return [_Shard(i, run.id, clock()) for i, run in enumerate(started)]  # type: ignore[union-attr]  # FlowRuns (sync context)
 
 
 def _end_ours(tracked: list[_Shard]) -> None:
