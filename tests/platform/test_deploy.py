@@ -47,6 +47,8 @@ from imagebatch.cli.main import main
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.run.preflight import NO_SERVICE
 
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platform/test_deploy")]  # one process: its stacks
+
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO / "manifests" / "examples" / "catalog.csv"
 CATALOG_REQUESTS = 6  # one image per row

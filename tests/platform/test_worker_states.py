@@ -37,6 +37,8 @@ from imagebatch.cli.main import main
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.gateway.emulator.settings import FaultConfig, parse_script
 
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platform/test_worker_states")]  # its servers
+
 FLOW = "generate_from_manifest"
 POOL = "states-pool"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}

@@ -27,6 +27,8 @@ from imagebatch.report.review_data import load_cards
 from imagebatch.storage.location import LocalFolder, open_location
 from imagebatch.work.decisions import Decision, decided, read_decisions, record_decision
 
+pytestmark = pytest.mark.xdist_group("report/test_review")  # one process: the module's browser
+
 BOUND = 30.0
 """Seconds a test waits for the page to do what it was asked (on a loaded machine)."""
 SCREENSHOT = os.environ.get("IMAGEBATCH_REVIEW_SCREENSHOT")
@@ -419,6 +421,7 @@ def test_a_bucket_is_reviewed_through_its_location(s3: Any, tmp_path: Path) -> N
     assert b'rv-approved">approved by alice' in (location.get("report.html") or b"")
 
 
+@pytest.mark.slow  # a process of its own
 def test_the_command_serves_until_ctrl_c(
     out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
