@@ -22,26 +22,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.emulator import emulator_settings
 
 import imagebatch  # noqa: F401 - sets Prefect's environment defaults before Prefect is imported
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
-
-EMULATOR_API_KEY = "test-emulator-key"
-EMULATOR_SLOW_SECONDS = 0.5
-"""How long a `slow` fault waits on the session server; use a client timeout well below it (e.g. 0.2 s)."""
+from imagebatch.gateway.emulator import EmulatorServer
 
 
 @pytest.fixture(scope="session")
 def emulator_server() -> Iterator[EmulatorServer]:
     """The session's emulator: an `EmulatorServer` on 127.0.0.1 with a free port, in a thread.
 
-    Settings: `api_key=EMULATOR_API_KEY` ("test-emulator-key"), `seed=0`, no latency,
-    `slow_seconds=EMULATOR_SLOW_SECONDS` (0.5), default image mix (`jpeg_rate=0.25`,
-    `max_images_policy="random"`), no faults. Prefer the function-scoped `emulator` fixture, which resets
-    this server's state before each test.
+    Settings: `helpers.emulator.emulator_settings()`: `api_key="test-emulator-key"`, `seed=0`, no latency,
+    `slow_seconds=0.5`, default image mix (`jpeg_rate=0.25`, `max_images_policy="random"`), no faults.
+    Prefer the function-scoped `emulator` fixture, which resets this server's state before each test.
     """
-    settings = EmulatorSettings(api_key=EMULATOR_API_KEY, seed=0, slow_seconds=EMULATOR_SLOW_SECONDS)
-    with EmulatorServer(settings) as server:
+    with EmulatorServer(emulator_settings()) as server:
         yield server
 
 
@@ -132,6 +127,12 @@ def service_env(emulator: Any, prefect: str, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("IMAGEBATCH_API_KEY", emulator.api_key)
     emulator.configure(jpeg_rate=0.0, thought_image_rate=0.3)
     return emulator
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    """A run's output folder, `out` in the test's tmp folder (not made: the run makes it)."""
+    return tmp_path / "out"
 
 
 @pytest.fixture

@@ -22,12 +22,11 @@ def limited(service_env: Any) -> Any:
 
 
 def test_a_run_against_an_unknown_limit_loses_few_requests_and_a_rerun_sends_exactly_those(
-    limited: Any, tmp_path: Path
+    limited: Any, tmp_path: Path, out: Path
 ) -> None:
     manifest = write_jsonl(
         tmp_path / "m.jsonl", [{"id": f"j{i:03d}", "prompt": f"kite {i}"} for i in range(200)]
     )
-    out = tmp_path / "out"
     info = run_now(manifest, out, concurrency=32)
 
     rows = read_results(out)

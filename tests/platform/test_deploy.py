@@ -32,6 +32,7 @@ from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
+from helpers.emulator import run_emulator_settings
 from helpers.prefect_server import (
     PrefectServer,
     kill_machine,
@@ -42,9 +43,10 @@ from helpers.prefect_server import (
     stop_process_group,
     submitted_by,
 )
+from helpers.runs import catalog
 
 from imagebatch.cli.main import main
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+from imagebatch.gateway.emulator import EmulatorServer
 from imagebatch.run.preflight import NO_SERVICE
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platform/test_deploy")]  # one process: its stacks
@@ -141,7 +143,7 @@ def running_stack(backend: str, home: Path) -> Iterator[Stack | None]:
         yield None
         return
     key = f"sk-deploy-test-{secrets.token_hex(12)}"
-    settings = EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0)
+    settings = run_emulator_settings(key)
     with (
         EmulatorServer(settings) as emulator,
         running_prefect_server(home / "server", database_url, stop_grace=3) as server,
@@ -456,9 +458,9 @@ def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_
 
     key = stack.emulator.api_key
     manifest = tmp_path / "big.csv"
-    manifest.write_text("id,prompt\n" + "".join(f"s{i:03d},product {i}\n" for i in range(40)))
+    catalog(manifest, 40, "s")
     out = tmp_path / "out"
-    settings = EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2)
+    settings = run_emulator_settings(key, latency=0.2)
     second = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "worker-2")}
     with (
         EmulatorServer(settings) as emulator,
@@ -510,7 +512,7 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
     key = stack.emulator.api_key
     monkeypatch.setenv("IMAGEBATCH_API_KEY", key)  # the parent runs here, in this process
     manifest = tmp_path / "m.csv"
-    manifest.write_text("id,prompt\n" + "".join(f"k{i:03d},item {i}\n" for i in range(40)))
+    catalog(manifest, 40, "k")
     out = tmp_path / "out"
     env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
 
@@ -522,7 +524,7 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
                 shards=2, shard_deployment=f"{FLOW}/killable-shards",
             )  # fmt: skip
 
-    with EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=1.0)) as emulator:
+    with EmulatorServer(run_emulator_settings(key, latency=1.0)) as emulator:
         worker = start_worker(stack.api, pool, env, tmp_path / "w1.log")
         try:
             assert (
@@ -644,11 +646,11 @@ def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
     _create_process_pool(stack.api, pool)
     key = stack.emulator.api_key
     manifest = tmp_path / "m.csv"
-    manifest.write_text("id,prompt\n" + "".join(f"z{i:03d},item {i}\n" for i in range(20)))
+    catalog(manifest, 20, "z")
     out = tmp_path / "out"
     env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
     monkeypatch.setenv("IMAGEBATCH_HEARTBEAT_WINDOW", f"{window:g}")
-    with EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=1.0)) as emulator:
+    with EmulatorServer(run_emulator_settings(key, latency=1.0)) as emulator:
         args = f"{manifest} --out {out} --name zombie --work-pool {pool} --base-url {emulator.url}"
         assert stack.deploy(f"{args} --concurrency 2 --no-adaptive") == 0
         deployment_id = stack.deployment("zombie")["id"]
@@ -686,7 +688,7 @@ def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
 
 def _sharded_deploy(stack: Stack, tmp_path: Path, pool: str, emulator: EmulatorServer, timeout: float) -> str:
     manifest = tmp_path / "m.csv"
-    manifest.write_text("id,prompt\n" + "".join(f"p{i:03d},thing {i}\n" for i in range(16)))
+    catalog(manifest, 16, "p")
     code = stack.deploy(
         f"{manifest} --out {tmp_path / 'out'} --name {pool} --work-pool {pool} --shards 2 --concurrency 4 "
         f"--base-url {emulator.url} --shard-start-timeout {timeout:g}"
@@ -734,7 +736,7 @@ def test_shards_on_one_worker_with_limit_1_do_not_deadlock(
     key = stack.emulator.api_key
     env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
     with (
-        EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2)) as emulator,
+        EmulatorServer(run_emulator_settings(key, latency=0.2)) as emulator,
         running_worker(stack.api, pool, env, tmp_path / "w.log", extra_args=("--limit", "1"), stop_grace=3),
         _shard_children() as children,
     ):
@@ -763,9 +765,7 @@ def test_two_shards_on_two_workers_with_limit_1_run_one_per_worker(
     key = stack.emulator.api_key
     logs = [tmp_path / "w1.log", tmp_path / "w2.log"]
     with ExitStack() as workers:
-        emulator = workers.enter_context(
-            EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2))
-        )
+        emulator = workers.enter_context(EmulatorServer(run_emulator_settings(key, latency=0.2)))
         for i, log in enumerate(logs):
             env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / f"w{i}")}
             workers.enter_context(
@@ -830,12 +830,10 @@ def test_a_sharded_deployment_into_a_bucket_on_two_machines_that_share_nothing_w
     url = f"s3://{bucket}/nightly"
     manifest = tmp_path / "deployer" / "m.csv"
     manifest.parent.mkdir()
-    manifest.write_text("id,prompt\n" + "".join(f"b{i:03d},thing {i}\n" for i in range(16)))
+    catalog(manifest, 16, "b")
     machines = [tmp_path / f"machine-{i}" for i in range(2)]
     with ExitStack() as workers:
-        emulator = workers.enter_context(
-            EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2))
-        )
+        emulator = workers.enter_context(EmulatorServer(run_emulator_settings(key, latency=0.2)))
         for i, home in enumerate(machines):
             (home / "tmp").mkdir(parents=True)
             env = {

@@ -150,13 +150,12 @@ def test_the_temporary_server_answers_and_stops(prefect_home: Path) -> None:
 
 @pytest.mark.slow  # a process of its own
 def test_a_run_without_a_prefect_api_starts_its_own_server_and_leaves_none(
-    prefect_home: Path, tmp_path: Path
+    prefect_home: Path, out: Path
 ) -> None:
     """The quick start's path: `imagebatch run` with no Prefect API configured, as its own process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "IMAGEBATCH_"))}
     env["PREFECT_HOME"] = str(prefect_home)
     examples = Path(__file__).resolve().parents[2] / "manifests" / "examples"
-    out = tmp_path / "out"
     cmd = [
         sys.executable,
         "-m",

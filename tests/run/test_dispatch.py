@@ -52,11 +52,10 @@ def test_a_batch_yields_what_was_admitted_until_closed_and_gives_back_what_nobod
 
 
 def test_a_large_run_records_one_task_run_per_batch_and_shares_its_slots(
-    service_env: Any, tmp_path: Path
+    service_env: Any, tmp_path: Path, out: Path
 ) -> None:
     rows, concurrency = 250, 8  # 84 batches of at most 3 units: wider than one batch
     service_env.configure(latency=0.03, sleep=Rendezvous(batch_size(rows) + 1))
-    out = tmp_path / "out"
     info = run_now(catalog(tmp_path / "m.csv", rows, "sku-"), out, concurrency=concurrency, adaptive=False)
 
     assert info["counts"]["succeeded"] == rows
