@@ -27,8 +27,6 @@ from imagebatch.report.review_data import load_cards
 from imagebatch.storage.location import LocalFolder, open_location
 from imagebatch.work.decisions import Decision, decided, read_decisions, record_decision
 
-pytestmark = pytest.mark.xdist_group("report/test_review")  # one process: the module's browser
-
 BOUND = 30.0
 """Seconds a test waits for the page to do what it was asked (on a loaded machine)."""
 SCREENSHOT = os.environ.get("IMAGEBATCH_REVIEW_SCREENSHOT")
