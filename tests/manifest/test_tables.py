@@ -354,6 +354,7 @@ def test_parquet_nulls_nan_and_pandas_index(tmp_path: Path) -> None:
     assert load_manifest(path).metadata_columns == []
 
 
+@pytest.mark.slow  # a process of its own
 def test_reading_a_csv_loads_no_table_reader() -> None:
     code = (
         "import sys, tempfile, pathlib\n"
