@@ -30,7 +30,8 @@ from imagebatch.gateway.emulator import EmulatorServer
 
 @pytest.fixture(scope="session")
 def emulator_server() -> Iterator[EmulatorServer]:
-    """The session's emulator: an `EmulatorServer` on 127.0.0.1 with a free port, in a thread.
+    """The session's emulator (one per test process): an `EmulatorServer` on 127.0.0.1 with a free port,
+    in a thread.
 
     Settings: `helpers.emulator.emulator_settings()`: `api_key="test-emulator-key"`, `seed=0`, no latency,
     `slow_seconds=0.5`, default image mix (`jpeg_rate=0.25`, `max_images_policy="random"`), no faults.
@@ -104,7 +105,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[str]:
-    """One temporary Prefect server and database for the whole session (it takes ~10 s to start)."""
+    """One temporary Prefect server and database for the whole session, one per test process under
+    pytest-xdist (it takes ~10 s to start)."""
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
