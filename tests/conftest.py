@@ -17,7 +17,8 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,10 +93,32 @@ or a real browser. Tests that start servers, workers or browsers of their own sa
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `slow` every test that uses a slow fixture, in this one place rather than on each test."""
+    """Mark `slow` every test that uses a slow fixture, in this one place rather than on each test; then
+    order the modules longest first (see `_longest_first`)."""
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=_longest_first(items))
+
+
+def _longest_first(items: list[pytest.Item]) -> Callable[[pytest.Item], tuple[bool, int]]:
+    """A sort key putting first the modules slow as a whole (their own Prefect servers and workers), then
+    those with the most slow tests; the order within a module, and of modules alike, is kept. pytest-xdist
+    (`--dist loadfile`, addopts) hands whole modules out in this order, so the longest stretches start at
+    once while the other processes share out the rest, instead of one running a long module alone at the
+    end."""
+    slow = Counter(_module(item) for item in items if item.get_closest_marker("slow"))
+    slow_as_a_whole = {_module(item) for item in items if _module_marked_slow(item)}
+    return lambda item: (_module(item) not in slow_as_a_whole, -slow[_module(item)])
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def _module_marked_slow(item: pytest.Item) -> bool:
+    module = item.getparent(pytest.Module)
+    return module is not None and any(mark.name == "slow" for mark in module.own_markers)
 
 
 # --- runs of the flow (tests/flows, tests/report) ---------------------------------------------------

@@ -49,7 +49,7 @@ from imagebatch.cli.main import main
 from imagebatch.gateway.emulator import EmulatorServer
 from imagebatch.run.preflight import NO_SERVICE
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platform/test_deploy")]  # one process: its stacks
+pytestmark = pytest.mark.slow  # its own Prefect servers and workers
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO / "manifests" / "examples" / "catalog.csv"

@@ -38,7 +38,7 @@ from imagebatch.cli.main import main
 from imagebatch.gateway.emulator import EmulatorServer
 from imagebatch.gateway.emulator.settings import FaultConfig, parse_script
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platform/test_worker_states")]  # its servers
+pytestmark = pytest.mark.slow  # its own Prefect servers and workers
 
 FLOW = "generate_from_manifest"
 POOL = "states-pool"
