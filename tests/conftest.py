@@ -17,8 +17,7 @@ import logging
 import os
 import shutil
 import sys
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +30,8 @@ from imagebatch.gateway.emulator import EmulatorServer
 
 @pytest.fixture(scope="session")
 def emulator_server() -> Iterator[EmulatorServer]:
-    """The session's emulator (one per test process): an `EmulatorServer` on 127.0.0.1 with a free port,
-    in a thread.
+    """The session's emulator (one per test process under pytest-xdist): an `EmulatorServer` on 127.0.0.1
+    with a free port, in a thread.
 
     Settings: `helpers.emulator.emulator_settings()`: `api_key="test-emulator-key"`, `seed=0`, no latency,
     `slow_seconds=0.5`, default image mix (`jpeg_rate=0.25`, `max_images_policy="random"`), no faults.
@@ -93,32 +92,10 @@ or a real browser. Tests that start servers, workers or browsers of their own sa
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `slow` every test that uses a slow fixture, in this one place rather than on each test; then
-    order the modules longest first (see `_longest_first`)."""
+    """Mark `slow` every test that uses a slow fixture, in this one place rather than on each test."""
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=_longest_first(items))
-
-
-def _longest_first(items: list[pytest.Item]) -> Callable[[pytest.Item], tuple[bool, int]]:
-    """A sort key putting first the modules slow as a whole (their own Prefect servers and workers), then
-    those with the most slow tests; the order within a module, and of modules alike, is kept. pytest-xdist
-    (`--dist loadfile`, addopts) hands whole modules out in this order, so the longest stretches start at
-    once while the other processes share out the rest, instead of one running a long module alone at the
-    end."""
-    slow = Counter(_module(item) for item in items if item.get_closest_marker("slow"))
-    slow_as_a_whole = {_module(item) for item in items if _module_marked_slow(item)}
-    return lambda item: (_module(item) not in slow_as_a_whole, -slow[_module(item)])
-
-
-def _module(item: pytest.Item) -> str:
-    return item.nodeid.split("::", 1)[0]
-
-
-def _module_marked_slow(item: pytest.Item) -> bool:
-    module = item.getparent(pytest.Module)
-    return module is not None and any(mark.name == "slow" for mark in module.own_markers)
 
 
 # --- runs of the flow (tests/flows, tests/report) ---------------------------------------------------
@@ -128,8 +105,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[str]:
-    """One temporary Prefect server and database for the whole session, one per test process under
-    pytest-xdist (it takes ~10 s to start)."""
+    """One temporary Prefect server and database for the whole session (it takes ~10 s to start)."""
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
