@@ -30,8 +30,7 @@ from imagebatch.gateway.emulator import EmulatorServer
 
 @pytest.fixture(scope="session")
 def emulator_server() -> Iterator[EmulatorServer]:
-    """The session's emulator (one per test process under pytest-xdist): an `EmulatorServer` on 127.0.0.1
-    with a free port, in a thread.
+    """The session's emulator: an `EmulatorServer` on 127.0.0.1 with a free port, in a thread.
 
     Settings: `helpers.emulator.emulator_settings()`: `api_key="test-emulator-key"`, `seed=0`, no latency,
     `slow_seconds=0.5`, default image mix (`jpeg_rate=0.25`, `max_images_policy="random"`), no faults.
