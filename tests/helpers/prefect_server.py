@@ -297,7 +297,7 @@ def postgres_database_url(dbname: str) -> str | None:
 
 @contextmanager
 def _postgres_setup_lock() -> Iterator[None]:
-    """One test process at a time starts the cluster and creates the role (test runs in parallel, and
+    """One test process at a time starts the cluster and creates the role (test runs may share a machine, and
     two `pg_ctlcluster start` or two `CREATE ROLE` at once make the second fail)."""
     with open(Path(tempfile.gettempdir()) / "imagebatch-tests-postgres.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
