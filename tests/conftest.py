@@ -5,6 +5,10 @@ def test_something(emulator):            # a fresh-state handle on the session's
     httpx.post(emulator.url + "/v1/images/generations",
                headers={"Authorization": f"Bearer {emulator.api_key}"}, json={"prompt": "a cat"})
     assert len(emulator.ledger()) == 0 ...
+
+Also: the `slow` marker (a test that needs a Prefect server, a worker or a browser, or takes seconds; see
+`pytest_collection_modifyitems`), so `uv run pytest -m "not slow"` is the quick inner loop; the session's
+Prefect harness and a run's environment (`prefect`, `service_env`); S3 on moto (`s3`).
 """
 
 from __future__ import annotations
@@ -18,26 +22,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.emulator import emulator_settings
 
 import imagebatch  # noqa: F401 - sets Prefect's environment defaults before Prefect is imported
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
-
-EMULATOR_API_KEY = "test-emulator-key"
-EMULATOR_SLOW_SECONDS = 0.5
-"""How long a `slow` fault waits on the session server; use a client timeout well below it (e.g. 0.2 s)."""
+from imagebatch.gateway.emulator import EmulatorServer
 
 
 @pytest.fixture(scope="session")
 def emulator_server() -> Iterator[EmulatorServer]:
     """The session's emulator: an `EmulatorServer` on 127.0.0.1 with a free port, in a thread.
 
-    Settings: `api_key=EMULATOR_API_KEY` ("test-emulator-key"), `seed=0`, no latency,
-    `slow_seconds=EMULATOR_SLOW_SECONDS` (0.5), default image mix (`jpeg_rate=0.25`,
-    `max_images_policy="random"`), no faults. Prefer the function-scoped `emulator` fixture, which resets
-    this server's state before each test.
+    Settings: `helpers.emulator.emulator_settings()`: `api_key="test-emulator-key"`, `seed=0`, no latency,
+    `slow_seconds=0.5`, default image mix (`jpeg_rate=0.25`, `max_images_policy="random"`), no faults.
+    Prefer the function-scoped `emulator` fixture, which resets this server's state before each test.
     """
-    settings = EmulatorSettings(api_key=EMULATOR_API_KEY, seed=0, slow_seconds=EMULATOR_SLOW_SECONDS)
-    with EmulatorServer(settings) as server:
+    with EmulatorServer(emulator_settings()) as server:
         yield server
 
 
@@ -83,6 +82,21 @@ def s3(s3_server: object, monkeypatch: pytest.MonkeyPatch) -> object:
     return s3_server
 
 
+# --- the slow tests ------------------------------------------------------------------------------------
+
+SLOW_FIXTURES = frozenset({"prefect_harness", "browser"})
+"""A test that uses one of these is `slow`: the session's Prefect server (about 10 s to start, seconds a run)
+or a real browser. Tests that start servers, workers or browsers of their own say so with
+`pytest.mark.slow` (a module's `pytestmark`)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `slow` every test that uses a slow fixture, in this one place rather than on each test."""
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 # --- runs of the flow (tests/flows, tests/report) ---------------------------------------------------
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
@@ -99,12 +113,26 @@ def prefect_harness() -> Iterator[str]:
 
 
 @pytest.fixture
-def service_env(emulator: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Point runs at the session emulator, with its key in the environment (never a flow parameter)."""
+def prefect(prefect_harness: str, restore_logging: None) -> str:
+    """A test that runs the flow or talks to Prefect: the session's harness (its API URL), and the loggers
+    `run` quiets restored after the test."""
+    return prefect_harness
+
+
+@pytest.fixture
+def service_env(emulator: Any, prefect: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A run's environment: the session's Prefect harness (`prefect`), and the session emulator's address
+    and key in the environment (never a flow parameter)."""
     monkeypatch.setenv("IMAGEBATCH_BASE_URL", emulator.url)
     monkeypatch.setenv("IMAGEBATCH_API_KEY", emulator.api_key)
     emulator.configure(jpeg_rate=0.0, thought_image_rate=0.3)
     return emulator
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    """A run's output folder, `out` in the test's tmp folder (not made: the run makes it)."""
+    return tmp_path / "out"
 
 
 @pytest.fixture

@@ -141,6 +141,7 @@ def test_default_names_copy_unchanged_images_and_keep_alpha(
     assert im.info["icc_profile"] == SRGB
 
 
+@pytest.mark.slow  # processes of their own
 @pytest.mark.parametrize("pool", ["process", "thread"])
 def test_a_pool_of_workers_writes_the_same_files_as_one_thread(
     make_out: Callable[..., OutMaker], tmp_path: Path, pool: Any
@@ -335,6 +336,7 @@ def test_export_into_a_bucket_and_from_one(
     assert sorted(tree(approved)) == ["SKU-1/red.jpg", "export.csv"]
 
 
+@pytest.mark.slow  # a process of its own
 def test_the_command_does_not_import_prefect(make_out: Callable[..., OutMaker], tmp_path: Path) -> None:
     root = shoe_and_bag(make_out)
     script = (

@@ -1,6 +1,5 @@
-"""The flow tests: each runs in the session's Prefect test harness (`prefect_harness`, started at the
-first), with the loggers `run` quiets restored after it (`restore_logging`); both are in tests/conftest.py,
-which tests/report uses too."""
+"""The end-to-end flow tests: each runs with the session's Prefect harness and the loggers `run` quiets
+restored after it (the `prefect` fixture, tests/conftest.py), so each is `slow`."""
 
 from __future__ import annotations
 
@@ -8,5 +7,5 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _flow_test(prefect_harness: str, restore_logging: None) -> None:
-    """Every test here: the harness, and the loggers restored."""
+def _flow_test(prefect: str) -> None:
+    """Every test here runs the flow."""

@@ -20,11 +20,10 @@ JOBS = 24
 PASS_FIRST = 6  # generations let through before the gate closes and the process is killed
 
 
-def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_path: Path) -> None:
+def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_path: Path, out: Path) -> None:
     manifest = write_jsonl(
         tmp_path / "m.jsonl", [{"id": f"job{i:02d}", "prompt": f"crash {i}"} for i in range(JOBS)]
     )
-    out = tmp_path / "out"
     code = kill_mid_run(service_env, prefect_harness, manifest, out, let_through=PASS_FIRST, concurrency=3)
     assert code == -signal.SIGKILL
 
@@ -77,7 +76,7 @@ def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_p
     ("signum", "code", "name"), [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")]
 )
 def test_a_stop_signal_stops_gracefully(
-    service_env: Any, prefect_harness: str, tmp_path: Path, signum: int, code: int, name: str
+    service_env: Any, prefect_harness: str, tmp_path: Path, out: Path, signum: int, code: int, name: str
 ) -> None:
     """SIGINT (Ctrl-C) and SIGTERM (what schedulers and workers send first): no new request; those in
     flight finish and are saved; the rest are not_attempted; results and run.json are written; exit
@@ -85,7 +84,6 @@ def test_a_stop_signal_stops_gracefully(
     manifest = write_jsonl(
         tmp_path / "m.jsonl", [{"id": f"job{i:02d}", "prompt": f"stop {i}"} for i in range(12)]
     )
-    out = tmp_path / "out"
     gate = Gate(4)
     service_env.configure(latency=0.001, sleep=gate)
     child = start_run(service_env, prefect_harness, manifest, out, concurrency=2, text=True)
@@ -118,14 +116,13 @@ def test_a_stop_signal_stops_gracefully(
 
 
 def test_a_second_signal_abandons_the_run_and_run_json_says_so(
-    service_env: Any, prefect_harness: str, tmp_path: Path
+    service_env: Any, prefect_harness: str, tmp_path: Path, out: Path
 ) -> None:
     """Issue 21 #9: Ctrl-C then SIGTERM while requests are held in flight: the run exits at once (130, the
     first signal's code) and run.json says "abandoned" instead of "running"."""
     manifest = write_jsonl(
         tmp_path / "m.jsonl", [{"id": f"job{i:02d}", "prompt": f"drop {i}"} for i in range(12)]
     )
-    out = tmp_path / "out"
     gate = Gate(4)
     service_env.configure(latency=0.001, sleep=gate)
     child = start_run(service_env, prefect_harness, manifest, out, concurrency=2, text=True)

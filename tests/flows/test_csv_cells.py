@@ -23,14 +23,13 @@ def raw_rows(path: Path) -> list[dict[str, str]]:
 
 
 def test_formulas_are_neutralised_in_the_csv_files_and_read_back_by_the_report(
-    service_env: Any, tmp_path: Path, capsys: Any
+    service_env: Any, tmp_path: Path, out: Path, capsys: Any
 ) -> None:
     jobs = [
         {"id": "j0", "prompt": "a vase", "note": LINK, "qty": "-3", "@owner": "+44 20 7946 0000"},
         {"id": "t0", "route": "messages", "model": CALC, "prompt": "describe a vase", "note": "'quoted"},
     ]
     manifest = write_jsonl(tmp_path / "m.jsonl", jobs)
-    out = tmp_path / "out"
     code, _, err = cli(capsys, "run", str(manifest), "--out", str(out))
     assert code == 0, err
 

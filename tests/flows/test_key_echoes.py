@@ -53,7 +53,9 @@ class Recorder(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def test_a_key_the_service_echoes_is_stored_nowhere(service_env: Any, tmp_path: Path, caplog: Any) -> None:
+def test_a_key_the_service_echoes_is_stored_nowhere(
+    service_env: Any, tmp_path: Path, out: Path, caplog: Any
+) -> None:
     logged = Recorder()
     logging.getLogger("imagebatch").addHandler(logged)
     logging.getLogger("imagebatch").setLevel(logging.INFO)
@@ -64,7 +66,6 @@ def test_a_key_the_service_echoes_is_stored_nowhere(service_env: Any, tmp_path: 
     ]
     jobs.append({"id": "t0", "route": "messages", "model": "relay-text-3", "prompt": "describe a vase"})
     manifest = write_jsonl(tmp_path / "m.jsonl", jobs)
-    out = tmp_path / "out"
     delays: list[float] = []
     try:
         with (
@@ -182,7 +183,9 @@ def png_texts(path: Path) -> str:
         return json.dumps(getattr(img, "text", {})) + json.dumps(img.info, default=str)
 
 
-def test_a_key_echoed_encoded_or_in_image_chunks_is_stored_nowhere(service_env: Any, tmp_path: Path) -> None:
+def test_a_key_echoed_encoded_or_in_image_chunks_is_stored_nowhere(
+    service_env: Any, tmp_path: Path, out: Path
+) -> None:
     """Issue 21 #6: base64 (standard, URL-safe, inside larger base64), percent-encoded, in another case,
     and in the text chunks of returned PNGs and the comment and XMP of returned JPEGs."""
     key = service_env.api_key
@@ -196,7 +199,6 @@ def test_a_key_echoed_encoded_or_in_image_chunks_is_stored_nowhere(service_env: 
         {"id": "t0", "route": "messages", "model": "relay-text-3", "prompt": "describe a vase"},
     ]
     manifest = write_jsonl(tmp_path / "m.jsonl", jobs)
-    out = tmp_path / "out"
     originals: list[bytes] = []
     with (
         httpx.Client(base_url=service_env.url) as upstream,

@@ -54,10 +54,7 @@ def test_a_read_only_out_exits_2_before_prefect_starts(
     assert service_env.requests() == []
 
 
-def test_an_out_another_run_holds_exits_2(
-    examples: Path, tmp_path: Path, capsys: Any, service_env: Any
-) -> None:
-    out = tmp_path / "out"
+def test_an_out_another_run_holds_exits_2(examples: Path, out: Path, capsys: Any, service_env: Any) -> None:
     with OutputStore(out).hold_and_merge():
         code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(out))
     assert code == EXIT_USAGE and "another imagebatch run is using" in err and "Traceback" not in err

@@ -8,53 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.runs import read_results, run_flow, write_jsonl
+from helpers.runs import read_results, run_flow, run_now, write_jsonl
 
-from imagebatch.run.dispatch import Window
 from imagebatch.run.hooks import RunHooks, run_hooks
-from imagebatch.work.context import Pacer
-
-
-def test_the_window_starts_low_doubles_then_halves_once_per_overshoot() -> None:
-    window = Window(32)
-    assert window.size == 4
-    for _ in range(4):
-        window.finished(rate_limited=False)
-    assert window.size == 8  # slow start: one more per unit finished, a doubling per round
-    window.finished(rate_limited=True)
-    assert window.size == 4
-    window.finished(rate_limited=True)  # the same overshoot's other 429s do not cut again
-    assert window.size == 4
-    for _ in range(8):
-        window.finished(rate_limited=False)
-    assert window.size == 5  # then one more per two windows without a 429
-    for _ in range(1000):
-        window.finished(rate_limited=False)
-    assert window.size == 32  # never above --concurrency
-
-
-def test_a_window_that_does_not_adapt_opens_every_slot() -> None:
-    window = Window(32, adaptive=False)
-    window.finished(rate_limited=True)
-    assert window.size == 32
-
-
-def test_the_pacer_spaces_starts() -> None:
-    now = [0.0]
-    waits: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        waits.append(seconds)
-
-    pacer = Pacer(2.0, sleep=sleep, clock=lambda: now[0])
-    assert [pacer.wait() for _ in range(3)] == [0.0, 2.0, 4.0]  # three starts asked for at once
-    now[0] = 10.0
-    assert pacer.wait() == 0.0 and waits == [2.0, 4.0]
-
-
-def run(manifest: Path, out: Path, **kw: Any) -> dict[str, Any]:
-    with run_hooks(RunHooks(sleep=lambda _s: None)):
-        return run_flow(manifest=str(manifest), out=str(out), **kw)
 
 
 @pytest.fixture
@@ -66,13 +22,12 @@ def limited(service_env: Any) -> Any:
 
 
 def test_a_run_against_an_unknown_limit_loses_few_requests_and_a_rerun_sends_exactly_those(
-    limited: Any, tmp_path: Path
+    limited: Any, tmp_path: Path, out: Path
 ) -> None:
     manifest = write_jsonl(
         tmp_path / "m.jsonl", [{"id": f"j{i:03d}", "prompt": f"kite {i}"} for i in range(200)]
     )
-    out = tmp_path / "out"
-    info = run(manifest, out, concurrency=32)
+    info = run_now(manifest, out, concurrency=32)
 
     rows = read_results(out)
     statuses = Counter(r["status"] for r in rows)
@@ -85,7 +40,7 @@ def test_a_run_against_an_unknown_limit_loses_few_requests_and_a_rerun_sends_exa
 
     limited.reset()
     limited.configure(max_in_flight=None)
-    run(manifest, out, concurrency=32)
+    run_now(manifest, out, concurrency=32)
     assert {e["idempotency_key"] for e in limited.requests()} == failed  # exactly the ones that failed
     after = Counter(r["status"] for r in read_results(out))
     assert after == {"skipped": 200 - len(failed), "succeeded": len(failed)}
@@ -96,7 +51,7 @@ def test_without_adaptation_most_of_the_overshoot_fails(limited: Any, tmp_path: 
     manifest = write_jsonl(
         tmp_path / "m.jsonl", [{"id": f"j{i:03d}", "prompt": f"kite {i}"} for i in range(64)]
     )
-    info = run(manifest, tmp_path / "out", concurrency=32, adaptive=False)
+    info = run_now(manifest, tmp_path / "out", concurrency=32, adaptive=False)
     assert info["rate_limited"] > 6  # more than 10 %: the adaptive run above stays under that at 200
 
 

@@ -56,7 +56,7 @@ def rows_of(out: Path, job_id: str) -> list[tuple[str, str, str]]:
 
 
 def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
-    service_env: Any, tmp_path: Path
+    service_env: Any, tmp_path: Path, out: Path
 ) -> None:
     service_env.configure(log_contents=True)
     manifest = write_jsonl(
@@ -66,7 +66,6 @@ def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
             {"id": "ch", "prompt": "a redo cup", "turns": ["make it blue"]},
         ],
     )
-    out = tmp_path / "out"
     run_flow(manifest=str(manifest), out=str(out))
     reqs = planned(manifest)
     first = {job: Path(out, read_results(out)[i]["paths"]) for i, job in enumerate(["p0", "p1", "p2", "p3"])}
@@ -131,7 +130,7 @@ def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
 
 
 def test_redo_edit_sends_the_rejected_answer_back_byte_for_byte_with_the_note(
-    service_env: Any, tmp_path: Path
+    service_env: Any, tmp_path: Path, out: Path
 ) -> None:
     service_env.configure(log_contents=True, thought_image_rate=1.0)  # a thought image in every answer
     (tmp_path / "ref.png").write_bytes(png(48, 48, (10, 120, 200)))
@@ -145,7 +144,6 @@ def test_redo_edit_sends_the_rejected_answer_back_byte_for_byte_with_the_note(
             {"id": "e", "prompt": "a cup", "model": "native-image-2.1", "turns": ["make it blue"]},
         ],
     )  # fmt: skip
-    out = tmp_path / "out"
     run_flow(manifest=str(manifest), out=str(out))
     reqs = planned(manifest)
     a1, e1 = reqs["a", 0], reqs["e", 1]

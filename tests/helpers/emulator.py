@@ -11,11 +11,29 @@ from typing import Any
 import httpx
 
 from imagebatch.gateway.constants import COMPAT_VERSION_HEADER, DEFAULT_COMPAT_VERSION, Route
-from imagebatch.gateway.emulator import EmulatorServer
+from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 
 from .images import b64, jpeg, open_image, png
 
 __all__ = ["b64", "jpeg", "open_image", "png"]
+
+API_KEY = "test-emulator-key"
+SLOW_SECONDS = 0.5
+"""How long a `slow` fault waits on the session server; use a client timeout well below it (e.g. 0.2 s)."""
+
+
+def emulator_settings(**changes: Any) -> EmulatorSettings:
+    """The tests' emulator settings: the session server's (tests/conftest.py: `API_KEY`, seed 0, a `slow`
+    fault of `SLOW_SECONDS`, the default image mix, no faults), with `changes`. A second server that must
+    answer like the session's (a twin) or unlike it (another seed) is built from these too."""
+    return EmulatorSettings(**{"api_key": API_KEY, "seed": 0, "slow_seconds": SLOW_SECONDS, **changes})
+
+
+def run_emulator_settings(api_key: str, **changes: Any) -> EmulatorSettings:
+    """The settings of an emulator of its own for runs of the flow (deployments, workers): its own key, PNG
+    images only (`jpeg_rate=0`), with `changes` (a latency, faults)."""
+    return EmulatorSettings(**{"api_key": api_key, "seed": 0, "jpeg_rate": 0.0, **changes})
+
 
 NATIVE_PATH = "/v1beta/models/{model}:generateContent"
 PATHS = {route: route.path for route in Route}

@@ -20,6 +20,7 @@ profiles): each gets exactly the Prefect settings it needs. Everything binds 127
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -289,6 +291,23 @@ def postgres_database_url(dbname: str) -> str | None:
     """
     if not dbname.replace("_", "").isalnum():
         raise ValueError(f"database name must be letters, digits and _: {dbname!r}")
+    with _postgres_setup_lock():
+        return _set_up_database(dbname)
+
+
+@contextmanager
+def _postgres_setup_lock() -> Iterator[None]:
+    """One test process at a time starts the cluster and creates the role (test runs may share a machine, and
+    two `pg_ctlcluster start` or two `CREATE ROLE` at once make the second fail)."""
+    with open(Path(tempfile.gettempdir()) / "imagebatch-tests-postgres.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _set_up_database(dbname: str) -> str | None:
     cluster = _cluster()
     if cluster is None:
         return None

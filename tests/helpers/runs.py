@@ -1,14 +1,17 @@
-"""Small readers and writers shared by the tests that run the flow (tests/flows, tests/report)."""
+"""Small readers and writers shared by the tests that run the flow: manifests written from rows, a run of the
+flow with no real waiting (`run_now`), results and journals read back, and the emulator's sleep gates."""
 
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,23 @@ from imagebatch.storage.csvcells import read_csv
 def write_jsonl(path: Path, jobs: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(j) + "\n" for j in jobs))
     return path
+
+
+def write_csv(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """A CSV manifest of `rows` (the first row's keys are the header; a missing cell is empty), written by
+    the csv module, so a comma or a quote in a cell stays in its cell."""
+    rows = list(rows)
+    with path.open("w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]), restval="", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def catalog(path: Path, rows: int, prefix: str = "p") -> Path:
+    """A CSV manifest of `rows` plain jobs (`id`: `p0000`, `p0001`...; `prompt`: `photo of product 0`...)."""
+    jobs = ({"id": f"{prefix}{i:04d}", "prompt": f"photo of product {i}"} for i in range(rows))
+    return write_csv(path, jobs)
 
 
 def read_results(out: Path) -> list[dict[str, str]]:
@@ -77,6 +97,18 @@ class Rendezvous:
         if not self.met.is_set():
             await asyncio.to_thread(self.met.wait, self.bound)
         self.held -= 1
+
+
+def run_now(
+    manifest: Path | str, out: Path | str, waits: list[float] | None = None, **options: Any
+) -> dict[str, Any]:
+    """Run the flow here (`run_flow`) on `manifest` into `out` without waiting for real: every wait the run
+    asks for (a retry's delay, pacing) is appended to `waits` instead, when given."""
+    from imagebatch.run.hooks import RunHooks, run_hooks
+
+    sleep = waits.append if waits is not None else (lambda _seconds: None)
+    with run_hooks(RunHooks(sleep=sleep)):
+        return run_flow(str(manifest), str(out), **options)
 
 
 def run_flow(manifest: str, out: str, **options: Any) -> dict[str, Any]:

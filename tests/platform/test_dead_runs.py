@@ -26,6 +26,8 @@ from imagebatch.cli.main import main
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.platform.automations import AUTOMATION_NAME, PENDING_NAME, WINDOW_SECONDS
 
+pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+
 POOL = "dead-runs-pool"
 KEY = "sk-dead-runs-test-key"
 

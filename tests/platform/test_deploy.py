@@ -48,6 +48,8 @@ from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.options import RunOptions
 from imagebatch.run.preflight import NO_SERVICE
 
+pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+
 
 @dataclass
 class WorkerRuns:

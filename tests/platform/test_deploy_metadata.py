@@ -21,6 +21,8 @@ from helpers.prefect_server import PrefectServer, running_prefect_server
 
 from imagebatch.cli.main import main
 
+pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+
 POOL = "metadata-pool"
 
 

@@ -37,6 +37,8 @@ from helpers.prefect_stack import (  # the fixtures: stacks, stack, and prefect_
 from imagebatch.cli.main import main
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 
+pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+
 
 def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_once(
     stack: Stack, tmp_path: Path

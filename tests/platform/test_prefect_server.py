@@ -59,6 +59,7 @@ def _wait_gone(pid: int, timeout: float) -> bool:
     return False
 
 
+@pytest.mark.slow  # a process of its own
 @pytest.mark.parametrize("when", ["during-start", "ready"])
 def test_a_killed_run_leaves_no_prefect_server(prefect_home: Path, when: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
@@ -111,7 +112,7 @@ def test_the_server_gets_prefects_settings_and_the_basics_only() -> None:
     assert KEY not in "".join(env.values())
 
 
-def test_prefect_already_imported_is_asked_itself() -> None:
+def test_prefect_already_imported_is_asked_itself(prefect: str) -> None:
     assert prefect_api_configured()  # the session harness sets PREFECT_API_URL in Prefect's settings
 
 
@@ -132,6 +133,7 @@ def test_a_configured_prefect_api_is_found_without_importing_prefect(tmp_path: P
     assert prefect_api_configured(env, cwd)
 
 
+@pytest.mark.slow  # a process of its own
 def test_the_temporary_server_answers_and_stops(prefect_home: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env["PREFECT_HOME"] = str(prefect_home)
@@ -147,14 +149,14 @@ def test_the_temporary_server_answers_and_stops(prefect_home: Path) -> None:
     assert server.process is None and _wait_gone(pid, timeout=30)  # stop: 3 s of grace, then SIGKILL
 
 
+@pytest.mark.slow  # a process of its own
 def test_a_run_without_a_prefect_api_starts_its_own_server_and_leaves_none(
-    prefect_home: Path, tmp_path: Path
+    prefect_home: Path, out: Path
 ) -> None:
     """The quick start's path: `imagebatch run` with no Prefect API configured, as its own process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "IMAGEBATCH_"))}
     env["PREFECT_HOME"] = str(prefect_home)
     examples = Path(__file__).resolve().parents[2] / "manifests" / "examples"
-    out = tmp_path / "out"
     cmd = [
         sys.executable,
         "-m",
@@ -164,24 +166,27 @@ def test_a_run_without_a_prefect_api_starts_its_own_server_and_leaves_none(
         "--out",
         str(out),
     ]
-    before = set(_servers())
+    before = set(_servers(prefect_home))
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     run = json.loads((out / "run.json").read_text())
     assert run["state"] == "finished" and run["prefect"]["flow_run_id"]
-    assert set(_servers()) <= before  # its temporary server stopped with it
+    assert set(_servers(prefect_home)) <= before  # its temporary server stopped with it
 
 
-def _servers() -> list[int]:
-    """Pids of the temporary servers running now (`python -m imagebatch.platform.prefect_server ...`)."""
+def _servers(home: Path) -> list[int]:
+    """Pids of the temporary servers running now (`python -m imagebatch.platform.prefect_server ...`) on
+    PREFECT_HOME `home`: only this test's, not those other test processes on the machine start meanwhile."""
     pids = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 args = (proc / "cmdline").read_bytes().split(b"\0")
+                environ = (proc / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"imagebatch.platform.prefect_server" in args and _alive(int(proc.name)):
+            ours = f"PREFECT_HOME={home}".encode() in environ
+            if b"imagebatch.platform.prefect_server" in args and ours and _alive(int(proc.name)):
                 pids.append(int(proc.name))
     return pids
 
@@ -199,6 +204,7 @@ def test_a_run_on_the_temporary_server_sends_no_heartbeats() -> None:
         assert settings.flows.heartbeat_frequency is None
 
 
+@pytest.mark.slow  # a process of its own
 def test_the_wait_for_the_temporary_server_imports_what_the_flow_will_need() -> None:
     code = (
         "import sys\n"
@@ -226,6 +232,7 @@ __import__("threading").Event().wait()
 """
 
 
+@pytest.mark.slow  # a process of its own
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_kernel_kills_the_server_with_its_parent() -> None:
     """Issue 21 #9: the watchdog's poll took about 2 s on a loaded machine; the kernel's parent-death

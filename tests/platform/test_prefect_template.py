@@ -44,6 +44,7 @@ def _unpack(template: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.slow  # a Prefect server of its own
 def test_the_shipped_template_is_what_this_prefect_builds(tmp_path: Path) -> None:
     """Fails after a Prefect upgrade until the template is made again (`python -m
     imagebatch.platform.prefect_template`), and if the shipped file differs from Prefect's own build."""
@@ -137,6 +138,7 @@ def server(tmp_path: Path) -> Iterator[TemporaryServer]:
         server.stop()
 
 
+@pytest.mark.slow  # a Prefect server of its own
 def test_the_temporary_server_runs_on_the_template(server: TemporaryServer, tmp_path: Path) -> None:
     """An empty home is seeded before the server starts, and the server keeps its records in that file."""
     database = tmp_path / "home" / "prefect.db"

@@ -29,6 +29,8 @@ from helpers.runs import read_results
 from imagebatch.cli.main import main
 from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 
+pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+
 POOL = "sharded-stop-pool"
 KEY = "sk-sharded-stop-test-key"
 ROWS = 40

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers.emulator import run_emulator_settings
 from helpers.prefect_server import (
     PrefectServer,
     base_environment,
@@ -31,11 +32,13 @@ from helpers.prefect_server import (
     start_worker,
     stop_process_group,
 )
-from helpers.runs import read_results
+from helpers.runs import read_results, write_csv
 
 from imagebatch.cli.main import main
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+from imagebatch.gateway.emulator import EmulatorServer
 from imagebatch.gateway.emulator.settings import FaultConfig, parse_script
+
+pytestmark = pytest.mark.slow  # its own Prefect servers and workers
 
 FLOW = "generate_from_manifest"
 POOL = "states-pool"
@@ -96,9 +99,11 @@ class Scene:
         self.server, self.tmp, self.emulator, self.name = server, tmp, emulator, name
         self.out = tmp / "out"
         self.manifest = tmp / "m.csv"
-        self.manifest.write_text("id,prompt\n" + "".join(
-            f"r{i:03d},product {i}" + (" noimage" if i == 3 else "") + "\n" for i in range(ROWS)
-        ))  # fmt: skip
+        rows = (
+            {"id": f"r{i:03d}", "prompt": f"product {i}" + (" noimage" if i == 3 else "")}
+            for i in range(ROWS)
+        )
+        write_csv(self.manifest, rows)
         self.worker_log = tmp / "worker.log"
         self.worker: subprocess.Popen[bytes] | None = None
 
@@ -164,7 +169,7 @@ def scene(
     made: list[tuple[Scene, EmulatorServer]] = []
 
     def make(**settings: Any) -> Scene:
-        emulator = EmulatorServer(EmulatorSettings(seed=0, jpeg_rate=0.0, **{"api_key": KEY, **settings}))
+        emulator = EmulatorServer(run_emulator_settings(**{"api_key": KEY, **settings}))
         emulator.__enter__()
         name = f"{request.node.name[:40].replace('[', '-').rstrip(']')}-{len(made)}".lower()
         made.append((Scene(server, tmp_path, emulator, name), emulator))

@@ -23,16 +23,19 @@ HEADER = "job_id,request_index,turn_index,status,paths,images,width,height,mime_
 HEADER += "idempotency_key,attempts,finish_reason,error,request_id\n"
 KEY = "ib1-" + "0" * 32
 
-CHILD = """
-import json, resource, sys
+CHILD = r"""
+import json, re, sys
 from pathlib import Path
 from imagebatch.work import thumbnails
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def peak():  # VmHWM, kB: reset first, as a forked child starts with its parent's high-water mark
+    return int(re.search(r"VmHWM:\s+(\d+)", open("/proc/self/status").read()).group(1))
+open("/proc/self/clear_refs", "w").write("5")
+before = peak()
 try:
     result = thumbnails.ensure_thumbnail(Path(sys.argv[2]), Path(sys.argv[1]), "t")
 except ValueError as exc:
     result = str(exc)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = peak()
 print(json.dumps({"kib": after - before, "result": result}))
 """
 
@@ -49,6 +52,7 @@ def thumbnail_cost(tmp_path: Path, side: int) -> tuple[int, str]:
     return measured["kib"] * 1024, measured["result"]
 
 
+@pytest.mark.slow  # decodes a 13000 x 13000 image in processes of its own
 def test_a_huge_image_costs_at_most_about_100_mb_more_than_a_small_one(tmp_path: Path) -> None:
     """13000 x 13000 RGBA (a 660 KB file) took 1.3 GB; the largest image still thumbnailed (4896 x 4896,
     just under THUMB_MAX_PIXELS) is decoded whole but reduced in bands, not copied premultiplied."""
@@ -97,6 +101,7 @@ def visible(page: str) -> list[str]:
     return [re.search(r'data-status="(\w+)"', t)[1] for t in tags if "hidden" not in t]  # type: ignore[index]
 
 
+@pytest.mark.slow  # a browser
 @pytest.mark.parametrize(
     "fragment",
     ["#status]=x", "#%", "#status=%ZZ&route=[&=&&model", "#__proto__=x&constructor=y&status", "#status=x"],
@@ -108,6 +113,7 @@ def test_a_malformed_hash_shows_every_card_and_the_script_still_runs(tmp_path: P
     assert re.search(r'<body data-images="0" data-loaded="0"', shown)  # and the load handler was set
 
 
+@pytest.mark.slow  # a browser
 def test_a_well_formed_hash_still_filters(tmp_path: Path) -> None:
     shown = dom(two_card_report(tmp_path), tmp_path / "chromium", "#status=unknown&model=compat-image-2")
     assert visible(shown) == ["unknown"] and '<span id="shown">1</span>' in shown

@@ -390,6 +390,7 @@ def test_a_bucket_is_reviewed_through_its_location(s3: Any, tmp_path: Path) -> N
     assert b'rv-approved">approved by alice' in (location.get("report.html") or b"")
 
 
+@pytest.mark.slow  # a process of its own
 def test_the_command_serves_until_ctrl_c(
     out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,6 +1,7 @@
 """Batched dispatch (issue 9): Prefect records one task run per batch of units, not per request, while the
 run's one limit on requests in flight is shared by every batch, so the tail of one batch never idles a
-slot; every request keeps its own key, journal lines and record."""
+slot; every request keeps its own key, journal lines and record. The window on requests in flight that
+adapts to 429s."""
 
 from __future__ import annotations
 
@@ -9,16 +10,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from helpers.runs import Rendezvous, peak_in_flight, read_jsonl, read_results, run_flow
+from helpers.runs import Rendezvous, catalog, peak_in_flight, read_jsonl, read_results, run_now
 
-from imagebatch.run.hooks import RunHooks, run_hooks
+from imagebatch.run.dispatch import Window
 from imagebatch.work.context import Batch, Unit, batch_size, group_batches
-
-
-def catalog(path: Path, rows: int) -> Path:
-    lines = ["id,prompt"] + [f"sku-{i:04d},studio photo of product {i}" for i in range(rows)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def task_run_names(flow_run_id: str) -> list[str]:
@@ -57,16 +52,11 @@ def test_a_batch_yields_what_was_admitted_until_closed_and_gives_back_what_nobod
 
 
 def test_a_large_run_records_one_task_run_per_batch_and_shares_its_slots(
-    service_env: Any, tmp_path: Path
+    service_env: Any, tmp_path: Path, out: Path
 ) -> None:
     rows, concurrency = 250, 8  # 84 batches of at most 3 units: wider than one batch
     service_env.configure(latency=0.03, sleep=Rendezvous(batch_size(rows) + 1))
-    out = tmp_path / "out"
-    with run_hooks(RunHooks(sleep=lambda _s: None)):
-        info = run_flow(
-            manifest=str(catalog(tmp_path / "m.csv", rows)), out=str(out),
-            concurrency=concurrency, adaptive=False,
-        )  # fmt: skip
+    info = run_now(catalog(tmp_path / "m.csv", rows, "sku-"), out, concurrency=concurrency, adaptive=False)
 
     assert info["counts"]["succeeded"] == rows
     keys = Counter(r["idempotency_key"] for r in service_env.requests())
@@ -87,8 +77,7 @@ def test_a_large_run_records_one_task_run_per_batch_and_shares_its_slots(
 
 
 def test_a_small_run_keeps_one_task_run_per_request(service_env: Any, tmp_path: Path) -> None:
-    with run_hooks(RunHooks(sleep=lambda _s: None)):
-        info = run_flow(manifest=str(catalog(tmp_path / "m.csv", 5)), out=str(tmp_path / "out"))
+    info = run_now(catalog(tmp_path / "m.csv", 5, "sku-"), tmp_path / "out")
     assert task_run_names(info["prefect"]["flow_run_id"]) == [f"sku-{i:04d}#0" for i in range(5)]
 
 
@@ -97,7 +86,7 @@ def test_shards_split_the_units_disjointly_and_alike_on_every_machine(tmp_path: 
     from imagebatch.run.shards import shard_of
     from imagebatch.work.context import group_units
 
-    units = group_units(plan(load_manifest(catalog(tmp_path / "m.csv", 300))))
+    units = group_units(plan(load_manifest(catalog(tmp_path / "m.csv", 300, "sku-"))))
     split = [[u.index for u in units if shard_of(u, 3) == i] for i in range(3)]
     assert sorted(i for part in split for i in part) == list(range(300))  # each unit in exactly one shard
     assert all(60 < len(part) < 140 for part in split)  # and about evenly
@@ -117,3 +106,27 @@ def test_the_dispatcher_gives_freed_memory_back_every_so_many_requests(monkeypat
     for records in ([record], [record, record], [record], [record], [record]):
         progress.finished(records)
     assert trims == [3, 6]  # after the unit that reached 3 requests, and 6
+
+
+def test_the_window_starts_low_doubles_then_halves_once_per_overshoot() -> None:
+    window = Window(32)
+    assert window.size == 4
+    for _ in range(4):
+        window.finished(rate_limited=False)
+    assert window.size == 8  # slow start: one more per unit finished, a doubling per round
+    window.finished(rate_limited=True)
+    assert window.size == 4
+    window.finished(rate_limited=True)  # the same overshoot's other 429s do not cut again
+    assert window.size == 4
+    for _ in range(8):
+        window.finished(rate_limited=False)
+    assert window.size == 5  # then one more per two windows without a 429
+    for _ in range(1000):
+        window.finished(rate_limited=False)
+    assert window.size == 32  # never above --concurrency
+
+
+def test_a_window_that_does_not_adapt_opens_every_slot() -> None:
+    window = Window(32, adaptive=False)
+    window.finished(rate_limited=True)
+    assert window.size == 32

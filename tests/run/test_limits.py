@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.runs import Rendezvous, cli, peak_in_flight, run_flow
+from helpers.runs import Rendezvous, catalog, cli, peak_in_flight, run_now
 
 from imagebatch.platform.limits import set_limits
-from imagebatch.run.hooks import RunHooks, run_hooks
 from imagebatch.run.limits import (
     LINGER_SECONDS,
     REUSE_SECONDS,
@@ -38,14 +37,7 @@ def read_limit(name: str) -> Any:
             return None
 
 
-def catalog(path: Path, rows: int) -> Path:
-    path.write_text("id,prompt\n" + "".join(f"p{i},photo {i}\n" for i in range(rows)))
-    return path
-
-
-def run(manifest: Path, out: Path, **kw: Any) -> dict[str, Any]:
-    with run_hooks(RunHooks(sleep=lambda _s: None)):
-        return run_flow(manifest=str(manifest), out=str(out), adaptive=False, **kw)
+pytestmark = pytest.mark.usefixtures("prefect")  # every test here asks Prefect's server for its limits
 
 
 def test_limits_creates_updates_and_removes_the_limits(capsys: Any) -> None:
@@ -64,7 +56,7 @@ def test_a_global_limit_bounds_requests_on_the_wire_below_the_runs_concurrency(
     assert cli(capsys, "limits", "--name", "t-wire", "--concurrency", "2")[0] == 0
     service_env.configure(latency=0.05)
     manifest = catalog(tmp_path / "m.csv", 24)
-    info = run(manifest, tmp_path / "limited", concurrency=8, global_limit="t-wire")
+    info = run_now(manifest, tmp_path / "limited", concurrency=8, global_limit="t-wire", adaptive=False)
     assert info["counts"]["succeeded"] == 24 and info["options"]["global_limit"] == "t-wire"
     assert peak_in_flight(service_env.requests()) <= 2
     assert set(Counter(r["idempotency_key"] for r in service_env.requests()).values()) == {1}
@@ -72,7 +64,7 @@ def test_a_global_limit_bounds_requests_on_the_wire_below_the_runs_concurrency(
 
     service_env.reset()
     service_env.configure(latency=0.05, jpeg_rate=0.0, sleep=Rendezvous(3))
-    run(manifest, tmp_path / "unlimited", concurrency=8)
+    run_now(manifest, tmp_path / "unlimited", concurrency=8, adaptive=False)
     assert peak_in_flight(service_env.requests()) > 2  # the same run without it: the limit did the bounding
 
 
@@ -80,7 +72,7 @@ def test_a_limit_the_server_does_not_have_is_refused_before_anything_is_sent(
     service_env: Any, tmp_path: Path
 ) -> None:
     with pytest.raises(UsageError, match=r"no global concurrency limit 't-missing'.*imagebatch limits"):
-        run(catalog(tmp_path / "m.csv", 2), tmp_path / "out", global_limit="t-missing")
+        run_now(catalog(tmp_path / "m.csv", 2), tmp_path / "out", global_limit="t-missing", adaptive=False)
     assert service_env.requests() == []
 
 

@@ -1,4 +1,5 @@
-"""The run's records of finished units, kept in a nameless file in the output folder instead of memory."""
+"""The run's context: its records of finished units, kept in a nameless file in the output folder instead of
+memory; its disk reserve; the pacer that spaces starts (`--rpm`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebatch.work.context import DiskReserve, RecordSpool, reserve_size
+from imagebatch.work.context import DiskReserve, Pacer, RecordSpool, reserve_size
 from imagebatch.work.store import RequestRecord
 
 
@@ -119,3 +120,16 @@ def test_many_threads_write_and_read_their_own_records(tmp_path: Path) -> None:
         t.join(timeout=60)
     assert wrong == [] and len(spool) == 1600
     assert all(spool[i][0].idempotency_key == f"ib1-{i:032x}" for i in range(1600))
+
+
+def test_the_pacer_spaces_starts() -> None:
+    now = [0.0]
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    pacer = Pacer(2.0, sleep=sleep, clock=lambda: now[0])
+    assert [pacer.wait() for _ in range(3)] == [0.0, 2.0, 4.0]  # three starts asked for at once
+    now[0] = 10.0
+    assert pacer.wait() == 0.0 and waits == [2.0, 4.0]

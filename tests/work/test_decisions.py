@@ -82,6 +82,7 @@ def _writer(root: str, who: str, n: int) -> None:
         record_decision(folder, Decision(f"ib1-{who}-{i}", 1, "approved", note="x" * 3000, reviewer=who))
 
 
+@pytest.mark.slow  # processes of their own
 def test_two_writers_at_once_lose_nothing(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_writer, args=(str(tmp_path), who, 150)) for who in ("ann", "bob")]

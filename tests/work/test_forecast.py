@@ -58,10 +58,9 @@ def sent_by(service_env: Any, before: int) -> list[str]:
 
 
 def test_validate_out_says_what_the_run_then_sends(
-    service_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    service_env: Any, tmp_path: Path, out: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     manifest = write_jsonl(tmp_path / "m.jsonl", [*JOBS, CHAIN])
-    out = tmp_path / "out"
 
     # Nothing there yet: everything is new, and the folder is not even made.
     table, keys, text = validate(capsys, manifest, out)
@@ -110,12 +109,11 @@ def test_validate_out_says_what_the_run_then_sends(
 
 
 def test_validate_out_after_a_kill_counts_the_unknown_and_the_run_leaves_them(
-    service_env: Any, prefect_harness: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    service_env: Any, prefect_harness: str, tmp_path: Path, out: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     manifest = write_jsonl(
         tmp_path / "m.jsonl", [{"id": f"job{i:02d}", "prompt": f"kill {i}"} for i in range(12)]
     )
-    out = tmp_path / "out"
     kill_mid_run(service_env, prefect_harness, manifest, out, let_through=3, concurrency=2)
     states = OutputStore(out).load_state()
     in_doubt = {k for k, s in states.items() if s.status == "unknown"}
@@ -140,10 +138,9 @@ def test_validate_out_after_a_kill_counts_the_unknown_and_the_run_leaves_them(
 
 
 def test_rejected_images_wait_for_a_redo_by_their_newest_variant(
-    service_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], prefect_harness: str
+    service_env: Any, tmp_path: Path, out: Path, capsys: pytest.CaptureFixture[str], prefect_harness: str
 ) -> None:
     manifest = write_jsonl(tmp_path / "m.jsonl", JOBS[:3])
-    out = tmp_path / "out"
     code, _, err = cli(capsys, "run", str(manifest), "--out", str(out))
     assert code == EXIT_OK, err
     rows = OutputStore(out).read_results() or []
@@ -178,10 +175,9 @@ def test_rejected_images_wait_for_a_redo_by_their_newest_variant(
 
 
 def test_validate_out_names_a_live_run_and_holds_no_lock(
-    service_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], prefect_harness: str
+    service_env: Any, tmp_path: Path, out: Path, capsys: pytest.CaptureFixture[str], prefect_harness: str
 ) -> None:
     manifest = write_jsonl(tmp_path / "m.jsonl", JOBS[:2])
-    out = tmp_path / "out"
     code, _, err = cli(capsys, "run", str(manifest), "--out", str(out))
     assert code == EXIT_OK, err
     store = OutputStore(out)
@@ -230,7 +226,7 @@ def test_validate_out_on_a_bucket(
 
 
 def test_a_run_from_a_workbook_s_sheet_and_its_plan(
-    service_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    service_env: Any, tmp_path: Path, out: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     book = openpyxl.Workbook()
     book.active.title = "Draft"
@@ -241,7 +237,6 @@ def test_a_run_from_a_workbook_s_sheet_and_its_plan(
     final["C2"].number_format = "00000"
     path = tmp_path / "catalog.xlsx"
     book.save(path)
-    out = tmp_path / "out"
     table, _, _ = validate(capsys, path, out, "--sheet", "Final")
     assert table == {"new": (1, 1), "total": (1, 1)}
     code, _, err = cli(capsys, "run", str(path), "--sheet", "Final", "--out", str(out))
@@ -260,7 +255,7 @@ def test_a_run_from_a_workbook_s_sheet_and_its_plan(
 
 
 def test_edit_chains_blocked_and_without_history_are_not_sent(
-    service_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    service_env: Any, tmp_path: Path, out: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A chain whose first turn came back without an image holds its later turn back; a chain whose saved
     history is gone cannot send its later turn: validate says neither is sent, and the run sends nothing."""
@@ -269,7 +264,6 @@ def test_edit_chains_blocked_and_without_history_are_not_sent(
         {"id": "plain", "prompt": "a plain cup", "model": "native-image-2.1", "turns": ["make it red"]},
     ]
     manifest = write_jsonl(tmp_path / "m.jsonl", chains)
-    out = tmp_path / "out"
     service_env.set_faults(scripts=[{"outcomes": ["no_image"], "match": "zebra"}])
     code, _, err = cli(capsys, "run", str(manifest), "--out", str(out))
     assert code != EXIT_OK, err

@@ -13,6 +13,7 @@ from helpers.emulator import (
     b64,
     chat_images,
     edit_files,
+    emulator_settings,
     final_images,
     native_body,
     open_image,
@@ -23,7 +24,7 @@ from PIL import Image, ImageStat
 
 from imagebatch.gateway.compat_models import ChatResponse, ImagesResponse
 from imagebatch.gateway.constants import ASPECT_RATIOS, IMAGE_SIZES, IMAGES_API_SIZES, Route
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings, images_pixel_size, native_pixel_size
+from imagebatch.gateway.emulator import EmulatorServer, images_pixel_size, native_pixel_size
 from imagebatch.gateway.imagefile import sniff_mime
 from imagebatch.gateway.models import NativeResponse
 
@@ -221,9 +222,9 @@ def test_same_prompt_parameters_and_seed_give_the_same_image(emulator: EmulatorS
     first = _native_png(emulator, "a lighthouse at dusk", "det-1")
     assert _native_png(emulator, "a lighthouse at dusk", "det-2") == first
     assert _native_png(emulator, "a lighthouse at noon", "det-3") != first
-    with EmulatorServer(EmulatorSettings(api_key=emulator.api_key, seed=0, jpeg_rate=0.0)) as twin:
+    with EmulatorServer(emulator_settings(seed=0, jpeg_rate=0.0)) as twin:
         assert _native_png(twin, "a lighthouse at dusk", "det-4") == first
-    with EmulatorServer(EmulatorSettings(api_key=emulator.api_key, seed=1, jpeg_rate=0.0)) as other:
+    with EmulatorServer(emulator_settings(seed=1, jpeg_rate=0.0)) as other:
         assert _native_png(other, "a lighthouse at dusk", "det-5") != first
 
 

@@ -55,6 +55,7 @@ def finish(process: subprocess.Popen[str], sig: int) -> tuple[int, str, str]:
     return process.returncode, stdout, stderr
 
 
+@pytest.mark.slow  # a process of its own
 def test_serves_with_the_key_from_the_environment_then_exits_cleanly_on_sigterm() -> None:
     secret = "env-secret-key-123"
     with running("--script", "503", env={"IMAGEBATCH_API_KEY": secret}) as (process, url):
@@ -69,6 +70,7 @@ def test_serves_with_the_key_from_the_environment_then_exits_cleanly_on_sigterm(
     assert secret not in stdout + stderr  # a key from the environment is never printed
 
 
+@pytest.mark.slow  # a process of its own
 def test_without_a_key_a_throwaway_key_is_printed_on_stderr_and_sigint_stops_cleanly() -> None:
     with running() as (process, url):
         assert process.stderr is not None
@@ -83,6 +85,7 @@ def test_without_a_key_a_throwaway_key_is_printed_on_stderr_and_sigint_stops_cle
     assert stdout == "" and "Traceback" not in stderr
 
 
+@pytest.mark.slow  # a process of its own
 def test_port_already_taken_fails_with_status_1() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

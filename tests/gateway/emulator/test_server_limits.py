@@ -161,6 +161,7 @@ def test_a_connection_over_the_cap_gets_503_at_once_without_a_log_line(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
+@pytest.mark.slow  # a process of its own
 def test_short_of_file_descriptors_the_command_answers_503_instead_of_too_many_open_files() -> None:
     """`ulimit -n 512` and 2000 idle connections: the cap comes down to (512 - 64 - 4 x 64) / 2 = 96, so
     every connection is accepted and the ones over it refused (before: EMFILE on accept, logged with a

@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.emulator import assert_error, final_images, native_body, open_image, post
+from helpers.emulator import assert_error, emulator_settings, final_images, native_body, open_image, post
 
 from imagebatch.gateway.constants import Route
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+from imagebatch.gateway.emulator import EmulatorServer
 from imagebatch.gateway.emulator.signing import SIGNATURE_KEY, Signer, history_digests
 
 
@@ -199,13 +199,13 @@ def test_null_fields_do_not_count_as_alterations(emulator: EmulatorServer, turn:
 
 
 def test_signatures_from_another_emulator_secret_are_refused(emulator: EmulatorServer) -> None:
-    with EmulatorServer(EmulatorSettings(api_key=emulator.api_key, seed=99)) as other:
+    with EmulatorServer(emulator_settings(seed=99)) as other:
         foreign = model_turn(other)
     assert_error(post(emulator, Route.NATIVE, history(foreign)), 400, "invalid_request")
 
 
 def test_signatures_survive_a_restart_with_the_same_seed(emulator: EmulatorServer) -> None:
-    with EmulatorServer(EmulatorSettings(api_key=emulator.api_key, seed=0)) as twin:
+    with EmulatorServer(emulator_settings(seed=0)) as twin:
         turn = model_turn(twin)
     assert post(emulator, Route.NATIVE, history(turn)).status_code == 200
 
@@ -279,10 +279,10 @@ def test_a_chain_on_another_model_is_accepted(emulator: EmulatorServer) -> None:
 
 
 def test_a_chain_survives_a_restart_with_the_same_seed(emulator: EmulatorServer) -> None:
-    with EmulatorServer(EmulatorSettings(api_key=emulator.api_key, seed=0)) as before_restart:
+    with EmulatorServer(emulator_settings(seed=0)) as before_restart:
         contents = chain(before_restart, "a paper boat", "make it red")
     assert send(emulator, contents).status_code == 200
-    with EmulatorServer(EmulatorSettings(api_key=emulator.api_key, seed=1)) as other_seed:
+    with EmulatorServer(emulator_settings(seed=1)) as other_seed:
         assert_error(send(other_seed, contents), 400, "invalid_request")
 
 

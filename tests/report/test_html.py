@@ -95,9 +95,8 @@ def test_large_runs_are_paged(tmp_path: Path) -> None:
 
 
 def test_a_run_without_report_makes_no_thumbnail_and_the_command_makes_them_later(
-    service_env: Any, examples: Path, tmp_path: Path, capsys: Any
+    service_env: Any, examples: Path, out: Path, capsys: Any
 ) -> None:
-    out = tmp_path / "out"
     code, stdout, _ = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(out), "--no-report")
     assert code == 0 and "report:" not in stdout
     assert not (out / "report.html").exists() and not list(out.glob("thumbs/*"))
