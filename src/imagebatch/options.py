@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_BASE_URL, ENV_PRICES
-from imagebatch.work.variants import REDO_KINDS, redo_kinds
+from imagebatch.work.redo import REDO_KINDS, redo_kinds
 
 MAX_CONCURRENCY = 256
 DEFAULT_CONCURRENCY = 4

@@ -14,8 +14,9 @@ from imagebatch.storage.kinds import open_location
 from imagebatch.work.context import Unit, group_units
 from imagebatch.work.decisions import Decision, record_decision
 from imagebatch.work.records import record
+from imagebatch.work.redo import redo_kinds
 from imagebatch.work.store import KeyState, OutputStore
-from imagebatch.work.variants import describe, redo_kinds, with_variants
+from imagebatch.work.variants import describe, with_variants
 
 
 @pytest.fixture

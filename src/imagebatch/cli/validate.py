@@ -112,7 +112,7 @@ def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
     )
     from imagebatch.work.forecast import forecast, print_forecast
     from imagebatch.work.prices import PriceError, PriceTable
-    from imagebatch.work.variants import redo_kinds
+    from imagebatch.work.redo import redo_kinds
 
     where = output_location(args.out)
     try:

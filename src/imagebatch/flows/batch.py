@@ -60,8 +60,9 @@ from imagebatch.run.shards import (
     shards_released,
 )
 from imagebatch.work.context import Pacer, RunContext, Unit, group_units
+from imagebatch.work.redo import redo_kinds
 from imagebatch.work.store import KeyState, OutputLockedError, OutputStore
-from imagebatch.work.variants import redo_kinds, with_variants
+from imagebatch.work.variants import with_variants
 
 
 @contextlib.contextmanager

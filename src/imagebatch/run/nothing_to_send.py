@@ -23,9 +23,10 @@ from imagebatch.run.outputs import run_info, write_files
 from imagebatch.run.preflight import Preflight, key_source
 from imagebatch.storage import layout
 from imagebatch.work.context import RunContext, group_units
+from imagebatch.work.redo import redo_kinds
 from imagebatch.work.store import OutputLockedError, OutputStore, RequestRecord
 from imagebatch.work.unit import run_unit
-from imagebatch.work.variants import redo_kinds, with_variants
+from imagebatch.work.variants import with_variants
 
 NOT_STARTED = {"flow_run_id": None, "task_runs": 0, "started": False}
 """What run.json says of Prefect for a run settled here."""

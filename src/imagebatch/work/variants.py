@@ -33,35 +33,20 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 
 from imagebatch.gateway.constants import Route
 from imagebatch.manifest import EditOf, PlannedRequest, variant_of
 from imagebatch.work import conversation
 from imagebatch.work.context import Unit, decide
 from imagebatch.work.decisions import Decision, decided
+from imagebatch.work.redo import RedoKind
 from imagebatch.work.store import KeyState, OutputStore
 
 NO_NOTE = "no note"
 NOT_NATIVE = "not the native route"
 NO_HISTORY = "no kept history"
 NO_IMAGE_TO_EDIT = "no image to edit"
-
-RedoKind = Literal["rejected", "no_image", "failed"]
-REDO_KINDS: tuple[RedoKind, ...] = get_args(RedoKind)
-"""What `--redo` takes, comma separated (the module's docstring)."""
-
-
-def redo_kinds(text: str | None) -> frozenset[RedoKind]:
-    """`--redo rejected,no_image` as a set (empty for None); ValueError in one line naming what is not a
-    kind."""
-    if text is None:
-        return frozenset()
-    words = [word.strip() for word in text.split(",")]
-    if bad := [word for word in words if word not in REDO_KINDS]:
-        shown = ", ".join(repr(word) for word in bad)
-        raise ValueError(f"--redo takes {', '.join(REDO_KINDS)} (comma separated), not {shown}")
-    return frozenset(words)  # type: ignore[arg-type]
 
 
 def redo_kind(
