@@ -8,7 +8,9 @@ then stops it with SIGINT."""
 
 from __future__ import annotations
 
+import csv
 import http.client
+import io
 import json
 import re
 import shlex
@@ -149,4 +151,6 @@ def test_review_redo_and_export(here: Path, capsys: pytest.CaptureFixture[str]) 
     assert "SKU-1002/sage green.jpg" in delivered and not any(p.startswith("SKU-1001/") for p in delivered)
     with Image.open(dest / "SKU-1002" / "sage green.jpg") as image:
         assert image.format == "JPEG" and max(image.size) <= 2000
-    assert len((dest / "export.csv").read_text().splitlines()) == 1 + 5
+    listed = list(csv.DictReader(io.StringIO((dest / "export.csv").read_text())))
+    assert sorted(r["path"] for r in listed if r["status"] == "delivered") == delivered
+    assert [r["sku"] for r in listed if r["status"] == "missing"] == ["SKU-1001"]  # named, and why

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from imagebatch.platform.prefect_server import TemporaryServer, prefect_api_configured, server_environment
+from imagebatch.run.verdict import warnings
 
 KEY = "sk-imagebatch-test-key-0123456789"
 
@@ -293,5 +294,11 @@ def test_a_run_with_failures_prints_nothing_after_its_summary_and_exits_soon(
     assert summary_at is not None, "\n".join(lines)
     assert time.monotonic() - summary_at < END_BOUND
     assert child.returncode == 1  # a request answered without an image
-    assert [line for line in lines if line.strip()][-1].startswith("report: ")  # nothing after it
+    # The summary ends with the report's line and then the run's own warnings (run.verdict.warnings, the
+    # words the flow run's log has too): nothing after them.
+    shown = [line for line in lines if line.strip()]
+    report = max(i for i, line in enumerate(shown) if line.startswith("report: "))
+    info = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert shown[report + 1 :] == list(warnings(info))
+    assert any("no_image" in line for line in shown[report + 1 :])
     assert not [line for line in lines if "Error logging to API" in line]

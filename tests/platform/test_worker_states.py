@@ -76,9 +76,15 @@ def server(
 
 
 def call(server: PrefectServer, method: str, path: str, body: Any = None) -> Any:
-    response = httpx.request(method, f"{server.api_url}{path}", json=body, timeout=60)
-    response.raise_for_status()
-    return response.json()
+    """One REST call; a 502/503 (the SQLite server busy under a worker's writes) is asked again, as Prefect's
+    own client does, until the server answers (bounded)."""
+    deadline = time.monotonic() + 150
+    while True:
+        response = httpx.request(method, f"{server.api_url}{path}", json=body, timeout=60)
+        if response.status_code not in (502, 503) or time.monotonic() > deadline:
+            response.raise_for_status()
+            return response.json()
+        time.sleep(0.5)
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 180, log: Path | None = None) -> Any:
