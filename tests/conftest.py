@@ -110,6 +110,7 @@ def prefect_harness() -> Iterator[str]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield str(PREFECT_API_URL.value())
+        _prefect_console_writes_to(sys.__stderr__)  # its "Stopping" line: not to the last test's capture
 
 
 @pytest.fixture
@@ -163,6 +164,10 @@ def _prefect_console_writes_to_this_tests_stderr() -> None:
     test's warning then ends in a logging traceback on its own stderr. A process of imagebatch's never
     swaps `sys.stderr`, so this is the tests' concern: each test starts with the handler on the stderr
     of the moment."""
+    _prefect_console_writes_to(sys.stderr)
+
+
+def _prefect_console_writes_to(stream: Any) -> None:
     handlers_module = sys.modules.get("prefect.logging.handlers")
     if handlers_module is None:
         return
@@ -170,5 +175,5 @@ def _prefect_console_writes_to_this_tests_stderr() -> None:
     for logger in (logging.getLogger(), *(logging.getLogger(name) for name in QUIETED_LOGGERS)):
         for handler in logger.handlers:
             if isinstance(handler, console_handler):
-                handler.stream = sys.stderr  # not setStream: it flushes the old one, maybe closed
-                handler.console.file = sys.stderr
+                handler.stream = stream  # not setStream: it flushes the old one, maybe closed
+                handler.console.file = stream
