@@ -30,12 +30,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 
 __all__ = [
     "PG_PASSWORD",
@@ -369,3 +371,26 @@ def submitted_by(worker_log: Path) -> set[str]:
     text = worker_log.read_text(errors="replace") if worker_log.exists() else ""
     tried = set(re.findall(r"submitting flow run '([0-9a-f-]{36})'", text))
     return tried - set(re.findall(r"Aborted submission of flow run '([0-9a-f-]{36})'", text))
+
+
+def call(server: PrefectServer, method: str, path: str, body: Any = None) -> Any:
+    """One REST call; a 502/503 (the SQLite server busy under a worker's writes) is asked again, as Prefect's
+    own client does, until the server answers (bounded)."""
+    deadline = time.monotonic() + 150
+    while True:
+        response = httpx.request(method, f"{server.api_url}{path}", json=body, timeout=60)
+        if response.status_code not in (502, 503) or time.monotonic() > deadline:
+            response.raise_for_status()
+            return response.json()
+        time.sleep(0.5)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 180, log: Path | None = None) -> Any:
+    """Poll `check` until it returns something truthy (bounded; the machine is shared and slow)."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            pytest.fail(f"{what}: not after {timeout} s\n{tail}")
+        time.sleep(0.1)
+    return value

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +16,12 @@ import httpx
 import pytest
 from helpers.prefect_server import (
     PrefectServer,
+    call,
     kill_machine,
     running_prefect_server,
     start_worker,
     stop_process_group,
+    wait_for,
 )
 
 from imagebatch.cli.main import main
@@ -49,21 +51,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
         }
         httpx.post(f"{running.api_url}/work_pools/", json=body, timeout=30).raise_for_status()
         yield running
-
-
-def call(server: PrefectServer, method: str, path: str, body: Any = None) -> Any:
-    response = httpx.request(method, f"{server.api_url}{path}", json=body, timeout=60)
-    response.raise_for_status()
-    return response.json()
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not after {timeout} s")
-        time.sleep(0.2)
-    return value
 
 
 def deploy(server: PrefectServer, args: str) -> None:

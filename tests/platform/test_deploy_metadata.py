@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.prefect_server import PrefectServer, running_prefect_server
+from helpers.prefect_server import PrefectServer, call, running_prefect_server
 
 from imagebatch.cli.main import main
 
@@ -41,12 +41,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
             body = {"name": name, "type": "process", "base_job_template": template}
             httpx.post(f"{running.api_url}/work_pools/", json=body, timeout=30).raise_for_status()
         yield running
-
-
-def call(server: PrefectServer, method: str, path: str, body: Any = None) -> Any:
-    response = httpx.request(method, f"{server.api_url}{path}", json=body, timeout=60)
-    response.raise_for_status()
-    return response.json()
 
 
 def deploy(server: PrefectServer, args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

@@ -17,13 +17,19 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from helpers.prefect_server import PrefectServer, base_environment, running_prefect_server, stop_process_group
+from helpers.prefect_server import (
+    PrefectServer,
+    base_environment,
+    call,
+    running_prefect_server,
+    stop_process_group,
+    wait_for,
+)
 from helpers.runs import read_results
 
 from imagebatch.cli.main import main
@@ -54,21 +60,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
         }
         httpx.post(f"{running.api_url}/work_pools/", json=body, timeout=30).raise_for_status()
         yield running
-
-
-def call(server: PrefectServer, method: str, path: str, body: Any = None) -> Any:
-    response = httpx.request(method, f"{server.api_url}{path}", json=body, timeout=60)
-    response.raise_for_status()
-    return response.json()
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float, log: Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not after {timeout} s\n{log.read_text(errors='replace')[-4000:]}")
-        time.sleep(0.2)
-    return value
 
 
 def imagebatch_worker(server: PrefectServer, home: Path, log: Path) -> subprocess.Popen[bytes]:

@@ -15,7 +15,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,10 +26,12 @@ from helpers.emulator import run_emulator_settings
 from helpers.prefect_server import (
     PrefectServer,
     base_environment,
+    call,
     postgres_database_url,
     running_prefect_server,
     start_worker,
     stop_process_group,
+    wait_for,
 )
 from helpers.runs import read_results, write_csv
 
@@ -73,29 +74,6 @@ def server(
         }
         httpx.post(f"{running.api_url}/work_pools/", json=body, timeout=30).raise_for_status()
         yield running
-
-
-def call(server: PrefectServer, method: str, path: str, body: Any = None) -> Any:
-    """One REST call; a 502/503 (the SQLite server busy under a worker's writes) is asked again, as Prefect's
-    own client does, until the server answers (bounded)."""
-    deadline = time.monotonic() + 150
-    while True:
-        response = httpx.request(method, f"{server.api_url}{path}", json=body, timeout=60)
-        if response.status_code not in (502, 503) or time.monotonic() > deadline:
-            response.raise_for_status()
-            return response.json()
-        time.sleep(0.5)
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 180, log: Path | None = None) -> Any:
-    """Poll `check` until it returns something truthy (bounded; the machine is shared and slow)."""
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
-            pytest.fail(f"{what}: not after {timeout} s\n{tail}")
-        time.sleep(0.1)
-    return value
 
 
 class Scene:

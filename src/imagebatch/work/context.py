@@ -275,9 +275,9 @@ class RunContext:
         self.held = held
         """Keys this run carries as they stand, whatever their state: variants, outside a `--redo` run."""
         self.key_source = key_source
+        """Where the API key came from, for the message of a 401."""
         self.thumbnails = thumbnails
         """Make each image's report thumbnail as it arrives."""
-        """Where the API key came from, for the message of a 401."""
         self.halt = threading.Event()
         self.halt_reason: str | None = None
         self.reserve = DiskReserve(store.spool_folder, reserve_size(requests))
