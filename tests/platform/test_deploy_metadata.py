@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import queue
 import shlex
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,8 +59,28 @@ def manifest(tmp_path: Path) -> str:
     return f"{tmp_path / 'm.csv'} --out {tmp_path / 'out'} --work-pool {POOL} --base-url embedded"
 
 
+@pytest.fixture
+def git_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The working directory a clone of a repository: a commit and an `origin` remote, from which Prefect
+    infers a deployment's version (CI deploys from such a clone; a repository without a remote does not
+    show it). Returns the commit's short hash."""
+    repo = tmp_path / "clone"
+    repo.mkdir()
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}  # fmt: skip
+    for command in (
+        ["git", "init", "-q"],
+        ["git", "remote", "add", "origin", "https://example.invalid/team/catalog.git"],
+        ["git", "commit", "-q", "--allow-empty", "-m", "nightly"],
+    ):
+        subprocess.run(command, cwd=repo, env=env, check=True)
+    monkeypatch.chdir(repo)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True, text=True)
+    return head.stdout.strip()[:8]
+
+
 def test_the_metadata_flags_are_stored_as_given_and_the_time_zone_is_utc(
-    server: PrefectServer, manifest: str, capsys: pytest.CaptureFixture[str]
+    server: PrefectServer, manifest: str, git_checkout: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     call(server, "POST", f"/work_pools/{POOL}/queues", {"name": "night"})
     flags = (
@@ -85,6 +106,7 @@ def test_the_metadata_flags_are_stored_as_given_and_the_time_zone_is_utc(
     again = call(server, "GET", "/deployments/name/generate_from_manifest/meta")
     assert again["schedules"][0]["schedule"]["timezone"] == "Europe/Paris" and again["paused"] is False
     assert again["tags"] == ["imagebatch"] and again["description"] is None  # what the command says
+    assert again["version"] == git_checkout  # without --version, the clone's commit (Prefect's inference)
 
 
 @pytest.mark.parametrize(

@@ -207,12 +207,17 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
         assert all(ran_to_end(s["state"], s["message"]) for s in again["shard_runs"]), again["shard_runs"]
         sent = Counter(r["idempotency_key"] for r in emulator.requests())
         assert set(sent.values()) == {1}  # no request sent twice, over both runs
-        assert len(sent) == 40  # every request sent once: the unknown ones only before the rerun
-        final = Counter(r["status"] for r in read_results(out))
+        rows = read_results(out)
+        final = Counter(r["status"] for r in rows)
         assert (
             final["not_attempted"] == 0 and final["unknown"] == statuses["unknown"]
         )  # left for the user to settle, never resent
         assert final["unknown"] + final["succeeded"] + final["skipped"] == 40
+        # Every request reached the service but the unknown ones, which may or may not have: the kill can
+        # land between the journal's attempt_started and the request's bytes (the reason they are unknown).
+        keys = {r["idempotency_key"] for r in rows}
+        unknown = {r["idempotency_key"] for r in rows if r["status"] == "unknown"}
+        assert len(keys) == 40 and set(sent) <= keys and keys - set(sent) <= unknown
 
 
 def _sharded_deploy(stack: Stack, tmp_path: Path, pool: str, emulator: EmulatorServer, timeout: float) -> str:

@@ -190,12 +190,16 @@ def _apply(
     now, never paused), each with the metadata given; its schedule cleared on the server when it has none."""
     if parameters["options"]["sharding"]["shards"] > 1:  # the parent plans and merges
         shard_deployment = f"{name}-shards"
-        shard_runs = build_deployment(shard_deployment, parameters, None, pool, limit=None)
+        shard_runs = build_deployment(
+            shard_deployment, parameters, None, pool, limit=None, version=metadata.version
+        )
         apply_metadata(shard_runs, replace(metadata, paused=False)).apply(work_pool_name=pool)
         parameters["role"] = ShardRole(shard_deployment=f"{FLOW_NAME}/{shard_deployment}").model_dump(
             mode="json"
         )
-    deployment = apply_metadata(build_deployment(name, parameters, schedule, pool), metadata)
+    deployment = apply_metadata(
+        build_deployment(name, parameters, schedule, pool, version=metadata.version), metadata
+    )
     if schedule is None:
         clear_schedules(f"{FLOW_NAME}/{name}")
     return deployment
@@ -358,11 +362,19 @@ def clear_schedules(full_name: str) -> None:
 
 
 def build_deployment(
-    name: str, parameters: dict[str, Any], schedule: Any, pool: str | None, limit: int | None = 1
+    name: str,
+    parameters: dict[str, Any],
+    schedule: Any,
+    pool: str | None,
+    limit: int | None = 1,
+    version: str | None = None,
 ) -> RunnerDeployment:
     """The deployment of `generate_from_manifest` (module-path entrypoint, concurrency 1, CANCEL_NEW; a
     shard deployment has no limit of its own: its parent's is what keeps runs apart). A pool's runs get
-    the heartbeat frequency through the job variables' `env`, whatever the worker's own environment."""
+    the heartbeat frequency through the job variables' `env`, whatever the worker's own environment.
+    `version` is given here, not set afterwards: Prefect replaces a version it took from the flow with
+    the commit of a git checkout that has a remote (`get_inferred_version_info`); without `--version`,
+    that commit is the deployment's version."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.types.entrypoint import EntrypointType
 
@@ -370,6 +382,7 @@ def build_deployment(
 
     deployment = generate_from_manifest.to_deployment(
         name=name,
+        version=version,
         schedules=[schedule] if schedule is not None else None,
         parameters=parameters,
         concurrency_limit=ConcurrencyLimitConfig(
