@@ -104,11 +104,16 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[str]:
-    """One temporary Prefect server and database for the whole session (it takes ~10 s to start)."""
-    from prefect.settings import PREFECT_API_URL
+    """One temporary Prefect server and database for the whole session (it takes ~10 s to start), with no
+    flow-run heartbeats, as `imagebatch run` has on its temporary server (`cli.terminal`): nothing reads
+    them, and with them on each run's end waits up to a second for the heartbeat thread."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with (
+        prefect_test_harness(server_startup_timeout=120),
+        temporary_settings({"flows.heartbeat_frequency": None}),
+    ):
         yield str(PREFECT_API_URL.value())
         _prefect_console_writes_to(sys.__stderr__)  # its "Stopping" line: not to the last test's capture
 

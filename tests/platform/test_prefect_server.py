@@ -194,11 +194,11 @@ def _servers(home: Path) -> list[int]:
 
 def test_a_run_on_the_temporary_server_sends_no_heartbeats() -> None:
     """Nothing reads a temporary server's heartbeats; with them on, a run's end waits up to 1 s for them."""
-    from prefect.settings import get_current_settings, temporary_settings
+    from prefect.settings import Settings, get_current_settings, temporary_settings
 
     from imagebatch.cli.terminal import _temporary_server_settings
 
-    assert get_current_settings().flows.heartbeat_frequency is not None  # Prefect's default: on
+    assert Settings().flows.heartbeat_frequency is not None  # Prefect's default: on
     with temporary_settings(_temporary_server_settings("http://127.0.0.1:1/api")):
         settings = get_current_settings()
         assert settings.api.url == "http://127.0.0.1:1/api"
