@@ -22,12 +22,6 @@ from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
-from helpers.prefect_server import (
-    kill_machine,
-    running_worker,
-    start_worker,
-    stop_process_group,
-)
 from helpers.prefect_stack import (  # the fixtures: stacks, stack, and prefect_harness (none here)
     CATALOG,
     CATALOG_REQUESTS,
@@ -38,13 +32,11 @@ from helpers.prefect_stack import (  # the fixtures: stacks, stack, and prefect_
     SCHEDULER_BROKEN,
     YAML_POOL,
     Stack,
-    create_process_pool,
     each_stack,  # noqa: F401
     no_session_harness,  # noqa: F401
     started_stacks,  # noqa: F401
 )
 
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.options import RunOptions
 from imagebatch.run.preflight import NO_SERVICE
 
@@ -386,63 +378,6 @@ def test_deploy_sets_up_the_heartbeat_automation_once(
     deployment = stack.deployment("beats")
     assert deployment["job_variables"] == {"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
     assert deployment["tags"] == ["imagebatch"]
-
-
-def test_a_killed_run_is_marked_crashed_and_the_next_run_sends_only_the_rest(
-    stacks: dict[str, Stack | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Issue 20, item 4: `kill -9` of a worker and its flow run's process mid-run. The run's heartbeats
-    stop, the automation marks it Crashed within the window (45 s here: the heartbeat is 30 s at least),
-    which frees the deployment's slot of one: the next run starts (not Cancelled) and sends only what
-    the killed one had not sent (counted in the emulator's request log)."""
-    from collections import Counter
-
-    from helpers.runs import read_results
-
-    stack = stacks["sqlite"]
-    assert stack is not None
-    pool, window = "imagebatch-zombie-pool", 45.0
-    create_process_pool(stack.api, pool)
-    key = stack.emulator.api_key
-    manifest = tmp_path / "m.csv"
-    manifest.write_text("id,prompt\n" + "".join(f"z{i:03d},item {i}\n" for i in range(20)))
-    out = tmp_path / "out"
-    env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(tmp_path / "w")}
-    monkeypatch.setenv("IMAGEBATCH_HEARTBEAT_WINDOW", f"{window:g}")
-    with EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=1.0)) as emulator:
-        args = f"{manifest} --out {out} --name zombie --work-pool {pool} --base-url {emulator.url}"
-        assert stack.deploy(f"{args} --concurrency 2 --no-adaptive") == 0
-        deployment_id = stack.deployment("zombie")["id"]
-        worker = start_worker(stack.api, pool, env, tmp_path / "w1.log")
-        try:
-            first = stack.run(deployment_id)
-            deadline = time.monotonic() + 120
-            while len(emulator.requests()) < 4:
-                assert time.monotonic() < deadline, "the first run sent nothing in 120 s"
-                time.sleep(0.05)
-            assert kill_machine(worker, {first}) == 1
-            killed_at = time.monotonic()
-        finally:
-            stop_process_group(worker, grace=1)
-        sent_before = Counter(r["idempotency_key"] for r in emulator.requests())
-        crashed = stack.wait(first, timeout=window + 90)
-        assert crashed["state_type"] == "CRASHED", crashed["state"]
-        assert "no heartbeat" in crashed["state"]["message"]
-        print(f"marked Crashed {time.monotonic() - killed_at:.1f} s after the kill")
-        assert time.monotonic() - killed_at < window + 30  # within the window (and the server's 5 s loop)
-
-        with running_worker(stack.api, pool, env, tmp_path / "w2.log", stop_grace=3):
-            second = stack.wait(stack.run(deployment_id), timeout=180)
-        # Not cancelled by a zombie's slot: the run ran to its own verdict (run.final_state), which is Failed
-        # only for the requests the killed run left `unknown` (sent, never answered; not resent).
-        assert second["state_type"] in ("COMPLETED", "FAILED"), second["state"]
-        assert second["state"]["message"].startswith("imagebatch: "), second["state"]
-        sent = Counter(r["idempotency_key"] for r in emulator.requests())
-        assert set(sent.values()) == {1}  # nothing sent twice
-        assert len(sent) == 20 and len(sent) > len(sent_before)  # the rest, and only the rest
-        statuses = Counter(r["status"] for r in read_results(out))
-        assert statuses["unknown"] + statuses["succeeded"] + statuses["skipped"] == 20
-        assert (second["state_type"] == "COMPLETED") == (statuses["unknown"] == 0)
 
 
 def test_deploy_into_a_bucket_refuses_a_missing_bucket_and_a_url_with_a_secret_before_deploying(
