@@ -46,6 +46,10 @@ POOL = "states-pool"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 KEY = f"sk-states-{secrets.token_hex(8)}"  # what the workers hold
 ROWS = 24
+SQLITE_ONLY = pytest.mark.parametrize("server", ["sqlite"], indirect=True)
+"""A test of what the worker and the flow's process do (a state they set, a signal), the same on either
+database: on SQLite only. PostgreSQL runs the cancellation (the server moves the state) here, and the
+deployment tests (test_deploy.py, test_deploy_shards.py) run on both."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -167,6 +171,7 @@ def scene(
             emulator.__exit__(None, None, None)
 
 
+@SQLITE_ONLY
 def test_a_wrong_key_ends_failed_with_the_reason_and_a_warning(scene: Callable[..., Scene]) -> None:
     here = scene(api_key="sk-the-account-key-" + secrets.token_hex(8))  # the worker holds another
     here.deploy()
@@ -182,6 +187,7 @@ def test_a_wrong_key_ends_failed_with_the_reason_and_a_warning(scene: Callable[.
     assert KEY not in json.dumps(run) and KEY not in json.dumps(logs)
 
 
+@SQLITE_ONLY
 def test_one_no_image_ends_failed_and_allow_failures_makes_it_completed(scene: Callable[..., Scene]) -> None:
     here = scene(faults=FaultConfig(scripts=[parse_script("no_image,no_image@noimage")]))
     here.deploy()
@@ -239,6 +245,7 @@ def _rerun_sends_only_the_rest(here: Scene) -> None:
     assert len(sent) == ROWS and set(sent.values()) == {1}  # each request once, over both runs
 
 
+@SQLITE_ONLY
 def test_sigterm_to_the_worker_stops_the_run_gracefully(scene: Callable[..., Scene]) -> None:
     """`imagebatch worker`: `prefect worker start` alone SIGKILLs its flow runs on SIGTERM
     (platform.worker)."""
