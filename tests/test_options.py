@@ -81,14 +81,15 @@ def test_each_help_page_is_written_for_users_and_ends_with_the_exit_codes(capsys
 
 
 def test_every_option_reaches_each_shards_parameters_with_its_part_of_the_budgets() -> None:
-    from imagebatch.run.shards import shard_of, shard_parameters
+    from imagebatch.run.shards import requests_to_send, shard_of, shard_parameters
 
     units = _units(40)
     values = every_other() | {"shards": 2, "max_images": 10, "max_spend": 1.0, "force": False}
     options = RunOptions.from_flat(**values)
-    parameters = shard_parameters("m.csv", "/out", options, units, {}, frozenset())
-    assert [p["role"] for p in parameters] == [{"shard_deployment": None, "shard": i} for i in range(2)]
     shares = [sum(len(u.requests) for u in units if shard_of(u, 2) == i) for i in range(2)]
+    assert requests_to_send(options, units, {}, frozenset()) == shares  # nothing done yet: every request
+    parameters = list(shard_parameters("m.csv", "/out", options, shares).values())
+    assert [p["role"] for p in parameters] == [{"shard_deployment": None, "shard": i} for i in range(2)]
     budgets = [RunOptions.model_validate(p["options"]).budgets for p in parameters]
     assert sum(b.max_images or 0 for b in budgets) == 10
     assert sum(b.max_spend or 0 for b in budgets) == pytest.approx(1.0)

@@ -260,7 +260,9 @@ def test_shards_on_one_worker_with_limit_1_do_not_deadlock(
     stacks: dict[str, Stack | None], tmp_path: Path
 ) -> None:
     """Issue 20, item 5: one worker started with `--limit 1`: the parent holds its only slot, so it runs
-    shard 0 itself at once and shard 1 once no worker has started it within the start timeout."""
+    shard 0 itself at once and shard 1 once no worker has started it within the start timeout. The rerun
+    has nothing to send: it starts no shard run at all (issue 30: it used to start both, and wait the start
+    timeout for the second)."""
     from collections import Counter
 
     stack = stacks["sqlite"]
@@ -274,15 +276,22 @@ def test_shards_on_one_worker_with_limit_1_do_not_deadlock(
         running_worker(stack.api, pool, env, tmp_path / "w.log", extra_args=("--limit", "1"), stop_grace=3),
         _shard_children() as children,
     ):
-        parent = stack.wait(stack.run(_sharded_deploy(stack, tmp_path, pool, emulator, 3)), timeout=240)
-    assert parent["state_type"] == "COMPLETED", parent["state"]
+        deployment_id = _sharded_deploy(stack, tmp_path, pool, emulator, 3)
+        parent = stack.wait(stack.run(deployment_id), timeout=240)
+        assert parent["state_type"] == "COMPLETED", parent["state"]
+        run = json.loads((tmp_path / "out" / "run.json").read_text())
+        rerun = stack.wait(stack.run(deployment_id), timeout=240)
     # The shards the parent ran got the key on stdin (they sent with it), never in their environment.
     assert children and not [pid for pid, environ in children.items() if key.encode() in environ]
-    run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert [(s["state"], s["here"]) for s in run["shard_runs"]] == [("COMPLETED", True), ("COMPLETED", True)]
-    assert submitted_by(tmp_path / "w.log") == {parent["id"]}
     sent = Counter(r["idempotency_key"] for r in emulator.requests())
     assert len(sent) == 16 and set(sent.values()) == {1}
+    assert rerun["state_type"] == "COMPLETED", rerun["state"]
+    again = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert again["shard_runs"] == [] and again["counts"]["skipped"] == sum(again["counts"].values()) == 16
+    assert submitted_by(tmp_path / "w.log") == {parent["id"], rerun["id"]}
+    shard_runs = stack.post("/flow_runs/filter", {"deployments": {"name": {"any_": [f"{pool}-shards"]}}})
+    assert len(shard_runs) == 2  # the first run's two; the rerun made none
 
 
 def test_two_shards_on_two_workers_with_limit_1_run_one_per_worker(

@@ -53,6 +53,7 @@ from imagebatch.run.preflight import (
 )
 from imagebatch.run.shards import (
     records_after,
+    requests_to_send,
     run_shards,
     shard_name,
     shard_of,
@@ -302,7 +303,10 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
         before = store.load_state()
         held_keys = plan_variants(run, store, before)  # the shards plan the same from the same state
     source, out = checked.manifest.source, out_text(checked.out)
-    parameters = shard_parameters(source, out, options, run.units, before, held_keys)
+    to_send = requests_to_send(options, run.units, before, held_keys)
+    parameters = shard_parameters(source, out, options, to_send)
+    if idle := [shard_name(i, shards) for i in range(shards) if i not in parameters]:
+        get_run_logger().info("Shard(s) %s: nothing to send; not started", ", ".join(idle))
     runs = run_shards(
         deployment_name,
         parameters,
@@ -318,8 +322,8 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
             shards_released(store, shards, hooks.sleep)  # a killed shard's lease, until it expires
         after = store.load_state()
         failed = [
-            f"shard {i}: {r['state']} ({r['message']})"
-            for i, r in enumerate(runs)
+            f"shard {r['shard']}: {r['state']} ({r['message']})"
+            for r in runs
             if not ran_to_end(r["state"], r["message"])
         ]
         results = records_after(run.units, before, after, "; ".join(failed) or "no shard sent it")

@@ -1,8 +1,9 @@
 """Many machines: a run split into shards that run as separate flow runs on a work pool's workers.
 
-The parent run (`shards=N`) plans once, starts N runs of the shard deployment (`NAME-shards`, made by
-`imagebatch deploy --shards N`) with Prefect's `run_deployment`, runs shard 0 itself (and any shard no
-worker takes within a minute: `run_shards`), so that it never holds a worker's slot only to wait, waits
+The parent run (`shards=N`) plans once, starts a run of the shard deployment (`NAME-shards`, made by
+`imagebatch deploy --shards N`) with Prefect's `run_deployment` for each of the N shards that has something
+to send, runs the first itself (and any shard no worker takes within a minute: `run_shards`), so that it
+never holds a worker's slot only to wait, waits
 for the others, merges what they wrote and writes the run's records. Shard `I` sends the units whose first
 idempotency key falls to it (`shard_of`), so no two machines ever send one request; a chain's turns stay
 together. Every shard writes into the one output folder (a network file system in production), each into
@@ -52,17 +53,11 @@ def shard_name(shard: int, shards: int) -> str:
     return f"{shard}-of-{shards}"
 
 
-def shard_parameters(
-    manifest: str,
-    out: str,
-    options: RunOptions,
-    units: list[Unit],
-    before: dict[str, KeyState],
-    held: frozenset[str],
-) -> list[dict[str, Any]]:
-    """Each shard's flow parameters: the parent's options whole (a new option reaches the shards unasked),
-    but for its part of the run's budgets, split by each shard's requests to send as the parent found the
-    output (`split_budgets`: the parts add up to the whole), and its number."""
+def requests_to_send(
+    options: RunOptions, units: list[Unit], before: dict[str, KeyState], held: frozenset[str]
+) -> list[int]:
+    """Per shard, how many requests it has to send as the parent found the output (each shard decides
+    the same from the same state: `work.context.decide`)."""
     shards, resend = options.sharding.shards, options.resend
     to_send = [0] * shards
     for unit in units:
@@ -71,15 +66,27 @@ def shard_parameters(
             == "send"
             for k in (r.idempotency_key for r in unit.requests)
         )
-    return [
-        {
+    return to_send
+
+
+def shard_parameters(
+    manifest: str, out: str, options: RunOptions, to_send: list[int]
+) -> dict[int, dict[str, Any]]:
+    """The flow parameters of each shard with something to send (`to_send`, from `requests_to_send`):
+    the parent's options whole (a new option reaches the shards unasked), but for its part of the run's
+    budgets, split by each shard's requests to send (`split_budgets`: the parts add up to the whole), and
+    its number. A shard with nothing to send is not started: its run would only start a flow process (and,
+    with no free worker, keep the parent waiting the start timeout) to send nothing."""
+    return {
+        i: {
             "manifest": manifest,
             "out": out,
             "options": options.model_copy(update={"budgets": part}).model_dump(mode="json"),
             "role": ShardRole(shard=i).model_dump(mode="json"),
         }
         for i, part in enumerate(split_budgets(options.budgets, to_send))
-    ]
+        if to_send[i]
+    }
 
 
 @dataclass
@@ -100,7 +107,7 @@ class _Shard:
 
 def run_shards(
     deployment: str,
-    parameters: list[dict[str, Any]],
+    parameters: dict[int, dict[str, Any]],
     shards: int,
     store: OutputStore,
     sleep: Callable[[float], None] = time.sleep,
@@ -111,12 +118,12 @@ def run_shards(
     never_started: float = NEVER_STARTED,
     stopped: Callable[[], str | None] = lambda: None,
 ) -> list[dict[str, Any]]:
-    """Start the N shard runs of `deployment` (sub-runs of this one, `parameters` from `shard_parameters`),
-    run some here, wait until each ends. Returns, per shard, its flow run's id, final state and message,
-    and whether the parent ran it (`here`).
+    """Start the shard runs of `deployment` (sub-runs of this one, a run per shard in `parameters`, from
+    `shard_parameters`), run some here, wait until each ends. Returns, per shard started, its number, its
+    flow run's id, final state and message, and whether the parent ran it (`here`).
 
     The parent holds a worker's slot, so it never only waits there (a pool of concurrency 1, or one
-    worker started with `--limit 1`, would deadlock): it claims shard 0 at once, and any shard no worker
+    worker started with `--limit 1`, would deadlock): it claims the first at once, and any shard no worker
     has claimed within `start_timeout` seconds once its own is done, as a worker claims a run (proposing
     Pending: the server accepts one claim only) and runs it in a child process with Prefect's own flow
     engine (`run.shard_child`). One at a time: the parent's slot is one run's worth of its machine.
@@ -149,28 +156,29 @@ def run_shards(
         finally:
             _end_ours(tracked)
     return [
-        {"flow_run_id": str(s.run_id), "state": s.state, "message": s.message, "here": s.claimed_here}
+        {"shard": s.index, "flow_run_id": str(s.run_id), "state": s.state, "message": s.message,
+         "here": s.claimed_here}
         for s in tracked
-    ]
+    ]  # fmt: skip
 
 
 def _start(
-    deployment: str, parameters: list[dict[str, Any]], shards: int, clock: Callable[[], float]
+    deployment: str, parameters: dict[int, dict[str, Any]], shards: int, clock: Callable[[], float]
 ) -> list[_Shard]:
-    """The N shard runs of `deployment`, created as sub-runs of this one (none started yet)."""
+    """The shard runs of `deployment`, created as sub-runs of this one (none started yet)."""
     from prefect.deployments import run_deployment
 
-    started = [
-        run_deployment(
+    started = {
+        i: run_deployment(
             deployment,
-            parameters=parameters[i],
+            parameters=shard,
             timeout=0,
             as_subflow=True,
             flow_run_name=f"shard {shard_name(i, shards)}",
         )
-        for i in range(shards)
-    ]
-    return [_Shard(i, run.id, clock()) for i, run in enumerate(started)]  # type: ignore[union-attr]  # FlowRuns (sync context)
+        for i, shard in parameters.items()
+    }
+    return [_Shard(i, run.id, clock()) for i, run in started.items()]  # type: ignore[union-attr]  # FlowRuns (sync context)
 
 
 def _end_ours(tracked: list[_Shard]) -> None:
