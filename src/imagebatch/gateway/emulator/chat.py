@@ -13,6 +13,7 @@ from ..constants import DEFAULT_ASPECT_RATIO, DEFAULT_IMAGE_SIZE, Route
 from .deps import EmulatorDep, JsonBodyDep, MaxImagesDep, RecordDep, bearer_auth, mark_route
 from .errors import ServiceError
 from .generation import (
+    Attempt,
     b64,
     begin,
     delivered_count,
@@ -25,6 +26,7 @@ from .generation import (
 )
 from .native import output_image_tokens
 from .render import RenderSpec, native_pixel_size
+from .state import EmulatorState
 
 router = APIRouter(tags=["chat"])
 
@@ -52,22 +54,13 @@ async def chat_completions(
     attempt = await begin(
         emu, record, route=Route.CHAT, model=chat.model, prompt=prompt, fingerprint=await request.body()
     )
-    seed = emu.settings.seed
     if attempt.fault == "no_image":
         count, finish_reason = 0, "content_filter"
         content = "I can't create that image: the request was blocked by the safety filter."
     else:
         count, finish_reason = delivered_count(emu, attempt, cap), "stop"
-        width, height = native_pixel_size(image_size, ratio)
-        links = []
-        for i in range(count):
-            spec = RenderSpec(
-                width, height, prompt, seed, variant=i, label=chat.model, fmt=image_format(emu, attempt, i)
-            )
-            mime, data = await render(emu, spec)
-            links.append(f"![image](data:{mime};base64,{b64(data)})")
-        lead = "Here is the image you asked for." if count == 1 else f"Here are {count} images."
-        content = "\n\n".join([lead, *links])
+        size = native_pixel_size(image_size, ratio)
+        content = await _images_in_text(emu, attempt, count, size, prompt, chat.model)
     prompt_tokens = sum(text_tokens(m.content) for m in chat.messages)
     completion = output_image_tokens(image_size) * count + text_tokens(content.split("![", 1)[0])
     usage = {
@@ -90,3 +83,18 @@ async def chat_completions(
         "usage": usage,
     }
     return await finish(emu, record, attempt, JSONResponse(answer), images=count, usage=usage)
+
+
+async def _images_in_text(
+    emu: EmulatorState, attempt: Attempt, count: int, size: tuple[int, int], prompt: str, model: str
+) -> str:
+    """The assistant's text: a line, then each image as a markdown data URL."""
+    links = []
+    for i in range(count):
+        spec = RenderSpec(
+            *size, prompt, emu.settings.seed, variant=i, label=model, fmt=image_format(emu, attempt, i)
+        )
+        mime, data = await render(emu, spec)
+        links.append(f"![image](data:{mime};base64,{b64(data)})")
+    lead = "Here is the image you asked for." if count == 1 else f"Here are {count} images."
+    return "\n\n".join([lead, *links])
