@@ -359,3 +359,26 @@ def test_an_image_in_another_format_than_its_name_says_is_delivered_in_the_named
     out.write()
     export(str(out.root), str(tmp_path / "dest"), workers=1)
     assert opened(tmp_path / "dest" / "gif/0-0-1.png").format == "PNG"
+
+
+def test_into_a_long_bucket_prefix_a_name_that_would_make_a_key_over_1024_bytes_is_refused_first(
+    s3: Any, make_out: Callable[..., OutMaker], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """S3 refuses a key over 1,024 bytes (moto stores it): the export refuses such a name before writing
+    anything, naming the row, with room kept for the folder a stale file is moved to."""
+    from imagebatch.delivery.aside import ASIDE_FOLDER, name_room, stamp
+    from imagebatch.delivery.naming import MAX_NAME_BYTES
+
+    out = make_out()
+    out.add("shoe", [solid_png((200, 0, 0))], sku="SKU-1", colour="r" * 200)
+    out.add("bag", [solid_png((0, 0, 200))], sku="SKU-2", colour="sand")
+    bucket, prefix = s3.bucket(), "catalog/" + "p" * 700
+    dest = f"s3://{bucket}/{prefix}"
+    room = name_room(open_location(dest), MAX_NAME_BYTES)
+    assert room == 1024 - len(prefix) - 1 - len(f"{ASIDE_FOLDER}/{stamp()}/") < 400
+    name = "{sku}/{colour}/{colour}.{ext}"  # 411 bytes for the shoe, each segment under 255
+    code, _, err = cli(capsys, "export", str(out.write()), "--to", dest, "--name", name)
+    assert code == 2
+    assert "results.csv row 2 (job 'shoe'" in err and f"leaves {room:,} for a name" in err, err
+    assert s3.objects(bucket, "catalog") == {}  # nothing written, not even the short one
+    assert name_room(open_location(str(out.root)), MAX_NAME_BYTES) == MAX_NAME_BYTES  # a folder: no key

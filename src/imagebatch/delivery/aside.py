@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from imagebatch.storage.location import LocalFolder, Location
+from imagebatch.storage.location import MAX_OBJECT_KEY_BYTES, LocalFolder, Location, is_object_url
 
 ASIDE_FOLDER = ".superseded"
 
@@ -22,6 +22,17 @@ ASIDE_FOLDER = ".superseded"
 def stamp(now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> str:
     """The dated folder's name: the export's time in UTC, to the second."""
     return now().astimezone(UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
+
+
+def name_room(dest: Location, most: int) -> int:
+    """The bytes a deliverable's name may take in DEST: `most` in a folder; in an object store's prefix,
+    what an object key leaves (`MAX_OBJECT_KEY_BYTES`, in UTF-8) after the prefix and the folder a stale
+    file is moved to (`ASIDE_FOLDER/<stamp>/`), so that no key is refused half-way through an export."""
+    if not is_object_url(dest.url):
+        return most
+    prefix = dest.url.split("/", 3)[3] if dest.url.count("/") >= 3 else ""  # scheme://bucket[/prefix]
+    aside = len(f"{ASIDE_FOLDER}/{stamp()}/")
+    return min(most, MAX_OBJECT_KEY_BYTES - len(prefix.encode()) - (1 if prefix else 0) - aside)
 
 
 def stale(previous: dict[str, dict[str, str]], existing: set[str], delivered: set[str]) -> list[str]:

@@ -49,7 +49,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from imagebatch.delivery.aside import set_aside, stale, stamp
+from imagebatch.delivery.aside import name_room, set_aside, stale, stamp
 from imagebatch.delivery.convert import Conversion, Staged, StageJob, stage
 from imagebatch.delivery.exportplan import (
     Deliverable,
@@ -61,7 +61,7 @@ from imagebatch.delivery.exportplan import (
     read_results,
 )
 from imagebatch.delivery.listing import EXPORT_CSV, export_csv, listed, manifest_columns
-from imagebatch.delivery.naming import DEFAULT_TEMPLATE, NameTemplate
+from imagebatch.delivery.naming import DEFAULT_TEMPLATE, MAX_NAME_BYTES, NameTemplate
 from imagebatch.delivery.summary import ExportSummary
 from imagebatch.storage import layout
 from imagebatch.storage.kinds import open_location
@@ -414,8 +414,9 @@ def export(
 ) -> ExportSummary:
     """Export OUT's images to DEST (the module's docstring); raises ExportRefused (nothing written) or
     TemplateError (a `--name` that cannot be parsed). `now` dates the folder stale files go to."""
-    naming = Naming(NameTemplate.parse(template or DEFAULT_TEMPLATE), conversion or Conversion(), slug)
+    parsed = NameTemplate.parse(template or DEFAULT_TEMPLATE)
     source, target = _places(out, dest)
+    naming = Naming(parsed, conversion or Conversion(), slug, name_room(target, MAX_NAME_BYTES))
     columns, rows = read_results(source)
     decisions = decided(source)
     changed = changed_since_approval(out, rows, decisions) if approved_only else set()

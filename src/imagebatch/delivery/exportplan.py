@@ -34,7 +34,15 @@ from imagebatch.delivery.listing import (
     decision_cells,
     table,
 )
-from imagebatch.delivery.naming import NameTemplate, TemplateError, clashes, folded, name_for, unsafe
+from imagebatch.delivery.naming import (
+    MAX_NAME_BYTES,
+    NameTemplate,
+    TemplateError,
+    clashes,
+    folded,
+    name_for,
+    unsafe,
+)
 from imagebatch.manifest.plan import key_digits
 from imagebatch.storage import layout
 from imagebatch.storage.location import Location
@@ -261,6 +269,8 @@ class Naming:
     template: NameTemplate
     conversion: Conversion
     slugged: bool = False
+    room: int = MAX_NAME_BYTES
+    """The bytes a name may take in DEST (`aside.name_room`: less under an object store's prefix)."""
 
     def unknown_problem(self, columns: list[str]) -> str | None:
         """A `--name` naming a field that is neither a column of results.csv nor a built-in."""
@@ -295,6 +305,12 @@ def _row_deliverables(
             )
         except TemplateError as exc:
             problems.append(f"{label}: {exc}")
+            continue
+        if (size := len(name.encode())) > naming.room:
+            problems.append(
+                f"{label}: its name {name!r} is {size:,} bytes; under DEST's prefix an object's key leaves "
+                f"{naming.room:,} for a name (a key is at most 1,024 bytes): a shorter --name or prefix"
+            )
             continue
         if folded(name) == folded(EXPORT_CSV):
             problems.append(f"{label}: its name {name!r} is the list export writes")
