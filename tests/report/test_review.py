@@ -5,6 +5,7 @@ on another origin; a bucket on moto; the command itself; and report.html showing
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import os
@@ -427,8 +428,12 @@ def test_the_runs_prefect_artifact_counts_the_review(out: Path) -> None:
     keys = [r.idempotency_key for r in records if r.paths]
     record_decision(LocalFolder(out), Decision(keys[0], 1, "rejected", "too dark"))
     record_decision(LocalFolder(out), Decision(keys[1], 2, "approved"))
+    record_decision(LocalFolder(out), Decision(keys[2], 3, "rejected", "wrong colour"))
+    redone = next(r for r in records if r.idempotency_key == keys[2])
+    records.append(dataclasses.replace(redone, variant=2, idempotency_key="ib1-" + "e" * 32))  # its redo
     line = review_line(str(out), records)
-    assert line.startswith("**Review:** 2 of 13 reviewed: 1 approved, 1 rejected; 11 unreviewed")
+    # The redone rejection is neither open nor rejected any more; its new variant is unreviewed.
+    assert line.startswith("**Review:** 12 open (11 unreviewed, 1 rejected) · 1 approved · 1 redone"), line
     assert f"`imagebatch review {out}`" in line
     info = {"out": str(out), "counts": {"succeeded": 13, "failed": 1}}
     assert line in report_markdown(info, None, [], line)

@@ -317,16 +317,3 @@ def _summary(
     options = {"status": sorted(statuses), "route": sorted(routes), "model": sorted(by_model)}
     options["review"] = [r for r in REVIEW_STATES if reviews[r]]
     return summary, options, statuses.total(), replaced
-
-
-def review_of(row: Mapping[str, str], decisions: Mapping[str, Decision]) -> str:
-    """A reviewable row's review: `approved`, `rejected` or `unreviewed` (`decisions`: those in force)."""
-    decision = decisions.get(row["idempotency_key"])
-    return decision.decision if decision is not None and decision.decision != "cleared" else "unreviewed"
-
-
-def review_tally(reviews: Mapping[str, int]) -> str:
-    """`312 of 1,000 reviewed: 250 approved, 62 rejected` (from counts of approved, rejected, unreviewed)."""
-    approved, rejected = reviews.get("approved", 0), reviews.get("rejected", 0)
-    total = approved + rejected + reviews.get("unreviewed", 0)
-    return f"{approved + rejected:,} of {total:,} reviewed: {approved:,} approved, {rejected:,} rejected"

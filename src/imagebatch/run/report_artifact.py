@@ -100,19 +100,22 @@ def bucket_lines(report: str) -> list[str]:
 
 
 def review_line(out: str, records: Iterable[RequestRecord]) -> str:
-    """`**Review:** 2 of 6 reviewed: 1 approved, 1 rejected; 4 unreviewed ...`: the decisions in force
-    in the output location `out` on the images of `records`."""
-    from imagebatch.report.html import review_of, review_tally, reviewable
+    """`**Review:** 12 open (10 unreviewed, 2 rejected) · 40 approved · 3 redone`: the decisions in force
+    in the output location `out` on the images of `records`, by the report's rule (`report.setstate`: a
+    rejected image a newer variant replaced is redone, no longer open)."""
+    from imagebatch.report.html import reviewable
+    from imagebatch.report.setstate import review_line as states_line
+    from imagebatch.report.setstate import review_state, superseded
     from imagebatch.storage.kinds import open_location
     from imagebatch.work.decisions import decided
 
     decisions = decided(open_location(out))
-    rows = (record.to_row() for record in records)
-    reviews = Counter(review_of(row, decisions) for row in rows if reviewable(row))
-    return (
-        f"**Review:** {review_tally(reviews)}; {reviews['unreviewed']:,} unreviewed "
-        f"(`imagebatch review {out}` opens them in a browser)."
+    rows = [row for row in (record.to_row() for record in records) if reviewable(row)]
+    replaced = superseded(rows)
+    states = Counter(
+        review_state(decisions.get(key), key in replaced) for key in (r["idempotency_key"] for r in rows)
     )
+    return f"**Review:** {states_line(states)} (`imagebatch review {out}` opens them in a browser)."
 
 
 def report_markdown(
