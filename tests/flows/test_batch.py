@@ -370,7 +370,9 @@ def test_progress_and_usage_are_prefect_artifacts_keyed_for_a_history(
     assert report["type"] == "markdown"  # the UI shows it; it cannot open a file:// link
     assert info["run_report"] in report["data"] and Path(info["run_report"]).is_file()
     assert f"| succeeded | {info['counts']['succeeded']} |" in report["data"]
-    assert "**Review:** " in report["data"] and " open (" in report["data"] and "· 0 approved" in report["data"]
+    assert (
+        "**Review:** " in report["data"] and " open (" in report["data"] and "· 0 approved" in report["data"]
+    )
     assert f"`imagebatch review {info['out']}`" in report["data"]
     progress = artifacts["imagebatch-progress"]
     assert progress["type"] == "progress"
