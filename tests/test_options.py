@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from helpers.options import every_other, other_value
+from helpers.units import planned_units
 from pydantic import ValidationError
 
 from imagebatch.cli.main import build_parser
@@ -83,7 +84,7 @@ def test_each_help_page_is_written_for_users_and_ends_with_the_exit_codes(capsys
 def test_every_option_reaches_each_shards_parameters_with_its_part_of_the_budgets() -> None:
     from imagebatch.run.shards import requests_to_send, shard_of, shard_parameters
 
-    units = _units(40)
+    units = planned_units(40)
     values = every_other() | {"shards": 2, "max_images": 10, "max_spend": 1.0, "force": False}
     options = RunOptions.from_flat(**values)
     shares = [sum(len(u.requests) for u in units if shard_of(u, 2) == i) for i in range(2)]
@@ -100,19 +101,6 @@ def test_every_option_reaches_each_shards_parameters_with_its_part_of_the_budget
             k: v for k, v in values.items() if k not in ("max_images", "max_spend")
         }
         assert set(p) == {"manifest", "out", "options", "role"}
-
-
-def _units(n: int) -> list[Any]:
-    import tempfile
-    from pathlib import Path
-
-    from imagebatch.manifest import load_manifest, plan
-    from imagebatch.work.context import group_units
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "m.csv"
-        path.write_text("id,prompt\n" + "".join(f"s{i:03d},product {i}\n" for i in range(n)))
-        return group_units(plan(load_manifest(path)))
 
 
 def test_a_sharded_runs_budgets_add_up_to_the_whole_and_follow_the_requests_to_send() -> None:

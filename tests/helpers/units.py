@@ -190,3 +190,13 @@ class FullDisk:
             (self.out / name).unlink()
             if (kept := self.out / f"{name}.kept").exists():
                 kept.rename(self.out / name)
+
+
+def planned_units(n: int) -> list[Unit]:
+    """The units of an `n`-row CSV manifest (`s000`, `s001`, ...: a request each), planned as a run plans."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "m.csv"
+        path.write_text("id,prompt\n" + "".join(f"s{i:03d},product {i}\n" for i in range(n)))
+        return group_units(plan(load_manifest(path)))

@@ -3,25 +3,15 @@ parameters of those alone (the runs themselves: tests/platform/test_deploy_shard
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
+from helpers.units import planned_units
 
-from imagebatch.manifest import load_manifest, plan
 from imagebatch.options import RunOptions
 from imagebatch.run.shards import requests_to_send, shard_of, shard_parameters
-from imagebatch.work.context import Unit, group_units
 from imagebatch.work.replay import KeyState
 
 
-def _units(n: int) -> list[Unit]:
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "m.csv"
-        path.write_text("id,prompt\n" + "".join(f"s{i:03d},product {i}\n" for i in range(n)))
-        return group_units(plan(load_manifest(path)))
-
-
 def test_a_shard_whose_requests_are_all_settled_is_not_started_and_the_budget_goes_to_the_others() -> None:
-    units = _units(30)
+    units = planned_units(30)
     options = RunOptions.from_flat(shards=3, max_images=9)
     # Shard 1's requests were sent and never answered (`unknown`): not sent again unless asked.
     before = {
