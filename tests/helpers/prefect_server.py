@@ -123,16 +123,22 @@ def stop_process_group(process: subprocess.Popen[bytes], grace: float = 5.0) -> 
         process.wait(timeout=10)
 
 
-def _wait_healthy(api_url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
+def _wait_healthy(api_url: str, process: subprocess.Popen[bytes], home: Path, timeout: float) -> bool:
+    """Wait until the server answers; True if it is ours (its PREFECT_HOME is `home`), False if another
+    test process's server holds the port (tests run on two xdist workers) and ours could not bind it."""
+    log_path = home / "server.log"
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=2.0) as client:
         while True:
             if process.poll() is not None:
                 tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
+                if "address already in use" in tail.lower():
+                    return False
                 raise RuntimeError(f"prefect server exited with {process.returncode}:\n{tail}")
             try:
                 if client.get(f"{api_url}/health").status_code == 200:
-                    return
+                    settings = client.get(f"{api_url}/admin/settings", timeout=10.0).json()
+                    return bool(Path(settings["home"]).resolve() == home)
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
@@ -159,6 +165,30 @@ def running_prefect_server(
     """
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
+    for _ in range(3):  # a port another test process took between `free_port` and the bind: again
+        process, api_url = _start_server(home, database_url, extra_env)
+        try:
+            ours = _wait_healthy(api_url, process, home, timeout)
+        except BaseException:
+            stop_process_group(process, stop_grace)
+            raise
+        if ours:
+            break
+        stop_process_group(process, stop_grace)
+    else:
+        raise RuntimeError(
+            f"prefect server: another process took its port three times (see {home}/server.log)"
+        )
+    try:
+        yield PrefectServer(api_url=api_url, pid=process.pid, home=home, log_path=home / "server.log")
+    finally:
+        stop_process_group(process, stop_grace)
+
+
+def _start_server(
+    home: Path, database_url: str | None, extra_env: Mapping[str, str] | None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`prefect server start` on a port free a moment ago, its output appended to `home/server.log`."""
     log_path = home / "server.log"
     port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
@@ -183,11 +213,7 @@ def running_prefect_server(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    try:
-        _wait_healthy(api_url, process, log_path, timeout)
-        yield PrefectServer(api_url=api_url, pid=process.pid, home=home, log_path=log_path)
-    finally:
-        stop_process_group(process, stop_grace)
+    return process, api_url
 
 
 def start_worker(
