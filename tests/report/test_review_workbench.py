@@ -160,7 +160,9 @@ def test_cards_show_the_manifests_columns_and_group_by_a_column(browser: Any, tm
         assert not browser.find_elements("css selector", ".group")
 
 
-def test_bulk_approve_records_each_marked_image_as_its_own_decision(browser: Any, tmp_path: Path) -> None:
+def test_bulk_approve_records_each_marked_image_as_its_own_decision_and_one_undo_takes_it_back(
+    browser: Any, tmp_path: Path
+) -> None:
     out = review_folder(tmp_path, requests=8, redone=None)
     with ReviewServer(LocalFolder(out), "alice", group_by="sku") as server:
         order = open_page(browser, server.url)
@@ -174,9 +176,20 @@ def test_bulk_approve_records_each_marked_image_as_its_own_decision(browser: Any
         ]  # fmt: skip
         assert not browser.find_element("id", "bulk").is_displayed()
         assert browser.find_element("id", "count").text == "3 of 8 reviewed"
-        press(browser, "u")  # undo takes back one decision at a time, the last first
-        saved(browser, 4)
-        assert recorded(out)[-1][:3] == (order[3], 1, "cleared")
+        press(browser, "u")  # one undo takes back the whole bulk approve, the last first
+        saved(browser, 6)
+        assert [r[:3] for r in recorded(out)[-3:]] == [
+            (k, 1, "cleared") for k in (order[3], order[1], order[0])
+        ]
+        assert browser.find_element("id", "count").text == "0 of 8 reviewed"
+        select(browser, order[0])
+        press(browser, "gA")  # the group again, then a reload: one undo still takes back the batch
+        saved(browser, 8)
+        browser.refresh()
+        order = open_page(browser, server.url)
+        press(browser, "u")
+        saved(browser, 2)
+        assert [r[:3] for r in recorded(out)[-2:]] == [(order[1], 1, "cleared"), (order[0], 1, "cleared")]
         # Shift-click marks every card from the selected one to the one clicked
         from selenium.webdriver.common.action_chains import ActionChains
         from selenium.webdriver.common.keys import Keys
@@ -186,7 +199,7 @@ def test_bulk_approve_records_each_marked_image_as_its_own_decision(browser: Any
         ActionChains(browser).key_down(Keys.SHIFT).click(last).key_up(Keys.SHIFT).perform()
         assert browser.find_element("id", "nmarked").text == "3 marked"
         browser.find_element("id", "approvemarked").click()
-        saved(browser, 7)
+        saved(browser, 5)
         assert {key for key, _, kind, _, _ in recorded(out)[-3:] if kind == "approved"} == set(order[2:5])
 
 

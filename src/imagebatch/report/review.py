@@ -57,7 +57,7 @@ from typing import Any
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from imagebatch.gateway.constants import ENV_REVIEWER
-from imagebatch.report.review_body import MAX_BODY, MAX_NOTE, MAX_REVIEWER, decision_body
+from imagebatch.report.review_body import MAX_BATCH, MAX_BODY, MAX_NOTE, MAX_REVIEWER, decision_body
 from imagebatch.report.review_data import (
     DecisionCache,
     ReviewCard,
@@ -207,7 +207,12 @@ class ReviewServer:
         if not isinstance(reviewer, str) or len(reviewer) > MAX_REVIEWER:
             return HTTPStatus.BAD_REQUEST, {"error": f"reviewer must be at most {MAX_REVIEWER} characters"}
         undo = body.get("undo", False) is True  # it takes back this reviewer's last decision on the card
-        decision = Decision(card.key, card.variant, kind, note.strip(), reviewer.strip(), undo=undo)
+        batch = body.get("batch", "")  # the bulk approve it is part of: undone together
+        if not isinstance(batch, str) or len(batch) > MAX_BATCH:
+            return HTTPStatus.BAD_REQUEST, {"error": f"batch must be text of at most {MAX_BATCH} characters"}
+        decision = Decision(
+            card.key, card.variant, kind, note.strip(), reviewer.strip(), undo=undo, batch=batch
+        )
         stored = self.decisions.record(decision)
         return HTTPStatus.OK, {"decision": decision_json(stored), "version": self.decisions.version}
 
@@ -230,8 +235,8 @@ class ReviewServer:
         key and the decision it had before (None: none), so that a reloaded page undoes as before."""
         stack = self.decisions.undo_stack(reviewer.strip() or self.reviewer)
         return [
-            {"k": key, "before": None if before is None else decision_json(before)}
-            for key, before in stack
+            {"k": key, "before": None if before is None else decision_json(before), "b": batch}
+            for key, before, batch in stack
             if key in self.cards
         ]
 

@@ -11,6 +11,8 @@ MAX_BODY = 16 * 1024
 """The largest decision a POST may carry (a note is at most `MAX_NOTE` characters)."""
 MAX_NOTE = 2000
 MAX_REVIEWER = 100
+MAX_BATCH = 64
+"""The longest id of a bulk approve (the page makes 16 hex digits)."""
 MAX_DEPTH = 4
 """The deepest nesting of lists and objects a decision's body may have (a decision is one flat object)."""
 

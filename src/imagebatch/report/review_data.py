@@ -272,7 +272,7 @@ class DecisionCache:
             self._apply([stored])
         return stored
 
-    def undo_stack(self, reviewer: str) -> list[tuple[str, Decision | None]]:
+    def undo_stack(self, reviewer: str) -> list[tuple[str, Decision | None, str]]:
         """What `reviewer` can still undo (`work.decisions.undo_stack`), from the record as it is now."""
         self.refresh(force=True)
         with self._lock:

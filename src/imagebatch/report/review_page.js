@@ -220,9 +220,9 @@ function move(step) {
 }
 
 // --- decisions: sent one at a time, in order; the server's answer is what stands ------------------
-function post(k, decision, note, isUndo) {
+function post(k, decision, note, isUndo, batch) {
   pending.set(k, (pending.get(k) || 0) + 1);
-  const body = JSON.stringify({key: k, decision, note, reviewer: reviewer(), undo: !!isUndo});
+  const body = JSON.stringify({key: k, decision, note, reviewer: reviewer(), undo: !!isUndo, batch: batch || ''});
   const sent = chain.then(() => fetch('/api/decision', {
     method: 'POST', body, cache: 'no-store',
     headers: {'Content-Type': 'application/json', 'X-Review-Token': TOKEN},
@@ -245,9 +245,9 @@ function post(k, decision, note, isUndo) {
     if (!pending.size && failed) { failed = false; refresh(true); } else refilter(selectedKey());
   });
 }
-function record(k, decision, note, isUndo) {
+function record(k, decision, note, isUndo, batch) {
   state.set(k, {decision, note, reviewer: reviewer(), at: ''});
-  post(k, decision, note, isUndo);
+  post(k, decision, note, isUndo, batch);
 }
 function noteOf(k) {  // the note a decision on `k` carries: a draft, else the note it has
   const before = current(k);
@@ -264,12 +264,13 @@ function decide(decision) {
   refilter(next);
   reveal();
 }
-function approveMarked() {  // each its own decision (and its own undo), in the page's order
+function approveMarked() {  // each its own decision, in the page's order; one batch, undone at once
   const keys = cards.map(c => c.k).filter(k => marked.has(k));
   if (!keys.length) { say('nothing marked (x marks a card, g its group)'); return; }
+  const b = [...crypto.getRandomValues(new Uint8Array(8))].map(x => x.toString(16).padStart(2, '0')).join('');
   for (const k of keys) {
-    undo.push({k, before: state.get(k) || null});
-    record(k, 'approved', noteOf(k));
+    undo.push({k, before: state.get(k) || null, b});
+    record(k, 'approved', noteOf(k), false, b);
   }
   marked.clear();
   refilter(selectedKey());
@@ -285,11 +286,16 @@ function markGroup() {
   const g = cards[view[sel]].g;
   mark(view.filter(i => !D.group || cards[i].g === g).map(i => cards[i].k));
 }
-function undoLast() {
+function undoLast() {  // the last decision, or the whole of the last bulk approve
   const u = undo.pop();
   if (!u) { say('nothing to undo'); return; }
-  const b = u.before && u.before.decision !== 'cleared' ? u.before : null;
-  record(u.k, b ? b.decision : 'cleared', b ? b.note : '', true);
+  const group = [u];
+  while (u.b && undo.length && undo[undo.length - 1].b === u.b) group.push(undo.pop());
+  for (const g of group) {
+    const b = g.before && g.before.decision !== 'cleared' ? g.before : null;
+    record(g.k, b ? b.decision : 'cleared', b ? b.note : '', true);
+  }
+  if (group.length > 1) say(`undid the approval of ${group.length} images`);
   refilter(u.k);
   reveal();
 }

@@ -13,7 +13,8 @@ its next `a` or `r`; Escape leaves it); `u` undo: the reviewer's last decision i
 what the card had before it (its earlier decision and note, or `cleared`), marked as an undo, so that the
 server can replay the record and a reloaded page undoes as far back (`work.decisions.undo_stack`); `x`
 marks a card, `g` its whole group (shift-click a range), `A` approves the marked ones, each its own
-decision. `v` (or Enter, or a click on the image) opens the large view: the image fit to the window
+decision carrying the batch's id (`Decision.batch`), so that one `u` takes the whole batch back. `v`
+(or Enter, or a click on the image) opens the large view: the image fit to the window
 beside the versions it replaces (a redone image's earlier variants, each with its decision and note; `c`
 hides them), `1` its own pixels (100 %), `+`/`-` zoom, `0` fit again, the panes scrolling together; the
 moving and deciding keys work there too, and Escape leaves it.

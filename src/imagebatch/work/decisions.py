@@ -41,6 +41,9 @@ class Decision:
     undo: bool = False
     """It takes back this reviewer's last decision on the image (the review page's `u`), so that a page
     loaded later can undo further back (`undo_stack`). Written only when true."""
+    batch: str = ""
+    """The bulk approve it is part of (the page's id for it): one `u` takes back the whole batch, before a
+    reload and after. Written only when set."""
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> Decision | None:
@@ -53,7 +56,11 @@ class Decision:
         note, reviewer, at = (data.get(name, "") for name in ("note", "reviewer", "at"))
         if not all(isinstance(text, str) for text in (note, reviewer, at)):
             return None
-        return cls(key, variant, decision, note, reviewer, at, data.get("undo") is True)  # type: ignore[arg-type]
+        batch = data.get("batch", "")
+        return cls(
+            key, variant, decision, note, reviewer, at,  # type: ignore[arg-type]
+            data.get("undo") is True, batch if isinstance(batch, str) else "",
+        )  # fmt: skip
 
 
 def now() -> str:
@@ -89,6 +96,8 @@ def _line(decision: Decision) -> bytes:
     data = asdict(decision)
     if not decision.undo:
         del data["undo"]  # the usual line stays as it was
+    if not decision.batch:
+        del data["batch"]
     return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
@@ -140,16 +149,16 @@ UNDO_DEPTH = 200
 
 def undo_stack(
     history: Iterable[Decision], reviewer: str, depth: int = UNDO_DEPTH
-) -> list[tuple[str, Decision | None]]:
-    """What `reviewer` can still undo, oldest first: (key, the decision in force before theirs, or None),
-    replayed from the record (`history`, oldest first): each decision of theirs pushes, each of their
-    undos (`Decision.undo`) takes back the last one pushed."""
+) -> list[tuple[str, Decision | None, str]]:
+    """What `reviewer` can still undo, oldest first: (key, the decision in force before theirs or None,
+    the bulk approve it was part of or ""), replayed from the record (`history`, oldest first): each
+    decision of theirs pushes, each of their undos (`Decision.undo`) takes back the last one pushed."""
     in_force: dict[str, Decision] = {}
-    stack: list[tuple[str, Decision | None]] = []
+    stack: list[tuple[str, Decision | None, str]] = []
     for decision in history:
         if decision.reviewer == reviewer:
             if not decision.undo:
-                stack.append((decision.key, in_force.get(decision.key)))
+                stack.append((decision.key, in_force.get(decision.key), decision.batch))
             elif stack and stack[-1][0] == decision.key:
                 stack.pop()
         in_force[decision.key] = decision
