@@ -19,10 +19,9 @@ from imagebatch.manifest import (
     id_fault,
     is_safe_id,
     load_manifest,
-    render_prompt,
 )
 from imagebatch.manifest import files as manifest_files
-from imagebatch.manifest.check import FileChecker, TemplateError, looks_like_field, size_fault
+from imagebatch.manifest.check import FileChecker, looks_like_field, size_fault
 
 
 @pytest.fixture
@@ -575,60 +574,6 @@ def test_symlinked_file_resolves_to_its_target(folder: Path) -> None:
     (folder / "m.csv").write_text("id,prompt,reference_images\na,x,link.png\n")
     job = load_manifest(folder / "m.csv").jobs[0]
     assert job.reference_images == [(folder / "images" / "ref.png").resolve()]
-
-
-# --- templates ----------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("template", "expected"),
-    [
-        (
-            "Studio photo of {product_name} in {colour} on white",
-            "Studio photo of mug in cobalt blue on white",
-        ),
-        ("no placeholders", "no placeholders"),
-        ("{{literal}}", "{literal}"),
-        ("{{{colour}}}", "{cobalt blue}"),
-        ("}}{{", "}{"),
-        ("{ colour }", "cobalt blue"),
-        ("{count} x {flag} x {none}", "3 x true x "),
-        ("{colour}{colour}", "cobalt bluecobalt blue"),
-        ("{brace}", "{x}"),  # values are not templates themselves
-    ],
-)
-def test_render_prompt(template: str, expected: str) -> None:
-    values = {
-        "product_name": "mug",
-        "colour": "cobalt blue",
-        "count": 3,
-        "flag": True,
-        "none": None,
-        "brace": "{x}",
-    }
-    assert render_prompt(template, values) == expected
-
-
-def test_render_prompt_reports_every_fault() -> None:
-    with pytest.raises(TemplateError) as info:
-        render_prompt("{a} {b} } {}", {"c": "1"})
-    assert [m for m, _ in info.value.issues] == [
-        "placeholder {a} names no column of this row",
-        "placeholder {b} names no column of this row",
-        "unmatched '}' in the prompt",
-        "empty placeholder {} in the prompt",
-    ]
-
-
-def test_template_uses_defaults_and_metadata(folder: Path) -> None:
-    doc = {
-        "defaults": {"prompt": "Photo of {product} for {campaign}", "campaign": "spring"},
-        "jobs": [{"id": "a", "product": "a mug"}, {"id": "b", "product": "a bowl", "campaign": "autumn"}],
-    }
-    (folder / "m.json").write_text(json.dumps(doc))
-    a, b = load_manifest(folder / "m.json").jobs
-    assert (a.prompt, b.prompt) == ("Photo of a mug for spring", "Photo of a bowl for autumn")
-    assert a.metadata == {"campaign": "spring", "product": "a mug"}
 
 
 # --- every turn checked on its own; ids Windows cannot use; whose size limit it is ----------------------

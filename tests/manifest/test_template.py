@@ -1,0 +1,63 @@
+"""Prompt templates (`manifest.template`): `{column}` placeholders filled from a row's values, braces
+doubled for a literal one, every fault of a template reported at once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from imagebatch.manifest import load_manifest, render_prompt
+from imagebatch.manifest.template import TemplateError
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        (
+            "Studio photo of {product_name} in {colour} on white",
+            "Studio photo of mug in cobalt blue on white",
+        ),
+        ("no placeholders", "no placeholders"),
+        ("{{literal}}", "{literal}"),
+        ("{{{colour}}}", "{cobalt blue}"),
+        ("}}{{", "}{"),
+        ("{ colour }", "cobalt blue"),
+        ("{count} x {flag} x {none}", "3 x true x "),
+        ("{colour}{colour}", "cobalt bluecobalt blue"),
+        ("{brace}", "{x}"),  # values are not templates themselves
+    ],
+)
+def test_render_prompt(template: str, expected: str) -> None:
+    values = {
+        "product_name": "mug",
+        "colour": "cobalt blue",
+        "count": 3,
+        "flag": True,
+        "none": None,
+        "brace": "{x}",
+    }
+    assert render_prompt(template, values) == expected
+
+
+def test_render_prompt_reports_every_fault() -> None:
+    with pytest.raises(TemplateError) as info:
+        render_prompt("{a} {b} } {}", {"c": "1"})
+    assert [m for m, _ in info.value.issues] == [
+        "placeholder {a} names no column of this row",
+        "placeholder {b} names no column of this row",
+        "unmatched '}' in the prompt",
+        "empty placeholder {} in the prompt",
+    ]
+
+
+def test_template_uses_defaults_and_metadata(tmp_path: Path) -> None:
+    doc = {
+        "defaults": {"prompt": "Photo of {product} for {campaign}", "campaign": "spring"},
+        "jobs": [{"id": "a", "product": "a mug"}, {"id": "b", "product": "a bowl", "campaign": "autumn"}],
+    }
+    (tmp_path / "m.json").write_text(json.dumps(doc))
+    a, b = load_manifest(tmp_path / "m.json").jobs
+    assert (a.prompt, b.prompt) == ("Photo of a mug for spring", "Photo of a bowl for autumn")
+    assert a.metadata == {"campaign": "spring", "product": "a mug"}
