@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,49 +143,34 @@ def interrupts(
 
     The handler is also given to the flow (`hooks.signals`), which installs it again around dispatch:
     Prefect's flow engine replaces SIGTERM's handler with its own, which would crash the run."""
-    received: list[int] = []
-    control = hooks.control
+    from imagebatch.run.graceful_stop import Stopper, handling
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        received.append(signum)
-        name = SIGNAL_NAMES[signal.Signals(signum)]
-        if len(received) == 1:
-            control.stop(f"interrupted ({name})")
-            if ending is not None:
-                ending.now()  # only once the records are written
-            err.print(
-                f"\nStopping ({name}): no new requests; waiting for those in flight to finish and be saved. "
-                f"{name} again to abandon them (they would be 'unknown').",
-                markup=False,
-            )
-            return
+    stopper: Stopper
+
+    def announce(name: str) -> None:
+        if ending is not None:
+            ending.now()  # only once the records are written
+        err.print(
+            f"\nStopping ({name}): no new requests; waiting for those in flight to finish and be saved. "
+            f"{name} again to abandon them (they would be 'unknown').",
+            markup=False,
+        )
+
+    def abandon(_reason: str, first: int) -> None:
         err.print("Abandoned the requests in flight: a rerun reports them as 'unknown'.", markup=False)
         if ending is not None and run_json is not None:
-            first = SIGNAL_NAMES[signal.Signals(received[0])]
-            ending.abandoned(run_json, f"abandoned ({first}, then {name}): requests in flight are unknown")
+            names = " ({}, then {})".format(*(stopper.name(s) for s in stopper.received[:2]))
+            ending.abandoned(run_json, f"abandoned{names}: requests in flight are unknown")
         if server is not None:
             # SIGKILL, not SIGTERM: a terminated server prints tracebacks for the writes it was
             # making; SQLite rolls an interrupted write back either way.
             server.kill()
-        os._exit(exit_code_for(received[0]))
+        os._exit(exit_code_for(first))
 
-    hooks.signals = lambda: handling(on_signal)
-    with handling(on_signal):
-        yield received
-
-
-@contextlib.contextmanager
-def handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
-    """Handle Ctrl-C and SIGTERM with `handler` inside this block (main thread only), then restore."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, handler) for sig in SIGNAL_NAMES}
-    try:
-        yield
-    finally:
-        for sig, before in previous.items():
-            signal.signal(sig, before)
+    stopper = Stopper(hooks.control, None, abandon, names=SIGNAL_NAMES, announce=announce)
+    hooks.signals = lambda: handling(stopper)
+    with handling(stopper):
+        yield stopper.received
 
 
 def _warm_imports(*, emulator: bool, report: bool) -> None:

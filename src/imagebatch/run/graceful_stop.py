@@ -37,7 +37,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
 from imagebatch.run.constants import STOP_GRACE
@@ -51,36 +51,52 @@ logger = logging.getLogger("imagebatch.run")
 
 
 class Stopper:
-    """What the signal handler does: the first signal stops the run gracefully and arms the grace timer;
-    the timer or a second signal abandons what is in flight (`abandon`)."""
+    """The one rule of a stop, wherever the run was started: the first signal stops the run gracefully (no
+    new request; those in flight finish and are saved) and, given a `grace`, arms a timer; the timer or a
+    second signal abandons what is in flight (`abandon`: the journal has it as sent, so a rerun reports it
+    `unknown`). How each is said and what abandoning does are the caller's: under a worker (`graceful_stop`)
+    a log line and the flow run set Crashed; on a terminal (`cli.terminal.interrupts`) a printed line, the
+    summary once the records are written, run.json marked abandoned (no timer: a person is watching)."""
 
     def __init__(
         self,
         control: RunControl,
-        grace: float = GRACE,
+        grace: float | None = GRACE,
         abandon: Callable[[str, int], None] | None = None,
         timer: Callable[[float, Callable[[], None]], Any] | None = None,
         log: logging.Logger | logging.LoggerAdapter[Any] = logger,
+        *,
+        names: dict[signal.Signals, str] = SIGNALS,
+        announce: Callable[[str], None] | None = None,
     ) -> None:
         self.control = control
         self.log = log
         self.grace = grace
         self.abandon = abandon or abandon_run
         self.timer = timer or _start_timer
+        self.names = names
+        self.announce = announce or self._log_stopping
         self.received: list[int] = []
         self._pending: Any = None
 
+    def name(self, signum: int) -> str:
+        return self.names.get(signal.Signals(signum), f"signal {signum}")
+
     def __call__(self, signum: int, _frame: Any = None) -> None:
         self.received.append(signum)
-        name = SIGNALS.get(signal.Signals(signum), f"signal {signum}")
+        name = self.name(signum)
         if len(self.received) == 1:
             self.control.stop(f"{INTERRUPTED} ({name})")
-            # Logging takes locks: never from the handler itself, which may have interrupted a log call.
-            threading.Thread(target=_log_stopping, args=(self.log, name, self.grace), daemon=True).start()
-            late = f"not finished {self.grace:g} s after {name}"
-            self._pending = self.timer(self.grace, lambda: self._give_up(late))
+            self.announce(name)
+            if self.grace is not None:
+                late = f"not finished {self.grace:g} s after {name}"
+                self._pending = self.timer(self.grace, lambda: self._give_up(late))
             return
         self._give_up(f"a second {name}")
+
+    def _log_stopping(self, name: str) -> None:
+        # Logging takes locks: never from the handler itself, which may have interrupted a log call.
+        threading.Thread(target=_log_stopping, args=(self.log, name, self.grace or 0), daemon=True).start()
 
     def _give_up(self, why: str) -> None:
         reason = f"requests in flight abandoned ({why}): a rerun reports them as 'unknown'"
@@ -90,6 +106,23 @@ class Stopper:
         """The run ended before the grace ran out."""
         if self._pending is not None:
             self._pending.cancel()
+
+
+@contextlib.contextmanager
+def handling(
+    handler: Callable[[int, Any], None], signals: Iterable[signal.Signals] = SIGNALS
+) -> Iterator[None]:
+    """Handle `signals` (SIGTERM and SIGINT) with `handler` inside this block, then restore the handlers
+    that were there. Main thread only: elsewhere nothing is installed (Python delivers signals there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
 
 
 def _start_timer(seconds: float, action: Callable[[], None]) -> threading.Timer:
@@ -123,19 +156,13 @@ def abandon_run(reason: str, signum: int) -> None:
 
 @contextlib.contextmanager
 def graceful_stop(control: RunControl, grace: float = GRACE) -> Iterator[Stopper]:
-    """Handle SIGTERM and SIGINT with a `Stopper` inside this block (main thread only; elsewhere nothing is
-    installed: Python delivers signals to the main thread), then restore the handlers that were there."""
+    """Handle SIGTERM and SIGINT with a `Stopper` inside this block (`handling`), then restore."""
     stopper = Stopper(control, grace, log=_run_logger())
-    if threading.current_thread() is not threading.main_thread():
-        yield stopper
-        return
-    previous = {sig: signal.signal(sig, stopper) for sig in SIGNALS}
     try:
-        yield stopper
+        with handling(stopper):
+            yield stopper
     finally:
         stopper.cancel()
-        for sig, before in previous.items():
-            signal.signal(sig, before)
 
 
 def _run_logger() -> logging.Logger | logging.LoggerAdapter[Any]:
