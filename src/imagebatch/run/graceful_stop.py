@@ -1,5 +1,6 @@
 """A graceful stop where no terminal started the run: under a Prefect worker, `imagebatch serve`, or a
-Python caller of the flow. On a terminal `cli.terminal.interrupts` does the same and wins.
+Python caller of the flow. The rule itself is `Stopper`'s, also on a terminal, where
+`cli.terminal.interrupts` gives it the terminal's effects and its handler wins.
 
 What Prefect 3.8 sends the flow's process (read in prefect/runner and prefect/utilities):
 
