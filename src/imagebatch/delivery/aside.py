@@ -30,7 +30,9 @@ def name_room(dest: Location, most: int) -> int:
     file is moved to (`ASIDE_FOLDER/<stamp>/`), so that no key is refused half-way through an export."""
     if not is_object_url(dest.url):
         return most
-    prefix = dest.url.split("/", 3)[3] if dest.url.count("/") >= 3 else ""  # scheme://bucket[/prefix]
+    from imagebatch.storage.objectstore import split_url  # loaded already: DEST is an object store
+
+    prefix = split_url(dest.url)[2]
     aside = len(f"{ASIDE_FOLDER}/{stamp()}/")
     return min(most, MAX_OBJECT_KEY_BYTES - len(prefix.encode()) - (1 if prefix else 0) - aside)
 
