@@ -399,16 +399,45 @@ def submitted_by(worker_log: Path) -> set[str]:
     return tried - set(re.findall(r"Aborted submission of flow run '([0-9a-f-]{36})'", text))
 
 
-def call(server: PrefectServer, method: str, path: str, body: Any = None) -> Any:
-    """One REST call; a 502/503 (the SQLite server busy under a worker's writes) is asked again, as Prefect's
-    own client does, until the server answers (bounded)."""
-    deadline = time.monotonic() + 150
+def api_call(api_url: str, method: str, path: str, body: Any = None, *, repeatable: bool = False) -> Any:
+    """One REST call, asked again as Prefect's own client asks again: on a 502/503 (SQLite busy under the
+    workers' writes) and, for a GET or a `repeatable` call (one whose second try cannot do anything twice,
+    such as making a work pool by name), on a read timeout. Prefect 3.8.8's server on SQLite can stall every
+    request for up to 60 s while two workers poll (its writes wait on the database lock until SQLite's 60 s
+    busy timeout; Prefect issue #23051; a 10 s bound failed a CI run), so each try waits 90 s, all of
+    them 240 s. A 409 after a timed-out try of a repeatable call is that try's success: it is returned as
+    None."""
+    repeatable = repeatable or method == "GET"
+    deadline = time.monotonic() + 240
+    timed_out = False
     while True:
-        response = httpx.request(method, f"{server.api_url}{path}", json=body, timeout=60)
+        try:
+            response = httpx.request(method, f"{api_url}{path}", json=body, timeout=90)
+        except (httpx.ReadTimeout, httpx.PoolTimeout):
+            if not repeatable or time.monotonic() > deadline:
+                raise
+            timed_out = True
+            continue
+        if response.status_code == 409 and timed_out:
+            return None
         if response.status_code not in (502, 503) or time.monotonic() > deadline:
             response.raise_for_status()
             return response.json()
-        time.sleep(0.5)
+        time.sleep(0.2)
+
+
+def call(server: PrefectServer, method: str, path: str, body: Any = None) -> Any:
+    """`api_call` on this server."""
+    return api_call(server.api_url, method, path, body)
+
+
+def create_process_pool(api_url: str, name: str) -> None:
+    """A work pool with Prefect's process job template, before anything deploys to it."""
+    from prefect.workers.process import ProcessWorker
+
+    template = ProcessWorker.get_default_base_job_template()
+    body = {"name": name, "type": "process", "base_job_template": template}
+    api_call(api_url, "POST", "/work_pools/", body, repeatable=True)
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 180, log: Path | None = None) -> Any:

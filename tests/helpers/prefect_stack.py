@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from helpers.prefect_server import (
     PrefectServer,
+    api_call,
+    create_process_pool,
     postgres_database_url,
     running_prefect_server,
     running_worker,
@@ -73,23 +74,7 @@ class Stack:
         return self._call("POST", path, body or {})
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One REST call, retried like Prefect's own client retries it: a 502/503 (SQLite busy under the
-        workers' writes), and, for a GET (a read, safe to repeat), a read timeout. Prefect 3.8.8's server on
-        SQLite can stall every request for 60 s when two workers poll one pool: its writes wait on the
-        database lock until SQLite's 60 s busy timeout (seen in the sharded test; Prefect issue #23051).
-        The runs ride that out, since Prefect's client retries too, and so must the test's reads."""
-        deadline = time.monotonic() + 150
-        while True:
-            try:
-                response = httpx.request(method, f"{self.api}{path}", json=body, timeout=60)
-            except (httpx.ReadTimeout, httpx.PoolTimeout):
-                if method != "GET" or time.monotonic() > deadline:
-                    raise
-                continue
-            if response.status_code not in (502, 503) or time.monotonic() > deadline:
-                response.raise_for_status()
-                return response.json()
-            time.sleep(0.2)
+        return api_call(self.api, method, path, body)
 
     def deployment(self, name: str) -> dict[str, Any]:
         return dict(self.get(f"/deployments/name/{FLOW}/{name}"))
@@ -136,18 +121,6 @@ def running_stack(backend: str, home: Path) -> Iterator[Stack | None]:
         worker_log = home / "worker.log"
         with running_worker(server.api_url, POOL, worker_env, worker_log, stop_grace=3):
             yield Stack(backend, server, emulator, worker_log, database_url)
-
-
-def create_process_pool(api_url: str, name: str) -> None:
-    """A pool with Prefect's process job template, before anything deploys to it."""
-    from prefect.workers.process import ProcessWorker
-
-    body = {
-        "name": name,
-        "type": "process",
-        "base_job_template": ProcessWorker.get_default_base_job_template(),
-    }
-    httpx.post(f"{api_url}/work_pools/", json=body, timeout=10).raise_for_status()
 
 
 @pytest.fixture(scope="module", name="stacks")

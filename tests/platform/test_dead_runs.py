@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from helpers.prefect_server import (
     PrefectServer,
     call,
+    create_process_pool,
     kill_machine,
     running_prefect_server,
     running_worker,
@@ -44,14 +44,7 @@ def prefect_harness() -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
     with running_prefect_server(tmp_path_factory.mktemp("dead-runs"), stop_grace=3) as running:
-        from prefect.workers.process import ProcessWorker
-
-        body = {
-            "name": POOL,
-            "type": "process",
-            "base_job_template": ProcessWorker.get_default_base_job_template(),
-        }
-        httpx.post(f"{running.api_url}/work_pools/", json=body, timeout=30).raise_for_status()
+        create_process_pool(running.api_url, POOL)
         yield running
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.prefect_server import PrefectServer, call, running_prefect_server
+from helpers.prefect_server import PrefectServer, call, create_process_pool, running_prefect_server
 
 from imagebatch.cli.main import main
 
@@ -35,12 +35,8 @@ def prefect_harness() -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
     with running_prefect_server(tmp_path_factory.mktemp("metadata"), stop_grace=3) as running:
-        from prefect.workers.process import ProcessWorker
-
-        template = ProcessWorker.get_default_base_job_template()
         for name in (POOL, "imagebatch"):  # ours, and prefect.yaml's
-            body = {"name": name, "type": "process", "base_job_template": template}
-            httpx.post(f"{running.api_url}/work_pools/", json=body, timeout=30).raise_for_status()
+            create_process_pool(running.api_url, name)
         yield running
 
 
@@ -124,7 +120,7 @@ def test_bad_metadata_is_refused_in_one_line_and_nothing_is_deployed(
     code, err = deploy(server, f"{manifest} --name refused {flags}", capsys)
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
-    response = httpx.get(f"{server.api_url}/deployments/name/generate_from_manifest/refused", timeout=30)
+    response = httpx.get(f"{server.api_url}/deployments/name/generate_from_manifest/refused", timeout=90)
     assert response.status_code == 404
 
 
@@ -217,5 +213,5 @@ def test_prefect_deploy_without_an_address_ends_in_its_one_line_refusal(
     said = done.stdout + done.stderr
     assert done.returncode == 2, said
     assert NO_SERVICE in said and "Traceback" not in said, said
-    response = httpx.get(f"{server.api_url}/deployments/name/generate_from_manifest/nightly-yaml", timeout=30)
+    response = httpx.get(f"{server.api_url}/deployments/name/generate_from_manifest/nightly-yaml", timeout=90)
     assert response.status_code == 404

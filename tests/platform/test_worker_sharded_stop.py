@@ -20,12 +20,12 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from helpers.prefect_server import (
     PrefectServer,
     base_environment,
     call,
+    create_process_pool,
     running_prefect_server,
     stop_process_group,
     wait_for,
@@ -51,14 +51,7 @@ def prefect_harness() -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
     with running_prefect_server(tmp_path_factory.mktemp("sharded-stop"), stop_grace=3) as running:
-        from prefect.workers.process import ProcessWorker
-
-        body = {
-            "name": POOL,
-            "type": "process",
-            "base_job_template": ProcessWorker.get_default_base_job_template(),
-        }
-        httpx.post(f"{running.api_url}/work_pools/", json=body, timeout=30).raise_for_status()
+        create_process_pool(running.api_url, POOL)
         yield running
 
 

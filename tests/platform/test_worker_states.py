@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from helpers.emulator import run_emulator_settings
 from helpers.prefect_server import (
     PrefectServer,
     base_environment,
     call,
+    create_process_pool,
     postgres_database_url,
     running_prefect_server,
     start_worker,
@@ -69,14 +69,7 @@ def server(
     with running_prefect_server(
         tmp_path_factory.mktemp(f"states-{request.param}"), url, stop_grace=3
     ) as running:
-        from prefect.workers.process import ProcessWorker
-
-        body = {
-            "name": POOL,
-            "type": "process",
-            "base_job_template": ProcessWorker.get_default_base_job_template(),
-        }
-        httpx.post(f"{running.api_url}/work_pools/", json=body, timeout=30).raise_for_status()
+        create_process_pool(running.api_url, POOL)
         yield running
 
 
