@@ -314,3 +314,16 @@ def test_summary(project: Path) -> None:
         "responses           gpt-compat-mini         1         1               0",
         "total                                       7        13              15",
     ]
+
+
+def test_a_large_plan_shares_what_its_rows_repeat(tmp_path: Path) -> None:
+    """The plan is kept for a whole run: values that repeat across rows are one object, not one per row."""
+    path = tmp_path / "m.csv"
+    path.write_text(
+        "id,prompt,image_size,aspect_ratio\n" + "".join(f"r{i},p {i},2K,16:9\n" for i in range(3))
+    )
+    first, _, last = load_manifest(path).jobs
+    assert (first.image_size, first.aspect_ratio) == (last.image_size, last.aspect_ratio) == ("2K", "16:9")
+    assert first.image_size is last.image_size and first.aspect_ratio is last.aspect_ratio
+    assert first.model is last.model and first.__pydantic_fields_set__ is last.__pydantic_fields_set__
+    assert first.prompt == "p 0" and last.prompt == "p 2"
