@@ -87,7 +87,7 @@ def test_a_killed_run_leaves_no_prefect_server(prefect_home: Path, when: str) ->
         assert KEY.encode() not in environ and b"IMAGEBATCH_API_KEY" not in environ
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
-        assert _wait_gone(server_pid, timeout=20), f"the Prefect server {server_pid} outlived its parent"
+        assert _wait_gone(server_pid, timeout=60), f"the Prefect server {server_pid} outlived its parent"
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -247,7 +247,7 @@ def test_the_kernel_kills_the_server_with_its_parent() -> None:
         assert asked == "True" and _alive(child)
         parent.kill()
         parent.wait(timeout=30)
-        assert _wait_gone(child, timeout=20), "the child outlived its parent"
+        assert _wait_gone(child, timeout=60), "the child outlived its parent"
     finally:
         if parent.poll() is None:
             parent.kill()
