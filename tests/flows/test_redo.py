@@ -55,6 +55,17 @@ def rows_of(out: Path, job_id: str) -> list[tuple[str, str, str]]:
     return [(r["turn_index"], r["variant"], r["status"]) for r in read_results(out) if r["job_id"] == job_id]
 
 
+def _every_variant_listed_and_the_first_image_kept(out: Path, p0_v2: Any, first: dict[str, Path]) -> None:
+    """Every variant of a request in results.csv, newest first; the first sample's image is where it was."""
+    assert rows_of(out, "p0") == [("0", "2", "succeeded"), ("0", "1", "skipped")]
+    assert rows_of(out, "p2") == [("0", "1", "skipped")]
+    rows = {(r["job_id"], r["variant"]): r for r in read_results(out)}
+    assert rows["p0", "2"]["idempotency_key"] == p0_v2.idempotency_key
+    assert "/0-v2-" in rows["p0", "2"]["paths"] and (out / rows["p0", "2"]["paths"]).is_file()
+    assert all(path.is_file() for path in first.values())
+    assert rows["p0", "1"]["paths"] == str(first["p0"].relative_to(out))
+
+
 def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
     service_env: Any, tmp_path: Path, out: Path
 ) -> None:
@@ -99,14 +110,7 @@ def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
     assert len(ch1_sent) == 3 and canonical(
         log_of(service_env, ch2.idempotency_key)["contents"]
     ) == canonical(ch1_sent)
-    # Every variant of a request, newest first; the first sample's image is where it was.
-    assert rows_of(out, "p0") == [("0", "2", "succeeded"), ("0", "1", "skipped")]
-    assert rows_of(out, "p2") == [("0", "1", "skipped")]
-    rows = {(r["job_id"], r["variant"]): r for r in read_results(out)}
-    assert rows["p0", "2"]["idempotency_key"] == v2["p0"].idempotency_key
-    assert "/0-v2-" in rows["p0", "2"]["paths"] and (out / rows["p0", "2"]["paths"]).is_file()
-    assert all(path.is_file() for path in first.values())
-    assert rows["p0", "1"]["paths"] == str(first["p0"].relative_to(out))
+    _every_variant_listed_and_the_first_image_kept(out, v2["p0"], first)
 
     # The same command again: variant 2 exists and is not rejected, so nothing is sent.
     sent = len(service_env.requests())
@@ -115,17 +119,23 @@ def test_redo_sends_each_rejected_request_once_and_a_rerun_sends_nothing(
     assert again["counts"]["skipped"] == 9 and again["redo"]["variants"] == 0
     assert rows_of(out, "p1") == [("0", "2", "skipped"), ("0", "1", "skipped")]
 
-    # Settled without Prefect (a rerun with nothing to send) lists them the same; a new rejection of
-    # the newest variant is something to send, for the flow.
+    _settled_alike_until_the_newest_is_rejected(service_env, manifest, out, v2["p0"], sent)
+
+
+def _settled_alike_until_the_newest_is_rejected(
+    service_env: Any, manifest: Path, out: Path, newest: Any, sent: int
+) -> None:
+    """Settled without Prefect (a rerun with nothing to send), the variants are listed as the flow lists
+    them; a new rejection of the newest variant is something to send, for the flow: its variant 3."""
     options = RunOptions.from_flat(base_url=service_env.url, report=False, redo="rejected")
     checked = preflight(manifest, out, options)
     settled = settle_without_prefect(checked, options)
     assert settled is not None and settled["requests"] == 9 and settled["redo"]["variants"] == 0
     assert rows_of(out, "p0") == [("0", "2", "skipped"), ("0", "1", "skipped")]
-    decide(out, v2["p0"], note="still no handle")
+    decide(out, newest, note="still no handle")
     assert settle_without_prefect(checked, options) is None
     run_flow(manifest=str(manifest), out=str(out), redo="rejected")
-    assert sent_keys(service_env, sent) == Counter([variant_of(reqs["p0", 0], 3).idempotency_key])
+    assert sent_keys(service_env, sent) == Counter([variant_of(newest, 3).idempotency_key])
     assert [v for _, v, _ in rows_of(out, "p0")] == ["3", "2", "1"]
 
 
@@ -147,25 +157,8 @@ def test_redo_edit_sends_the_rejected_answer_back_byte_for_byte_with_the_note(
     run_flow(manifest=str(manifest), out=str(out))
     reqs = planned(manifest)
     a1, e1 = reqs["a", 0], reqs["e", 1]
-    # Each native answer's conversation is kept, its images as references to the files written.
-    kept = OutputStore(out).load_conversation(a1)
-    assert kept is not None and kept["key"] == a1.idempotency_key
     a1_log = log_of(service_env, a1.idempotency_key)
-    user, model = kept["contents"]
-    assert user["parts"][1]["inlineData"]["data"] == {
-        "input": str((tmp_path / "ref.png").resolve()), "sha256": a1.reference_sha256[0]
-    }  # fmt: skip
-    final = [p for p in model["parts"] if "inlineData" in p and not p.get("thought")]
-    assert [p["inlineData"]["data"]["file"] for p in final] == read_results(out)[0]["paths"].split(";")
-
-    def thought_image(content: dict[str, Any]) -> Any:
-        return next(
-            p["inlineData"]["data"] for p in content["parts"] if p.get("thought") and "inlineData" in p
-        )
-
-    assert thought_image(model) == thought_image(a1_log["answer"])  # no file of its own: kept inline
-    assert len(json.dumps(kept)) < len(json.dumps(a1_log["answer"])) / 2
-
+    _the_answer_is_kept_with_its_images_as_files(out, tmp_path / "ref.png", a1, a1_log["answer"])
     decide(out, a1, note="make the handle blue")
     decide(out, reqs["b", 0], note="brighter")  # the chat route keeps no signed history
     decide(out, reqs["c", 0])  # no note
@@ -186,20 +179,9 @@ def test_redo_edit_sends_the_rejected_answer_back_byte_for_byte_with_the_note(
     a2, e2 = variant_of(a1, 2), variant_of(e1, 2)
     assert len(sent_keys(service_env, before)) == 5 and max(sent_keys(service_env, before).values()) == 1
 
-    # The edit: the first request's user turn and the model content exactly as returned, then the note.
-    a2_log = log_of(service_env, a2.idempotency_key)
-    assert a2_log["status"] == 200  # the emulator verified the signatures of the turn sent back
-    expected = [
-        a1_log["contents"][0],
-        a1_log["answer"],
-        {"role": "user", "parts": [{"text": "make the handle blue"}]},
-    ]
-    assert canonical(a2_log["contents"]) == canonical(expected)
-    # The chain's turn 1, edited: the chain's turns as sent and returned, then the note.
-    e1_log, e2_log = log_of(service_env, e1.idempotency_key), log_of(service_env, e2.idempotency_key)
-    note = {"role": "user", "parts": [{"text": "a darker blue"}]}
-    assert e2_log["status"] == 200
-    assert canonical(e2_log["contents"]) == canonical([*e1_log["contents"], e1_log["answer"], note])
+    _sent_back_as_returned_with_the_note(
+        service_env, [(a1, a2, "make the handle blue"), (e1, e2, "a darker blue")]
+    )
     # The fallbacks were sent as the first request was.
     for job in ("c", "d"):
         assert canonical(
@@ -213,10 +195,41 @@ def test_redo_edit_sends_the_rejected_answer_back_byte_for_byte_with_the_note(
     info = run_flow(manifest=str(manifest), out=str(out), redo="rejected", edit=True)
     a3 = variant_of(a1, 3)
     assert sent_keys(service_env, since) == Counter([a3.idempotency_key]) and info["redo"]["edits"] == 1
-    a3_log = log_of(service_env, a3.idempotency_key)
-    note3 = {"role": "user", "parts": [{"text": "and a thinner rim"}]}
-    assert a3_log["status"] == 200
-    assert canonical(a3_log["contents"]) == canonical([*a2_log["contents"], a2_log["answer"], note3])
+    _sent_back_as_returned_with_the_note(service_env, [(a2, a3, "and a thinner rim")])
+
+
+def _the_answer_is_kept_with_its_images_as_files(out: Path, ref: Path, first: Any, answer: Any) -> None:
+    """A native answer's conversation is kept, its images as references to the files written (a thought
+    image, which has no file, inline) and its reference images by input path and digest."""
+    kept = OutputStore(out).load_conversation(first)
+    assert kept is not None and kept["key"] == first.idempotency_key
+    user, model = kept["contents"]
+    assert user["parts"][1]["inlineData"]["data"] == {
+        "input": str(ref.resolve()), "sha256": first.reference_sha256[0]
+    }  # fmt: skip
+    final = [p for p in model["parts"] if "inlineData" in p and not p.get("thought")]
+    assert [p["inlineData"]["data"]["file"] for p in final] == read_results(out)[0]["paths"].split(";")
+
+    def thought_image(content: dict[str, Any]) -> Any:
+        return next(
+            p["inlineData"]["data"] for p in content["parts"] if p.get("thought") and "inlineData" in p
+        )
+
+    assert thought_image(model) == thought_image(answer)  # no file of its own: kept inline
+    assert len(json.dumps(kept)) < len(json.dumps(answer)) / 2
+
+
+def _sent_back_as_returned_with_the_note(service_env: Any, edits: list[tuple[Any, Any, str]]) -> None:
+    """Each (rejected, its edit, the note): the edit sent the rejected request's conversation as sent, its
+    answer exactly as returned, then the note; the emulator verified the signatures sent back (200)."""
+    for rejected, edit, text in edits:
+        before, after = (
+            log_of(service_env, rejected.idempotency_key),
+            log_of(service_env, edit.idempotency_key),
+        )
+        note = {"role": "user", "parts": [{"text": text}]}
+        assert after["status"] == 200
+        assert canonical(after["contents"]) == canonical([*before["contents"], before["answer"], note])
 
 
 def canonical(contents: Any) -> str:
