@@ -401,13 +401,13 @@ def submitted_by(worker_log: Path) -> set[str]:
 
 def api_call(api_url: str, method: str, path: str, body: Any = None, *, repeatable: bool = False) -> Any:
     """One REST call, asked again as Prefect's own client asks again: on a 502/503 (SQLite busy under the
-    workers' writes) and, for a GET or a `repeatable` call (one whose second try cannot do anything twice,
-    such as making a work pool by name), on a read timeout. Prefect 3.8.8's server on SQLite can stall every
-    request for up to 60 s while two workers poll (its writes wait on the database lock until SQLite's 60 s
-    busy timeout; Prefect issue #23051; a 10 s bound failed a CI run), so each try waits 90 s, all of
-    them 240 s. A 409 after a timed-out try of a repeatable call is that try's success: it is returned as
-    None."""
-    repeatable = repeatable or method == "GET"
+    workers' writes) and, for a read (a GET, a POST to a `/filter`) or a `repeatable` call (one whose
+    second try cannot do anything twice, such as making a work pool by name), on a read timeout. Prefect
+    3.8.8's server on SQLite can stall every request for up to 60 s while two workers poll (its writes wait
+    on the database lock until SQLite's 60 s busy timeout; Prefect issue #23051; a 10 s bound failed a CI
+    run), so each try waits 90 s, all of them 240 s. A 409 after a timed-out try of a repeatable call is
+    that try's success: it is returned as None."""
+    repeatable = repeatable or method == "GET" or path.endswith("/filter")  # a filter is a read
     deadline = time.monotonic() + 240
     timed_out = False
     while True:

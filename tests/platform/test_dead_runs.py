@@ -78,8 +78,6 @@ def test_a_run_killed_then_redeployed_is_crashed_within_the_window_and_the_next_
     only what the killed one had not sent (issue 20, item 4), counted in the emulator's request log."""
     from collections import Counter
 
-    from helpers.runs import read_results
-
     window = 45.0
     monkeypatch.setenv("IMAGEBATCH_HEARTBEAT_WINDOW", f"{window:g}")  # for both deploys: no update between
     manifest = tmp_path / "m.csv"
@@ -93,15 +91,7 @@ def test_a_run_killed_then_redeployed_is_crashed_within_the_window_and_the_next_
         assert {AUTOMATION_NAME, PENDING_NAME} <= set(watch)
         assert watch[AUTOMATION_NAME]["trigger"]["within"] == window
         deployment = call(server, "GET", "/deployments/name/generate_from_manifest/killed")
-        worker = start_worker(server.api_url, POOL, env, tmp_path / "worker.log")
-        try:
-            run_id = start_run(server, deployment["id"])
-            wait_for("the run's first heartbeat", lambda: heartbeats(server, run_id), 180)
-            wait_for("four requests sent", lambda: len(emulator.requests()) >= 4, 120)
-            assert kill_machine(worker, {run_id}) == 1
-            killed_at = time.monotonic()
-        finally:
-            stop_process_group(worker, grace=1)
+        run_id, killed_at = _killed_mid_run(server, emulator, deployment["id"], env, tmp_path / "worker.log")
         sent_before = Counter(r["idempotency_key"] for r in emulator.requests())
         deploy(server, f"{args} --concurrency 2 --no-adaptive")  # at once: well within the window
         after = automations(server)
@@ -127,18 +117,45 @@ def test_a_run_killed_then_redeployed_is_crashed_within_the_window_and_the_next_
                 return run if run["state_type"] in TERMINAL else None
 
             second = wait_for("the next run's end", ended, 180, log=tmp_path / "worker2.log")
-    # Not cancelled by a zombie's slot: the run ran to its own verdict (run.final_state), which is Failed only
-    # for the requests the killed run left `unknown` (sent, never answered; not resent).
+    _the_next_run_sent_only_the_rest(second, emulator.requests(), len(sent_before), out, 20)
+
+
+def _killed_mid_run(
+    server: PrefectServer, emulator: EmulatorServer, deployment_id: str, env: dict[str, str], log: Path
+) -> tuple[str, float]:
+    """A worker starts a run of the deployment; once it has sent four requests, the worker and the run
+    are killed (`kill -9`, as a machine dies). Returns the run's id and when it was killed."""
+    worker = start_worker(server.api_url, POOL, env, log)
+    try:
+        run_id = start_run(server, deployment_id)
+        wait_for("the run's first heartbeat", lambda: heartbeats(server, run_id), 180)
+        wait_for("four requests sent", lambda: len(emulator.requests()) >= 4, 120)
+        assert kill_machine(worker, {run_id}) == 1
+        return run_id, time.monotonic()
+    finally:
+        stop_process_group(worker, grace=1)
+
+
+def _the_next_run_sent_only_the_rest(
+    second: dict[str, Any], requests: list[dict[str, Any]], sent_before: int, out: Path, rows_expected: int
+) -> None:
+    """Not cancelled by a zombie's slot: the run ran to its own verdict (run.final_state), which is Failed
+    only for the requests the killed run left `unknown` (sent, never answered; not resent). Each key was
+    sent once, and every key reached the service but unknown ones, which may not have (killed before
+    their bytes left)."""
+    from collections import Counter
+
+    from helpers.runs import read_results
+
     assert second["state_type"] in ("COMPLETED", "FAILED"), second["state"]
     assert second["state"]["message"].startswith("imagebatch: "), second["state"]
-    sent = Counter(r["idempotency_key"] for r in emulator.requests())
+    sent = Counter(r["idempotency_key"] for r in requests)
     assert set(sent.values()) == {1}  # nothing sent twice
-    assert len(sent) > len(sent_before)  # the rest, and only the rest (each key once, above)
+    assert len(sent) > sent_before  # the rest, and only the rest (each key once, above)
     rows = read_results(out)
     statuses = Counter(r["status"] for r in rows)
-    assert statuses["unknown"] + statuses["succeeded"] + statuses["skipped"] == 20
+    assert statuses["unknown"] + statuses["succeeded"] + statuses["skipped"] == rows_expected
     assert (second["state_type"] == "COMPLETED") == (statuses["unknown"] == 0)
-    # Every key reached the service but unknown ones, which may not have (killed before their bytes left).
     unknown = {r["idempotency_key"] for r in rows if r["status"] == "unknown"}
     assert {r["idempotency_key"] for r in rows} - set(sent) <= unknown
 

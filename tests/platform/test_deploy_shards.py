@@ -8,10 +8,9 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from helpers.prefect_server import (
     start_worker,
     stop_process_group,
     submitted_by,
+    wait_for,
 )
 from helpers.prefect_stack import (  # the fixtures: stacks, stack, and prefect_harness (none here)
     FLOW,
@@ -137,7 +137,6 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
     from helpers.runs import read_results, run_flow
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from imagebatch.run.final_state import ran_to_end
     from imagebatch.run.hooks import RunHooks, run_hooks
 
     stack = stacks["sqlite"]
@@ -171,23 +170,7 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
             )
             with ThreadPoolExecutor(1) as pool_thread:
                 first = pool_thread.submit(parent)
-                deadline = time.monotonic() + 120
-                query = {"deployments": {"name": {"any_": ["killable-shards"]}}}
-                while True:  # real processes: wait (bounded) until the worker's shard is sending
-                    running = {
-                        r["id"]: r["name"].removeprefix("shard ")
-                        for r in stack.post("/flow_runs/filter", query)
-                        if r["state_type"] == "RUNNING"
-                    }
-                    on_worker = set(running) & submitted_by(tmp_path / "w1.log")
-                    # The worker's shard itself has sent (its own journal), not only the parent's child.
-                    journals = [out / f"journal.shard-{running[i]}.jsonl" for i in on_worker]
-                    if on_worker and all(
-                        j.is_file() and "attempt_started" in j.read_text() for j in journals
-                    ):
-                        break
-                    assert time.monotonic() < deadline, "the worker's shard did not start sending in 120 s"
-                    time.sleep(0.05)
+                on_worker = _sending_on_the_worker(stack, "killable-shards", out, tmp_path / "w1.log")
                 assert kill_machine(worker, on_worker) >= 1  # the worker's machine, not the parent's
                 info = first.result(timeout=240)
         finally:
@@ -202,22 +185,50 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
 
         with running_worker(stack.api, pool, env, tmp_path / "w2.log", stop_grace=3):
             again = parent()
-        # Both shards ran to their end; one left with an `unknown` request ends Failed (issue 20: its
-        # requests are not all done), which the parent reads as run through, not as a broken shard.
-        assert all(ran_to_end(s["state"], s["message"]) for s in again["shard_runs"]), again["shard_runs"]
-        sent = Counter(r["idempotency_key"] for r in emulator.requests())
-        assert set(sent.values()) == {1}  # no request sent twice, over both runs
-        rows = read_results(out)
-        final = Counter(r["status"] for r in rows)
-        assert (
-            final["not_attempted"] == 0 and final["unknown"] == statuses["unknown"]
-        )  # left for the user to settle, never resent
-        assert final["unknown"] + final["succeeded"] + final["skipped"] == 40
-        # Every request reached the service but the unknown ones, which may or may not have: the kill can
-        # land between the journal's attempt_started and the request's bytes (the reason they are unknown).
-        keys = {r["idempotency_key"] for r in rows}
-        unknown = {r["idempotency_key"] for r in rows if r["status"] == "unknown"}
-        assert len(keys) == 40 and set(sent) <= keys and keys - set(sent) <= unknown
+        _the_rerun_sent_the_rest_once(again, emulator.requests(), read_results(out), statuses["unknown"], 40)
+
+
+def _sending_on_the_worker(stack: Stack, deployment: str, out: Path, worker_log: Path) -> set[str]:
+    """Wait (bounded: real processes) until the shard runs the worker took are sending: each shard's own
+    journal has an attempt, not only the parent's child's. Returns their flow run ids."""
+    query = {"deployments": {"name": {"any_": [deployment]}}}
+
+    def sending() -> set[str] | None:
+        running = {
+            r["id"]: r["name"].removeprefix("shard ")
+            for r in stack.post("/flow_runs/filter", query)
+            if r["state_type"] == "RUNNING"
+        }
+        on_worker = set(running) & submitted_by(worker_log)
+        journals = [out / f"journal.shard-{running[i]}.jsonl" for i in on_worker]
+        started = all(j.is_file() and "attempt_started" in j.read_text() for j in journals)
+        return on_worker if on_worker and started else None
+
+    return set(wait_for("the worker's shard sending", sending, 120, log=worker_log))
+
+
+def _the_rerun_sent_the_rest_once(
+    again: dict[str, Any], requests: list[dict[str, Any]], rows: list[dict[str, str]], unknown_before: int,
+    total: int,
+) -> None:  # fmt: skip
+    """Both shards ran to their end (one left with an `unknown` request ends Failed, issue 20: its requests
+    are not all done, which the parent reads as run through, not as a broken shard); no request was sent
+    twice over both runs; the unknown ones are left for the user to settle, never resent. Every request
+    reached the service but the unknown ones, which may or may not have: the kill can land between the
+    journal's attempt_started and the request's bytes (the reason they are unknown)."""
+    from collections import Counter
+
+    from imagebatch.run.final_state import ran_to_end
+
+    assert all(ran_to_end(s["state"], s["message"]) for s in again["shard_runs"]), again["shard_runs"]
+    sent = Counter(r["idempotency_key"] for r in requests)
+    assert set(sent.values()) == {1}
+    final = Counter(r["status"] for r in rows)
+    assert final["not_attempted"] == 0 and final["unknown"] == unknown_before
+    assert final["unknown"] + final["succeeded"] + final["skipped"] == total
+    keys = {r["idempotency_key"] for r in rows}
+    unknown = {r["idempotency_key"] for r in rows if r["status"] == "unknown"}
+    assert len(keys) == total and set(sent) <= keys and keys - set(sent) <= unknown
 
 
 def _sharded_deploy(stack: Stack, tmp_path: Path, pool: str, emulator: EmulatorServer, timeout: float) -> str:
@@ -342,10 +353,6 @@ def test_a_sharded_deployment_into_a_bucket_on_two_machines_that_share_nothing_w
     is sent once (the emulator's request log), results.csv is whole in the bucket, the journal is one
     compacted object, and neither the key nor the store's secret is in an object, the deployment, or a
     shard child's environment."""
-    from collections import Counter
-
-    from helpers.runs import read_results
-
     stack = stacks["sqlite"]
     assert stack is not None
     pool = "imagebatch-bucket"
@@ -362,18 +369,7 @@ def test_a_sharded_deployment_into_a_bucket_on_two_machines_that_share_nothing_w
             EmulatorServer(EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2))
         )
         for i, home in enumerate(machines):
-            (home / "tmp").mkdir(parents=True)
-            env = {
-                "IMAGEBATCH_API_KEY": key,
-                "HOME": str(home),
-                "PREFECT_HOME": str(home / ".prefect"),
-                "TMPDIR": str(home / "tmp"),
-                **s3.env(),
-            }
-            log = tmp_path / f"w{i}.log"
-            workers.enter_context(
-                running_worker(stack.api, pool, env, log, extra_args=("--limit", "1"), stop_grace=3, cwd=home)
-            )
+            workers.enter_context(_machine(stack, pool, home, {"IMAGEBATCH_API_KEY": key, **s3.env()}, i))
         code = stack.deploy(
             f"{manifest} --out {url} --name {pool} --work-pool {pool} --shards 2 --concurrency 4 "
             f"--base-url {emulator.url} --shard-start-timeout 120"
@@ -386,16 +382,7 @@ def test_a_sharded_deployment_into_a_bucket_on_two_machines_that_share_nothing_w
     assert deployment["parameters"]["out"] == url
 
     objects = s3.objects(bucket, "nightly")
-    run = json.loads(objects["run.json"])
-    assert [s["state"] for s in run["shard_runs"]] == ["COMPLETED", "COMPLETED"]
-    assert sorted(s["here"] for s in run["shard_runs"]) == [False, True]  # one shard on each machine
-    (tmp_path / "results.csv").write_bytes(objects["results.csv"])
-    rows = read_results(tmp_path)
-    assert len(rows) == 16 and {r["status"] for r in rows} == {"succeeded"}
-    assert all(objects[p].startswith(b"\x89PNG") for r in rows for p in r["paths"].split(";"))
-    assert "report.html" in objects and len([n for n in objects if n.startswith("thumbs/")]) == 16
-    sent = Counter(r["idempotency_key"] for r in emulator.requests())
-    assert len(sent) == 16 and set(sent.values()) == {1}  # each key sent exactly once, over both machines
+    _written_once_into_the_bucket(objects, emulator.requests(), tmp_path, 16)
     [journal] = [n for n in objects if n.startswith("journal/")]  # the shards' segments, compacted
     assert journal.endswith("-compact.jsonl")
     assert {".imagebatch.lease", ".imagebatch.shard-0-of-2.lease", ".imagebatch.shard-1-of-2.lease"} <= set(
@@ -406,3 +393,33 @@ def test_a_sharded_deployment_into_a_bucket_on_two_machines_that_share_nothing_w
     assert not [name for name, data in objects.items() if any(s in data for s in secrets_)]
     assert s3.secret_key not in json.dumps(deployment) and key not in json.dumps(deployment)
     assert children and not [pid for pid, env in children.items() if any(s in env for s in secrets_)]
+
+
+def _machine(stack: Stack, pool: str, home: Path, env: dict[str, str], i: int) -> AbstractContextManager[Any]:
+    """A worker (`--limit 1`) on a machine of its own: its working folder, HOME, PREFECT_HOME and TMPDIR
+    are its own empty folders; `env` adds the key and the store's address and credentials."""
+    (home / "tmp").mkdir(parents=True)
+    env = {**env, "HOME": str(home), "PREFECT_HOME": str(home / ".prefect"), "TMPDIR": str(home / "tmp")}
+    log = home.parent / f"w{i}.log"
+    return running_worker(stack.api, pool, env, log, extra_args=("--limit", "1"), stop_grace=3, cwd=home)
+
+
+def _written_once_into_the_bucket(
+    objects: dict[str, bytes], requests: list[dict[str, Any]], scratch: Path, total: int
+) -> None:
+    """One shard on each machine, both Completed; results.csv whole, every image a PNG, the report and its
+    thumbnails there; each key sent exactly once over both machines (the emulator's request log)."""
+    from collections import Counter
+
+    from helpers.runs import read_results
+
+    run = json.loads(objects["run.json"])
+    assert [s["state"] for s in run["shard_runs"]] == ["COMPLETED", "COMPLETED"]
+    assert sorted(s["here"] for s in run["shard_runs"]) == [False, True]
+    (scratch / "results.csv").write_bytes(objects["results.csv"])
+    rows = read_results(scratch)
+    assert len(rows) == total and {r["status"] for r in rows} == {"succeeded"}
+    assert all(objects[p].startswith(b"\x89PNG") for r in rows for p in r["paths"].split(";"))
+    assert "report.html" in objects and len([n for n in objects if n.startswith("thumbs/")]) == total
+    sent = Counter(r["idempotency_key"] for r in requests)
+    assert len(sent) == total and set(sent.values()) == {1}
