@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_scale import (  # noqa: E402
+from scale_harness import (  # noqa: E402
     KEY,
     Emulator,
     fmt,

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_scale import prefect_server, tree_cpu
+from bench.scale_harness import prefect_server, tree_cpu
 
 LIMIT = "bench-slots"
 

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -50,16 +51,21 @@ def start_moto(log: Path) -> tuple[subprocess.Popen[bytes], str]:
             break
         except httpx.HTTPError:
             time.sleep(0.1)
+    s3_client(url).create_bucket(Bucket=BUCKET)
+    return proc, url
+
+
+def s3_client(url: str) -> Any:
+    """A boto3 S3 client of the moto server at `url`."""
     import boto3
 
-    boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=url,
         region_name="us-east-1",
         aws_access_key_id="bench",
         aws_secret_access_key="bench-secret",
-    ).create_bucket(Bucket=BUCKET)
-    return proc, url
+    )
 
 
 def run(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int]:
@@ -93,6 +99,11 @@ def store_requests(log: Path, since: int) -> Counter[str]:
     return kinds
 
 
+def log_length(log: Path) -> int:
+    """Lines in the server's request log so far: where the next run's requests start."""
+    return len(log.read_text(errors="replace").splitlines())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2000)
@@ -124,61 +135,64 @@ def main() -> None:
                 "| location | wall s | requests/s (run span) | peak RSS MiB | rerun wall s (0 sent) | exit |"
             )
             print("|-|-|-|-|-|-|")
-            local = Path(tmp) / "out"
-            url = f"s3://{BUCKET}/bench"
-            for name, out in (("local folder", str(local)), ("s3:// (moto)", url)):
-                mark = len(log.read_text(errors="replace").splitlines())
-                wall, rss, code = run([*base, "--out", out], env)
-                puts = store_requests(log, mark)
-                if out == url:
-                    import boto3
-
-                    client = boto3.client(
-                        "s3",
-                        endpoint_url=store,
-                        region_name="us-east-1",
-                        aws_access_key_id="bench",
-                        aws_secret_access_key="bench-secret",
-                    )
-                    run_json = client.get_object(Bucket=BUCKET, Key="bench/run.json")["Body"].read()
-                else:
-                    run_json = (local / "run.json").read_bytes()
-                rate = args.rows / span(run_json)
-                rerun_mark = len(log.read_text(errors="replace").splitlines())
-                rerun_wall, _, _ = run([*base, "--out", out], env)
-                cells = [name, f"{wall:.1f}", f"{rate:.1f}", f"{rss / 1024:.0f}", f"{rerun_wall:.1f}", code]
-                print("| " + " | ".join(map(str, cells)) + " |", flush=True)
-                if out == url:
-                    writes = sum(n for k, n in puts.items() if k.startswith("PUT"))
-                    print(
-                        f"  store requests of the run: {dict(puts)}; PUTs per image {writes / args.rows:.2f}"
-                    )
-                    print(f"  store requests of the rerun: {dict(store_requests(log, rerun_mark))}")
-            peer_out = Path(tmp) / "peer"
-            cmd = [
-                sys.executable,
-                str(Path(__file__).parent / "peer.py"),
-                str(manifest),
-                "--out",
-                str(peer_out),
-                "--base-url",
-                service,
-                "--api-key",
-                KEY,
-                "--concurrency",
-                str(args.concurrency),
-            ]
-            t0 = time.perf_counter()
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            summary = json.loads(done.stdout.strip().splitlines()[-1])
-            print(
-                f"| asyncio peer | {time.perf_counter() - t0:.1f} | "
-                f"{args.rows / summary['loop_s']:.1f} | | | "
-                f"{done.returncode} |"
-            )
+            for name, out in (
+                ("local folder", str(Path(tmp) / "out")),
+                ("s3:// (moto)", f"s3://{BUCKET}/bench"),
+            ):
+                one_location(name, out, base, env, args.rows, log, store)
+            peer_row(manifest, Path(tmp) / "peer", service, args.concurrency, args.rows)
         finally:
             moto.terminate()
             emulator.terminate()
+
+
+def one_location(
+    name: str, out: str, base: list[str], env: dict[str, str], rows: int, log: Path, store: str
+) -> None:
+    """The run `base --out OUT`, then its rerun: a row of the table; for `s3://`, the store's requests."""
+    cmd = [*base, "--out", out]
+    mark = log_length(log)
+    wall, rss, code = run(cmd, env)
+    puts = store_requests(log, mark)
+    on_s3 = out.startswith("s3://")
+    if on_s3:
+        run_json = s3_client(store).get_object(Bucket=BUCKET, Key="bench/run.json")["Body"].read()
+    else:
+        run_json = (Path(out) / "run.json").read_bytes()
+    rate = rows / span(run_json)
+    rerun_mark = log_length(log)
+    rerun_wall, _, _ = run(cmd, env)
+    cells = [name, f"{wall:.1f}", f"{rate:.1f}", f"{rss / 1024:.0f}", f"{rerun_wall:.1f}", code]
+    print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+    if on_s3:
+        writes = sum(n for k, n in puts.items() if k.startswith("PUT"))
+        print(f"  store requests of the run: {dict(puts)}; PUTs per image {writes / rows:.2f}")
+        print(f"  store requests of the rerun: {dict(store_requests(log, rerun_mark))}")
+
+
+def peer_row(manifest: Path, out: Path, service: str, concurrency: int, rows: int) -> None:
+    """The plain asyncio peer on the same manifest: the table's last row (requests/s over its own loop)."""
+    cmd = [
+        sys.executable,
+        str(Path(__file__).parent / "peer.py"),
+        str(manifest),
+        "--out",
+        str(out),
+        "--base-url",
+        service,
+        "--api-key",
+        KEY,
+        "--concurrency",
+        str(concurrency),
+    ]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    print(
+        f"| asyncio peer | {time.perf_counter() - t0:.1f} | "
+        f"{rows / summary['loop_s']:.1f} | | | "
+        f"{done.returncode} |"
+    )
 
 
 if __name__ == "__main__":

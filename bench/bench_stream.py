@@ -82,39 +82,31 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp_name,
         EmulatorServer(settings) as emulator,
     ):
-        tmp = Path(tmp_name)
-        manifest = tmp / "m.csv"
-        manifest.write_text(
-            "id,prompt\n" + "".join(f"r{i:05d},product shot {i % 8}\n" for i in range(args.requests))
-        )
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "IMAGEBATCH_"))}
-        env = base | {"IMAGEBATCH_BASE_URL": emulator.url, "IMAGEBATCH_API_KEY": KEY}
-        results = [
-            run(
-                "peer (asyncio)",
-                [
-                    sys.executable,
-                    str(ROOT / "bench" / "peer.py"),
-                    str(manifest),
-                    "--out",
-                    str(tmp / "peer"),
-                    "--base-url",
-                    emulator.url,
-                    "--api-key",
-                    KEY,
-                    "--concurrency",
-                    str(args.concurrency),
-                ],
-                env,
-                emulator,
-                tmp / "peer",
-            ),
-        ]
-        for label, extra in (("imagebatch, adaptive", []), ("imagebatch, --no-adaptive", ["--no-adaptive"])):
-            out = tmp / label.split(",")[1].strip().lstrip("-")
-            cmd = [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--out", str(out)]
-            cmd += ["--concurrency", str(args.concurrency), "--no-report", *extra]
-            results.append(run(label, cmd, env | {"PREFECT_HOME": str(out) + "-home"}, emulator, out))
+        results = run_all(args, emulator, Path(tmp_name))
+    report(args, results)
+
+
+def run_all(args: argparse.Namespace, emulator: Any, tmp: Path) -> list[dict[str, Any]]:
+    """The peer, then `imagebatch run` with the adaptive window and without, on one manifest."""
+    manifest = tmp / "m.csv"
+    manifest.write_text(
+        "id,prompt\n" + "".join(f"r{i:05d},product shot {i % 8}\n" for i in range(args.requests))
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "IMAGEBATCH_"))}
+    env = base | {"IMAGEBATCH_BASE_URL": emulator.url, "IMAGEBATCH_API_KEY": KEY}
+    peer = [sys.executable, str(ROOT / "bench" / "peer.py"), str(manifest), "--out", str(tmp / "peer")]
+    peer += ["--base-url", emulator.url, "--api-key", KEY, "--concurrency", str(args.concurrency)]
+    results = [run("peer (asyncio)", peer, env, emulator, tmp / "peer")]
+    for label, extra in (("imagebatch, adaptive", []), ("imagebatch, --no-adaptive", ["--no-adaptive"])):
+        out = tmp / label.split(",")[1].strip().lstrip("-")
+        cmd = [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--out", str(out)]
+        cmd += ["--concurrency", str(args.concurrency), "--no-report", *extra]
+        results.append(run(label, cmd, env | {"PREFECT_HOME": str(out) + "-home"}, emulator, out))
+    return results
+
+
+def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    """The table: each runner's completions per second, and the fewest once the window has opened."""
     ideal = args.requests * args.latency / args.concurrency
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     head = f"{args.requests} requests x {args.latency:g} s at --concurrency {args.concurrency}"
