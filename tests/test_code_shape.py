@@ -1,6 +1,6 @@
 """The house rules that no linter here keeps: a function fits a screen (60 lines, decorators and docstring
-included) and a module stays under 500 lines, in src/ and in the tests alike. Split along a seam when one
-grows past them."""
+included) and a module stays under 500 lines, in src/, the tests and the benchmarks alike. Split along a
+seam when one grows past them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION, MAX_MODULE = 60, 500
-TREES = {"src": 100, "tests": 100}  # each tree, and how many modules it has at least (it is there)
+TREES = {"src": 100, "tests": 100, "bench": 10}  # each tree, and how many modules it has at least
 
 
 def _modules(tree: str) -> list[Path]:
