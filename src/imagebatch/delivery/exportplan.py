@@ -45,7 +45,7 @@ from imagebatch.delivery.naming import (
 )
 from imagebatch.manifest.plan import key_digits
 from imagebatch.storage import layout
-from imagebatch.storage.location import Location
+from imagebatch.storage.location import MAX_OBJECT_KEY_BYTES, Location
 from imagebatch.work.decisions import Decision
 from imagebatch.work.store import OutputStore
 
@@ -309,7 +309,8 @@ def _row_deliverables(
         if (size := len(name.encode())) > naming.room:
             problems.append(
                 f"{label}: its name {name!r} is {size:,} bytes; under DEST's prefix an object's key leaves "
-                f"{naming.room:,} for a name (a key is at most 1,024 bytes): a shorter --name or prefix"
+                f"{naming.room:,} for a name (a key is at most {MAX_OBJECT_KEY_BYTES:,} bytes): "
+                "a shorter --name or prefix"
             )
             continue
         if folded(name) == folded(EXPORT_CSV):

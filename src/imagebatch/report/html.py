@@ -17,11 +17,11 @@ from imagebatch.report.setstate import (
     DONE,
     REVIEW_STATES,
     last_run_line,
+    review_counts,
     review_line,
     review_state,
     set_counts,
     status_label,
-    superseded,
 )
 from imagebatch.storage import layout
 from imagebatch.storage.csvcells import read_csv
@@ -302,9 +302,7 @@ def _summary(
         if reviewable(row):
             reviewed.append({k: row.get(k, "") for k in ("job_id", "request_index", "turn_index", "variant",
                                                          "idempotency_key")})  # fmt: skip
-    replaced = superseded(reviewed)
-    reviews = Counter(review_state(decisions.get(r["idempotency_key"]), r["idempotency_key"] in replaced)
-                      for r in reviewed)  # fmt: skip
+    reviews, replaced = review_counts(reviewed, decisions)
     requests = set_counts(_rows(out))
     summary = (
         f"<p>the set: {requests.total()} requests · {images} images · "

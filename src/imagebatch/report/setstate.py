@@ -64,6 +64,17 @@ def review_state(decision: Decision | None, replaced: bool) -> str:
     return kind or "unreviewed"
 
 
+def review_counts(
+    rows: Iterable[Mapping[str, str]], decisions: Mapping[str, Decision]
+) -> tuple[Counter[str], set[str]]:
+    """The reviewable `rows`' images by review state (`review_state`, `decisions` those in force), and the
+    keys of those a newer variant replaced (`superseded`)."""
+    kept = list(rows)
+    replaced = superseded(kept)
+    keys = (row["idempotency_key"] for row in kept)
+    return Counter(review_state(decisions.get(key), key in replaced) for key in keys), replaced
+
+
 def set_counts(rows: Iterable[Mapping[str, str]]) -> Counter[str]:
     """The set's requests by status, each request counted once (its best variant, above)."""
     best: dict[tuple[str, str, str], tuple[bool, int, str]] = {}

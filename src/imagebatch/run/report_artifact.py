@@ -26,7 +26,6 @@ import contextlib
 import os
 import re
 import socket
-from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,17 +103,13 @@ def review_line(out: str, records: Iterable[RequestRecord]) -> str:
     in the output location `out` on the images of `records`, by the report's rule (`report.setstate`: a
     rejected image a newer variant replaced is redone, no longer open)."""
     from imagebatch.report.html import reviewable
+    from imagebatch.report.setstate import review_counts
     from imagebatch.report.setstate import review_line as states_line
-    from imagebatch.report.setstate import review_state, superseded
     from imagebatch.storage.kinds import open_location
     from imagebatch.work.decisions import decided
 
-    decisions = decided(open_location(out))
-    rows = [row for row in (record.to_row() for record in records) if reviewable(row)]
-    replaced = superseded(rows)
-    states = Counter(
-        review_state(decisions.get(key), key in replaced) for key in (r["idempotency_key"] for r in rows)
-    )
+    rows = (row for row in (record.to_row() for record in records) if reviewable(row))
+    states, _ = review_counts(rows, decided(open_location(out)))
     return f"**Review:** {states_line(states)} (`imagebatch review {out}` opens them in a browser)."
 
 
