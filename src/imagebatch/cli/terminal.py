@@ -22,6 +22,7 @@ from rich.console import Console
 from imagebatch.cli import display
 from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_USAGE, exit_code_for
 from imagebatch.storage import layout
+from imagebatch.storage.bounded import read_record
 from imagebatch.storage.location import redact_urls, shown_url
 
 if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
@@ -122,7 +123,7 @@ class Ending:
         from imagebatch.work.store import write_atomic
 
         with contextlib.suppress(OSError, ValueError):
-            info = json.loads(run_json.read_text())
+            info = json.loads(read_record(run_json) or b"")  # never waits on a FIFO in its place
             if info.get("state") == "running":
                 info |= {"state": "abandoned", "ended_at": datetime.now(UTC).isoformat(), "stopped": reason}
                 write_atomic(run_json, (json.dumps(info, indent=2, default=str) + "\n").encode())

@@ -11,6 +11,7 @@ from imagebatch.delivery.convert import Conversion
 from imagebatch.delivery.export import export
 from imagebatch.delivery.exportplan import ExportRefused
 from imagebatch.delivery.naming import TemplateError
+from imagebatch.storage.bounded import RecordError
 from imagebatch.storage.location import shown_url
 
 SHOWN_PROBLEMS = 20
@@ -73,6 +74,9 @@ def export_main(args: argparse.Namespace) -> int:
             else f"nothing was written to {shown_url(args.to)}"
         )
         print(f"imagebatch export: {n} problem{'s' if n != 1 else ''}; {written}", file=sys.stderr)
+        return 2
+    except RecordError as exc:  # a record (or a file of DEST) that is not a file, or over its bound
+        print(f"imagebatch export: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(

@@ -24,6 +24,7 @@ from imagebatch.report.setstate import (
     status_label,
 )
 from imagebatch.storage import layout
+from imagebatch.storage.bounded import read_record
 from imagebatch.storage.csvcells import read_csv
 from imagebatch.storage.location import LocalFolder, confined, write_atomic
 from imagebatch.work.decisions import Decision, decided
@@ -260,7 +261,7 @@ def build_report(
     run's (a 10,000-request run's report had held every row and a second copy of the plan)."""
     out = Path(out)
     run_json = out / layout.RUN_JSON
-    run = json.loads(run_json.read_text()) if run_json.is_file() else {}
+    run = json.loads(raw) if (raw := read_record(run_json)) else {}
     details = manifest_details(run) if details is None else details
     decisions = decided(LocalFolder(out)) if decisions is None else decisions
     summary, options, total, replaced = _summary(out, run, decisions)

@@ -70,6 +70,7 @@ from imagebatch.report.review_data import (
 )
 from imagebatch.report.review_page import inline_json, render_page
 from imagebatch.storage import layout
+from imagebatch.storage.bounded import RecordError
 from imagebatch.storage.location import LocalFolder, Location
 from imagebatch.work.decisions import DECISIONS, Decision
 from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail, thumb_name
@@ -443,7 +444,7 @@ def serve_review(
     column to show or group by is not results.csv's, or the port cannot be had."""
     try:
         server = ReviewServer(location, reviewer, port, show=show, group_by=group_by)
-    except ReviewError as exc:
+    except (ReviewError, RecordError) as exc:
         print(f"imagebatch review: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

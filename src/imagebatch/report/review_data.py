@@ -30,6 +30,7 @@ from imagebatch.report.html import (
 )
 from imagebatch.report.setstate import request_of, status_label, superseded, variant_number
 from imagebatch.storage import layout
+from imagebatch.storage.bounded import check_size, open_record
 from imagebatch.storage.csvcells import csv_value, read_csv
 from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
 from imagebatch.storage.location import LocalFolder, Location, json_object
@@ -313,14 +314,14 @@ class DecisionCache:
                 self._changed[decision.key] = self.version
 
     def _read_file(self, path: Path) -> None:
-        try:
-            with path.open("rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                start = self._offset if size >= self._offset else 0  # shrank: replaced, read it whole
-                fh.seek(start)
-                chunk = fh.read(size - start)
-        except FileNotFoundError:
+        if (fh := open_record(path)) is None:  # never blocked by a FIFO, nor a device read
             return
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            start = self._offset if size >= self._offset else 0  # shrank: replaced, read it whole
+            check_size(path, size - start)
+            fh.seek(start)
+            chunk = fh.read(size - start)
         complete = chunk.rfind(b"\n") + 1  # a line still being written is read next time
         self._offset = start + complete
         decisions = [d for line in chunk[:complete].splitlines() if (d := _decision(line)) is not None]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from imagebatch.storage.bounded import BadLine, record_lines
 from imagebatch.storage.location import confined, json_object
 
 
@@ -24,16 +25,15 @@ def last_byte(path: Path) -> bytes:
         return fh.read(1)
 
 
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield the JSON objects of a JSON Lines file, skipping a final line cut short by a crash."""
-    if not path.exists():
-        return
-    with path.open("rb") as fh:
-        for raw in fh:
-            if not raw.endswith(b"\n"):
-                return  # torn last write
-            if (obj := json_object(raw)) is not None:
-                yield obj
+def read_jsonl(path: Path, bad: BadLine | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the JSON objects of a JSON Lines file, skipping a final line cut short by a crash, and a line
+    that is not a JSON object. Read with `storage.bounded.record_lines`'s bounds: with `bad`, a line
+    over the bound is skipped too, and `bad` is told the number of each line skipped."""
+    for number, raw in record_lines(path, bad):
+        if (obj := json_object(raw)) is not None:
+            yield obj
+        elif bad is not None:
+            bad(number)
 
 
 def append_synced(target: Path, lines: list[bytes]) -> None:

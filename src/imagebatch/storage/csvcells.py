@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
+
+from imagebatch.storage.bounded import open_record
 
 FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r", "\n")
 """A cell starting with one of these may be run as a formula by a spreadsheet (OWASP, "CSV Injection")."""
@@ -61,6 +64,14 @@ def write_csv(fh: IO[str], columns: Iterable[str], rows: Iterable[Mapping[str, A
         fh.write(csv_line(csv_cell(row.get(c)) for c in names))
 
 
+def _open_text(path: Path) -> IO[str]:
+    """A CSV file opened through `storage.bounded` (a FIFO or a device refused, never waited on)."""
+    fh = open_record(path)
+    if fh is None:
+        raise FileNotFoundError(f"{path}: no such file")
+    return io.TextIOWrapper(fh, encoding="utf-8", newline="")
+
+
 def read_csv(path: Path | IO[str], columns: Iterable[str] = ()) -> Iterator[dict[str, str]]:
     """The rows of a CSV file `write_csv` wrote (a path, or a text stream opened with `newline=""`, such
     as an object's bytes in `io.StringIO`), header and cells as they were before `csv_cell`.
@@ -68,9 +79,7 @@ def read_csv(path: Path | IO[str], columns: Iterable[str] = ()) -> Iterator[dict
     Each row has every column of the header and every one of `columns` (empty when absent): a file another
     tool wrote, or cut short, may lack cells or columns, and a reader must not fail on a missing key.
     Cells beyond the header are dropped."""
-    opened = (
-        path.open(newline="", encoding="utf-8") if isinstance(path, Path) else contextlib.nullcontext(path)
-    )
+    opened = _open_text(path) if isinstance(path, Path) else contextlib.nullcontext(path)
     with opened as fh:
         reader = csv.reader(fh)
         header = [csv_value(c) for c in next(reader, [])]

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlsplit
 
 from imagebatch.gateway.constants import STORE_ENDPOINTS
+from imagebatch.storage.bounded import is_record, read_record
 
 OBJECT_SCHEMES = ("s3", "gs", "az")
 """The URL schemes `--out` takes for an object store (anything else is a local folder)."""
@@ -208,13 +209,14 @@ class LocalFolder:
         write_atomic(confined(self.root, name), data)
 
     def get(self, name: str) -> bytes | None:
-        try:
-            return (self.root / name).read_bytes()
-        except FileNotFoundError:
-            return None
+        """Through `storage.bounded`: a FIFO or a device in a file's place is refused, a file over
+        `MAX_RECORD_BYTES` too (`RecordError`)."""
+        return read_record(self.root / name)
 
     def exists(self, name: str) -> bool:
-        return (self.root / name).is_file()
+        """Whether `name` is a file; a FIFO or a device in its place is refused (`RecordError`), not
+        taken for a missing file."""
+        return is_record(self.root / name)
 
     def list(self, prefix: str) -> list[str]:
         base = self.root / prefix

@@ -21,6 +21,7 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 
 from imagebatch.storage import layout
+from imagebatch.storage.bounded import check_size
 from imagebatch.storage.location import check_store_config, shown_url
 
 RETRY: dict[str, Any] = {
@@ -129,6 +130,7 @@ class ObjectLocation:
         with self._failing("reading", name):
             try:
                 result = obstore.get(self.store, name)
+                check_size(f"{self.url}/{name}", int(result.meta["size"]))  # before a byte of it is read
                 return bytes(result.bytes()), str(result.meta["e_tag"])
             except FileNotFoundError:
                 return None

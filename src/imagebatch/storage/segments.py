@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from imagebatch.storage import layout
+from imagebatch.storage.bounded import BadLine, split_lines
 from imagebatch.storage.location import json_object
 from imagebatch.storage.objectstore import ObjectLocation, StoreError
 
@@ -41,18 +42,23 @@ def next_run(names: list[str]) -> int:
     return max((_run_of(n) for n in names), default=0) + 1
 
 
-def read_lines(data: bytes) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a segment's lines (a line that does not parse is skipped, as a torn one)."""
-    for raw in data.splitlines():
+def read_lines(data: bytes, where: object, bad: BadLine | None = None) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a segment's lines (a line that does not parse is skipped, as a torn one), with
+    `storage.bounded.split_lines`'s bound on a line and its `bad`."""
+    for number, raw in split_lines(data, where, bad):
         if (obj := json_object(raw)) is not None:
             yield obj
+        elif bad is not None:
+            bad(number)
 
 
-def read_journal(loc: ObjectLocation) -> Iterator[dict[str, Any]]:
-    """Every line of the journal (and the usage lines it carries), in order; segments fetched in parallel."""
-    for blob in loc.get_many(journal_objects(loc.list(JOURNAL))):
+def read_journal(loc: ObjectLocation, bad: BadLine | None = None) -> Iterator[dict[str, Any]]:
+    """Every line of the journal (and the usage lines it carries), in order; segments fetched in parallel
+    (each within `MAX_RECORD_BYTES`, as every object read)."""
+    names = journal_objects(loc.list(JOURNAL))
+    for name, blob in zip(names, loc.get_many(names), strict=True):
         if blob is not None:  # a segment removed since the listing (a compaction): its lines are in it
-            yield from read_lines(blob)
+            yield from read_lines(blob, f"{loc.url}/{name}", bad)
 
 
 class SegmentJournal:

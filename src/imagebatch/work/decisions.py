@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
+from imagebatch.storage.bounded import BadLine, split_lines
 from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
 from imagebatch.storage.location import LocalFolder, Location, confined, json_object
 
@@ -119,17 +120,21 @@ def _append(folder: LocalFolder, line: bytes) -> None:
         os.close(fd)  # releases the lock
 
 
-def iter_decisions(location: Location) -> Iterator[Decision]:
-    """Every decision recorded in `location`, oldest first (lines that are not decisions skipped)."""
+def iter_decisions(location: Location, bad: BadLine | None = None) -> Iterator[Decision]:
+    """Every decision recorded in `location`, oldest first (lines that are not decisions skipped; with
+    `bad`, told the number of each, a line over `storage.bounded`'s bound too)."""
     if isinstance(location, LocalFolder):
-        chunks: Iterable[bytes | None] = (location.get(REVIEW_FILE) or b"").splitlines()
+        where = f"{location.url}/{REVIEW_FILE}"
+        chunks: Iterable[tuple[int, bytes | None]] = split_lines(location.get(REVIEW_FILE) or b"", where, bad)
     else:  # one object per decision, read a few at a time, in the listing's order
         with ThreadPoolExecutor(max_workers=16) as pool:
-            chunks = list(pool.map(location.get, location.list(REVIEW_PREFIX)))
-    for chunk in chunks:
+            chunks = list(enumerate(pool.map(location.get, location.list(REVIEW_PREFIX)), 1))
+    for number, chunk in chunks:
         data = None if chunk is None else json_object(chunk)
         if data is not None and (decision := Decision.from_json(data)) is not None:
             yield decision
+        elif bad is not None and chunk is not None:
+            bad(number)
 
 
 def read_decisions(location: Location) -> dict[str, Decision]:

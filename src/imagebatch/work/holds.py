@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import WriteWatch, append_synced
+from imagebatch.storage.bounded import record_lines
 from imagebatch.storage.location import Location, OutputLockedError
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ class Holds:
             return merged
         for kind in (layout.JOURNAL, layout.USAGE_LEDGER):
             for part in sorted(self.root.glob(layout.shard_jsonl(kind))):
-                lines = [line for line in part.read_bytes().splitlines(keepends=True) if line.endswith(b"\n")]
+                lines = [line for _, line in record_lines(part)]  # complete lines, each within the bound
                 if lines:
                     append_synced(self.root / layout.jsonl(kind), lines)
                 merged += len(lines)

@@ -15,6 +15,7 @@ from typing import Any
 
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog, json_line, read_jsonl
+from imagebatch.storage.bounded import BadLine
 from imagebatch.work.holds import NO_FOLDER, Holds
 from imagebatch.work.request_record import RequestRecord
 
@@ -76,21 +77,22 @@ class Journal:
             return
         self.log.append(self.usage_path, record, sync=False)
 
-    def usage_lines(self) -> Iterator[dict[str, Any]]:
-        """The usage ledger: one line per HTTP attempt, every run into the location."""
+    def usage_lines(self, bad: BadLine | None = None) -> Iterator[dict[str, Any]]:
+        """The usage ledger: one line per HTTP attempt, every run into the location. With `bad`, told of
+        each line skipped as bad (`storage.bounded`); without, a line over the bound is refused."""
         if self.holds.folder is not None:
-            yield from read_jsonl(self.usage_path)
+            yield from read_jsonl(self.usage_path, bad)
             return
-        for ev in self.events():
+        for ev in self.events(bad):
             if ev.pop("event", None) == "usage":
                 yield ev
 
-    def events(self) -> Iterator[dict[str, Any]]:
+    def events(self, bad: BadLine | None = None) -> Iterator[dict[str, Any]]:
         """The journal's lines in order (the folder's journal, then the shards' not yet merged)."""
         if (root := self.holds.folder) is None:
             from imagebatch.storage.segments import read_journal
 
-            yield from read_journal(self.holds.objects())
+            yield from read_journal(self.holds.objects(), bad)
             return
         for path in [
             root / layout.jsonl(layout.JOURNAL),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog
+from imagebatch.storage.bounded import read_record
 from imagebatch.storage.csvcells import read_csv, write_csv
 from imagebatch.storage.location import Location, atomic_file, json_object, write_atomic
 from imagebatch.work.holds import NO_FOLDER, Holds
@@ -88,10 +89,8 @@ class OutputFiles:
         if self.folder is None:
             data = self.location.get(self.chain_name(job_id, request_index))
             return None if data is None else json.loads(data)
-        path = self.chain_path(job_id, request_index)
-        if not path.exists():
-            return None
-        return json.loads(path.read_bytes())
+        data = read_record(self.chain_path(job_id, request_index))
+        return None if data is None else json.loads(data)
 
     def save_conversation(self, req: PlannedRequest, conversation: dict[str, Any]) -> None:
         """Keep the conversation behind one native answer (`work.conversation`): in a folder a line of

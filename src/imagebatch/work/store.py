@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog, WriteWatch, read_jsonl
+from imagebatch.storage.bounded import BadLine
 from imagebatch.storage.kinds import open_location
 from imagebatch.storage.location import (
     LocalFolder,
@@ -136,8 +137,8 @@ class OutputStore:
     def sync(self) -> None:
         self.wal.sync()
 
-    def usage_lines(self) -> Iterator[dict[str, Any]]:
-        return self.wal.usage_lines()
+    def usage_lines(self, bad: BadLine | None = None) -> Iterator[dict[str, Any]]:
+        return self.wal.usage_lines(bad)
 
     def load_state(self, seen: Callable[[dict[str, Any]], None] | None = None) -> dict[str, KeyState]:
         """Replay the journal into the state of every idempotency key it names (`work.replay.replay`)."""
