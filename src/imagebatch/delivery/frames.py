@@ -18,6 +18,11 @@
   usage-summary.csv counts them), `started_at` as a UTC timestamp, and the raw `usage` object.
 - `decisions`: the review decision in force for each image key (the last recorded, `cleared` included:
   reviewed, then undone), with `at` as a UTC timestamp.
+- `skipped`: how many bad lines were left out, by record (`results.csv`, `usage.jsonl`, `review.jsonl`;
+  only those with any): a line that is not a JSON object, or is over `storage.bounded`'s bound, a count
+  that is not an integer (`attempt: "three"`, `images: 1e30`), a time that is not ISO 8601 (`"at":
+  "yesterday"`). One bad line costs its own row, never the table; a `BadRecordsWarning` says so too.
+  A record that is not a file (a FIFO, a device) is refused whole (`storage.bounded.RecordError`).
 
 pandas is imported here only, and this module only when `imagebatch.results` is first used: `import
 imagebatch` and every command stay free of it.
@@ -25,14 +30,20 @@ imagebatch` and every command stay free of it.
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import asdict, dataclass
-from typing import Any
+import re
+import warnings
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
 
 import pandas as pd
 
 from imagebatch.storage import layout
-from imagebatch.work.decisions import Decision, read_decisions
+from imagebatch.storage.bounded import BadLine
+from imagebatch.work.decisions import Decision, iter_decisions
 from imagebatch.work.store import RESULT_COLUMNS, OutputStore
 from imagebatch.work.usage import token_counts
 
@@ -56,6 +67,12 @@ USAGE_TYPES = {
 }
 """The usage table's column types (`started_at` is a UTC timestamp, `usage` the raw object)."""
 DECISION_COLUMNS = tuple(Decision.__dataclass_fields__)
+USAGE_FILE = layout.jsonl(layout.USAGE_LEDGER)
+T = TypeVar("T")
+
+
+class BadRecordsWarning(UserWarning):
+    """Some lines of a location's records were bad and left out of `results()`'s tables."""
 
 
 @dataclass(frozen=True)
@@ -65,21 +82,99 @@ class Results:
     results: pd.DataFrame
     usage: pd.DataFrame
     decisions: pd.DataFrame
+    skipped: Mapping[str, int] = field(default_factory=dict)
+    """The bad lines left out, by record (`results.csv`, `usage.jsonl`, `review.jsonl`): those with any."""
 
 
 def results(out: str | os.PathLike[str]) -> Results:
     """The records of the output location `out` (a folder, or `s3://bucket/prefix` and the like) as
-    DataFrames. FileNotFoundError when it holds no run of imagebatch (no results.csv, run.json, nor
-    usage ledger)."""
+    DataFrames; a bad line is left out and counted (`Results.skipped`, and a `BadRecordsWarning`).
+    FileNotFoundError when it holds no run of imagebatch (no results.csv, run.json, nor usage ledger);
+    `storage.bounded.RecordError` for a record that is not a file (a FIFO, a device)."""
     store = OutputStore(os.fspath(out))
+    skipped: Counter[str] = Counter()
     rows = store.read_results()
-    usage = list(store.usage_lines())
+    usage = list(store.usage_lines(_counter(skipped, USAGE_FILE)))
     if rows is None and not usage and not store.location.exists(layout.RUN_JSON):
         raise FileNotFoundError(f"{store.where} holds no run of imagebatch (no {layout.RESULTS_CSV})")
+    decisions = list(iter_decisions(store.location, _counter(skipped, layout.REVIEW_FILE)))
+    good_rows = _keep(rows or [], _row_ok, skipped, layout.RESULTS_CSV)
+    good_usage = _keep(usage, _usage_ok, skipped, USAGE_FILE)
+    good_decisions = _keep(decisions, lambda d: _time_ok(d.at or None), skipped, layout.REVIEW_FILE)
+    if skipped:
+        said = ", ".join(f"{n:,} of {name}" for name, n in sorted(skipped.items()))
+        warnings.warn(f"{store.where}: bad lines left out: {said}", BadRecordsWarning, stacklevel=2)
     return Results(
-        results=results_frame(rows or []),
-        usage=usage_frame(usage),
-        decisions=decisions_frame(list(read_decisions(store.location).values())),
+        results=results_frame(good_rows),
+        usage=usage_frame(good_usage),
+        decisions=decisions_frame(list({d.key: d for d in good_decisions}.values())),
+        skipped=dict(skipped),
+    )
+
+
+def _counter(skipped: Counter[str], name: str) -> BadLine:
+    def bad(_number: int) -> None:
+        skipped[name] += 1
+
+    return bad
+
+
+def _keep(items: list[T], ok: Callable[[T], bool], skipped: Counter[str], name: str) -> list[T]:
+    """The items `ok` accepts; the others counted in `skipped[name]`."""
+    kept = [item for item in items if ok(item)]
+    if len(kept) < len(items):
+        skipped[name] += len(items) - len(kept)
+    return kept
+
+
+_INTEGER = re.compile(r"[+-]?\d+")
+_INT64 = 1 << 63
+
+
+def _integer_ok(value: object) -> bool:
+    """Whether a ledger line's count becomes an `Int64` cell: missing, or a JSON number that is a whole
+    one in its range (`1e30` is out of range, `"three"` no number)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    return value is None or (
+        isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64
+    )
+
+
+def _cell_ok(cell: str | None) -> bool:
+    """Whether a results.csv count's cell becomes an `Int64` cell: empty, or a whole number in range."""
+    return not cell or (_INTEGER.fullmatch(cell) is not None and -_INT64 <= int(cell) < _INT64)
+
+
+def _float_ok(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _time_ok(value: object) -> bool:
+    """Whether a time's value becomes a UTC timestamp: missing, or an ISO 8601 text."""
+    if value is None:
+        return True
+    if not isinstance(value, str):
+        return False
+    try:
+        pd.to_datetime(value, utc=True, format="ISO8601")
+    except (ValueError, OverflowError):
+        return False
+    return True
+
+
+def _row_ok(row: Mapping[str, str]) -> bool:
+    return all(_cell_ok(row.get(name)) for name in INTEGER_COLUMNS)
+
+
+def _usage_ok(line: Mapping[str, Any]) -> bool:
+    usage = line.get("usage")
+    tokens = token_counts(usage) if isinstance(usage, dict) else ()
+    return (
+        all(_integer_ok(line.get(n)) for n, kind in USAGE_TYPES.items() if kind == "Int64")
+        and all(_float_ok(line.get(n)) for n, kind in USAGE_TYPES.items() if kind == "float64")
+        and all(_integer_ok(n) for n in tokens)
+        and _time_ok(line.get("started_at"))
     )
 
 

@@ -21,7 +21,7 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 
 from imagebatch.storage import layout
-from imagebatch.storage.bounded import check_size
+from imagebatch.storage.bounded import MAX_RECORD_BYTES, check_size
 from imagebatch.storage.location import check_store_config, shown_url
 
 RETRY: dict[str, Any] = {
@@ -90,6 +90,9 @@ class ObjectLocation:
         kind = {"s3": S3Store, "gs": GCSStore, "az": AzureStore}[self.scheme]
         options: dict[str, Any] = {"retry_config": retry or RETRY, "client_options": client_options or None}
         self.store: Any = kind(self.bucket, prefix=self.prefix or None, **options)
+        self.record_limit = MAX_RECORD_BYTES
+        """The largest object read (`storage.bounded`): its size is known from the GET's answer, before
+        its body is read, so a larger one costs nothing but the refusal."""
 
     @contextlib.contextmanager
     def _failing(self, what: str, name: str) -> Iterator[None]:
@@ -130,7 +133,7 @@ class ObjectLocation:
         with self._failing("reading", name):
             try:
                 result = obstore.get(self.store, name)
-                check_size(f"{self.url}/{name}", int(result.meta["size"]))  # before a byte of it is read
+                check_size(f"{self.url}/{name}", int(result.meta["size"]), self.record_limit)
                 return bytes(result.bytes()), str(result.meta["e_tag"])
             except FileNotFoundError:
                 return None
