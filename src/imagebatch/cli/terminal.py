@@ -22,7 +22,7 @@ from rich.console import Console
 from imagebatch.cli import display
 from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_USAGE, exit_code_for
 from imagebatch.storage import layout
-from imagebatch.storage.bounded import read_record
+from imagebatch.storage.bounded import RecordError, read_record
 from imagebatch.storage.location import redact_urls, shown_url
 
 if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads only once it is needed
@@ -226,7 +226,12 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
     if (found := _preflight(args, err)) is None:
         return EXIT_USAGE
     checked, options = found
-    if server is not None and (info := _settled(checked, options)) is not None:
+    try:
+        info = _settled(checked, options) if server is not None else None
+    except RecordError as exc:  # the replay met a record it refuses (a line over the bound)
+        err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
+        return EXIT_USAGE
+    if server is not None and info is not None:
         server.kill()  # it was started while we checked; nothing will use it
         err.print("Nothing to send: every request is done or left alone; Prefect was not started.")
         return display.report(out, err, info, [])
@@ -272,6 +277,9 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
             info = _generate(args, options, guard)
     except UsageError as exc:
         err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
+        return EXIT_USAGE
+    except RecordError as exc:  # the flow's replay (or a chain's history) met a record it refuses
+        err.print(redact_urls(str(exc)), markup=False)
         return EXIT_USAGE
     return ending.finish(info, signals)
 

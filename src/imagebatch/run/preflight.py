@@ -20,6 +20,7 @@ from imagebatch.gateway.environment import api_key_from_environment, base_url_or
 from imagebatch.gateway.errors import ConfigurationError
 from imagebatch.manifest import Manifest, load_manifest
 from imagebatch.options import RunOptions, fields, problem
+from imagebatch.storage.bounded import RecordError, check_records
 from imagebatch.storage.location import is_object_url, shown_url
 from imagebatch.work.prices import PriceError, PriceTable
 from imagebatch.work.store import OutputLockedError, OutputStore
@@ -138,11 +139,14 @@ def check_output_folder(out: Path, lock: bool = True) -> None:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
             pass
+        check_records(out)
         if lock:
             with OutputStore(out).hold_and_merge():
                 pass
     except OutputLockedError as exc:
         raise locked(exc) from None
+    except RecordError as exc:
+        raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"--out {out} cannot be written: {exc.strerror or exc}") from None
 

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from imagebatch.storage import layout
+
 MAX_RECORD_LINE_BYTES = 1 << 20
 """The longest line of a JSON Lines record read (1 MiB, its newline included)."""
 MAX_RECORD_BYTES = 2 << 30
@@ -96,6 +98,17 @@ def is_record(path: Path) -> bool:
     if (kind := _kind(mode)) is not None:
         raise refused(path, f"is {kind}, not a file")
     return True
+
+
+def check_records(folder: Path) -> None:
+    """`RecordError` for the first record of a local output folder that is there but is not a file (the
+    journal, usage ledger and conversations, a shard's too, results.csv, run.json, review.jsonl): for a
+    run to refuse before it starts, rather than when its replay reaches it."""
+    kinds = (layout.JOURNAL, layout.USAGE_LEDGER, layout.CONVERSATIONS)
+    names = [layout.RUN_JSON, layout.RESULTS_CSV, layout.REVIEW_FILE, *map(layout.jsonl, kinds)]
+    shards = [path for kind in kinds for path in folder.glob(layout.shard_jsonl(kind))]
+    for path in [*(folder / name for name in names), *shards]:
+        is_record(path)
 
 
 def check_size(where: object, size: int, limit: int = MAX_RECORD_BYTES) -> None:
