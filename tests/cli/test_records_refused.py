@@ -66,13 +66,14 @@ def _refused(argv: list[str], record: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_a_journal_line_over_the_bound(tmp_path: Path) -> None:
-    """A rerun's replay (what `validate --out` forecasts from) refuses a line it would have to hold whole,
-    naming the file and the line."""
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_a_journal_line_over_the_bound(tmp_path: Path, command: str) -> None:
+    """A rerun's replay (and what `validate --out` forecasts from) refuses a line it would have to hold
+    whole, naming the file and the line."""
     out = _out(tmp_path)
     with (out / "journal.jsonl").open("ab") as fh:
         fh.write(b'{"pad": "' + b"x" * MAX_RECORD_LINE_BYTES + b'"}\n')
-    _refused(_command("validate", out, tmp_path), out / "journal.jsonl")
+    _refused(_command(command, out, tmp_path), out / "journal.jsonl")
 
 
 READERS = [

@@ -213,6 +213,9 @@ def run_main(args: argparse.Namespace) -> int:
     server = None if prefect_api_configured() else TemporaryServer().start()
     try:
         return _run(args, server)
+    except RecordError as exc:  # the replay (before Prefect or in the flow) met a record it refuses
+        print(redact_urls(str(exc)), file=sys.stderr)
+        return EXIT_USAGE
     finally:
         if server is not None:
             server.stop()
@@ -226,12 +229,7 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
     if (found := _preflight(args, err)) is None:
         return EXIT_USAGE
     checked, options = found
-    try:
-        info = _settled(checked, options) if server is not None else None
-    except RecordError as exc:  # the replay met a record it refuses (a line over the bound)
-        err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
-        return EXIT_USAGE
-    if server is not None and info is not None:
+    if server is not None and (info := _settled(checked, options)) is not None:
         server.kill()  # it was started while we checked; nothing will use it
         err.print("Nothing to send: every request is done or left alone; Prefect was not started.")
         return display.report(out, err, info, [])
@@ -277,9 +275,6 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
             info = _generate(args, options, guard)
     except UsageError as exc:
         err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
-        return EXIT_USAGE
-    except RecordError as exc:  # the flow's replay (or a chain's history) met a record it refuses
-        err.print(redact_urls(str(exc)), markup=False)
         return EXIT_USAGE
     return ending.finish(info, signals)
 

@@ -59,7 +59,7 @@ def export_main(args: argparse.Namespace) -> int:
             workers=args.workers,
             progress=Ticker(),
         )
-    except TemplateError as exc:
+    except (TemplateError, RecordError) as exc:  # a record (or DEST's file) not a file, or over its bound
         print(f"imagebatch export: {exc}", file=sys.stderr)
         return 2
     except ExportRefused as exc:
@@ -74,9 +74,6 @@ def export_main(args: argparse.Namespace) -> int:
             else f"nothing was written to {shown_url(args.to)}"
         )
         print(f"imagebatch export: {n} problem{'s' if n != 1 else ''}; {written}", file=sys.stderr)
-        return 2
-    except RecordError as exc:  # a record (or a file of DEST) that is not a file, or over its bound
-        print(f"imagebatch export: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(
