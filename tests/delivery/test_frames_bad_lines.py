@@ -46,11 +46,13 @@ def _out(tmp_path: Path, rows: list[dict[str, Any]], usage: list[dict[str, Any]]
 
 
 def test_a_bad_results_row_is_left_out_and_counted(tmp_path: Path) -> None:
-    out = _out(tmp_path, [_row(0), _row(1, images="1e30"), _row(2, attempts="three"), _row(3)], [_usage(0)])
-    with pytest.warns(BadRecordsWarning, match=r"bad lines left out: 2 of results\.csv"):
+    huge = "x" * 200_000  # over the csv module's field limit (128 KiB)
+    rows = [_row(0), _row(1, images="1e30"), _row(2, attempts="three"), _row(3, sku=huge), _row(4)]
+    out = _out(tmp_path, rows, [_usage(0)])
+    with pytest.warns(BadRecordsWarning, match=r"bad lines left out: 3 of results\.csv"):
         r = imagebatch.results(out)
-    assert r.results.job_id.tolist() == ["mug-0", "mug-3"] and str(r.results.images.dtype) == "Int64"
-    assert r.skipped == {"results.csv": 2}
+    assert r.results.job_id.tolist() == ["mug-0", "mug-4"] and str(r.results.images.dtype) == "Int64"
+    assert r.skipped == {"results.csv": 3}
     assert len(r.usage) == 1 and r.decisions.empty
 
 

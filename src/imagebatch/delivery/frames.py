@@ -20,7 +20,8 @@
   reviewed, then undone), with `at` as a UTC timestamp.
 - `skipped`: how many bad lines were left out, by record (`results.csv`, `usage.jsonl`, `review.jsonl`;
   only those with any): a line that is not a JSON object, or is over `storage.bounded`'s bound, a count
-  that is not an integer (`attempt: "three"`, `images: 1e30`), a time that is not ISO 8601 (`"at":
+  that is not an integer (`attempt: "three"`, `images: 1e30`), a results.csv row the CSV reader refuses
+  (a cell over 128 KiB), a time that is not ISO 8601 (`"at":
   "yesterday"`). One bad line costs its own row, never the table; a `BadRecordsWarning` says so too.
   A record that is not a file (a FIFO, a device) is refused whole (`storage.bounded.RecordError`).
 
@@ -93,7 +94,7 @@ def results(out: str | os.PathLike[str]) -> Results:
     `storage.bounded.RecordError` for a record that is not a file (a FIFO, a device)."""
     store = OutputStore(os.fspath(out))
     skipped: Counter[str] = Counter()
-    rows = store.read_results()
+    rows = store.read_results(_counter(skipped, layout.RESULTS_CSV))
     usage = list(store.usage_lines(_counter(skipped, USAGE_FILE)))
     if rows is None and not usage and not store.location.exists(layout.RUN_JSON):
         raise FileNotFoundError(f"{store.where} holds no run of imagebatch (no {layout.RESULTS_CSV})")

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from imagebatch.storage.bounded import open_record
+from imagebatch.storage.bounded import BadLine, open_record
 
 FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r", "\n")
 """A cell starting with one of these may be run as a formula by a spreadsheet (OWASP, "CSV Injection")."""
@@ -72,19 +72,30 @@ def _open_text(path: Path) -> IO[str]:
     return io.TextIOWrapper(fh, encoding="utf-8", newline="")
 
 
-def read_csv(path: Path | IO[str], columns: Iterable[str] = ()) -> Iterator[dict[str, str]]:
+def read_csv(
+    path: Path | IO[str], columns: Iterable[str] = (), bad: BadLine | None = None
+) -> Iterator[dict[str, str]]:
     """The rows of a CSV file `write_csv` wrote (a path, or a text stream opened with `newline=""`, such
     as an object's bytes in `io.StringIO`), header and cells as they were before `csv_cell`.
 
     Each row has every column of the header and every one of `columns` (empty when absent): a file another
     tool wrote, or cut short, may lack cells or columns, and a reader must not fail on a missing key.
-    Cells beyond the header are dropped."""
+    Cells beyond the header are dropped. With `bad`, a row the csv module refuses (a cell over its
+    field limit, 128 KiB) is skipped and `bad` told the line it ended on; without, `csv.Error` goes on."""
     opened = _open_text(path) if isinstance(path, Path) else contextlib.nullcontext(path)
     with opened as fh:
         reader = csv.reader(fh)
         header = [csv_value(c) for c in next(reader, [])]
         blank = dict.fromkeys([*header, *columns], "")
-        for cells in reader:
-            if not cells:
-                continue  # a blank line: no row
-            yield blank | dict(zip(header, (csv_value(c) for c in cells), strict=False))
+        while True:
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error:
+                if bad is None:
+                    raise
+                bad(reader.line_num)  # the reader starts afresh at the next line
+                continue
+            if cells:  # a blank line is no row
+                yield blank | dict(zip(header, (csv_value(c) for c in cells), strict=False))

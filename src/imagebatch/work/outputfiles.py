@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog
-from imagebatch.storage.bounded import read_record
+from imagebatch.storage.bounded import BadLine, read_record
 from imagebatch.storage.csvcells import read_csv, write_csv
 from imagebatch.storage.location import Location, atomic_file, json_object, write_atomic
 from imagebatch.work.holds import NO_FOLDER, Holds
@@ -142,13 +142,13 @@ class OutputFiles:
             text.flush()
             text.detach()  # `atomic_file` syncs and closes the file itself
 
-    def read_results(self) -> list[dict[str, str]] | None:
+    def read_results(self, bad: BadLine | None = None) -> list[dict[str, str]] | None:
         """results.csv's rows, every cell as it was before the writer neutralised formulas (`csvcells`);
-        None when the location has none (no run has ended there)."""
+        None when the location has none (no run has ended there). `bad`: as `csvcells.read_csv`'s."""
         data = self.location.get(layout.RESULTS_CSV)
         if data is None:
             return None
-        return list(read_csv(io.StringIO(data.decode("utf-8"), newline="")))
+        return list(read_csv(io.StringIO(data.decode("utf-8"), newline=""), bad=bad))
 
     def write_run(self, info: dict[str, Any]) -> None:
         self.write_top(layout.RUN_JSON, (json.dumps(info, indent=2, default=str) + "\n").encode())

@@ -176,8 +176,8 @@ class OutputStore:
     def write_results(self, rows: Iterable[dict[str, Any]], metadata_columns: list[str]) -> None:
         self.files.write_results(rows, metadata_columns)
 
-    def read_results(self) -> list[dict[str, str]] | None:
-        return self.files.read_results()
+    def read_results(self, bad: BadLine | None = None) -> list[dict[str, str]] | None:
+        return self.files.read_results(bad)
 
     def write_run(self, info: dict[str, Any]) -> None:
         self.files.write_run(info)
