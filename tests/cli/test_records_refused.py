@@ -80,6 +80,7 @@ READERS = [
     ("export", "results.csv"),
     ("report", "results.csv"),
     ("review", "results.csv"),
+    ("review", "review.jsonl"),  # the decisions the page starts from
     ("validate", "journal.jsonl"),
     ("run", "journal.jsonl"),  # refused before Prefect starts: nothing sent
 ]
@@ -88,7 +89,7 @@ READERS = [
 @pytest.mark.parametrize(("command", "record"), READERS)
 def test_a_record_that_is_a_fifo(tmp_path: Path, command: str, record: str) -> None:
     out = _out(tmp_path)
-    (out / record).unlink()
+    (out / record).unlink(missing_ok=True)
     os.mkfifo(out / record)
     _refused(_command(command, out, tmp_path), out / record)
 
@@ -96,7 +97,7 @@ def test_a_record_that_is_a_fifo(tmp_path: Path, command: str, record: str) -> N
 @pytest.mark.parametrize(("command", "record"), READERS)
 def test_a_record_linked_to_dev_zero(tmp_path: Path, command: str, record: str) -> None:
     out = _out(tmp_path)
-    (out / record).unlink()
+    (out / record).unlink(missing_ok=True)
     (out / record).symlink_to("/dev/zero")
     _refused(_command(command, out, tmp_path), out / record)
 
