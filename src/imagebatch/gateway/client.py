@@ -61,6 +61,7 @@ from .retry import RetryPolicy, parse_retry_after, policy_for, was_never_sent
 
 logger = logging.getLogger("imagebatch.gateway")
 
+
 def _log_retry(event: AttemptFinished) -> None:
     """One log line per retry (a Prefect flow forwards this logger to its run log)."""
     logger.warning(
