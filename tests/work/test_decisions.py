@@ -13,6 +13,7 @@ from imagebatch.storage.layout import REVIEW_FILE
 from imagebatch.storage.location import LocalFolder, Location
 from imagebatch.storage.objectstore import ObjectLocation
 from imagebatch.work.decisions import (
+    MAX_NOTE,
     Decision,
     decided,
     iter_decisions,
@@ -79,7 +80,7 @@ def test_an_unknown_decision_is_refused(tmp_path: Path) -> None:
 def _writer(root: str, who: str, n: int) -> None:
     folder = LocalFolder(Path(root))
     for i in range(n):
-        record_decision(folder, Decision(f"ib1-{who}-{i}", 1, "approved", note="x" * 3000, reviewer=who))
+        record_decision(folder, Decision(f"ib1-{who}-{i}", 1, "approved", note="x" * MAX_NOTE, reviewer=who))
 
 
 @pytest.mark.slow  # processes of their own
@@ -92,4 +93,4 @@ def test_two_writers_at_once_lose_nothing(tmp_path: Path) -> None:
         proc.join(120)
         assert proc.exitcode == 0
     decisions = read_decisions(LocalFolder(tmp_path))
-    assert len(decisions) == 300 and all(len(d.note) == 3000 for d in decisions.values())
+    assert len(decisions) == 300 and all(len(d.note) == MAX_NOTE for d in decisions.values())

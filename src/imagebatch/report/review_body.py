@@ -8,8 +8,7 @@ import re
 from typing import Any
 
 MAX_BODY = 16 * 1024
-"""The largest decision a POST may carry (a note is at most `MAX_NOTE` characters)."""
-MAX_NOTE = 2000
+"""The largest decision a POST may carry (a note is at most `MAX_NOTE` characters: `work.decisions`)."""
 MAX_REVIEWER = 100
 MAX_BATCH = 64
 """The longest id of a bulk approve (the page makes 16 hex digits)."""

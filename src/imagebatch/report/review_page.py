@@ -35,6 +35,8 @@ import json
 from importlib import resources
 from typing import Any
 
+from imagebatch.work.decisions import MAX_NOTE
+
 ASSETS = resources.files("imagebatch.report")
 STYLE = (ASSETS / "review_page.css").read_text(encoding="utf-8")
 SCRIPT = (ASSETS / "review_page.js").read_text(encoding="utf-8")
@@ -84,8 +86,8 @@ def render_page(title: str, token: str, nonce: str, cards: str, data: dict[str, 
         '<div id="viewer" hidden><div id="vbar"><button type="button" id="vclose">Back (Esc)</button>'
         '<span id="vtitle"></span><span id="vcols"></span><span id="vzoom"></span><span id="vcompare"></span>'
         f'<span class="keys">{esc(VIEW_KEYS)}</span></div><div id="vpanes"></div></div>'
-        '<div id="notebar" hidden><label>note for <b id="notefor"></b> '
-        '<input id="note" maxlength="2000" autocomplete="off"></label> Enter saves, Escape cancels</div>'
+        '<div id="notebar" hidden><label>note for <b id="notefor"></b> <input id="note" '
+        f'maxlength="{MAX_NOTE}" autocomplete="off"></label> Enter saves, Escape cancels</div>'
         f'<script type="application/json" id="data">{inline}</script>'
         f'<script nonce="{esc(nonce)}">{SCRIPT}</script></body></html>'
     ).encode()
