@@ -130,6 +130,11 @@ def _append(folder: LocalFolder, line: bytes) -> None:
         os.close(fd)  # releases the lock
 
 
+_REFUSED: set[tuple[str, int]] = set()
+"""The lines refused so far (where, the note's length), each said once: a run reads the record three
+times (its redo, its report, its Prefect artifact), the review server once per line."""
+
+
 def parse_line(raw: bytes, where: str) -> Decision | None:
     """The decision a stored line (or object) holds, or None: a line that is not a decision (one a crash
     cut short, say) is skipped quietly; one whose note is longer than `MAX_NOTE` is refused, with one
@@ -137,10 +142,14 @@ def parse_line(raw: bytes, where: str) -> Decision | None:
 
     Refused, the line counts for nothing, as a torn one: the decision before it stays in force, and
     its note is never sent (a redo's edit instruction comes from the decision in force). Refusing every
-    read of the record instead would stop a run's report and the review page too, for one line."""
+    read of the record instead would stop a run's report and the review page too, for one line. Each
+    refused line is said once per process (`_REFUSED`)."""
     data = json_object(raw)
     decision = None if data is None else Decision.from_json(data)
     if decision is not None and len(decision.note) > MAX_NOTE:
+        if (where, len(decision.note)) in _REFUSED:
+            return None
+        _REFUSED.add((where, len(decision.note)))
         logger.warning(
             "%s: a note of %s characters, longer than the review page's %s: the decision is not read",
             where, f"{len(decision.note):,}", f"{MAX_NOTE:,}",
