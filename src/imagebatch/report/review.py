@@ -1,7 +1,8 @@
 """`imagebatch review OUT`: the run's contact sheet served on 127.0.0.1, for a person to approve or reject
 each image (with a note), keyboard first. Each decision is recorded in the output location before the
 browser is answered (`work.decisions`: `review.jsonl` in a folder, one object under `review/` in a
-bucket), so nothing is lost to a closed tab or a second reviewer; the last decision for an image wins.
+bucket), so nothing is lost to a closed tab or a second reviewer; the latest decision on an image is in
+force, and an undo takes back only its reviewer's own decision in force (`work.decisions.History`).
 Review is a person's interactive step, so it is this command, not a Prefect flow; a run's Prefect
 artifact counts what is unreviewed, approved and rejected.
 
@@ -15,15 +16,17 @@ Security: a loopback server is still reachable from every web page its user open
 - it binds 127.0.0.1 only;
 - every request's `Host` must be `127.0.0.1:PORT` or `localhost:PORT`: a page on another name that
   resolves to 127.0.0.1 (DNS rebinding) is refused, and so can read neither the page nor its token;
-- a decision (`POST /api/decision`) needs the server's random token, which only its page carries (in
-  `X-Review-Token`), an `Origin` of this server, `Content-Type: application/json` (a form or a `no-cors`
-  fetch from another site can set none of these), and `Sec-Fetch-Site: same-origin` when the browser
-  sends it; anything else is answered 403 and writes nothing;
-- the only files served are the images results.csv names and their thumbnails, and the thumbnails of
-  each request's reference images (OUT's `thumbs/ref-*.jpg`, made there from the manifest's files as the
-  report makes them: the reference itself is never served), addressed by request key and number (no path
-  comes from the URL); a name that is absolute, has `..` or lies outside `images/` is never served, nor a
-  local file whose real path (symlinks resolved) leaves OUT;
+- a decision (`POST /api/decision`, and an undo, `POST /api/undo`) needs the server's random token, which
+  only its page carries (in `X-Review-Token`), an `Origin` of this server,
+  `Content-Type: application/json` (a form or a `no-cors` fetch from another site can set none of these),
+  and `Sec-Fetch-Site: same-origin` when the browser sends it; anything else is answered 403 and writes
+  nothing;
+- the only files served are the images results.csv names and their thumbnails, and the thumbnails of each
+  request's reference images (OUT's `thumbs/ref-*.jpg`, made there from the manifest's files as the report
+  makes them: the reference itself is never served), addressed by request key and number (no path comes
+  from the URL; a number that is not ASCII digits, a raw byte 0xB2 say, is a 404); a name that is
+  absolute, has `..` or lies outside `images/` is never served, nor a local file whose real path (symlinks
+  resolved) leaves OUT;
 - the page's Content-Security-Policy runs its own script only (a nonce) and loads nothing from elsewhere;
   no other site may frame the page or embed its images (`frame-ancestors`, `Cross-Origin-Resource-Policy`).
 
@@ -31,9 +34,11 @@ Choices where the issue is silent: the cards are results.csv's rows with an imag
 requests without one have nothing to judge: report.html shows them); a request's variants are separate
 cards, newest first, each with its own key; the reviewer's name is `--reviewer`, else
 `$IMAGEBATCH_REVIEWER`, else the login name, and the page may set its own (kept in that browser); the
-keys, the note, the large view, bulk approve and undo are described in `report.review_page`; undo
-survives a reload because each undo is recorded as one (`Decision.undo`) and the server replays the
-record for the page (`GET /api/undo`). A missing thumbnail is made on the spot in
+keys, the note, the large view, bulk approve and undo are described in `report.review_page`. The server,
+not the page, works out what an undo brings back, from the record as it is when the undo arrives
+(`POST /api/undo`: 409 with the reason when another reviewer decided since); undo survives a reload
+because each undo is recorded as one (`Decision.undo`) and the server replays the record for the page
+(`GET /api/undo`). A missing thumbnail is made on the spot in
 a folder (as the report would) and in a bucket the image itself is served instead.
 """
 
@@ -57,7 +62,7 @@ from typing import Any
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from imagebatch.gateway.constants import ENV_REVIEWER
-from imagebatch.report.review_body import MAX_BATCH, MAX_BODY, MAX_REVIEWER, decision_body
+from imagebatch.report.review_body import MAX_BODY, MAX_REVIEWER, decision_body, fields_refusal
 from imagebatch.report.review_data import (
     DecisionCache,
     ReviewCard,
@@ -71,7 +76,7 @@ from imagebatch.report.review_data import (
 from imagebatch.report.review_page import inline_json, render_page
 from imagebatch.storage import layout
 from imagebatch.storage.location import LocalFolder, Location
-from imagebatch.work.decisions import DECISIONS, MAX_NOTE, Decision
+from imagebatch.work.decisions import DECISIONS, Decision
 from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail, thumb_name
 
 HOST = "127.0.0.1"
@@ -202,15 +207,9 @@ class ReviewServer:
             return HTTPStatus.BAD_REQUEST, {"error": "no image of this run has that key"}
         if kind not in DECISIONS:
             return HTTPStatus.BAD_REQUEST, {"error": f"decision must be one of {', '.join(DECISIONS)}"}
-        if not isinstance(note, str) or len(note) > MAX_NOTE:
-            return HTTPStatus.BAD_REQUEST, {"error": f"note must be text of at most {MAX_NOTE} characters"}
-        if not isinstance(reviewer, str) or len(reviewer) > MAX_REVIEWER:
-            return HTTPStatus.BAD_REQUEST, {"error": f"reviewer must be at most {MAX_REVIEWER} characters"}
-        if body.get("undo", False) is not False:  # what an undo brings back is the record's to say
-            return HTTPStatus.BAD_REQUEST, {"error": "an undo is POST /api/undo"}
+        if why := fields_refusal(body):
+            return HTTPStatus.BAD_REQUEST, {"error": why}
         batch = body.get("batch", "")  # the bulk approve it is part of: undone together
-        if not isinstance(batch, str) or len(batch) > MAX_BATCH:
-            return HTTPStatus.BAD_REQUEST, {"error": f"batch must be text of at most {MAX_BATCH} characters"}
         decision = Decision(card.key, card.variant, kind, note.strip(), reviewer.strip(), batch=batch)
         in_force = self.decisions.record(decision)
         return HTTPStatus.OK, {"decision": decision_json(in_force), "version": self.decisions.version}
@@ -222,10 +221,8 @@ class ReviewServer:
         reason when nothing was."""
         key, batch = body.get("key", ""), body.get("batch", "")
         reviewer = body.get("reviewer") or self.reviewer
-        if not isinstance(reviewer, str) or len(reviewer) > MAX_REVIEWER:
-            return HTTPStatus.BAD_REQUEST, {"error": f"reviewer must be at most {MAX_REVIEWER} characters"}
-        if not isinstance(batch, str) or len(batch) > MAX_BATCH:
-            return HTTPStatus.BAD_REQUEST, {"error": f"batch must be text of at most {MAX_BATCH} characters"}
+        if why := fields_refusal(body):
+            return HTTPStatus.BAD_REQUEST, {"error": why}
         if not batch and (not isinstance(key, str) or key not in self.cards):
             return HTTPStatus.BAD_REQUEST, {"error": "no image of this run has that key"}
         after, refused = self.decisions.undo(reviewer.strip(), key if not batch else "", batch)
