@@ -1,6 +1,7 @@
-"""What a decision's (or an undo's) POST body may be: a flat JSON object of bounded size, nesting and text,
-its text fields within the page's own limits, or one line saying why not (answered 400), never an
-exception."""
+"""What a decision's POST body may be: a flat JSON object of bounded size, nesting and text, or one line
+saying why not (answered 400), never an exception (issue 29 #8).
+
+An undo's body too; and the text fields of both within the page's own limits (`fields_refusal`)."""
 
 from __future__ import annotations
 
