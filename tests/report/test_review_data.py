@@ -180,3 +180,23 @@ def test_the_undo_stack_is_replayed_from_the_record_per_reviewer(tmp_path: Path)
     assert b'"batch":"b7"' in (tmp_path / REVIEW_FILE).read_bytes().splitlines()[-1]
     assert b'"batch"' not in (tmp_path / REVIEW_FILE).read_bytes().splitlines()[0]  # only where set
     assert cache.undo_stack("ann") == [("ib1-a", ""), ("ib1-c", "b7"), ("ib1-d", "b7")]
+
+
+def test_a_buckets_cache_puts_its_own_decision_in_force_and_replays_an_earlier_one_listed_later(
+    s3: Any,
+) -> None:
+    """Its own decision is not listed again; another server's object that sorts before it (made a moment
+    earlier) replays the record in the listing's order, which then decides what an undo brings back."""
+    location = open_location(f"s3://{s3.bucket()}/run")
+    cache = DecisionCache(location, interval=0)
+    cache.record(Decision("ib1-a", 1, "approved", reviewer="alice", at="2026-01-01T00:00:01.000000Z"))
+    cache.record(Decision("ib1-a", 1, "rejected", reviewer="bob", at="2026-01-01T00:00:03.000000Z"))
+    assert [d.reviewer for d in cache.since(-1)[1].values()] == ["bob"]
+    record_decision(
+        location, Decision("ib1-a", 1, "rejected", "handle", "carol", "2026-01-01T00:00:02.000000Z")
+    )
+    after, refused = cache.undo("bob", "ib1-a")
+    assert refused == [] and after["ib1-a"].reviewer == "carol"  # carol's came before bob's: it comes back
+    assert read_decisions(location) == cache.since(-1)[1]
+    after, refused = cache.undo("bob", "ib1-a")
+    assert refused == ["nothing of yours to undo on this image (undone already)"]

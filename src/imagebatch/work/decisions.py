@@ -87,6 +87,12 @@ def record_decision(location: Location, decision: Decision) -> Decision:
     - an object store (no append): one object per decision, `review/<time>-<random>.json`, created only if
       absent; listing gives the order (the time in UTC to the microsecond, then the random part).
     """
+    return record_named(location, decision)[0]
+
+
+def record_named(location: Location, decision: Decision) -> tuple[Decision, str]:
+    """`record_decision`, and the name of the object it made ("" in a folder), so that a reader that
+    keeps the objects it has read (`report.review_data.DecisionCache`) need not list them to find it."""
     if decision.decision not in DECISIONS:
         raise ValueError(f"decision must be one of {', '.join(DECISIONS)}, not {decision.decision!r}")
     if len(decision.note) > MAX_NOTE:  # a reader would refuse the line (`parse_line`)
@@ -96,11 +102,11 @@ def record_decision(location: Location, decision: Decision) -> Decision:
     line = _line(decision)
     if isinstance(location, LocalFolder):
         _append(location, line)
-    else:
-        stamp = decision.at.replace(":", "").replace("-", "")
-        while not location.put_new(f"{REVIEW_PREFIX}{stamp}-{secrets.token_hex(6)}.json", line):
-            pass  # a name already taken (vanishingly rare): draw another random part
-    return decision
+        return decision, ""
+    stamp = decision.at.replace(":", "").replace("-", "")
+    while not location.put_new(name := f"{REVIEW_PREFIX}{stamp}-{secrets.token_hex(6)}.json", line):
+        pass  # a name already taken (vanishingly rare): draw another random part
+    return decision, name
 
 
 def _line(decision: Decision) -> bytes:
