@@ -1,7 +1,8 @@
 """Undo in a shared review: decisions are a history, not a stack. An undo takes back only the undoer's own
 decision, and only while it is still the one in force; a bulk approve's undo, each image still in force.
 Three reviewers in a real headless Chromium (Debian's, through Selenium), each with `imagebatch review` on
-one folder, and the same through the HTTP API; and the server's answer to raw bytes in an image's path."""
+one folder, and the same through the HTTP API and `export --approved-only`; and the server's answer to raw
+bytes in an image's path."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ from typing import Any
 
 import pytest
 from helpers.review import chromium, open_page, press, recorded, request, review_folder, saved, shown, until
+from helpers.runs import cli
 
 from imagebatch.report.review import TOKEN_HEADER, ReviewServer
+from imagebatch.storage.csvcells import read_csv
 from imagebatch.storage.location import LocalFolder
 from imagebatch.work.decisions import decided, read_decisions
 
 HANDLE = "handle missing: redo"
+ISSUE = (("alice", "approved", ""), ("bob", "rejected", ""), ("carol", "rejected", HANDLE))
+"""A approves, B rejects, C rejects with a note (then B presses `u`)."""
 
 
 @pytest.fixture(scope="module")
@@ -143,11 +148,7 @@ def test_the_api_refuses_an_undo_over_a_later_decision_with_409_and_the_reason(
 ) -> None:
     server = servers["alice"]
     k1, k2, k3 = list(server.cards)[:3]
-    for who, kind, note in (
-        ("alice", "approved", ""),
-        ("bob", "rejected", ""),
-        ("carol", "rejected", HANDLE),
-    ):
+    for who, kind, note in ISSUE:
         assert (
             api(server, "/api/decision", {"key": k1, "decision": kind, "note": note, "reviewer": who})[0]
             == 200
@@ -218,3 +219,19 @@ def test_raw_bytes_in_an_images_path_are_a_404_not_a_traceback(
         assert raw(server, post) == b"HTTP/1.1 400 Bad Request"  # a length that is no number
     assert "Traceback" not in capfd.readouterr().err
     assert not (out / "review.jsonl").exists()
+
+
+def test_the_issues_record_ships_nothing_under_approved_only(
+    servers: dict[str, ReviewServer], out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A approves, B rejects, C rejects with a note, B presses `u`: C's rejection stands, and the export
+    of approved images does not ship the image."""
+    key = next(iter(servers["alice"].cards))
+    for who, kind, note in ISSUE:
+        assert api(servers[who], "/api/decision", {"key": key, "decision": kind, "note": note})[0] == 200
+    assert api(servers["bob"], "/api/undo", {"key": key})[0] == 409
+    code, _, err = cli(capsys, "export", str(out), "--to", str(tmp_path / "deliver"), "--approved-only")
+    assert code == 0, err
+    listed = {r["idempotency_key"]: r for r in read_csv(tmp_path / "deliver" / "export.csv")}
+    assert (listed[key]["status"], listed[key]["decision"]) == ("missing", "rejected")
+    assert sorted(p.name for p in (tmp_path / "deliver").rglob("*") if p.is_file()) == ["export.csv"]
