@@ -118,7 +118,10 @@ class Conversion:
 
 
 CANVAS_MAX = 20_000
-"""The largest side `--canvas` takes (Pillow's decompression bound is about 89 M pixels)."""
+"""The largest side `--canvas` takes."""
+CANVAS_MAX_PIXELS = 100_000_000
+"""The most pixels `--canvas` takes (100 megapixels, 300 MB of RGB per image being made): a larger
+canvas is no product image, and each worker holds one while it encodes."""
 
 
 def _canvas(text: str | None) -> tuple[int, int] | None:
@@ -131,6 +134,11 @@ def _canvas(text: str | None) -> tuple[int, int] | None:
     ):
         raise ValueError(
             f"--canvas {text!r}: WIDTHxHEIGHT in pixels, as 2000x2000 (1 to {CANVAS_MAX:,} each)"
+        )
+    if (pixels := int(width) * int(height)) > CANVAS_MAX_PIXELS:
+        raise ValueError(
+            f"--canvas {text!r} is {pixels / 1e6:,.0f} megapixels; at most "
+            f"{CANVAS_MAX_PIXELS // 1_000_000} (as 10000x10000)"
         )
     return int(width), int(height)
 
