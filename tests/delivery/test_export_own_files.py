@@ -78,7 +78,11 @@ def test_prune_never_removes_a_file_retouched_since_export_wrote_it(
 
 @pytest.mark.parametrize("where", ["folder", "bucket"])
 def test_paths_an_edited_export_csv_lists_that_export_never_wrote_are_left_alone(
-    two: OutMaker, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest, where: str
+    two: OutMaker,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
+    where: str,
 ) -> None:
     outside = tmp_path / "mine"
     (outside / "mydocs").mkdir(parents=True)
@@ -125,7 +129,11 @@ def test_paths_an_edited_export_csv_lists_that_export_never_wrote_are_left_alone
 
 @pytest.mark.parametrize("where", ["folder", "bucket"])
 def test_overwrite_keeps_the_file_it_replaces_and_names_it(
-    two: OutMaker, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest, where: str
+    two: OutMaker,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
+    where: str,
 ) -> None:
     if where == "folder":
         dest_url = str(tmp_path / "dest")
@@ -161,7 +169,11 @@ def test_a_superseded_folder_linked_elsewhere_refuses_the_export(
 
 @pytest.mark.parametrize("where", ["folder", "bucket"])
 def test_a_second_export_into_a_dest_another_export_holds_is_refused(
-    two: OutMaker, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest, where: str
+    two: OutMaker,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
+    where: str,
 ) -> None:
     if where == "folder":
         dest_url = str(tmp_path / "dest")
@@ -212,5 +224,7 @@ def test_sigterm_while_converting_removes_the_staging_folder(
     finally:
         proc.kill()
     assert proc.returncode == 143, err
-    assert "imagebatch export: stopped (SIGTERM); the files written are whole" in err and "Traceback" not in err
+    assert (
+        "imagebatch export: stopped (SIGTERM); the files written are whole" in err and "Traceback" not in err
+    )
     assert not dest.exists()  # the staging folder gone, and the DEST folder the export made with it
