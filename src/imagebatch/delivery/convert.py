@@ -13,8 +13,9 @@ The choices (the README's "Export" section says them too):
   pixels), never enlarges one.
 - **Canvas**: `canvas` (W x H) delivers every image at exactly that size: shrunk to fit inside it if it
   is larger, never enlarged (an upscale invents detail a shop did not pay for), and centred on
-  `background`. An image smaller than the delivery size (the canvas, or `max_side`) is marked (`small`),
-  and export warns with its name.
+  `background`; at most `CANVAS_MAX` a side and `CANVAS_MAX_PIXELS` in all, refused with the options
+  before any image is read. An image smaller than the delivery size (the canvas, or `max_side`) is
+  marked (`small`), and export warns with its name.
 - **Nothing to change, nothing re-encoded**: an image that stays in its format, is not resized, has no
   rotation to apply and (JPEG, WebP) no `quality` asked for is copied byte for byte: no second JPEG
   generation, and the fastest path.
