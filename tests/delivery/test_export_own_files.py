@@ -6,12 +6,14 @@ SIGTERM in the middle of converting."""
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from PIL import Image
 
 from imagebatch.delivery.aside import ASIDE_FOLDER
 from imagebatch.delivery.destlock import LOCK_OBJECT, exclusive
+from imagebatch.delivery.export import export
 from imagebatch.delivery.publish import STAGING_PREFIX
 from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision
@@ -228,3 +231,27 @@ def test_sigterm_while_converting_removes_the_staging_folder(
         "imagebatch export: stopped (SIGTERM); the files written are whole" in err and "Traceback" not in err
     )
     assert not dest.exists()  # the staging folder gone, and the DEST folder the export made with it
+
+
+def test_exports_in_one_second_never_move_a_file_onto_one_set_aside_before(
+    two: OutMaker, tmp_path: Path
+) -> None:
+    dest = tmp_path / "dest"
+    same_second = datetime(2026, 5, 4, 12, 0, 0, tzinfo=UTC)
+    run = functools.partial(
+        export, str(two.root), str(dest), template="{sku}.{ext}", approved_only=True, now=lambda: same_second
+    )
+    run()
+    reject_hat(two)
+    assert run().set_aside == ["HAT.png"]
+    record_decision(open_location(two.root), Decision(key_of("hat", 0), 1, "approved", "", "ana"))  # type: ignore[arg-type]
+    run()
+    (dest / "HAT.png").write_bytes(RETOUCHED)
+    reject_hat(two)
+    summary = run()
+    assert summary.changed_aside == ["HAT.png"] and summary.aside_to is not None
+    assert summary.aside_to.endswith(f"{ASIDE_FOLDER}/2026-05-04T12-00-00Z-2/")
+    assert {k: v for k, v in tree(dest).items() if k.startswith(ASIDE_FOLDER)} == {
+        f"{ASIDE_FOLDER}/2026-05-04T12-00-00Z/HAT.png": BLUE,
+        f"{ASIDE_FOLDER}/2026-05-04T12-00-00Z-2/HAT.png": RETOUCHED,
+    }

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from imagebatch.delivery.convert import EXTENSIONS
+from imagebatch.delivery.exportplan import ExportRefused
 from imagebatch.delivery.naming import unsafe
 from imagebatch.storage.location import (
     MAX_OBJECT_KEY_BYTES,
@@ -48,6 +49,21 @@ def stamp(now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> str:
     return now().astimezone(UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
 
 
+MAX_SAME_SECOND = 99
+"""Exports into one DEST within one second that each get a dated folder of their own (`fresh`)."""
+
+
+def fresh(when: str, existing: set[str]) -> str:
+    """`when`, else `when-2`, `when-3`...: a dated folder no file of DEST's (`existing`) is in yet, so
+    that an export never moves a file onto one an earlier export of the same second set aside."""
+    prefix = f"{ASIDE_FOLDER}/"
+    taken = {n[len(prefix) :].split("/", 1)[0] for n in existing if n.startswith(prefix)}
+    for k in range(1, MAX_SAME_SECOND + 1):
+        if (folder := when if k == 1 else f"{when}-{k}") not in taken:
+            return folder
+    raise ExportRefused([f"DEST's {prefix}{when}-{MAX_SAME_SECOND} is taken: try again in a second"])
+
+
 def name_room(dest: Location, most: int) -> int:
     """The bytes a deliverable's name may take in DEST: `most` in a folder; in an object store's prefix,
     what an object key leaves (`MAX_OBJECT_KEY_BYTES`, in UTF-8) after the prefix and the folder a stale
@@ -57,19 +73,18 @@ def name_room(dest: Location, most: int) -> int:
     from imagebatch.storage.objectstore import split_url  # loaded already: DEST is an object store
 
     prefix = split_url(dest.url)[2]
-    aside = len(f"{ASIDE_FOLDER}/{stamp()}/")
+    aside = len(f"{ASIDE_FOLDER}/{stamp()}-{MAX_SAME_SECOND}/")
     return min(most, MAX_OBJECT_KEY_BYTES - len(prefix.encode()) - (1 if prefix else 0) - aside)
 
 
-def aside_links(dest: Location) -> list[str]:
-    """DEST's `ASIDE_FOLDER`, or a folder in it, that is a symbolic link: refused before anything is
-    written (a link to elsewhere would receive DEST's files)."""
+def aside_links(dest: Location, when: str) -> list[str]:
+    """DEST's `ASIDE_FOLDER`, or its dated folder `when`, that is a symbolic link: refused before
+    anything is written (a link to elsewhere would receive DEST's files). A link deeper in it is
+    refused when a file would be moved through it (`_aside_path`)."""
     if not isinstance(dest, LocalFolder):
         return []
     top = dest.root / ASIDE_FOLDER
-    found = [top] if top.is_symlink() else []
-    if top.is_dir() and not found:
-        found = [p for p in top.rglob("*") if p.is_symlink()]
+    found = [p for p in (top, top / when) if p.is_symlink()][:1]
     return [
         f"DEST's {p.relative_to(dest.root).as_posix()} is a symbolic link: export moves no file through "
         "it (remove the link)"

@@ -49,7 +49,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal
 
-from imagebatch.delivery.aside import aside_links, aside_url, name_room, set_aside, stale, stamp
+from imagebatch.delivery.aside import aside_links, aside_url, fresh, name_room, set_aside, stale, stamp
 from imagebatch.delivery.convert import Conversion, Staged, StageJob, stage
 from imagebatch.delivery.destlock import exclusive
 from imagebatch.delivery.exportplan import (
@@ -284,12 +284,17 @@ def _deliver(
 ) -> None:
     """Steps 2 to 5 with DEST held (`delivery.destlock`), told to `summary`; `options` are export's
     `overwrite`, `prune`, `workers`, `pool`, `progress` and `when` (the dated folder's name)."""
-    deliverables, when = made.deliverables, options["when"]
+    deliverables = made.deliverables
     existing = set(target.list(""))
+    when = fresh(options["when"], existing)
     previous = listed(target)
     if not deliverables and not made.missing and not previous:
         return
-    if problems := in_the_way(deliverables, existing) + leaving(target, deliverables) + aside_links(target):
+    if (
+        problems := in_the_way(deliverables, existing)
+        + leaving(target, deliverables)
+        + aside_links(target, when)
+    ):
         raise ExportRefused(problems)
     if deliverables:
         done = _make(
