@@ -30,6 +30,7 @@ from pathlib import Path
 
 from imagebatch.delivery.convert import EXTENSIONS
 from imagebatch.delivery.exportplan import ExportRefused
+from imagebatch.delivery.iomap import io_map
 from imagebatch.delivery.naming import unsafe
 from imagebatch.storage.location import (
     MAX_OBJECT_KEY_BYTES,
@@ -140,14 +141,13 @@ def stale(
     """The files an earlier export listed as delivered, still in DEST, that this export does not
     deliver, each hashed against its record; paths export cannot have written are left out."""
     found = Stale()
-    for name in sorted(previous):
-        row = previous[name]
-        if name in delivered or name not in existing or not _could_be_ours(dest, name, row):
-            continue
-        data = dest.get(name)
+    names = [n for n in sorted(previous) if n not in delivered and n in existing]
+    names = [n for n in names if _could_be_ours(dest, n, previous[n])]
+    for name, data in zip(names, io_map(dest.get, names), strict=True):
         if data is None:
             continue  # gone meanwhile
-        (found.own if hashlib.sha256(data).hexdigest() == row["sha256"] else found.changed).append(name)
+        own = hashlib.sha256(data).hexdigest() == previous[name]["sha256"]
+        (found.own if own else found.changed).append(name)
     return found
 
 

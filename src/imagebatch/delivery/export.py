@@ -81,7 +81,7 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-# -- 2. reuse --
+# -- 3. reuse --
 
 
 def reuse(
@@ -126,7 +126,7 @@ def reuse(
     return reused
 
 
-# -- 3. stage --
+# -- 4. stage --
 
 
 @contextlib.contextmanager
@@ -247,7 +247,7 @@ def _make(
     progress: Progress | None,
     when: str,
 ) -> Made:
-    """Steps 2 to 5's files (the module's docstring): each deliverable reused, written or replaced; the
+    """Steps 3 to 6's files (the module's docstring): each deliverable reused, written or replaced; the
     counts `unchanged`, `replaced` (files an earlier export wrote) and the names `kept` (files of
     someone else's `overwrite` replaced, each kept in the dated folder first)."""
     reused = reuse(source, target, deliverables, existing, previous)
@@ -282,7 +282,7 @@ def _deliver(
     summary: ExportSummary,
     options: dict[str, Any],
 ) -> None:
-    """Steps 2 to 5 with DEST held (`delivery.destlock`), told to `summary`; `options` are export's
+    """Steps 3 to 6 with DEST held (`delivery.destlock`), told to `summary`; `options` are export's
     `overwrite`, `prune`, `workers`, `pool`, `progress` and `when` (the dated folder's name)."""
     deliverables = made.deliverables
     existing = set(target.list(""))
