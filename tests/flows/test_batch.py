@@ -271,20 +271,6 @@ def test_native_500_is_unknown_not_resent(service_env: Any, tmp_path: Path) -> N
     assert len(service_env.requests()) == 1
 
 
-def test_images_no_answer_then_errors_is_unknown(service_env: Any, tmp_path: Path) -> None:
-    # The first attempt may have been generated; the later 503s do not make the request "failed".
-    manifest = write_jsonl(
-        tmp_path / "m.jsonl", [{"id": "p", "model": "compat-image-2", "prompt": "lost answer"}]
-    )
-    service_env.set_faults(scripts=[{"outcomes": ["drop", 503, 503, 503], "match": "lost answer"}])
-    out = tmp_path / "out"
-    _, delays = run(manifest, out)
-    assert delays == [3, 8, 15]
-    assert read_results(out)[0]["status"] == "unknown"
-    run(manifest, out)
-    assert len(service_env.requests()) == 4  # not resent
-
-
 def test_no_image_stays_no_image_on_rerun(service_env: Any, tmp_path: Path) -> None:
     manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "s", "prompt": "blocked again"}])
     service_env.set_faults(scripts=[{"outcomes": ["no_image"], "match": "blocked again"}])

@@ -10,17 +10,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.exports import OutMaker, tree
+from helpers.exports import OutMaker, encoded, tree
 from helpers.runs import cli, run_flow
 from PIL import Image
 
 from imagebatch.delivery.aside import ASIDE_FOLDER
+from imagebatch.delivery.destlock import exclusive
 from imagebatch.flows.deliver import export_deliverables
 from imagebatch.storage.csvcells import read_csv
 from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "restore_logging")
+PNG = encoded(Image.new("RGB", (8, 8), (0, 0, 255)), "PNG")
 
 
 def test_the_catalog_delivered_after_its_run(service_env: Any, examples: Path, tmp_path: Path) -> None:
@@ -146,3 +148,18 @@ def test_the_flow_refuses_a_name_wider_than_a_name_may_be(tmp_path: Path) -> Non
     assert state.is_failed()
     assert "asks for a width of 999999999" in str(state.message) + repr(state.result(raise_on_failure=False))
     assert not (tmp_path / "dest").exists()
+
+
+def test_the_flow_is_refused_while_another_export_holds_dest(tmp_path: Path) -> None:
+    """One export into a DEST at a time, the flow's as the command's: its run Failed, DEST untouched."""
+    made = OutMaker(tmp_path / "out", ["sku", "colour"])
+    made.add("hat", [PNG], sku="SKU-3", colour="blue")
+    made.write()
+    dest = tmp_path / "dest"
+    with exclusive(open_location(str(dest))):
+        state = export_deliverables(out=str(made.root), to=str(dest), return_state=True)
+        assert state.is_failed()
+        said = str(state.message) + repr(state.result(raise_on_failure=False))
+        assert "another export into it is running" in said
+        assert tree(dest) == {}
+    assert export_deliverables(out=str(made.root), to=str(dest))["written"] == 1

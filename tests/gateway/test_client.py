@@ -89,31 +89,70 @@ def test_retrying_routes_never_retry_client_errors(service: FakeService, name: s
     assert info.value.attempts == 1
 
 
+SENT_NO_ANSWER = [
+    httpx.ReadTimeout,
+    httpx.WriteTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+    httpx.DecodingError,
+]
+"""Errors of an attempt whose request may have reached the service: never resent automatically."""
+NEVER_SENT = [httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout]
+"""Errors raised before the request's bytes left: retried on the schedule like a 503."""
+
+
 @pytest.mark.parametrize("name", RETRYING_ROUTES)
-@pytest.mark.parametrize("error", [httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ReadError])
-def test_retrying_routes_retry_transport_errors(
+@pytest.mark.parametrize("error", SENT_NO_ANSWER)
+def test_retrying_routes_never_resend_an_unanswered_attempt(
+    service: FakeService, name: str, error: type[httpx.RequestError]
+) -> None:
+    """The spec (errors, case 2): a timeout or dropped connection is confirmed before any resend, since
+    a resend can generate and bill it twice; the schedule is only for errors before sending and statuses."""
+    with pytest.raises(OutcomeUnknownError, match="billed") as info:
+        ROUTES[name](service.reply(Reply(error=error), ROUTES[name].ok).client())
+    assert len(service.requests) == 1
+    assert service.delays == []
+    assert info.value.attempts == 1 and info.value.may_have_been_billed
+
+
+@pytest.mark.parametrize("name", RETRYING_ROUTES)
+@pytest.mark.parametrize("error", NEVER_SENT)
+def test_retrying_routes_retry_errors_before_sending(
     service: FakeService, name: str, error: type[httpx.TransportError]
 ) -> None:
-    with pytest.raises(OutcomeUnknownError) as info:
+    with pytest.raises(ServiceUnreachableError) as info:
         ROUTES[name](service.reply(Reply(error=error)).client())
     assert len(service.requests) == 4
     assert service.delays == [3, 8, 15]
-    assert info.value.attempts == 4
+    assert not info.value.may_have_been_billed
 
 
 @pytest.mark.parametrize("name", RETRYING_ROUTES)
-def test_retrying_routes_retry_connection_failures(service: FakeService, name: str) -> None:
-    with pytest.raises(ServiceUnreachableError):
-        ROUTES[name](service.reply(Reply(error=httpx.ConnectError)).client())
-    assert len(service.requests) == 4
-    assert service.delays == [3, 8, 15]
-
-
-@pytest.mark.parametrize("name", RETRYING_ROUTES)
-def test_retrying_routes_recover_after_a_transport_error(service: FakeService, name: str) -> None:
-    result = ROUTES[name](service.reply(Reply(error=httpx.RemoteProtocolError), ROUTES[name].ok).client())
+def test_retrying_routes_recover_after_a_connection_failure(service: FakeService, name: str) -> None:
+    result = ROUTES[name](service.reply(Reply(error=httpx.ConnectError), ROUTES[name].ok).client())
     assert result.attempts == 2
     assert service.delays == [3]
+
+
+@pytest.mark.parametrize("name", RETRYING_ROUTES)
+def test_an_unanswered_retry_ends_the_request(service: FakeService, name: str) -> None:
+    """A 503 is retried; the retry that then gets no answer is not: the request is unknown."""
+    service.reply(Reply(503), Reply(error=httpx.ReadTimeout), ROUTES[name].ok)
+    with pytest.raises(OutcomeUnknownError) as info:
+        ROUTES[name](service.client())
+    assert len(service.requests) == 2 and service.delays == [3]
+    assert info.value.attempts == 2
+
+
+def test_an_unanswered_attempt_says_why_it_is_not_resent(
+    service: FakeService, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="imagebatch.gateway"), pytest.raises(OutcomeUnknownError):
+        ROUTES["images_generations"](service.reply(Reply(error=httpx.ReadTimeout)).client())
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "attempt 1: no answer from the service (ReadTimeout)" in line
+    assert "not resent automatically" in line and "retrying" not in line
 
 
 @pytest.mark.parametrize("name", SINGLE_ATTEMPT_ROUTES)
@@ -128,9 +167,9 @@ def test_native_and_chat_make_one_attempt_on_any_status(service: FakeService, na
 
 
 @pytest.mark.parametrize("name", SINGLE_ATTEMPT_ROUTES)
-@pytest.mark.parametrize("error", [httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.WriteTimeout])
+@pytest.mark.parametrize("error", SENT_NO_ANSWER)
 def test_native_and_chat_no_answer_is_outcome_unknown(
-    service: FakeService, name: str, error: type[httpx.TransportError]
+    service: FakeService, name: str, error: type[httpx.RequestError]
 ) -> None:
     with pytest.raises(OutcomeUnknownError, match="billed") as info:
         ROUTES[name](service.reply(Reply(error=error), ROUTES[name].ok).client())
@@ -140,7 +179,7 @@ def test_native_and_chat_no_answer_is_outcome_unknown(
 
 
 @pytest.mark.parametrize("name", SINGLE_ATTEMPT_ROUTES)
-@pytest.mark.parametrize("error", [httpx.ConnectError, httpx.ConnectTimeout])
+@pytest.mark.parametrize("error", NEVER_SENT)
 def test_native_and_chat_connection_failure_is_unreachable(
     service: FakeService, name: str, error: type[httpx.TransportError]
 ) -> None:
@@ -164,7 +203,7 @@ def test_observer_reports_before_sending_and_after_each_answer(service: FakeServ
     usage = {"prompt_tokens": 5}
     service.reply(
         Reply(503, json={"error": {"message": "overloaded"}}, headers={"x-request-id": "req-1"}),
-        Reply(error=httpx.ReadTimeout),
+        Reply(error=httpx.ConnectError),
         Reply(json={**images_body(), "usage": usage}, headers={"x-request-id": "req-3"}),
     )
     client = service.client()
@@ -186,7 +225,7 @@ def test_observer_reports_before_sending_and_after_each_answer(service: FakeServ
     }
     assert [(f.attempt, f.status, f.outcome, f.request_id, f.retry_in) for f in finished] == [
         (1, 503, "error", "req-1", 3),
-        (2, None, "no_answer", None, 8),
+        (2, None, "not_sent", None, 8),
         (3, 200, "ok", "req-3", None),
     ]
     assert finished[0].error_message == "overloaded"

@@ -298,7 +298,7 @@ def test_idempotency_key_is_sent_on_every_route(service: FakeService, name: str)
 
 @pytest.mark.parametrize("name", RETRYING_ROUTES)
 def test_idempotency_key_is_the_same_on_every_attempt(service: FakeService, name: str) -> None:
-    service.reply(Reply(503), Reply(error=httpx.ReadTimeout), Reply(429), ROUTES[name].ok)
+    service.reply(Reply(503), Reply(error=httpx.ConnectError), Reply(429), ROUTES[name].ok)
     result = ROUTES[name](service.client(), idempotency_key="row-42:1:abc")
     assert result.attempts == 4
     assert [r.headers["Idempotency-Key"] for r in service.requests] == ["row-42:1:abc"] * 4

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from imagebatch.gateway.constants import Route
-from imagebatch.gateway.retry import POLICIES, RetryPolicy, is_retryable_status, policy_for
+from imagebatch.gateway.retry import POLICIES, RetryPolicy, is_retryable_status, policy_for, was_never_sent
 
 RETRYABLE = [408, 409, 425, 429, 500, 501, 502, 503, 504, 599]
 NOT_RETRYABLE = [200, 301, 400, 401, 402, 403, 404, 413, 418, 422, 600]
@@ -64,3 +65,43 @@ def test_custom_policy() -> None:
     assert policy.max_attempts == 2
     assert policy.delay_before_retry(1, 503) == 0.5
     assert policy.delay_before_retry(2, 503) is None
+
+
+# === transport errors: before sending, or possibly after =================================================
+
+REQUEST = httpx.Request("POST", "http://gateway.test/v1/images/generations")
+BEFORE_SENDING = [
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+    httpx.LocalProtocolError,
+]
+POSSIBLY_SENT = [
+    httpx.ReadTimeout,
+    httpx.WriteTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.CloseError,
+    httpx.RemoteProtocolError,
+    httpx.ProxyError,
+    httpx.DecodingError,
+]
+
+
+@pytest.mark.parametrize("error", BEFORE_SENDING)
+def test_errors_before_sending_follow_the_schedule(error: type[httpx.RequestError]) -> None:
+    exc = error("x", request=REQUEST)
+    assert was_never_sent(exc)
+    policy = policy_for(Route.IMAGES_EDITS)
+    assert [policy.delay_after_transport_error(n, exc) for n in (1, 2, 3, 4)] == [3, 8, 15, None]
+
+
+@pytest.mark.parametrize("route", list(Route))
+@pytest.mark.parametrize("error", POSSIBLY_SENT)
+def test_errors_that_may_follow_sending_are_never_retried(
+    route: Route, error: type[httpx.RequestError]
+) -> None:
+    exc = error("x", request=REQUEST)
+    assert not was_never_sent(exc)
+    assert policy_for(route).delay_after_transport_error(1, exc) is None

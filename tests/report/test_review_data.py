@@ -151,7 +151,7 @@ def test_the_pages_inline_data_cannot_end_its_script_element() -> None:
 
 
 def test_the_undo_stack_is_replayed_from_the_record_per_reviewer(tmp_path: Path) -> None:
-    from imagebatch.work.decisions import iter_decisions, undo_stack
+    from imagebatch.work.decisions import History, iter_decisions
 
     folder = LocalFolder(tmp_path)
     for decision in (
@@ -165,16 +165,38 @@ def test_the_undo_stack_is_replayed_from_the_record_per_reviewer(tmp_path: Path)
     history = list(iter_decisions(folder))
     assert history[-1].undo and not history[0].undo  # kept in the record, read back
     assert b'"undo"' not in (tmp_path / REVIEW_FILE).read_bytes().splitlines()[0]  # only where true
-    stack = undo_stack(history, "ann")
-    assert stack == [("ib1-a", None, ""), ("ib1-b", None, "")]  # the note change taken back; next, b's
-    assert undo_stack(history, "bob") == [("ib1-a", history[0], "")]
+    replayed = History()
+    assert all(replayed.apply(decision) for decision in history)
+    assert replayed.undo_stack("ann") == [("ib1-a", ""), ("ib1-b", "")]  # the note change taken back
+    assert replayed.undo_stack("bob") == [("ib1-a", "")]
+    assert replayed.in_force["ib1-b"] == history[1]  # the first rejection, as ann recorded it
     # The server's cache replays the same record, and what another server appends after
     cache = DecisionCache(folder, interval=60)
     record_decision(folder, Decision("ib1-b", 1, "cleared", reviewer="ann", undo=True))
-    assert cache.undo_stack("ann") == [("ib1-a", None, "")]
+    assert cache.undo_stack("ann") == [("ib1-a", "")]
     # A bulk approve: each decision its own line, with the batch's id, read back on the stack
     for key in ("ib1-c", "ib1-d"):
         record_decision(folder, Decision(key, 1, "approved", reviewer="ann", batch="b7"))
     assert b'"batch":"b7"' in (tmp_path / REVIEW_FILE).read_bytes().splitlines()[-1]
     assert b'"batch"' not in (tmp_path / REVIEW_FILE).read_bytes().splitlines()[0]  # only where set
-    assert cache.undo_stack("ann") == [("ib1-a", None, ""), ("ib1-c", None, "b7"), ("ib1-d", None, "b7")]
+    assert cache.undo_stack("ann") == [("ib1-a", ""), ("ib1-c", "b7"), ("ib1-d", "b7")]
+
+
+def test_a_buckets_cache_puts_its_own_decision_in_force_and_replays_an_earlier_one_listed_later(
+    s3: Any,
+) -> None:
+    """Its own decision is not listed again; another server's object that sorts before it (made a moment
+    earlier) replays the record in the listing's order, which then decides what an undo brings back."""
+    location = open_location(f"s3://{s3.bucket()}/run")
+    cache = DecisionCache(location, interval=0)
+    cache.record(Decision("ib1-a", 1, "approved", reviewer="alice", at="2026-01-01T00:00:01.000000Z"))
+    cache.record(Decision("ib1-a", 1, "rejected", reviewer="bob", at="2026-01-01T00:00:03.000000Z"))
+    assert [d.reviewer for d in cache.since(-1)[1].values()] == ["bob"]
+    record_decision(
+        location, Decision("ib1-a", 1, "rejected", "handle", "carol", "2026-01-01T00:00:02.000000Z")
+    )
+    after, refused = cache.undo("bob", "ib1-a")
+    assert refused == [] and after["ib1-a"].reviewer == "carol"  # carol's came before bob's: it comes back
+    assert read_decisions(location) == cache.since(-1)[1]
+    after, refused = cache.undo("bob", "ib1-a")
+    assert refused == ["nothing of yours to undo on this image (undone already)"]

@@ -76,14 +76,20 @@ def test_a_404_for_an_unknown_model_does_not_stop_the_run(h: Harness) -> None:
     assert h.service.count == 2
 
 
-def test_a_401_after_an_unanswered_attempt_still_stops_the_run(h: Harness) -> None:
-    first, second = h.units(IMAGES, {"id": "g2", "model": "compat-image-2", "prompt": "y"})
+def test_an_unanswered_attempt_ends_its_request_and_does_not_stop_the_run(h: Harness) -> None:
+    """No answer is not a refusal: its request is `unknown` (never resent to learn more), and the run goes
+    on; the next request's 401 is what stops it."""
+    first, second, third = h.units(
+        IMAGES, {"id": "g2", "model": "compat-image-2", "prompt": "y"}, {"id": "g3", "prompt": "z"}
+    )
     h.service.reply(httpx.ReadTimeout, error(401, "invalid_api_key"))
     ctx = h.context()
     (rec,) = run_unit(ctx, first)
-    assert rec.status == "unknown"  # right: the first attempt may have been billed
+    assert rec.status == "unknown" and h.service.count == 1
+    assert not ctx.halt.is_set()
+    assert run_unit(ctx, second)[0].status == "failed"
     assert ctx.halt.is_set() and "IMAGEBATCH_API_KEY" in (ctx.halt_reason or "")
-    assert run_unit(ctx, second)[0].status == "not_attempted"
+    assert run_unit(ctx, third)[0].status == "not_attempted"
 
 
 def test_a_401_names_where_the_key_came_from(h: Harness) -> None:

@@ -292,14 +292,22 @@ def test_a_200_with_a_body_that_is_not_json_is_unknown(h: Harness) -> None:
     assert h.service.count == 1
 
 
-def test_images_route_no_answer_then_503s_is_unknown(h: Harness) -> None:
-    unit = h.unit(IMAGES)
-    h.service.reply(httpx.ReadTimeout, error(503), error(503), error(503))
+@pytest.mark.parametrize("job", [IMAGES, TEXT], ids=["images", "messages"])
+@pytest.mark.parametrize("no_answer", [httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.WriteTimeout])
+def test_an_unanswered_attempt_is_unknown_and_not_retried(
+    h: Harness, job: dict[str, Any], no_answer: type[httpx.TransportError]
+) -> None:
+    """On the routes with a retry schedule too: the request may have been billed, so neither the schedule
+    nor a plain rerun sends it again; the journal says the attempt got no answer and waits for nothing."""
+    unit = h.unit(job)
+    h.service.reply(no_answer, error(503))
     (rec,) = run_unit(h.context(), unit)
-    assert h.service.count == 4 and h.delays == [3, 8, 15]
-    assert rec.status == "unknown" and rec.attempts == 4
+    assert h.service.count == 1 and h.delays == []
+    assert rec.status == "unknown" and rec.attempts == 1 and UNKNOWN_HINT in (rec.error or "")
+    (finished,) = [e for e in h.events(rec.idempotency_key) if e["event"] == "attempt_finished"]
+    assert (finished["outcome"], finished["retry_in"]) == ("no_answer", None)
     assert run_unit(h.context(), unit)[0].status == "unknown"
-    assert h.service.count == 4
+    assert h.service.count == 1
 
 
 def test_images_route_four_503s_is_failed(h: Harness) -> None:

@@ -36,12 +36,13 @@ def add_export(sub: Any) -> None:
         "--prune",
         action="store_true",
         help="remove an earlier export's files this one does not deliver (default: move them to "
-        "DEST/.superseded/DATE/)",
+        "DEST/.superseded/DATE/); one changed since export wrote it is moved there all the same",
     )
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace a file in DEST with other bytes that no earlier export wrote (default: refuse)",
+        help="replace a file in DEST with other bytes that no earlier export wrote, keeping it in "
+        "DEST/.superseded/DATE/ (default: refuse)",
     )
     parser.add_argument(
         "--workers",
@@ -83,7 +84,7 @@ def _image_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="WxH",
         help="every image exactly W x H px: shrunk to fit if larger (never enlarged), centred on "
-        "--background",
+        "--background (at most 100 megapixels)",
     )
 
 

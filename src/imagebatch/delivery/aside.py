@@ -3,25 +3,66 @@ image was rejected, its name changed): never left where they were, where uploadi
 them. They are moved into a dated folder under DEST (`ASIDE_FOLDER`: hidden, and a deliverable's name
 can never start with a `.`, so it is never in the way of one), or removed with `--prune`.
 
-Only files DEST's export.csv lists as delivered are touched: whatever else DEST holds is not export's.
+Export destroys nothing it did not write. export.csv records each delivered file's sha256, and a file
+is export's own only while DEST's file still has those bytes:
+- a file of an earlier export's that has changed since (retouched by hand, even read-only) is moved
+  aside, never removed, even with `--prune`, and the summary names it;
+- a path export.csv lists that export cannot have written is left alone, whatever the list says: one
+  no deliverable's name could be (`naming.unsafe`, or not a .png/.jpg/.webp: `budget.xlsx`), a row
+  without a sha256, or (a local DEST) a path that leads out of DEST through a symbolic link or is one;
+- a file `--overwrite` replaces (someone else's) is kept in the same dated folder first (`keep_path`).
+Every write under `ASIDE_FOLDER` is confined: DEST's `.superseded`, or a folder under it, that is a
+symbolic link refuses the export (`aside_links`) rather than moving files wherever it leads.
+Whatever else DEST holds is not export's and is not touched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
+import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from imagebatch.storage.location import MAX_OBJECT_KEY_BYTES, LocalFolder, Location, is_object_url
+from imagebatch.delivery.convert import EXTENSIONS
+from imagebatch.delivery.exportplan import ExportRefused
+from imagebatch.delivery.iomap import io_map
+from imagebatch.delivery.naming import unsafe
+from imagebatch.storage.location import (
+    MAX_OBJECT_KEY_BYTES,
+    LocalFolder,
+    Location,
+    OutsideRootError,
+    confined,
+    is_object_url,
+)
 
 ASIDE_FOLDER = ".superseded"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def stamp(now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> str:
     """The dated folder's name: the export's time in UTC, to the second."""
     return now().astimezone(UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
+
+
+MAX_SAME_SECOND = 99
+"""Exports into one DEST within one second that each get a dated folder of their own (`fresh`)."""
+
+
+def fresh(when: str, existing: set[str]) -> str:
+    """`when`, else `when-2`, `when-3`...: a dated folder no file of DEST's (`existing`) is in yet, so
+    that an export never moves a file onto one an earlier export of the same second set aside."""
+    prefix = f"{ASIDE_FOLDER}/"
+    taken = {n[len(prefix) :].split("/", 1)[0] for n in existing if n.startswith(prefix)}
+    for k in range(1, MAX_SAME_SECOND + 1):
+        if (folder := when if k == 1 else f"{when}-{k}") not in taken:
+            return folder
+    raise ExportRefused([f"DEST's {prefix}{when}-{MAX_SAME_SECOND} is taken: try again in a second"])
 
 
 def name_room(dest: Location, most: int) -> int:
@@ -33,13 +74,81 @@ def name_room(dest: Location, most: int) -> int:
     from imagebatch.storage.objectstore import split_url  # loaded already: DEST is an object store
 
     prefix = split_url(dest.url)[2]
-    aside = len(f"{ASIDE_FOLDER}/{stamp()}/")
+    aside = len(f"{ASIDE_FOLDER}/{stamp()}-{MAX_SAME_SECOND}/")
     return min(most, MAX_OBJECT_KEY_BYTES - len(prefix.encode()) - (1 if prefix else 0) - aside)
 
 
-def stale(previous: dict[str, dict[str, str]], existing: set[str], delivered: set[str]) -> list[str]:
-    """The files an earlier export listed as delivered, still in DEST, that this export does not deliver."""
-    return sorted(name for name in previous if name in existing and name not in delivered)
+def aside_links(dest: Location, when: str) -> list[str]:
+    """DEST's `ASIDE_FOLDER`, or its dated folder `when`, that is a symbolic link: refused before
+    anything is written (a link to elsewhere would receive DEST's files). A link deeper in it is
+    refused when a file would be moved through it (`_aside_path`)."""
+    if not isinstance(dest, LocalFolder):
+        return []
+    top = dest.root / ASIDE_FOLDER
+    found = [p for p in (top, top / when) if p.is_symlink()][:1]
+    return [
+        f"DEST's {p.relative_to(dest.root).as_posix()} is a symbolic link: export moves no file through "
+        "it (remove the link)"
+        for p in found
+    ]
+
+
+def _aside_path(dest: LocalFolder, rel: str) -> Path:
+    """The path `rel` under DEST for a write into `ASIDE_FOLDER`: no folder on its way a symbolic link
+    (`OutsideRootError` otherwise), its folders made."""
+    path = confined(dest.root, rel)
+    folder = dest.root
+    for part in Path(rel).parts[:-1]:
+        folder = folder / part
+        if folder.is_symlink():
+            raise OutsideRootError(f"{folder} is a symbolic link: nothing is moved through it")
+        folder.mkdir(exist_ok=True)
+    return path
+
+
+def _could_be_ours(dest: Location, name: str, row: dict[str, str]) -> bool:
+    """Whether export can have written `name` as export.csv's `row` says: a name a deliverable could
+    have, a sha256 recorded, and (a local DEST) a regular file inside DEST."""
+    if unsafe(name) or name.rsplit(".", 1)[-1].lower() not in EXTENSIONS.values():
+        return False
+    if not _SHA256.fullmatch(row.get("sha256", "")):
+        return False
+    if isinstance(dest, LocalFolder):
+        try:
+            path = confined(dest.root, name)
+        except OutsideRootError:
+            return False
+        return not path.is_symlink() and path.is_file()
+    return True
+
+
+@dataclass
+class Stale:
+    """The files an earlier export delivered that this one does not, by what may be done with them."""
+
+    own: list[str] = field(default_factory=list)
+    """Still the bytes export wrote: moved aside, or removed with `--prune`."""
+    changed: list[str] = field(default_factory=list)
+    """Changed since export wrote them: moved aside, never removed."""
+
+    def __bool__(self) -> bool:
+        return bool(self.own or self.changed)
+
+
+def stale(
+    dest: Location, previous: dict[str, dict[str, str]], existing: set[str], delivered: set[str]
+) -> Stale:
+    """The files an earlier export listed as delivered, still in DEST, that this export does not
+    deliver, each hashed against its record; paths export cannot have written are left out."""
+    found = Stale()
+    names = [n for n in sorted(previous) if n not in delivered and n in existing]
+    names = [n for n in names if _could_be_ours(dest, n, previous[n])]
+    for name, data in zip(names, io_map(dest.get, names), strict=True):
+        if data is None:
+            continue  # gone meanwhile
+        own = hashlib.sha256(data).hexdigest() == previous[name]["sha256"]
+        (found.own if own else found.changed).append(name)
+    return found
 
 
 def _remove_empty_folders(root: Path, folder: Path) -> None:
@@ -53,23 +162,42 @@ def _remove_empty_folders(root: Path, folder: Path) -> None:
         folder = folder.parent
 
 
-def set_aside(dest: Location, names: list[str], *, prune: bool, when: str) -> str | None:
-    """Move each of `names` into `ASIDE_FOLDER/<when>/` under DEST (its path kept below it), or remove
-    it (`prune`); the folder they went to, as messages name it (None when removed)."""
-    folder = None if prune else f"{ASIDE_FOLDER}/{when}"
-    for name in names:
-        if isinstance(dest, LocalFolder):
-            path = dest.root / name
-            if folder is None:
-                path.unlink(missing_ok=True)
-            else:
-                target = dest.root / folder / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with contextlib.suppress(FileNotFoundError):  # gone meanwhile: nothing to set aside
+def aside_url(dest: Location, when: str) -> str:
+    """The dated folder under DEST, as messages name it."""
+    return f"{dest.url.rstrip('/')}/{ASIDE_FOLDER}/{when}/"
+
+
+def keep_path(dest: LocalFolder, name: str, when: str) -> Path:
+    """Where DEST's file `name` is kept before `--overwrite` replaces it (its folders made)."""
+    return _aside_path(dest, f"{ASIDE_FOLDER}/{when}/{name}")
+
+
+def _move(dest: Location, name: str, folder: str | None) -> None:
+    """Move DEST's `name` into `folder` under DEST (its path kept below it), or remove it (None)."""
+    if isinstance(dest, LocalFolder):
+        path = confined(dest.root, name)
+        if folder is None:
+            path.unlink(missing_ok=True)
+        else:
+            target = _aside_path(dest, f"{folder}/{name}")
+            with contextlib.suppress(FileNotFoundError):  # gone meanwhile: nothing to set aside
+                try:
                     os.replace(path, target)
-            _remove_empty_folders(dest.root, path.parent)
-            continue
-        if folder is not None and (data := dest.get(name)) is not None:
-            dest.put(f"{folder}/{name}", data)
-        dest.delete(name)
-    return None if folder is None else f"{dest.url.rstrip('/')}/{folder}/"
+                except OSError:  # another file system under DEST
+                    shutil.move(path, target)
+        _remove_empty_folders(dest.root, path.parent)
+        return
+    if folder is not None and (data := dest.get(name)) is not None:
+        dest.put(f"{folder}/{name}", data)
+    dest.delete(name)
+
+
+def set_aside(dest: Location, files: Stale, *, prune: bool, when: str) -> str | None:
+    """Move each of `files` into `ASIDE_FOLDER/<when>/` under DEST, or remove export's own ones
+    (`prune`); the folder they went to, as messages name it (None when nothing was moved)."""
+    folder = f"{ASIDE_FOLDER}/{when}"
+    for name in files.own:
+        _move(dest, name, None if prune else folder)
+    for name in files.changed:
+        _move(dest, name, folder)
+    return aside_url(dest, when) if files.changed or not prune else None

@@ -4,8 +4,13 @@ summary on stdout, the warnings and every refusal on stderr, and its exit code."
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from types import FrameType
 
 from imagebatch.delivery.convert import Conversion
 from imagebatch.delivery.export import export
@@ -33,6 +38,30 @@ class Ticker:
             print(f"\rconverted {done:,} of {total:,}", end=end, file=sys.stderr, flush=True)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so that it unwinds the same way: the
+    conversions in progress finish, the staging folder is removed, DEST's lock is let go."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises `Terminated` in the main thread for the block (once: a second one while it
+    unwinds is ignored, so the clean-up is not cut short); the earlier handler back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    earlier = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, earlier)
+
+
 def export_main(args: argparse.Namespace) -> int:
     """`imagebatch export`: the summary on stdout; every problem on stderr (the rows named), exit 2 and
     nothing written; 1 if a read or write failed midway (what was written is whole; rerun it)."""
@@ -47,18 +76,19 @@ def export_main(args: argparse.Namespace) -> int:
         print(f"imagebatch export: --workers {args.workers}: 1 or more", file=sys.stderr)
         return 2
     try:
-        summary = export(
-            args.out,
-            args.to,
-            template=args.name,
-            conversion=conversion,
-            approved_only=args.approved_only,
-            overwrite=args.overwrite,
-            slug=args.slug,
-            prune=args.prune,
-            workers=args.workers,
-            progress=Ticker(),
-        )
+        with _sigterm_as_interrupt():
+            summary = export(
+                args.out,
+                args.to,
+                template=args.name,
+                conversion=conversion,
+                approved_only=args.approved_only,
+                overwrite=args.overwrite,
+                slug=args.slug,
+                prune=args.prune,
+                workers=args.workers,
+                progress=Ticker(),
+            )
     except (TemplateError, RecordError) as exc:  # a record (or DEST's file) not a file, or over its bound
         print(f"imagebatch export: {exc}", file=sys.stderr)
         return 2
@@ -81,12 +111,13 @@ def export_main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    except KeyboardInterrupt:  # the conversions in progress finished, the staging folder removed
+    except KeyboardInterrupt as exc:  # the conversions in progress finished, the staging folder removed
+        how, code = ("SIGTERM", 143) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
         print(
-            "imagebatch export: stopped (Ctrl-C); the files written are whole: rerun to finish",
+            f"imagebatch export: stopped ({how}); the files written are whole: rerun to finish",
             file=sys.stderr,
         )
-        return 130
+        return code
     print("\n".join(summary.lines()))
     for warning in summary.warnings():
         print(warning, file=sys.stderr)

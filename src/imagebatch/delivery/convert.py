@@ -13,8 +13,9 @@ The choices (the README's "Export" section says them too):
   pixels), never enlarges one.
 - **Canvas**: `canvas` (W x H) delivers every image at exactly that size: shrunk to fit inside it if it
   is larger, never enlarged (an upscale invents detail a shop did not pay for), and centred on
-  `background`. An image smaller than the delivery size (the canvas, or `max_side`) is marked (`small`),
-  and export warns with its name.
+  `background`; at most `CANVAS_MAX` a side and `CANVAS_MAX_PIXELS` in all, refused with the options
+  before any image is read. An image smaller than the delivery size (the canvas, or `max_side`) is
+  marked (`small`), and export warns with its name.
 - **Nothing to change, nothing re-encoded**: an image that stays in its format, is not resized, has no
   rotation to apply and (JPEG, WebP) no `quality` asked for is copied byte for byte: no second JPEG
   generation, and the fastest path.
@@ -118,7 +119,10 @@ class Conversion:
 
 
 CANVAS_MAX = 20_000
-"""The largest side `--canvas` takes (Pillow's decompression bound is about 89 M pixels)."""
+"""The largest side `--canvas` takes."""
+CANVAS_MAX_PIXELS = 100_000_000
+"""The most pixels `--canvas` takes (100 megapixels, 300 MB of RGB per image being made): a larger
+canvas is no product image, and each worker holds one while it encodes."""
 
 
 def _canvas(text: str | None) -> tuple[int, int] | None:
@@ -131,6 +135,11 @@ def _canvas(text: str | None) -> tuple[int, int] | None:
     ):
         raise ValueError(
             f"--canvas {text!r}: WIDTHxHEIGHT in pixels, as 2000x2000 (1 to {CANVAS_MAX:,} each)"
+        )
+    if (pixels := int(width) * int(height)) > CANVAS_MAX_PIXELS:
+        raise ValueError(
+            f"--canvas {text!r} is {pixels / 1e6:,.0f} megapixels; at most "
+            f"{CANVAS_MAX_PIXELS // 1_000_000} (as 10000x10000)"
         )
     return int(width), int(height)
 

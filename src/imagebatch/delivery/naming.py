@@ -6,18 +6,24 @@ A template is Python's format syntax with plain names only: `{sku}/{colour}.{ext
 columns are there, next to `job_id`, `request_index`, `turn_index`, `model`, ...) or a built-in
 (`BUILTINS`); a built-in wins over a metadata column of the same name. Attribute and index lookups
 (`{a.b}`, `{a[0]}`), conversions (`{a!r}`) and nested fields are refused: a template is data. A format
-spec is Python's (`03d`, `>8`, `.2f`), its width and precision at most `MAX_NAME_BYTES`: a name longer than
-that is refused anyway, and `{job_id:>999999999}` would be a gigabyte before the check (issue 29 #6).
+spec is Python's (`03d`, `>8`, `.2f`), its width and precision at most `MAX_NAME_BYTES`: a name longer
+than that is refused anyway, and `{job_id:>999999999}` would be a gigabyte before the check. The `c`
+type (a number as a character) is refused with the template: it makes control characters of small
+numbers and overflows on large ones.
 
 A rendered name is a relative, `/`-separated path that every common file system and object store takes
 as it is: no absolute path, no `.`/`..` or empty segment, no hidden segment (one starting with `.`:
-usually an empty value before an extension), no control character nor `\\ : * ? " < > |`, no segment
-ending in a space or a dot, no Windows device name (`CON`, `nul.jpg`, `COM1`...), at most 255 bytes a
-segment and 1,024 in all; no segment starting with a space. Two names that differ only in case or Unicode
-normalisation are one name (they would be one file on macOS or Windows, or after a copy there), and a
-name may not be a folder of another. A value may not hold a `/` (it would make folders the template does
-not ask for); `--slug` makes every value a clean name part instead (`slug`). `name_for` applies every one
-of these rules to one row: export and `validate --name` both call it.
+usually an empty value before an extension), no `\\ : * ? " < > |` and no control, format or separator
+character (Unicode's categories Cc, Cf, Zl and Zp: U+0085, U+2028, a right-to-left mark or override, a
+zero-width space; `REFUSED_CATEGORIES`), no segment that shows nothing, no segment starting with a space
+or ending in a space or a dot, no Windows device name (`CON`, `nul.jpg`, `COM1`...), at most 255 bytes a
+segment and 1,024 in all. A value with something in it but nothing visible (a zero-width space alone,
+spaces) is refused, with `--slug` too. Two names that differ only in case or Unicode normalisation are
+one name (they would be one file on macOS or Windows, or after a copy there), and a name may not be a
+folder of another. A value may not hold a `/` (it would make folders the template does not ask for);
+`--slug` makes every value a clean name part instead (`slug`; the invisible characters it does not turn
+into `-` are refused all the same). `name_for` applies every one of these rules to one row: export and
+`validate --name` both call it.
 """
 
 from __future__ import annotations
@@ -41,10 +47,15 @@ request (job, request, turn), each of its images numbered."""
 
 _REFUSED_CHARS = re.compile(r'[\x00-\x1f\x7f\\:*?"<>|]')
 _DEVICE_NAMES = re.compile(r"(?i)^(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³])(\..*)?$")
+REFUSED_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+"""Unicode's control, format and line/paragraph separator characters (U+0085 is a control): invisible
+or worse in a file's name: a zero-width space, a right-to-left mark, a bidirectional override that
+shows `gpj.exe` as `exe.jpg`."""
 MAX_SEGMENT_BYTES = 255
 MAX_NAME_BYTES = 1024
 _SPEC = re.compile(
-    r"(?:.?[<>=^])?[-+ ]?z?#?0?(?P<width>\d*)[,_]?(?:\.(?P<precision>\d+))?[bcdeEfFgGnosxX%]?", re.DOTALL
+    r"(?:.?[<>=^])?[-+ ]?z?#?0?(?P<width>\d*)[,_]?(?:\.(?P<precision>\d+))?(?P<type>[bcdeEfFgGnosxX%]?)",
+    re.DOTALL,
 )
 """Python's format spec mini-language, its width and precision caught to be bounded."""
 
@@ -92,7 +103,7 @@ class NameTemplate:
         """The name for one image; raises TemplateError if a format spec does not fit its value."""
         try:
             return self.text.format_map(values)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             raise TemplateError(str(exc)) from None
 
 
@@ -101,6 +112,8 @@ def _spec_fault(spec: str) -> str | None:
     match = _SPEC.fullmatch(spec)
     if match is None:
         return "has an invalid format spec"
+    if match["type"] == "c":  # a number as a character: a control character, or an OverflowError
+        return "makes a character of a number (':c'), which a name cannot hold: use 'd'"
     for part in ("width", "precision"):
         if (digits := match[part]) and (len(digits) > 5 or int(digits) > MAX_NAME_BYTES):
             return f"asks for a {part} of {digits}; a name is at most {MAX_NAME_BYTES:,} bytes"
@@ -122,6 +135,10 @@ def unsafe(name: str) -> str | None:
             return f"a {segment!r} segment"
         if bad := _REFUSED_CHARS.search(segment):
             return f"the character {bad.group()!r}, which file systems refuse"
+        if bad_char := _refused_char(segment):
+            return bad_char
+        if not visible(segment):
+            return f"the segment {segment!r} shows nothing (only spaces or invisible characters)"
         if segment.startswith("."):
             return f"the hidden segment {segment!r} (an empty value before an extension?)"
         if segment.startswith(" "):
@@ -133,6 +150,23 @@ def unsafe(name: str) -> str | None:
         if len(segment.encode()) > MAX_SEGMENT_BYTES:
             return f"a segment longer than {MAX_SEGMENT_BYTES} bytes"
     return None
+
+
+def _refused_char(text: str) -> str | None:
+    """Why `text` holds a character of `REFUSED_CATEGORIES` (the first, by its code point), or None."""
+    for ch in text:
+        if unicodedata.category(ch) in REFUSED_CATEGORIES:
+            what = unicodedata.name(ch, "a control character")
+            return f"the invisible character U+{ord(ch):04X} ({what}), which a name may not hold"
+    return None
+
+
+def visible(text: str) -> bool:
+    """Whether `text` shows anything: a character that is neither a space (of any width) nor one of
+    `REFUSED_CATEGORIES`."""
+    return any(
+        not ch.isspace() and unicodedata.category(ch) not in (*REFUSED_CATEGORIES, "Zs") for ch in text
+    )
 
 
 def folded(name: str) -> str:
@@ -179,6 +213,10 @@ def name_for(template: NameTemplate, values: Mapping[str, object], *, slugged: b
         value = values.get(field)
         if field in BUILTINS or not isinstance(value, str):
             continue
+        if value and not visible(value):
+            raise TemplateError(
+                f"{{{field}}} is {value!r}: nothing visible in it (a name needs something to show)"
+            )
         if slugged:
             values[field] = slug(value)
         elif "/" in value:

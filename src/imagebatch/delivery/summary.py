@@ -18,6 +18,10 @@ def _named(items: list[str]) -> str:
     return "".join(f"\n  {item}" for item in items[:SHOWN]) + more
 
 
+def _files(items: list[str]) -> str:
+    return f"{len(items)} file{'s' if len(items) != 1 else ''}"
+
+
 @dataclass
 class ExportSummary:
     dest: str
@@ -32,9 +36,15 @@ class ExportSummary:
     deliverables: list[Deliverable] = field(default_factory=list, repr=False)
     missing: list[Missing] = field(default_factory=list, repr=False)
     set_aside: list[str] = field(default_factory=list)
-    """Files an earlier export delivered that this one does not: moved to `aside_to`, or removed."""
+    """Files an earlier export delivered that this one does not: moved to `aside_to`, or removed with
+    `--prune`."""
+    changed_aside: list[str] = field(default_factory=list)
+    """Such files changed since export wrote them: moved to `aside_to`, even with `--prune`."""
+    kept: list[str] = field(default_factory=list)
+    """Files `--overwrite` replaced, each kept in `aside_to` first."""
     aside_to: str | None = None
-    """Where `set_aside` went (a folder under DEST), or None: removed (`--prune`)."""
+    """The folder under DEST files were moved to or kept in; None if none was."""
+    pruned: bool = False
     delivery_size: str | None = None
     """`--canvas WxH` or `--max-side N`, as said in the warning."""
     approved_only: bool = False
@@ -47,7 +57,7 @@ class ExportSummary:
             "replaced": self.replaced,
             "overwritten": self.overwritten,
             "missing": len(self.missing),
-            "set_aside": len(self.set_aside),
+            "set_aside": len(self.set_aside) + len(self.changed_aside),
         }
 
     def line(self) -> str:
@@ -79,11 +89,18 @@ class ExportSummary:
                 )
             )
         if self.set_aside:
-            where = f"moved to {self.aside_to}" if self.aside_to else "removed (--prune)"
-            n = len(self.set_aside)
+            where = "removed (--prune)" if self.pruned else f"moved to {self.aside_to}"
+            out.append(f"{_files(self.set_aside)} of an earlier export not delivered now, {where}:")
+            out[-1] += _named(self.set_aside)
+        if self.changed_aside:
             out.append(
-                f"{n} file{'s' if n != 1 else ''} of an earlier export not delivered now, {where}:"
-                + _named(self.set_aside)
+                f"{_files(self.changed_aside)} of an earlier export not delivered now, changed since it "
+                f"wrote them, moved to {self.aside_to} (never removed):" + _named(self.changed_aside)
+            )
+        if self.kept:
+            out.append(
+                f"{_files(self.kept)} replaced (--overwrite), the earlier one kept in {self.aside_to}:"
+                + _named(self.kept)
             )
         return out
 

@@ -52,7 +52,8 @@ def export_deliverables(
     """Export OUT's images to `to` as `imagebatch export OUT --to TO ...` does; the counts
     (`ExportSummary.counts`: delivered, written, unchanged, replaced, overwritten, missing, set aside).
     Raises (the flow run Failed, nothing written) when the export is refused: an unknown column, unsafe
-    or colliding names, a '/' inside a value, a different file in the way."""
+    or colliding names, a '/' inside a value, a different file in the way, an image of OUT linked out of
+    it, another export into the same DEST still running (one at a time: `delivery.destlock`)."""
     logger = get_run_logger()
     conversion = Conversion.from_options(format, max_side, quality, background, canvas)
     try:

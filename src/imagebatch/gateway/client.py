@@ -57,12 +57,9 @@ from .results import (
     ImageUpload,
     TextResult,
 )
-from .retry import RetryPolicy, parse_retry_after, policy_for
+from .retry import RetryPolicy, parse_retry_after, policy_for, was_never_sent
 
 logger = logging.getLogger("imagebatch.gateway")
-
-# The request never left this machine: the attempt cannot have been generated or billed.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 
 
 def _log_retry(event: AttemptFinished) -> None:
@@ -75,6 +72,20 @@ def _log_retry(event: AttemptFinished) -> None:
         event.attempt,
         describe_attempt(event),
         event.retry_in,
+    )
+
+
+def _log_unanswered(event: AttemptFinished) -> None:
+    """The line that says why an unanswered attempt is the last one (a run's log shows it beside the
+    retries)."""
+    logger.warning(
+        "%s %s (key %s) attempt %d: %s; not resent automatically (its outcome is unknown until checked "
+        "in the service's usage history)",
+        event.route,
+        event.model,
+        event.idempotency_key,
+        event.attempt,
+        event.error_message,
     )
 
 
@@ -106,6 +117,8 @@ class _Attempt:
         self.notify(event)
         if retry_in is not None:
             _log_retry(event)
+        elif outcome == "no_answer":
+            _log_unanswered(event)
 
 
 class _Failed(NamedTuple):
@@ -296,8 +309,11 @@ class GatewayClient:
     ) -> Result:
         """Send `request` under `idempotency_key`, retrying on the route's schedule; return what came back.
 
-        Raises a `GatewayError`; its `may_have_been_billed` says whether any attempt may have been
+        Raises a `GatewayError`; its `may_have_been_billed` says whether the last attempt may have been
         generated (no answer, an unreadable 200, a final 500), in which case the caller must not resend.
+        An attempt that may have reached the service and got no answer ends the request on every route
+        (`OutcomeUnknownError`); only an attempt that never left (`retry.was_never_sent`) or an answer
+        with a retryable status is retried on the route's schedule.
         """
         if not idempotency_key:
             raise RequestValidationError("an idempotency key is required")
@@ -308,7 +324,6 @@ class GatewayClient:
         seconds = self._image_timeout if route.generates_images else self._text_timeout
         timeout = httpx.Timeout(seconds, connect=min(self._connect_timeout, seconds))
         files = [(name, (up.filename, up.data, up.mime_type)) for name, up in request.files] or None
-        unanswered = False  # some attempt got no answer: it may have been generated and billed
         for attempt in range(1, policy.max_attempts + 1):
             # The account-wide limit's slot (if any) is held while the attempt is on the wire, never
             # during a retry's wait.
@@ -323,27 +338,26 @@ class GatewayClient:
                         files=files,
                         timeout=timeout,
                     )
-                except httpx.TransportError as exc:
-                    unanswered = unanswered or not isinstance(exc, _NOT_SENT)
+                except httpx.RequestError as exc:
                     failed = self._unanswered(exc, tried, policy)
-                    failed.error.may_have_been_billed = unanswered
                 else:
                     outcome = self._read(response, tried, policy)
                     if not isinstance(outcome, _Failed):
                         return outcome
                     failed = outcome
-                    failed.error.may_have_been_billed = unanswered or response.status_code == 500
+                    failed.error.may_have_been_billed = response.status_code == 500
             if failed.delay is None:
                 raise failed.error
             self._sleep(failed.delay)
         raise AssertionError("unreachable: the last attempt has no retry delay")  # pragma: no cover
 
-    def _unanswered(self, exc: httpx.TransportError, tried: _Attempt, policy: RetryPolicy) -> _Failed:
-        """An attempt that got no answer: never sent (`ServiceUnreachableError`), or sent with no answer
-        back (`OutcomeUnknownError`: it may have been generated and billed)."""
-        delay = policy.delay_before_retry(tried.attempt, None)
+    def _unanswered(self, exc: httpx.RequestError, tried: _Attempt, policy: RetryPolicy) -> _Failed:
+        """An attempt that got no answer: never sent (`ServiceUnreachableError`, retried on the schedule),
+        or possibly sent with no answer back (`OutcomeUnknownError`: it may have been generated and
+        billed, so it is final on every route)."""
+        delay = policy.delay_after_transport_error(tried.attempt, exc)
         error: GatewayError
-        if isinstance(exc, _NOT_SENT):
+        if was_never_sent(exc):
             message = f"could not send to {self.base_url}: {_transport_reason(exc)}"
             tried.finished(None, "not_sent", delay, error_message=message)
             error = ServiceUnreachableError(message, attempts=tried.attempt)
@@ -406,7 +420,7 @@ class GatewayClient:
         return request_id, redact_json(body, self._api_key), None  # text, history, usage: all of it
 
 
-def _transport_reason(exc: httpx.TransportError) -> str:
+def _transport_reason(exc: httpx.RequestError) -> str:
     """Say whether the name did not resolve or the connection was refused, not only the exception's name."""
     text = str(exc).lower()
     if "name or service not known" in text or "nodename nor servname" in text or "name resolution" in text:

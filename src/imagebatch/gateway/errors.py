@@ -22,7 +22,7 @@ class GatewayError(Exception):
     ├── RequestValidationError      a request body that breaks the spec's rules (raised before sending)
     ├── ServiceUnreachableError     the connection could not be made: nothing was sent
     ├── ResponseFormatError         a success status whose body is not what the spec describes
-    ├── OutcomeUnknownError         no answer: timeout or dropped connection (the request may be billed)
+    ├── OutcomeUnknownError         no answer once sent: timeout, dropped connection (never resent)
     └── APIStatusError              the service answered with an error status
         ├── BadRequestError             400
         │   └── UnsupportedEndpointError    400, code `unsupported_endpoint`
@@ -57,8 +57,9 @@ class RequestValidationError(GatewayError):
 
 
 class ServiceUnreachableError(GatewayError):
-    """The request could not be sent (connection refused, DNS, connect timeout, a header httpx refuses to
-    encode): this attempt reached nothing."""
+    """The request could not be sent (connection refused, DNS, connect or pool timeout, a header httpx
+    refuses to encode): this attempt reached nothing, so the images and text relay routes retry it on the
+    schedule (`retry.was_never_sent`)."""
 
 
 class ResponseFormatError(GatewayError):
@@ -72,7 +73,9 @@ class ResponseFormatError(GatewayError):
 
 
 class OutcomeUnknownError(GatewayError):
-    """The request got no answer (timeout, dropped connection). It may have been generated and billed."""
+    """The request may have reached the service and got no answer (a read or write timeout, a connection
+    dropped or reset after the request was written). It may have been generated and billed, so no route
+    resends it on its own: its outcome is for the service's usage history to confirm."""
 
     may_have_been_billed = True
 

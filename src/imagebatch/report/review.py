@@ -1,7 +1,8 @@
 """`imagebatch review OUT`: the run's contact sheet served on 127.0.0.1, for a person to approve or reject
 each image (with a note), keyboard first. Each decision is recorded in the output location before the
 browser is answered (`work.decisions`: `review.jsonl` in a folder, one object under `review/` in a
-bucket), so nothing is lost to a closed tab or a second reviewer; the last decision for an image wins.
+bucket), so nothing is lost to a closed tab or a second reviewer; the latest decision on an image is in
+force, and an undo takes back only its reviewer's own decision in force (`work.decisions.History`).
 Review is a person's interactive step, so it is this command, not a Prefect flow; a run's Prefect
 artifact counts what is unreviewed, approved and rejected.
 
@@ -15,15 +16,17 @@ Security: a loopback server is still reachable from every web page its user open
 - it binds 127.0.0.1 only;
 - every request's `Host` must be `127.0.0.1:PORT` or `localhost:PORT`: a page on another name that
   resolves to 127.0.0.1 (DNS rebinding) is refused, and so can read neither the page nor its token;
-- a decision (`POST /api/decision`) needs the server's random token, which only its page carries (in
-  `X-Review-Token`), an `Origin` of this server, `Content-Type: application/json` (a form or a `no-cors`
-  fetch from another site can set none of these), and `Sec-Fetch-Site: same-origin` when the browser
-  sends it; anything else is answered 403 and writes nothing;
-- the only files served are the images results.csv names and their thumbnails, and the thumbnails of
-  each request's reference images (OUT's `thumbs/ref-*.jpg`, made there from the manifest's files as the
-  report makes them: the reference itself is never served), addressed by request key and number (no path
-  comes from the URL); a name that is absolute, has `..` or lies outside `images/` is never served, nor a
-  local file whose real path (symlinks resolved) leaves OUT;
+- a decision (`POST /api/decision`, and an undo, `POST /api/undo`) needs the server's random token, which
+  only its page carries (in `X-Review-Token`), an `Origin` of this server,
+  `Content-Type: application/json` (a form or a `no-cors` fetch from another site can set none of these),
+  and `Sec-Fetch-Site: same-origin` when the browser sends it; anything else is answered 403 and writes
+  nothing;
+- the only files served are the images results.csv names and their thumbnails, and the thumbnails of each
+  request's reference images (OUT's `thumbs/ref-*.jpg`, made there from the manifest's files as the report
+  makes them: the reference itself is never served), addressed by request key and number (no path comes
+  from the URL; a number that is not ASCII digits, a raw byte 0xB2 say, is a 404); a name that is
+  absolute, has `..` or lies outside `images/` is never served, nor a local file whose real path (symlinks
+  resolved) leaves OUT;
 - the page's Content-Security-Policy runs its own script only (a nonce) and loads nothing from elsewhere;
   no other site may frame the page or embed its images (`frame-ancestors`, `Cross-Origin-Resource-Policy`).
 
@@ -31,9 +34,11 @@ Choices where the issue is silent: the cards are results.csv's rows with an imag
 requests without one have nothing to judge: report.html shows them); a request's variants are separate
 cards, newest first, each with its own key; the reviewer's name is `--reviewer`, else
 `$IMAGEBATCH_REVIEWER`, else the login name, and the page may set its own (kept in that browser); the
-keys, the note, the large view, bulk approve and undo are described in `report.review_page`; undo
-survives a reload because each undo is recorded as one (`Decision.undo`) and the server replays the
-record for the page (`GET /api/undo`). A missing thumbnail is made on the spot in
+keys, the note, the large view, bulk approve and undo are described in `report.review_page`. The server,
+not the page, works out what an undo brings back, from the record as it is when the undo arrives
+(`POST /api/undo`: 409 with the reason when another reviewer decided since); undo survives a reload
+because each undo is recorded as one (`Decision.undo`) and the server replays the record for the page
+(`GET /api/undo`). A missing thumbnail is made on the spot in
 a folder (as the report would) and in a bucket the image itself is served instead.
 """
 
@@ -57,7 +62,7 @@ from typing import Any
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from imagebatch.gateway.constants import ENV_REVIEWER
-from imagebatch.report.review_body import MAX_BATCH, MAX_BODY, MAX_NOTE, MAX_REVIEWER, decision_body
+from imagebatch.report.review_body import MAX_BODY, MAX_REVIEWER, decision_body, fields_refusal
 from imagebatch.report.review_data import (
     DecisionCache,
     ReviewCard,
@@ -203,27 +208,44 @@ class ReviewServer:
             return HTTPStatus.BAD_REQUEST, {"error": "no image of this run has that key"}
         if kind not in DECISIONS:
             return HTTPStatus.BAD_REQUEST, {"error": f"decision must be one of {', '.join(DECISIONS)}"}
-        if not isinstance(note, str) or len(note) > MAX_NOTE:
-            return HTTPStatus.BAD_REQUEST, {"error": f"note must be text of at most {MAX_NOTE} characters"}
-        if not isinstance(reviewer, str) or len(reviewer) > MAX_REVIEWER:
-            return HTTPStatus.BAD_REQUEST, {"error": f"reviewer must be at most {MAX_REVIEWER} characters"}
-        undo = body.get("undo", False) is True  # it takes back this reviewer's last decision on the card
+        if why := fields_refusal(body):
+            return HTTPStatus.BAD_REQUEST, {"error": why}
         batch = body.get("batch", "")  # the bulk approve it is part of: undone together
-        if not isinstance(batch, str) or len(batch) > MAX_BATCH:
-            return HTTPStatus.BAD_REQUEST, {"error": f"batch must be text of at most {MAX_BATCH} characters"}
-        decision = Decision(
-            card.key, card.variant, kind, note.strip(), reviewer.strip(), undo=undo, batch=batch
-        )
-        stored = self.decisions.record(decision)
-        return HTTPStatus.OK, {"decision": decision_json(stored), "version": self.decisions.version}
+        decision = Decision(card.key, card.variant, kind, note.strip(), reviewer.strip(), batch=batch)
+        in_force = self.decisions.record(decision)
+        return HTTPStatus.OK, {"decision": decision_json(in_force), "version": self.decisions.version}
+
+    def undo(self, body: dict[str, Any]) -> tuple[HTTPStatus, dict[str, Any]]:
+        """Take back the reviewer's decision on one image (`key`), or their bulk approve (`batch`), where
+        it is still the one in force (`work.decisions.History`). 200 with the decisions in force on the
+        images it touched and `refused` (how many were not taken back, and `reason`); 409 with the
+        reason when nothing was."""
+        key, batch = body.get("key", ""), body.get("batch", "")
+        reviewer = body.get("reviewer") or self.reviewer
+        if why := fields_refusal(body):
+            return HTTPStatus.BAD_REQUEST, {"error": why}
+        if not batch and (not isinstance(key, str) or key not in self.cards):
+            return HTTPStatus.BAD_REQUEST, {"error": "no image of this run has that key"}
+        after, refused = self.decisions.undo(reviewer.strip(), key if not batch else "", batch)
+        answer: dict[str, Any] = {
+            "decisions": {k: decision_json(d) for k, d in after.items()},
+            "undone": len(after) - len(refused) if batch else int(not refused),
+            "refused": len(refused),
+            "version": self.decisions.version,
+        }
+        if refused:
+            answer["reason"] = refused[0]
+        if refused and not answer["undone"]:
+            return HTTPStatus.CONFLICT, {"error": f"cannot undo: {refused[0]}", **answer}
+        return HTTPStatus.OK, answer
 
     def image(self, key: str, number: str, thumbnail: bool) -> tuple[bytes, str] | None:
         """Image `number` of the request `key` (or its thumbnail) and its content type; None if there is
         no such image, or it may not be served."""
         card = self.cards.get(key)
-        if card is None or not number.isdigit() or int(number) >= len(card.images):
+        if card is None or (n := _number(number)) is None or n >= len(card.images):
             return None
-        rel = card.images[int(number)]
+        rel = card.images[n]
         if isinstance(self.location, LocalFolder):
             return _local_image(self.location.root, rel, thumbnail)
         if thumbnail and (data := self.location.get(f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg")):
@@ -233,21 +255,17 @@ class ReviewServer:
 
     def undo_stack(self, reviewer: str) -> list[dict[str, Any]]:
         """What `reviewer` (or, if empty, this server's reviewer) can still undo, oldest first: each card's
-        key and the decision it had before (None: none), so that a reloaded page undoes as before."""
+        key and the bulk approve it was part of, so that a reloaded page undoes as before."""
         stack = self.decisions.undo_stack(reviewer.strip() or self.reviewer)
-        return [
-            {"k": key, "before": None if before is None else decision_json(before), "b": batch}
-            for key, before, batch in stack
-            if key in self.cards
-        ]
+        return [{"k": key, "b": batch} for key, batch in stack if key in self.cards]
 
     def reference(self, key: str, number: str) -> bytes | None:
         """The thumbnail of reference image (or mask) `number` of the request `key`: the report's own, in
         OUT's thumbs/ (made there from the manifest's file if missing, in a folder); None if there is none."""
         card = self.cards.get(key)
-        if card is None or not number.isdigit() or int(number) >= len(card.references):
+        if card is None or (n := _number(number)) is None or n >= len(card.references):
             return None
-        return reference_thumbnail(self.location, card.references[int(number)])
+        return reference_thumbnail(self.location, card.references[n])
 
     def host_ok(self, host: str | None) -> bool:
         return host is not None and host.lower() in self.hosts
@@ -263,6 +281,12 @@ class ReviewServer:
         if headers.get_content_type() != "application/json":
             return "refused: a decision is sent as application/json"
         return None
+
+
+def _number(text: str) -> int | None:
+    """`text` as a number if it is ASCII digits only: `str.isdigit` takes `²` (a raw byte 0xB2 in a
+    request's path or header, read as Latin-1), which `int` then refuses with a ValueError."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 10 else None
 
 
 def _count(n: int, what: str) -> str:
@@ -384,21 +408,22 @@ class _Handler(BaseHTTPRequestHandler):
         review = self.server.review
         if not review.host_ok(self.headers.get("Host")):
             return self._json(HTTPStatus.FORBIDDEN, {"error": "refused: unknown Host"}, close=True)
-        if urlsplit(self.path).path != "/api/decision":
+        path = urlsplit(self.path).path
+        if path not in ("/api/decision", "/api/undo"):
             return self._json(HTTPStatus.NOT_FOUND, {"error": "not found"}, close=True)
         why = review.post_refusal(self.headers)
         if why:
             return self._json(HTTPStatus.FORBIDDEN, {"error": why}, close=True)
-        length = self.headers.get("Content-Length", "")
-        if not length.isdigit() or int(length) > MAX_BODY:
+        length = _number(self.headers.get("Content-Length", ""))
+        if length is None or length > MAX_BODY:
             return self._json(
                 HTTPStatus.BAD_REQUEST, {"error": f"a body of at most {MAX_BODY} bytes"}, close=True
             )
-        body, why = decision_body(self.rfile.read(int(length)))
+        body, why = decision_body(self.rfile.read(length))
         if why:
             return self._json(HTTPStatus.BAD_REQUEST, {"error": why})
         try:
-            status, answer = review.decide(body)
+            status, answer = review.undo(body) if path == "/api/undo" else review.decide(body)
         except OSError as exc:
             status, answer = HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not recorded: {exc.strerror or exc}"}
         self._json(status, answer)

@@ -1,5 +1,7 @@
 """What a decision's POST body may be: a flat JSON object of bounded size, nesting and text, or one line
-saying why not (answered 400), never an exception (issue 29 #8)."""
+saying why not (answered 400), never an exception (issue 29 #8).
+
+An undo's body too; and the text fields of both within the page's own limits (`fields_refusal`)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import json
 import re
 from typing import Any
 
+from imagebatch.work.decisions import MAX_NOTE
+
 MAX_BODY = 16 * 1024
-"""The largest decision a POST may carry (a note is at most `MAX_NOTE` characters)."""
-MAX_NOTE = 2000
+"""The largest decision a POST may carry (a note is at most `MAX_NOTE` characters: `work.decisions`)."""
 MAX_REVIEWER = 100
 MAX_BATCH = 64
 """The longest id of a bulk approve (the page makes 16 hex digits)."""
@@ -43,6 +46,20 @@ def decision_body(raw: bytes) -> tuple[dict[str, Any], str | None]:
     except UnicodeEncodeError:
         return {}, "the body holds text that is not Unicode (a lone surrogate, such as \\ud800)"
     return body, None
+
+
+def fields_refusal(body: dict[str, Any]) -> str | None:
+    """Why a body's text fields are not as the page sends them (a 400's reason), or None: `note` and
+    `batch` text of at most `MAX_NOTE` (`work.decisions`) and `MAX_BATCH` characters, `reviewer` of at
+    most `MAX_REVIEWER` (absent or empty: the server's own), and no `undo` flag on a decision: what an
+    undo brings back is the record's to say, not the page's (`POST /api/undo`)."""
+    for name, limit in (("note", MAX_NOTE), ("batch", MAX_BATCH), ("reviewer", MAX_REVIEWER)):
+        value = body.get(name, "")
+        if (name != "reviewer" or value) and (not isinstance(value, str) or len(value) > limit):
+            return f"{name} must be text of at most {limit} characters"
+    if body.get("undo", False) is not False:
+        return "an undo is POST /api/undo"
+    return None
 
 
 _JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')

@@ -220,19 +220,22 @@ function move(step) {
 }
 
 // --- decisions: sent one at a time, in order; the server's answer is what stands ------------------
-function post(k, decision, note, isUndo, batch) {
-  pending.set(k, (pending.get(k) || 0) + 1);
-  const body = JSON.stringify({key: k, decision, note, reviewer: reviewer(), undo: !!isUndo, batch: batch || ''});
-  const sent = chain.then(() => fetch('/api/decision', {
+function send(path, body) {  // in order, after the decisions sent before; the server's answer
+  const sent = chain.then(() => fetch(path, {
     method: 'POST', body, cache: 'no-store',
     headers: {'Content-Type': 'application/json', 'X-Review-Token': TOKEN},
   })).then(async r => {
     const answer = await r.json().catch(() => ({}));
-    if (!r.ok) throw new Error(answer.error || 'HTTP ' + r.status);
+    if (!r.ok) throw Object.assign(new Error(answer.error || 'HTTP ' + r.status), {answer});
     return answer;
   });
   chain = sent.catch(() => {});
-  return sent.then(answer => {
+  return sent;
+}
+function post(k, decision, note, batch) {
+  pending.set(k, (pending.get(k) || 0) + 1);
+  const body = JSON.stringify({key: k, decision, note, reviewer: reviewer(), batch: batch || ''});
+  return send('/api/decision', body).then(answer => {
     if (pending.get(k) === 1) state.set(k, answer.decision);
     document.body.dataset.saved = ++saved;
     say('');
@@ -245,9 +248,9 @@ function post(k, decision, note, isUndo, batch) {
     if (!pending.size && failed) { failed = false; refresh(true); } else refilter(selectedKey());
   });
 }
-function record(k, decision, note, isUndo, batch) {
+function record(k, decision, note, batch) {
   state.set(k, {decision, note, reviewer: reviewer(), at: ''});
-  post(k, decision, note, isUndo, batch);
+  post(k, decision, note, batch);
 }
 function noteOf(k) {  // the note a decision on `k` carries: a draft, else the note it has
   const before = current(k);
@@ -259,7 +262,7 @@ function decide(decision) {
   const k = selectedKey();
   if (k === undefined) return;
   const next = sel + 1 < view.length ? cards[view[sel + 1]].k : k;
-  undo.push({k, before: state.get(k) || null});
+  undo.push({k, b: ''});
   record(k, decision, noteOf(k));
   refilter(next);
   reveal();
@@ -269,8 +272,8 @@ function approveMarked() {  // each its own decision, in the page's order; one b
   if (!keys.length) { say('nothing marked (x marks a card, g its group)'); return; }
   const b = [...crypto.getRandomValues(new Uint8Array(8))].map(x => x.toString(16).padStart(2, '0')).join('');
   for (const k of keys) {
-    undo.push({k, before: state.get(k) || null, b});
-    record(k, 'approved', noteOf(k), false, b);
+    undo.push({k, b});
+    record(k, 'approved', noteOf(k), b);
   }
   marked.clear();
   refilter(selectedKey());
@@ -286,17 +289,28 @@ function markGroup() {
   const g = cards[view[sel]].g;
   mark(view.filter(i => !D.group || cards[i].g === g).map(i => cards[i].k));
 }
-function undoLast() {  // the last decision, or the whole of the last bulk approve
-  const u = undo.pop();
+function undoLast() {  // the last decision, or the whole of the last bulk approve: the server decides
+  const u = undo.pop();  // what comes back (never over another reviewer's later decision)
   if (!u) { say('nothing to undo'); return; }
-  const group = [u];
-  while (u.b && undo.length && undo[undo.length - 1].b === u.b) group.push(undo.pop());
-  for (const g of group) {
-    const b = g.before && g.before.decision !== 'cleared' ? g.before : null;
-    record(g.k, b ? b.decision : 'cleared', b ? b.note : '', true);
-  }
-  if (group.length > 1) say(`undid the approval of ${group.length} images`);
-  refilter(u.k);
+  const keys = [u.k];
+  while (u.b && undo.length && undo[undo.length - 1].b === u.b) keys.push(undo.pop().k);
+  for (const k of keys) pending.set(k, (pending.get(k) || 0) + 1);
+  const body = JSON.stringify({key: u.k, batch: u.b, reviewer: reviewer()});
+  say('undoing…');
+  const apply = answer => { for (const [k, d] of Object.entries(answer.decisions || {})) state.set(k, d); };
+  send('/api/undo', body).then(answer => {
+    apply(answer);
+    const left = answer.refused ? `; ${fmt(answer.refused)} not: ${answer.reason}` : '';
+    say(u.b ? `undid the approval of ${fmt(answer.undone)} image${answer.undone === 1 ? '' : 's'}${left}` : '');
+    document.body.dataset.saved = saved += u.b ? answer.undone + answer.refused : 1;
+  }, error => {  // refused (409: someone decided since), or not reached
+    apply(error.answer || {});
+    say(`${cards[byKey.get(u.k)].t}: ${error.message}`);
+    document.body.dataset.refused = (+document.body.dataset.refused || 0) + 1;
+  }).finally(() => {
+    for (const k of keys) { const n = pending.get(k) - 1; if (n) pending.set(k, n); else pending.delete(k); }
+    refilter(u.k);
+  });
   reveal();
 }
 function openNote() {
@@ -316,7 +330,7 @@ $('note').addEventListener('keydown', ev => {
   ev.preventDefault();
   const k = noteKey, note = $('note').value.trim(), d = current(k);
   closeNote();
-  if (d) { undo.push({k, before: state.get(k)}); record(k, d.decision, note); } else drafts.set(k, note);
+  if (d) { undo.push({k, b: ''}); record(k, d.decision, note); } else drafts.set(k, note);
   refilter(selectedKey());
 });
 async function refresh(full) {

@@ -9,11 +9,12 @@ cards are made (`loading=lazy` as well).
 Keys (ignored while typing in a field): `j`/`k` (or the left and right arrows) next/previous card; `a`
 approve, `r` reject (each recorded at once, then the next card is selected); `n` the note of the selected
 card (Enter saves it: with the card's decision, recorded again, or, on a card not yet decided, kept for
-its next `a` or `r`; Escape leaves it); `u` undo: the reviewer's last decision is taken back by recording
-what the card had before it (its earlier decision and note, or `cleared`), marked as an undo, so that the
-server can replay the record and a reloaded page undoes as far back (`work.decisions.undo_stack`); `x`
+its next `a` or `r`; Escape leaves it); `u` undo: the reviewer's last decision is taken back, if it is
+still the one in force (the server decides, from the record: `POST /api/undo`; a refusal's reason is shown
+in the header), and a reloaded page undoes as far back (`work.decisions.History.undo_stack`); `x`
 marks a card, `g` its whole group (shift-click a range), `A` approves the marked ones, each its own
-decision carrying the batch's id (`Decision.batch`), so that one `u` takes the whole batch back. `v`
+decision carrying the batch's id (`Decision.batch`), so that one `u` takes the whole batch back (each image
+still in force; the header says how many were not). `v`
 (or Enter, or a click on the image) opens the large view: the image fit to the window
 beside the versions it replaces (a redone image's earlier variants, each with its decision and note; `c`
 hides them), `1` its own pixels (100 %), `+`/`-` zoom, `0` fit again, the panes scrolling together; the
@@ -34,6 +35,8 @@ import html
 import json
 from importlib import resources
 from typing import Any
+
+from imagebatch.work.decisions import MAX_NOTE
 
 ASSETS = resources.files("imagebatch.report")
 STYLE = (ASSETS / "review_page.css").read_text(encoding="utf-8")
@@ -84,8 +87,8 @@ def render_page(title: str, token: str, nonce: str, cards: str, data: dict[str, 
         '<div id="viewer" hidden><div id="vbar"><button type="button" id="vclose">Back (Esc)</button>'
         '<span id="vtitle"></span><span id="vcols"></span><span id="vzoom"></span><span id="vcompare"></span>'
         f'<span class="keys">{esc(VIEW_KEYS)}</span></div><div id="vpanes"></div></div>'
-        '<div id="notebar" hidden><label>note for <b id="notefor"></b> '
-        '<input id="note" maxlength="2000" autocomplete="off"></label> Enter saves, Escape cancels</div>'
+        '<div id="notebar" hidden><label>note for <b id="notefor"></b> <input id="note" '
+        f'maxlength="{MAX_NOTE}" autocomplete="off"></label> Enter saves, Escape cancels</div>'
         f'<script type="application/json" id="data">{inline}</script>'
         f'<script nonce="{esc(nonce)}">{SCRIPT}</script></body></html>'
     ).encode()

@@ -1,7 +1,10 @@
 """A reviewer's decisions on a run's images: approved, rejected (with a note), or cleared (undone).
 
 Decisions are appended, never rewritten, so two reviewers (two browsers, or two `imagebatch review`
-servers on one output location) lose nothing of each other's; the last decision for an image wins.
+servers on one output location) lose nothing of each other's. They are a history, not a stack
+(`History`): the latest decision on an image is in force, and an undo (`Decision.undo`) takes back only
+its reviewer's own decision, and only while that one is still in force; an undo recorded over a later
+decision by someone else (two servers racing, or a line written by hand) changes nothing.
 `key` is the image's request's own idempotency key, as results.csv's `idempotency_key` shows it (a
 redone image, variant 2 or later, has a key of its own), and `variant` repeats its variant number.
 Where they live: on `record_decision`.
@@ -11,11 +14,12 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import secrets
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
@@ -25,6 +29,10 @@ from imagebatch.storage.location import LocalFolder, Location, confined, json_ob
 
 DecisionKind = Literal["approved", "rejected", "cleared"]
 DECISIONS: tuple[str, ...] = get_args(DecisionKind)
+MAX_NOTE = 2000
+"""The longest note, in characters: the review page's cap, and the reader's (`parse_line`). A stored
+note longer than this was not written by the page; it is never read, so a redo never sends it."""
+logger = logging.getLogger("imagebatch.review")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +48,12 @@ class Decision:
     at: str = ""
     """When it was made: ISO 8601 in UTC (`now()` if left empty when recorded)."""
     undo: bool = False
-    """It takes back this reviewer's last decision on the image (the review page's `u`), so that a page
-    loaded later can undo further back (`undo_stack`). Written only when true."""
+    """It takes back this reviewer's own decision in force on the image (the review page's `u`); its
+    `decision` and `note` repeat what that brings back into force (`cleared` if nothing), for a reader
+    of the line, but `History` is what applies it. Written only when true."""
     batch: str = ""
     """The bulk approve it is part of (the page's id for it): one `u` takes back the whole batch, before a
-    reload and after. Written only when set."""
+    reload and after (`History.undo_batch`). Written only when set."""
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> Decision | None:
@@ -79,18 +88,26 @@ def record_decision(location: Location, decision: Decision) -> Decision:
     - an object store (no append): one object per decision, `review/<time>-<random>.json`, created only if
       absent; listing gives the order (the time in UTC to the microsecond, then the random part).
     """
+    return record_named(location, decision)[0]
+
+
+def record_named(location: Location, decision: Decision) -> tuple[Decision, str]:
+    """`record_decision`, and the name of the object it made ("" in a folder), so that a reader that
+    keeps the objects it has read (`report.review_data.DecisionCache`) need not list them to find it."""
     if decision.decision not in DECISIONS:
         raise ValueError(f"decision must be one of {', '.join(DECISIONS)}, not {decision.decision!r}")
+    if len(decision.note) > MAX_NOTE:  # a reader would refuse the line (`parse_line`)
+        raise ValueError(f"a note is at most {MAX_NOTE:,} characters, not {len(decision.note):,}")
     if not decision.at:
         decision = Decision(**{**asdict(decision), "at": now()})
     line = _line(decision)
     if isinstance(location, LocalFolder):
         _append(location, line)
-    else:
-        stamp = decision.at.replace(":", "").replace("-", "")
-        while not location.put_new(f"{REVIEW_PREFIX}{stamp}-{secrets.token_hex(6)}.json", line):
-            pass  # a name already taken (vanishingly rare): draw another random part
-    return decision
+        return decision, ""
+    stamp = decision.at.replace(":", "").replace("-", "")
+    while not location.put_new(name := f"{REVIEW_PREFIX}{stamp}-{secrets.token_hex(6)}.json", line):
+        pass  # a name already taken (vanishingly rare): draw another random part
+    return decision, name
 
 
 def _line(decision: Decision) -> bytes:
@@ -120,27 +137,61 @@ def _append(folder: LocalFolder, line: bytes) -> None:
         os.close(fd)  # releases the lock
 
 
+_REFUSED: set[tuple[str, int]] = set()
+"""The lines refused so far (where, the note's length), each said once: a run reads the record three
+times (its redo, its report, its Prefect artifact), the review server once per line."""
+
+
+def parse_line(raw: bytes, where: str) -> Decision | None:
+    """The decision a stored line (or object) holds, or None: a line that is not a decision (one a crash
+    cut short, say) is skipped quietly; one whose note is longer than `MAX_NOTE` is refused, with one
+    warning line naming `where` (the file and line, or the object).
+
+    Refused, the line counts for nothing, as a torn one: the decision before it stays in force, and
+    its note is never sent (a redo's edit instruction comes from the decision in force). Refusing every
+    read of the record instead would stop a run's report and the review page too, for one line. Each
+    refused line is said once per process (`_REFUSED`)."""
+    data = json_object(raw)
+    decision = None if data is None else Decision.from_json(data)
+    if decision is not None and len(decision.note) > MAX_NOTE:
+        if (where, len(decision.note)) in _REFUSED:
+            return None
+        _REFUSED.add((where, len(decision.note)))
+        logger.warning(
+            "%s: a note of %s characters, longer than the review page's %s: the decision is not read",
+            where, f"{len(decision.note):,}", f"{MAX_NOTE:,}",
+        )  # fmt: skip
+        return None
+    return decision
+
+
 def iter_decisions(location: Location, bad: BadLine | None = None) -> Iterator[Decision]:
-    """Every decision recorded in `location`, oldest first (lines that are not decisions skipped; with
-    `bad`, told the number of each, a line over `storage.bounded`'s bound too)."""
+    """Every decision recorded in `location`, oldest first (lines that are not decisions skipped, those
+    with an over-long note refused: `parse_line`; with `bad`, told the number of each line skipped, one
+    over `storage.bounded`'s line bound too, which without `bad` is refused: `RecordError`)."""
     if isinstance(location, LocalFolder):
-        where = f"{location.url}/{REVIEW_FILE}"
-        chunks: Iterable[tuple[int, bytes | None]] = split_lines(location.get(REVIEW_FILE) or b"", where, bad)
+        path = location.root / REVIEW_FILE
+        lines = split_lines(location.get(REVIEW_FILE) or b"", path, bad)
+        chunks: Iterable[tuple[int, str, bytes | None]] = ((n, f"{path} line {n}", r) for n, r in lines)
     else:  # one object per decision, read a few at a time, in the listing's order
+        names = location.list(REVIEW_PREFIX)
         with ThreadPoolExecutor(max_workers=16) as pool:
-            chunks = list(enumerate(pool.map(location.get, location.list(REVIEW_PREFIX)), 1))
-    for number, chunk in chunks:
-        data = None if chunk is None else json_object(chunk)
-        if data is not None and (decision := Decision.from_json(data)) is not None:
+            got = zip(names, pool.map(location.get, names), strict=True)
+            chunks = [(n, f"{location.url}/{name}", raw) for n, (name, raw) in enumerate(got, 1)]
+    for number, where, chunk in chunks:
+        if chunk is not None and (decision := parse_line(chunk, where)) is not None:
             yield decision
         elif bad is not None and chunk is not None:
             bad(number)
 
 
 def read_decisions(location: Location) -> dict[str, Decision]:
-    """The decision in force for each image key: the last one recorded (a `cleared` one included, so
-    a caller sees that an image was reviewed then undone; `decided()` drops those)."""
-    return {decision.key: decision for decision in iter_decisions(location)}
+    """The decision in force for each image key, the record replayed (`History`): a `cleared` one
+    included, so a caller sees that an image was reviewed then undone; `decided()` drops those."""
+    history = History()
+    for decision in iter_decisions(location):
+        history.apply(decision)
+    return dict(history.in_force)
 
 
 def decided(location: Location) -> dict[str, Decision]:
@@ -152,19 +203,77 @@ UNDO_DEPTH = 200
 """How far back a reloaded review page can undo."""
 
 
-def undo_stack(
-    history: Iterable[Decision], reviewer: str, depth: int = UNDO_DEPTH
-) -> list[tuple[str, Decision | None, str]]:
-    """What `reviewer` can still undo, oldest first: (key, the decision in force before theirs or None,
-    the bulk approve it was part of or ""), replayed from the record (`history`, oldest first): each
-    decision of theirs pushes, each of their undos (`Decision.undo`) takes back the last one pushed."""
-    in_force: dict[str, Decision] = {}
-    stack: list[tuple[str, Decision | None, str]] = []
-    for decision in history:
-        if decision.reviewer == reviewer:
-            if not decision.undo:
-                stack.append((decision.key, in_force.get(decision.key), decision.batch))
-            elif stack and stack[-1][0] == decision.key:
-                stack.pop()
-        in_force[decision.key] = decision
-    return stack[-depth:]
+class History:
+    """The review record replayed in order: for each image, the decisions that stand one upon another
+    (an undo takes the top one off), and the one in force (the top; after an undo that emptied the
+    image, the undo itself, as `cleared`).
+
+    An undo applies only when the top decision is its reviewer's own: one reviewer's undo never brings
+    back an earlier decision over another's later one. `refusal` says why an undo would not apply."""
+
+    def __init__(self) -> None:
+        self.in_force: dict[str, Decision] = {}
+        self._standing: dict[str, list[tuple[int, Decision]]] = {}
+        self._count = 0
+
+    def apply(self, decision: Decision) -> bool:
+        """Replay one recorded decision; False for an undo that takes nothing back (not in force)."""
+        self._count += 1
+        standing = self._standing.setdefault(decision.key, [])
+        if not decision.undo:
+            standing.append((self._count, decision))
+            self.in_force[decision.key] = decision
+            return True
+        if self.refusal(decision.key, decision.reviewer) is not None:
+            return False
+        standing.pop()
+        self.in_force[decision.key] = (
+            standing[-1][1] if standing else replace(decision, decision="cleared", note="")
+        )
+        return True
+
+    def refusal(self, key: str, reviewer: str, batch: str | None = None) -> str | None:
+        """Why `reviewer` cannot undo on `key` now (one line), or None: their decision is in force (with
+        `batch`, their decision of that bulk approve)."""
+        standing = self._standing.get(key, [])
+        if not any(d.reviewer == reviewer for _, d in standing):
+            return "nothing of yours to undo on this image (undone already)"
+        top = standing[-1][1]
+        if top.reviewer != reviewer:
+            said = f"{top.decision}{f': {top.note}' if top.note else ''}"
+            return f"{top.reviewer or 'another reviewer'} decided it since you did ({said}), and that stands"
+        if batch is not None and top.batch != batch:
+            return "you decided it again since the bulk approve: undo that first"
+        return None
+
+    def undo(self, key: str, reviewer: str, batch: str = "") -> Decision:
+        """The undo line that takes back `reviewer`'s decision in force on `key` (check `refusal` first):
+        it repeats what comes back into force."""
+        standing = self._standing[key]
+        back = standing[-2][1] if len(standing) > 1 else None
+        top = standing[-1][1]
+        kind, note = (back.decision, back.note) if back is not None else ("cleared", "")
+        return Decision(key, top.variant, kind, note, reviewer, undo=True, batch=batch)
+
+    def batch_keys(self, batch: str, reviewer: str) -> list[str]:
+        """The images `reviewer`'s bulk approve `batch` decided that are not yet undone, the last first
+        (the order their undos are recorded in)."""
+        found = {
+            key: n
+            for key, standing in self._standing.items()
+            for n, d in standing
+            if d.batch == batch and d.reviewer == reviewer
+        }
+        return sorted(found, key=found.__getitem__, reverse=True)
+
+    def undo_stack(self, reviewer: str, depth: int = UNDO_DEPTH) -> list[tuple[str, str]]:
+        """What `reviewer` can still try to undo, oldest first: (key, the bulk approve it was part of or
+        ""), their decisions not yet undone, in the record's order (one another reviewer has decided
+        over is there too: its undo is refused, and says why)."""
+        mine = sorted(
+            (n, d.key, d.batch)
+            for standing in self._standing.values()
+            for n, d in standing
+            if d.reviewer == reviewer
+        )
+        return [(key, batch) for _, key, batch in mine[-depth:]]
