@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from imagebatch import __version__
 from imagebatch.cli.common import EXIT_CODES, command
 from imagebatch.cli.deploy import add_deploy, add_serve
 from imagebatch.cli.export import add_export
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Prefect flows: check, run, review, export, deploy.",
         epilog=EXIT_CODES,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_run(sub)
     add_validate(sub)
