@@ -17,6 +17,7 @@ from imagebatch import __version__
 from imagebatch.cli.common import EXIT_CODES, command
 from imagebatch.cli.deploy import add_deploy, add_serve
 from imagebatch.cli.export import add_export
+from imagebatch.cli.init import add_init
 from imagebatch.cli.outputs import add_report, add_review
 from imagebatch.cli.prefect_commands import add_limits, add_worker
 from imagebatch.cli.run import add_run
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    add_init(sub)
     add_run(sub)
     add_validate(sub)
     emulator = command(sub, "emulator", "serve the emulated gateway on loopback", "Until Ctrl-C.")
