@@ -1,6 +1,7 @@
-"""The built distributions: the wheel, installed into a fresh virtual environment outside the repository,
-runs the quick start on its own (`imagebatch init demo && imagebatch run demo/catalog.csv --out
-demo/out`); the sdist holds the package, its docs, its tests and its licence, nothing else.
+"""The built distributions: the wheel, installed into a fresh virtual environment outside the repository
+with no extra, runs the quick start on its own (`imagebatch init demo && imagebatch run demo/catalog.csv
+--out demo/out`) and names the extra an Excel manifest needs; the sdist holds the package, its docs, its
+tests and its licence, nothing else.
 
 The wheel's dependencies come from uv's cache (`uv pip install --offline`, pinned by uv.lock): the test
 needs no network, and skips, saying so, when the cache lacks one of them."""
@@ -85,3 +86,19 @@ def test_the_wheel_runs_the_quick_start_outside_the_repository(dist: Path, tmp_p
         rows = list(csv.DictReader(table))
     assert len(rows) == 6 and {row["status"] for row in rows} == {"succeeded"}
     assert all((tmp_path / "demo" / "out" / row["paths"]).is_file() for row in rows)
+    _workbook(tmp_path / "m.xlsx")
+    refused = run("validate", "m.xlsx")  # installed without extras
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert (
+        refused.stderr
+        == "imagebatch validate: reading .xlsx needs the xlsx extra: pip install 'imagebatch[xlsx]'\n"
+    )
+
+
+def _workbook(path: Path) -> None:
+    import openpyxl  # this environment's: the tests have every extra
+
+    book = openpyxl.Workbook()
+    book.active.append(["id", "prompt"])
+    book.active.append(["a", "a red mug"])
+    book.save(path)

@@ -22,6 +22,7 @@ from imagebatch.cli.outputs import add_report, add_review
 from imagebatch.cli.prefect_commands import add_limits, add_worker
 from imagebatch.cli.run import add_run
 from imagebatch.cli.validate import add_validate
+from imagebatch.extras import MissingExtra
 from imagebatch.gateway.emulator.options import emulator_arguments
 from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
@@ -36,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Prefect flows: check, run, review, export, deploy.",
         epilog=EXIT_CODES,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version and exit"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     add_init(sub)
     add_run(sub)
@@ -61,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"imagebatch {args.command}: --sheet is for an .xlsx manifest", file=sys.stderr)
             return EXIT_USAGE
         args.manifest = type(args.manifest)(f"{args.manifest}#{args.sheet}")  # what a reload reads again
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except MissingExtra as exc:  # raised while the manifest or a location is checked: nothing sent yet
+        print(f"imagebatch {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _workbook(manifest: str | Path, format: str | None) -> bool:

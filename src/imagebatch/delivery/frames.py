@@ -29,12 +29,14 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import pandas as pd
-
+from imagebatch.extras import needs_extra
 from imagebatch.storage import layout
 from imagebatch.work.decisions import Decision, read_decisions
 from imagebatch.work.store import RESULT_COLUMNS, OutputStore
 from imagebatch.work.usage import token_counts
+
+with needs_extra("notebook", "imagebatch.results()"):  # pandas is the notebook extra (pyproject.toml)
+    import pandas as pd
 
 INTEGER_COLUMNS = ("request_index", "turn_index", "images", "width", "height", "attempts", "variant")
 """results.csv's counts, as nullable integers."""
