@@ -54,3 +54,11 @@ def test_init_over_a_different_file_writes_nothing_and_exits_2(tmp_path: Path, c
         "written (choose another DIR, or move 1 file(s) away)"
     ]
     assert _tree(tmp_path) == {"images/logo.png": b"my logo"}
+
+
+def test_init_into_a_file_writes_nothing_and_exits_2(tmp_path: Path, capsys: Any) -> None:
+    (tmp_path / "demo").write_text("mine")
+    code, out, err = cli(capsys, "init", str(tmp_path / "demo"))
+    assert (code, out) == (EXIT_USAGE, "")
+    assert err == f"imagebatch init: {tmp_path / 'demo'} is a file, not a folder; nothing was written\n"
+    assert _tree(tmp_path) == {"demo": b"mine"}

@@ -70,6 +70,21 @@ def init_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    if target.exists() and not target.is_dir():
+        print(f"imagebatch init: {target} is a file, not a folder; nothing was written", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        written = _write(target, wanted)
+    except OSError as exc:  # a folder that cannot be written: what was written is whole, and the example's
+        print(f"imagebatch init: cannot write into {target}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{written} example file(s) written to {target} ({len(wanted) - written} already there)")
+    print(f"next: imagebatch run {target / 'catalog.csv'} --out {target / 'out'}")
+    return EXIT_OK
+
+
+def _write(target: Path, wanted: dict[str, bytes]) -> int:
+    """Each example file not already in `target`, written; how many were."""
     written = 0
     for name, data in sorted(wanted.items()):
         path = target / name
@@ -78,9 +93,7 @@ def init_command(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         written += 1
-    print(f"{written} example file(s) written to {target} ({len(wanted) - written} already there)")
-    print(f"next: imagebatch run {target / 'catalog.csv'} --out {target / 'out'}")
-    return EXIT_OK
+    return written
 
 
 def _differs(path: Path, data: bytes) -> bool:
