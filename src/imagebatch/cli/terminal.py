@@ -326,8 +326,11 @@ def _preflight(args: argparse.Namespace, err: Console) -> tuple[Preflight, RunOp
     except ManifestError as exc:
         for problem in exc.problems:
             err.print(str(problem), markup=False, highlight=False)
-        where = shown_url(args.manifest)
-        err.print(f"{where}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
+        where, n = shown_url(args.manifest), len(exc.problems)
+        err.print(
+            f"{where}: {n} problem{'s' if n != 1 else ''}; nothing was sent.",
+            markup=False,
+        )
         return None
     except UsageError as exc:
         err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)

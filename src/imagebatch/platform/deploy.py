@@ -133,8 +133,11 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
     except ManifestError as exc:  # every problem, as `run` prints them
         for problem in exc.problems:
             print(str(problem), file=sys.stderr)
-        where = shown_url(args.manifest)
-        print(f"{where}: {len(exc.problems)} problem(s); nothing was deployed.", file=sys.stderr)
+        where, n = shown_url(args.manifest), len(exc.problems)
+        print(
+            f"{where}: {n} problem{'s' if n != 1 else ''}; nothing was deployed.",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         model = RunOptions.model_validate(parameters["options"])
