@@ -8,8 +8,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from ..compat_models import ChatRequest
-from ..constants import DEFAULT_ASPECT_RATIO, DEFAULT_IMAGE_SIZE, Route
+from imagebatch.gateway.compat_models import ChatRequest
+from imagebatch.gateway.constants import DEFAULT_ASPECT_RATIO, DEFAULT_IMAGE_SIZE, Route
+
 from .deps import EmulatorDep, JsonBodyDep, MaxImagesDep, RecordDep, bearer_auth, mark_route
 from .errors import ServiceError
 from .generation import (

@@ -14,7 +14,8 @@ from typing import Literal
 
 from PIL import Image, ImageDraw, ImageFont
 
-from ..constants import IMAGES_API_SIZES
+from imagebatch.gateway.constants import IMAGES_API_SIZES
+
 from .chance import digest
 
 # The spec does not give pixel sizes for 1K/2K/4K; we take the long side from the size name and derive

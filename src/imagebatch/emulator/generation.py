@@ -16,8 +16,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from ..constants import Route
-from ..models import describe_validation_error
+from imagebatch.gateway.constants import Route
+from imagebatch.gateway.models import describe_validation_error
+
 from .chance import choose_fault, digest, unit
 from .edge import DropConnection
 from .errors import ServiceError

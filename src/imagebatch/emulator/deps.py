@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from ..constants import (
+from imagebatch.gateway.constants import (
     COMPAT_VERSION_HEADER,
     MAX_IMAGES_HEADER,
     MAX_IMAGES_MAX,
@@ -22,6 +22,7 @@ from ..constants import (
     NATIVE_KEY_HEADER,
     Route,
 )
+
 from .edge import record_of
 from .errors import ServiceError
 from .state import EmulatorState, RequestLogEntry

@@ -10,9 +10,10 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from ..constants import DEFAULT_ASPECT_RATIO, DEFAULT_IMAGE_SIZE, Route, model_refusal
-from ..imagefile import NotAnImageError, inspect_image
-from ..models import NativeRequest, validate_native_request
+from imagebatch.gateway.constants import DEFAULT_ASPECT_RATIO, DEFAULT_IMAGE_SIZE, Route, model_refusal
+from imagebatch.gateway.imagefile import NotAnImageError, inspect_image
+from imagebatch.gateway.models import NativeRequest, validate_native_request
+
 from .deps import EmulatorDep, JsonBodyDep, MaxImagesDep, RecordDep, native_auth
 from .errors import ServiceError
 from .generation import (

@@ -12,9 +12,10 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
-from ..compat_models import ImagesRequest
-from ..constants import MAX_UPLOAD_BYTES, Route
-from ..imagefile import ImageInfo, NotAnImageError, inspect_image, mask_problems
+from imagebatch.gateway.compat_models import ImagesRequest
+from imagebatch.gateway.constants import MAX_UPLOAD_BYTES, Route
+from imagebatch.gateway.imagefile import ImageInfo, NotAnImageError, inspect_image, mask_problems
+
 from .chance import digest
 from .deps import EmulatorDep, JsonBodyDep, RecordDep, bearer_auth, mark_route
 from .errors import ServiceError

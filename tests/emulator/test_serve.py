@@ -16,8 +16,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from imagebatch.gateway.emulator.options import PORT, emulator_arguments
-from imagebatch.gateway.emulator.serve import settings_from_args
+from imagebatch.cli.emulator import PORT, emulator_arguments, settings_from_args
 
 URL_LINE = re.compile(r"^imagebatch emulator listening on (http://127\.0\.0\.1:\d+)$")
 NATIVE = "/v1beta/models/native-image-2:generateContent"
@@ -26,10 +25,10 @@ BODY = {"contents": [{"parts": [{"text": "a harbour"}]}]}
 
 @contextmanager
 def running(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """Start `python -m imagebatch.gateway.emulator --port 0 ARGS`; yield (process, URL)."""
+    """Start `python -m imagebatch.cli.emulator --port 0 ARGS`; yield (process, URL)."""
     full_env = {k: v for k, v in os.environ.items() if k != "IMAGEBATCH_API_KEY"} | (env or {})
     process = subprocess.Popen(
-        [sys.executable, "-m", "imagebatch.gateway.emulator", "--port", "0", *args],
+        [sys.executable, "-m", "imagebatch.cli.emulator", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -92,7 +91,7 @@ def test_port_already_taken_fails_with_status_1() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "imagebatch.gateway.emulator", "--port", str(port), "--api-key", "k"],
+            [sys.executable, "-m", "imagebatch.cli.emulator", "--port", str(port), "--api-key", "k"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -103,7 +102,7 @@ def test_port_already_taken_fails_with_status_1() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The emulator's own parser, as `python -m imagebatch.gateway.emulator` builds it."""
+    """The emulator's own parser, as `python -m imagebatch.cli.emulator` builds it."""
     parser = argparse.ArgumentParser(prog="emulator")
     emulator_arguments(parser)
     return parser
