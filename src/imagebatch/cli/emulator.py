@@ -137,7 +137,10 @@ def run_emulator(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args, api_key)
     except ValidationError as exc:
-        print(f"imagebatch emulator: invalid options: {exc}", file=sys.stderr)
+        # One line naming the option, as every command says a usage error (no pydantic block).
+        first = exc.errors(include_url=False)[0]
+        option = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
+        print(f"imagebatch emulator: invalid option {option}: {first['msg']}", file=sys.stderr)
         return EXIT_USAGE
 
     def listening(url: str) -> None:
