@@ -25,7 +25,7 @@ import pytest
 from helpers.emulator import emulator_settings
 
 import imagebatch  # noqa: F401 - sets Prefect's environment defaults before Prefect is imported
-from imagebatch.gateway.emulator import EmulatorServer
+from imagebatch.emulator import EmulatorServer
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +45,7 @@ def emulator(emulator_server: EmulatorServer) -> Iterator[EmulatorServer]:
     """The session's `EmulatorServer`, reset: empty ledger and request log, no attempts counted, the
     session settings above and no faults. Changes a test makes are undone by the next test's reset.
 
-    Handle API (see `imagebatch.gateway.emulator.server.EmulatorServer`):
+    Handle API (see `imagebatch.emulator.server.EmulatorServer`):
       - `url`: the service root, e.g. `http://127.0.0.1:54321`; `api_key`.
       - `ledger(idempotency_key=None)`: billed generations, dicts with `seq, time, route, model, images,
         usage, idempotency_key, request_id, status (int or "drop"), fault, attempt, prompt`.

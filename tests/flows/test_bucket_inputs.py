@@ -17,7 +17,7 @@ from helpers.images import png
 from helpers.runs import cli
 
 from imagebatch.cli.main import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, build_parser
-from imagebatch.gateway.emulator.render import Renderer, RenderSpec, images_pixel_size
+from imagebatch.emulator.render import Renderer, RenderSpec, images_pixel_size
 
 REF_A = png(48, 48, (200, 30, 30))
 REF_B = png(48, 48, (30, 30, 200))

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 from helpers.fake_gateway import ALL_ROUTES, RETRYING_ROUTES, ROUTES
 
+from imagebatch.emulator import EmulatorServer
 from imagebatch.gateway import GatewayClient
-from imagebatch.gateway.emulator import EmulatorServer
 from imagebatch.gateway.errors import OutcomeUnknownError, ServiceUnreachableError
 
 TIMEOUT = 0.2

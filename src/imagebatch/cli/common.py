@@ -18,7 +18,8 @@ EXIT_CODES = {
     "run": "0 done, 1 some requests did not succeed, 2 an invalid manifest or a usage error (nothing sent), "
     "130 stopped with Ctrl-C, 143 with SIGTERM",
     "validate": "0 valid (the plan printed), 2 problems found or a usage error; nothing is ever sent",
-    "emulator": "0 stopped with Ctrl-C or SIGTERM, 1 it could not listen or stopped unexpectedly",
+    "emulator": "0 stopped with Ctrl-C or SIGTERM, 1 it could not listen or stopped unexpectedly, 2 a usage "
+    "error (an option out of range: nothing served)",
     "report": "0 written, 2 not an output folder of a finished run, or a usage error",
     "review": "0 stopped with Ctrl-C, 2 not an output location or a usage error",
     "export": "0 exported, 1 a read or write failed midway (what was written is whole: run it again), "

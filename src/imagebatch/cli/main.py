@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from imagebatch import __version__
-from imagebatch.cli.common import TOP_EXIT_CODES, Parser, command, defaults_from, one_voice
+from imagebatch.cli.common import TOP_EXIT_CODES, Parser, one_voice
 from imagebatch.cli.deploy import add_deploy, add_serve
+from imagebatch.cli.emulator import add_emulator
 from imagebatch.cli.export import add_export
 from imagebatch.cli.init import add_init
 from imagebatch.cli.outputs import add_report, add_review
@@ -23,8 +24,6 @@ from imagebatch.cli.prefect_commands import add_limits, add_worker
 from imagebatch.cli.run import add_run
 from imagebatch.cli.validate import add_validate
 from imagebatch.extras import MissingExtra
-from imagebatch.gateway.emulator.options import emulator_arguments
-from imagebatch.gateway.emulator.settings import EmulatorSettings
 from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 __all__ = ["EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
@@ -45,10 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_init(sub)
     add_run(sub)
     add_validate(sub)
-    emulator = command(sub, "emulator", "serve the emulated gateway on loopback", "Until Ctrl-C.")
-    emulator_arguments(emulator)
-    defaults_from(emulator, EmulatorSettings)
-    emulator.set_defaults(handler=_emulator)
+    add_emulator(sub)
     add_report(sub)
     add_review(sub)
     add_export(sub)
@@ -80,12 +76,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _workbook(manifest: str | Path, format: str | None) -> bool:
     return format == "xlsx" or (format is None and Path(manifest).suffix.lower() == ".xlsx")
-
-
-def _emulator(args: argparse.Namespace) -> int:
-    from imagebatch.gateway.emulator.serve import serve
-
-    return serve(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -183,7 +183,7 @@ def _warm_imports(*, emulator: bool, report: bool) -> None:
 
     names = ["prefect.flow_engine", "prefect.task_engine", "fastapi.encoders"]
     if emulator:
-        names += ["imagebatch.gateway.emulator.app", "imagebatch.gateway.emulator.server", "uvicorn.server"]
+        names += ["imagebatch.emulator.app", "imagebatch.emulator.server", "uvicorn.server"]
     if report or emulator:
         names += ["PIL.ImageDraw", "PIL.ImageFont"]
     for name in names:

@@ -77,7 +77,7 @@ def service(base_url: str | None, secret_block: str | None, hooks: RunHooks) -> 
             raise UsageError(f"no API key for {base_url}: {why}")
         yield base_url, key
         return
-    from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+    from imagebatch.emulator import EmulatorServer, EmulatorSettings
 
     key = "emulator-" + secrets.token_hex(16)
     with EmulatorServer(EmulatorSettings(api_key=key, **hooks.emulator_settings)) as server:

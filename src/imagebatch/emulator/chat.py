@@ -8,8 +8,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from ..compat_models import ChatRequest
-from ..constants import DEFAULT_ASPECT_RATIO, DEFAULT_IMAGE_SIZE, Route
+from imagebatch.gateway.constants import Route
+
+from .bodies import ChatRequest
 from .deps import EmulatorDep, JsonBodyDep, MaxImagesDep, RecordDep, bearer_auth, mark_route
 from .errors import ServiceError
 from .generation import (
@@ -26,6 +27,7 @@ from .generation import (
 )
 from .native import output_image_tokens
 from .render import RenderSpec, native_pixel_size
+from .spec import DEFAULT_ASPECT_RATIO, DEFAULT_IMAGE_SIZE
 from .state import EmulatorState
 
 router = APIRouter(tags=["chat"])

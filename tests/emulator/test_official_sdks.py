@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from helpers.images import mask, open_image, png
 
+from imagebatch.emulator import EmulatorServer
 from imagebatch.gateway.constants import COMPAT_VERSION_HEADER, DEFAULT_COMPAT_VERSION
-from imagebatch.gateway.emulator import EmulatorServer
 
 genai = pytest.importorskip("google.genai", reason="the sdk dependency group is not installed")
 openai = pytest.importorskip("openai", reason="the sdk dependency group is not installed")

@@ -12,14 +12,16 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
-from ..compat_models import ImagesRequest
-from ..constants import MAX_UPLOAD_BYTES, Route
-from ..imagefile import ImageInfo, NotAnImageError, inspect_image, mask_problems
+from imagebatch.gateway.constants import Route
+from imagebatch.gateway.imagefile import ImageInfo, NotAnImageError, inspect_image
+
+from .bodies import ImagesRequest
 from .chance import digest
 from .deps import EmulatorDep, JsonBodyDep, RecordDep, bearer_auth, mark_route
 from .errors import ServiceError
 from .generation import Attempt, b64, begin, finish, no_query, render, text_tokens, validate
 from .render import RenderSpec, images_pixel_size
+from .spec import MAX_UPLOAD_BYTES, mask_refusal
 from .state import EmulatorState, RequestLogEntry
 
 router = APIRouter(tags=["images"])
@@ -155,9 +157,9 @@ async def _parse_edit_form(
     mask: bytes | None = None
     if mask_upload is not None:
         mask, mask_info = await _read_file(mask_upload, "mask")
-        problems = mask_problems(mask_info, read[0][1])
-        if problems:
-            raise ServiceError(400, problems[0][0])
+        problem = mask_refusal(mask_info, read[0][1])
+        if problem:
+            raise ServiceError(400, problem)
     return params, fields, tuple(data for data, _ in read), mask
 
 

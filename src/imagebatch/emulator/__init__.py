@@ -1,6 +1,7 @@
 """The gateway service, emulated: a FastAPI app (`create_app`) that behaves as the spec
-(docs/spec/service-interface.md) says the service does, served in a thread (`EmulatorServer`) or on its own
-(`imagebatch emulator`, see `serve`).
+(docs/spec/service-interface.md) says the service does, served in a thread (`EmulatorServer`) or in the
+foreground (`serve`, the body of `imagebatch emulator`). It reads requests by its own reading of the spec
+(`spec`, `bodies`), never with the client's models, so that a rule the two read differently fails a test.
 
 docs/emulator.md (the manual's page "The emulator") lists the choices made where the spec is silent.
 """
@@ -17,8 +18,8 @@ if TYPE_CHECKING:
     from .settings import EmulatorSettings, FaultConfig, ScriptedFault
     from .state import EmulatorState, LedgerEntry, RequestLogEntry
 
-# Imported when first used, not with the package: the command's parser reads the emulator's options
-# (`emulator.options`) without loading FastAPI and the app (bench/README.md, "Redesign").
+# Imported when first used, not with the package: the command's parser reads the emulator's settings
+# (`emulator.settings`) without loading FastAPI and the app (bench/README.md, "Redesign").
 _WHERE = {
     "EmulatorApp": ".app",
     "create_app": ".app",

@@ -12,8 +12,8 @@ from typing import Any
 
 from helpers.emulator import assert_error, native_body, post
 
+from imagebatch.emulator import EmulatorServer
 from imagebatch.gateway.constants import Route
-from imagebatch.gateway.emulator import EmulatorServer
 
 
 class Clock:
@@ -101,7 +101,7 @@ def test_the_client_waits_what_retry_after_says_on_the_images_route(emulator: Em
 
 
 def test_overload_bursts_refuse_everything_for_a_while_then_pass(emulator: EmulatorServer) -> None:
-    from imagebatch.gateway.emulator.settings import parse_bursts
+    from imagebatch.emulator.settings import parse_bursts
 
     clock = Clock()
     clock.now = 600.0  # the start of a period of 60 s

@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..errors import ErrorBody
+from imagebatch.gateway.errors import ErrorBody
 
-logger = logging.getLogger("imagebatch.gateway.emulator")
+logger = logging.getLogger("imagebatch.emulator")
 
 # status -> (error.type, default error.code). The spec names only `invalid_request` and
 # `unsupported_endpoint`; the rest are our choice (see the emulator README's table).

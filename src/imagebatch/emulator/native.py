@@ -10,9 +10,10 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from ..constants import DEFAULT_ASPECT_RATIO, DEFAULT_IMAGE_SIZE, Route, model_refusal
-from ..imagefile import NotAnImageError, inspect_image
-from ..models import NativeRequest, validate_native_request
+from imagebatch.gateway.constants import Route
+from imagebatch.gateway.imagefile import NotAnImageError, inspect_image
+
+from .bodies import NativeRequest, native_request
 from .deps import EmulatorDep, JsonBodyDep, MaxImagesDep, RecordDep, native_auth
 from .errors import ServiceError
 from .generation import (
@@ -29,6 +30,7 @@ from .generation import (
 )
 from .render import THOUGHT_LONG_SIDE, RenderSpec, native_pixel_size
 from .signing import history_digests
+from .spec import DEFAULT_ASPECT_RATIO, DEFAULT_IMAGE_SIZE, refusal
 from .state import EmulatorState
 
 router = APIRouter(tags=["native"])
@@ -57,9 +59,9 @@ def native_model(model_action: str, record: RecordDep) -> str:
         raise ServiceError(404, f"no route /v1beta/models/{model_action}; use {{model}}:{ACTION}")
     if action != ACTION:
         raise ServiceError(404, f"method {action!r} is not served (streaming is not supported); use {ACTION}")
-    refusal = model_refusal(Route.NATIVE, model)
-    if refusal is not None:
-        raise ServiceError(404, refusal[1], refusal[0])
+    refused = refusal(Route.NATIVE, model)
+    if refused is not None:
+        raise ServiceError(404, refused[2], refused[1])  # in the path: a wrong URL, whatever the model
     record.route, record.model = Route.NATIVE.value, model
     return model
 
@@ -206,7 +208,7 @@ async def generate_content(
     body: JsonBodyDep,
 ) -> Response:
     try:
-        native = validate_native_request(body, model)
+        native = native_request(body, model)
     except ValidationError as exc:
         raise validation_failure(exc) from None
     digests = history_digests(body["contents"], model)

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from helpers.emulator import VALID_BODIES, assert_error, auth_headers, edit_files, http, path_of, png, post
 
+from imagebatch.emulator import EmulatorServer, EmulatorSettings, create_app
 from imagebatch.gateway.constants import COMPAT_VERSION_HEADER, DEFAULT_COMPAT_VERSION, NATIVE_MODELS, Route
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings, create_app
 
 JSON_ROUTES = [r for r in Route if r is not Route.IMAGES_EDITS]
 

@@ -10,14 +10,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
 import pytest
 
-from imagebatch.gateway.emulator.options import PORT, emulator_arguments
-from imagebatch.gateway.emulator.serve import settings_from_args
+from imagebatch.cli.emulator import PORT, emulator_arguments, main, settings_from_args
+from imagebatch.emulator import EmulatorSettings
+from imagebatch.emulator.serve import CannotServe, serve
 
 URL_LINE = re.compile(r"^imagebatch emulator listening on (http://127\.0\.0\.1:\d+)$")
 NATIVE = "/v1beta/models/native-image-2:generateContent"
@@ -26,10 +28,10 @@ BODY = {"contents": [{"parts": [{"text": "a harbour"}]}]}
 
 @contextmanager
 def running(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """Start `python -m imagebatch.gateway.emulator --port 0 ARGS`; yield (process, URL)."""
+    """Start `python -m imagebatch.cli.emulator --port 0 ARGS`; yield (process, URL)."""
     full_env = {k: v for k, v in os.environ.items() if k != "IMAGEBATCH_API_KEY"} | (env or {})
     process = subprocess.Popen(
-        [sys.executable, "-m", "imagebatch.gateway.emulator", "--port", "0", *args],
+        [sys.executable, "-m", "imagebatch.cli.emulator", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -92,7 +94,7 @@ def test_port_already_taken_fails_with_status_1() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "imagebatch.gateway.emulator", "--port", str(port), "--api-key", "k"],
+            [sys.executable, "-m", "imagebatch.cli.emulator", "--port", str(port), "--api-key", "k"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -103,7 +105,7 @@ def test_port_already_taken_fails_with_status_1() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The emulator's own parser, as `python -m imagebatch.gateway.emulator` builds it."""
+    """The emulator's own parser, as `python -m imagebatch.cli.emulator` builds it."""
     parser = argparse.ArgumentParser(prog="emulator")
     emulator_arguments(parser)
     return parser
@@ -129,3 +131,37 @@ def test_bad_fault_options_are_usage_errors(bad: list[str], capsys: pytest.Captu
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(bad)
     assert exit_info.value.code == 2
+
+
+def test_settings_the_emulator_refuses_are_one_line_and_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--port", "0", "--api-key", "k", "--jpeg-rate", "5"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    assert err.splitlines() == [
+        "imagebatch emulator: invalid option --jpeg-rate: Input should be less than or equal to 1"
+    ]
+
+
+def test_serve_answers_until_stopped_then_puts_the_signal_handlers_back() -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop = threading.Event()
+    answers: list[int] = []
+
+    def listening(url: str) -> None:
+        headers = {"x-native-api-key": "k"}
+        answers.append(httpx.post(url + NATIVE, headers=headers, json=BODY, timeout=30).status_code)
+        stop.set()
+
+    serve(EmulatorSettings(api_key="k", seed=0), port=0, on_listening=listening, stop=stop)
+    assert answers == [200]
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_serve_on_a_port_already_taken_raises_cannot_serve() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CannotServe, match=r"cannot listen on 127\.0\.0\.1"):
+            serve(EmulatorSettings(api_key="k"), port=port, stop=threading.Event())

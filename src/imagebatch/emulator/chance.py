@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 
-from ..constants import Route
+from imagebatch.gateway.constants import Route
+
 from .settings import FAULT_OUTCOMES, FaultConfig
 
 

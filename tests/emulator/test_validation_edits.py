@@ -20,8 +20,8 @@ from helpers.emulator import (
 )
 from PIL import Image
 
+from imagebatch.emulator import EmulatorServer
 from imagebatch.gateway.constants import MAX_UPLOAD_BYTES, Route
-from imagebatch.gateway.emulator import EmulatorServer
 
 PNG = png(32, 32)
 JPEG = jpeg(32, 32)

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from helpers.emulator import assert_error, emulator_settings, final_images, native_body, open_image, post
 
+from imagebatch.emulator import EmulatorServer
+from imagebatch.emulator.signing import SIGNATURE_KEY, Signer, history_digests
 from imagebatch.gateway.constants import Route
-from imagebatch.gateway.emulator import EmulatorServer
-from imagebatch.gateway.emulator.signing import SIGNATURE_KEY, Signer, history_digests
 
 
 def model_turn(

@@ -24,12 +24,12 @@ from helpers.emulator import (
 )
 from starlette.requests import Request
 
+from imagebatch.emulator import EmulatorServer, EmulatorSettings, FaultConfig
+from imagebatch.emulator.admin import loopback_only
+from imagebatch.emulator.chance import choose_fault
+from imagebatch.emulator.errors import ServiceError
+from imagebatch.emulator.settings import STATUS_FAULTS, ScriptedFault, parse_rate, parse_script
 from imagebatch.gateway.constants import Route
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings, FaultConfig
-from imagebatch.gateway.emulator.admin import loopback_only
-from imagebatch.gateway.emulator.chance import choose_fault
-from imagebatch.gateway.emulator.errors import ServiceError
-from imagebatch.gateway.emulator.settings import STATUS_FAULTS, ScriptedFault, parse_rate, parse_script
 
 ALL_JSON_ROUTES = [r for r in Route if r is not Route.IMAGES_EDITS]
 LEDGER_FIELDS = {

@@ -22,9 +22,9 @@ from helpers.emulator import (
 )
 from PIL import Image, ImageStat
 
+from imagebatch.emulator import EmulatorServer, images_pixel_size, native_pixel_size
 from imagebatch.gateway.compat_models import ChatResponse, ImagesResponse
 from imagebatch.gateway.constants import ASPECT_RATIOS, IMAGE_SIZES, IMAGES_API_SIZES, Route
-from imagebatch.gateway.emulator import EmulatorServer, images_pixel_size, native_pixel_size
 from imagebatch.gateway.imagefile import sniff_mime
 from imagebatch.gateway.models import NativeResponse
 

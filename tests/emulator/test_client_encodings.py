@@ -12,9 +12,9 @@ import pytest
 from helpers.emulator import assert_error, final_images, native_body, post
 from helpers.images import png
 
+from imagebatch.emulator import EmulatorServer
+from imagebatch.emulator.signing import SIGNATURE_KEY
 from imagebatch.gateway.constants import Route
-from imagebatch.gateway.emulator import EmulatorServer
-from imagebatch.gateway.emulator.signing import SIGNATURE_KEY
 
 
 def urlsafe(data: bytes, padded: bool) -> str:

@@ -10,8 +10,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from ..compat_models import MessagesRequest, ResponsesRequest
-from ..constants import Route
+from imagebatch.gateway.constants import Route
+
+from .bodies import MessagesRequest, ResponsesRequest
 from .deps import EmulatorDep, JsonBodyDep, RecordDep, bearer_auth, mark_route, messages_auth
 from .errors import ServiceError
 from .generation import begin, finish, no_query, text_tokens, validate

@@ -14,8 +14,8 @@ from typing import Literal
 
 from PIL import Image, ImageDraw, ImageFont
 
-from ..constants import IMAGES_API_SIZES
 from .chance import digest
+from .spec import IMAGES_SIZES
 
 # The spec does not give pixel sizes for 1K/2K/4K; we take the long side from the size name and derive
 # the short side from the ratio (README table).
@@ -46,7 +46,7 @@ def native_pixel_size(image_size: str, aspect_ratio: str, long_side: int | None 
 
 def images_pixel_size(size: str) -> tuple[int, int]:
     """(width, height) of an images-route size: exactly `WxH`; `auto` is 1024x1024."""
-    if size not in IMAGES_API_SIZES:
+    if size not in IMAGES_SIZES:
         raise ValueError(f"unknown images size {size!r}")
     if size == "auto":
         return AUTO_IMAGES_SIZE

@@ -20,8 +20,8 @@ from helpers.emulator import (
     post,
 )
 
+from imagebatch.emulator import EmulatorServer
 from imagebatch.gateway.constants import NATIVE_MODELS, Route
-from imagebatch.gateway.emulator import EmulatorServer
 
 PNG = png(32, 32)
 JPEG = jpeg(32, 32)

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
-from imagebatch.gateway.emulator.render import prompt_lines
-from imagebatch.gateway.emulator.settings import ServerLimits
+from imagebatch.emulator import EmulatorServer, EmulatorSettings
+from imagebatch.emulator.render import prompt_lines
+from imagebatch.emulator.settings import ServerLimits
 
 KEY = "limits-key"
 GENERATE = b"POST /v1/images/generations HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + KEY.encode()
@@ -169,9 +169,7 @@ def test_short_of_file_descriptors_the_command_answers_503_instead_of_too_many_o
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 512:
         pytest.skip(f"the hard limit of file descriptors ({hard}) is below 512")
-    command = (
-        f"ulimit -n 512 && exec {sys.executable} -m imagebatch.gateway.emulator --port 0 --api-key {KEY}"
-    )
+    command = f"ulimit -n 512 && exec {sys.executable} -m imagebatch.cli.emulator --port 0 --api-key {KEY}"
     process = subprocess.Popen(
         ["bash", "-c", command],
         stdout=subprocess.PIPE,

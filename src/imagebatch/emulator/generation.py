@@ -16,8 +16,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from ..constants import Route
-from ..models import describe_validation_error
+from imagebatch.gateway.constants import Route
+
+from .bodies import refused
 from .chance import choose_fault, digest, unit
 from .edge import DropConnection
 from .errors import ServiceError
@@ -41,10 +42,8 @@ FAULT_MESSAGES: dict[int, str] = {
 
 
 def validate(model: type[M], body: object) -> M:
-    """Validate `body` with one of the shared request models; map its error to the spec's error answer.
-
-    `model_not_found` (a model outside the public set) is a 404, like an unknown model in the URL path.
-    """
+    """Validate `body` with one of the emulator's request models (`bodies`); map its error to the spec's
+    error answer (`model_not_found`, a model outside the public set, is a 404 like one in the URL path)."""
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -52,8 +51,8 @@ def validate(model: type[M], body: object) -> M:
 
 
 def validation_failure(exc: ValidationError) -> ServiceError:
-    code, message = describe_validation_error(exc)
-    return ServiceError(404 if code == "model_not_found" else 400, message, code)
+    status, code, message = refused(exc)
+    return ServiceError(status, message, code)
 
 
 def text_tokens(text: str) -> int:

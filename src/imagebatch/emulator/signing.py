@@ -29,7 +29,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from imagebatch.gateway.models import b64decode_any, standard_base64
+from .bodies import b64decode_any, standard_base64
 
 SIGNATURE_KEY = "thoughtSignature"
 _VERSION = b"\x02"

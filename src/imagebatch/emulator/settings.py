@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..constants import Route
+from imagebatch.gateway.constants import Route
 
 # A status fault answers with that HTTP status and generates nothing (nothing is billed).
 StatusFault = Literal["401", "402", "408", "409", "425", "429", "500", "502", "503"]

@@ -17,13 +17,14 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..constants import IDEMPOTENCY_HEADER, REQUEST_ID_HEADER
+from imagebatch.gateway.constants import IDEMPOTENCY_HEADER, REQUEST_ID_HEADER
+
 from .errors import error_body
 from .guard import BodyGuard
 from .settings import ServerLimits
 from .state import EmulatorState, RequestLogEntry
 
-logger = logging.getLogger("imagebatch.gateway.emulator")
+logger = logging.getLogger("imagebatch.emulator")
 
 RECORD_SCOPE_KEY = "imagebatch.emulator.record"
 

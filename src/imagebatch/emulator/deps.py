@@ -13,17 +13,17 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from ..constants import (
+from imagebatch.gateway.constants import (
     COMPAT_VERSION_HEADER,
     MAX_IMAGES_HEADER,
-    MAX_IMAGES_MAX,
-    MAX_IMAGES_MIN,
     MESSAGES_KEY_HEADER,
     NATIVE_KEY_HEADER,
     Route,
 )
+
 from .edge import record_of
 from .errors import ServiceError
+from .spec import MAX_IMAGES_RANGE
 from .state import EmulatorState, RequestLogEntry
 
 
@@ -106,12 +106,12 @@ def max_images(request: Request) -> int:
     """`X-Service-Max-Images`: an integer 1..4, default 1."""
     values = request.headers.getlist(MAX_IMAGES_HEADER)
     if not values:
-        return MAX_IMAGES_MIN
+        return MAX_IMAGES_RANGE[0]
     value = values[0].strip()
     if len(values) > 1 or not (value.isascii() and value.isdigit()):
         raise ServiceError(400, f"{MAX_IMAGES_HEADER} must be one integer from 1 to 4, not {values!r}")
     number = int(value)
-    if not MAX_IMAGES_MIN <= number <= MAX_IMAGES_MAX:
+    if number not in MAX_IMAGES_RANGE:
         raise ServiceError(400, f"{MAX_IMAGES_HEADER} must be from 1 to 4, not {number}")
     return number
 
