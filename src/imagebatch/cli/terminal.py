@@ -267,12 +267,44 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
             run_hooks(hooks),
             guarding(guard),
             ending.watching(signals),
+            _refusal_printed_once(),
         ):
             info = _generate(args, options, guard)
     except UsageError as exc:
         err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
+        if server is not None:  # Prefect's log of the refusal, sent before its server stops
+            from imagebatch.platform.prefect_server import end_shipping
+
+            end_shipping()
         return EXIT_USAGE
     return ending.finish(info, signals)
+
+
+class _NotUsageErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        from imagebatch.run.preflight import UsageError
+
+        return not (record.exc_info and isinstance(record.exc_info[1], UsageError))
+
+
+@contextlib.contextmanager
+def _refusal_printed_once() -> Iterator[None]:
+    """A run the flow refuses once it has started (another run took the folder after our own check):
+    Prefect's engine logs the refusal with its traceback ("Encountered exception during execution"); its
+    console handlers skip that record, the command prints the refusal in one line, and Prefect's log (its
+    UI) keeps it."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    names = ["", *(n for n in logging.root.manager.loggerDict if n.startswith("prefect"))]
+    found = {h for n in names for h in logging.getLogger(n).handlers if isinstance(h, PrefectConsoleHandler)}
+    refusals = _NotUsageErrors()
+    for handler in found:
+        handler.addFilter(refusals)
+    try:
+        yield
+    finally:
+        for handler in found:
+            handler.removeFilter(refusals)
 
 
 def _generate(args: argparse.Namespace, options: RunOptions, guard: PrefectGuard) -> dict[str, Any]:
