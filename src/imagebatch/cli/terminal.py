@@ -271,13 +271,19 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
         ):
             info = _generate(args, options, guard)
     except UsageError as exc:
-        err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
-        if server is not None:  # Prefect's log of the refusal, sent before its server stops
-            from imagebatch.platform.prefect_server import end_shipping
-
-            end_shipping()
-        return EXIT_USAGE
+        return _refused(err, exc, server)
     return ending.finish(info, signals)
+
+
+def _refused(err: Console, exc: Exception, server: TemporaryServer | None) -> int:
+    """The flow refused to start (`_refusal_printed_once`): one line; Prefect's log of the refusal sent
+    before its temporary server stops (left to Prefect's exit handlers: `--- Error logging to API ---`)."""
+    err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
+    if server is not None:
+        from imagebatch.platform.prefect_server import end_shipping
+
+        end_shipping()
+    return EXIT_USAGE
 
 
 class _NotUsageErrors(logging.Filter):
@@ -320,9 +326,26 @@ def _generate(args: argparse.Namespace, options: RunOptions, guard: PrefectGuard
         return summary_of(state)  # raises what the flow raised
     except Exception as exc:
         if guard.result is None:
+            _raise_if_unreachable(exc)
             raise
         guard.lose(f"its flow engine could not record the run's end: {exc!r}")
         return guard.result
+
+
+def _raise_if_unreachable(exc: Exception) -> None:
+    """A Prefect server that `PREFECT_API_URL` names (the environment, a profile) but that does not answer:
+    Prefect's engine raises "Failed to reach API" as it starts the flow run, before anything is sent. That
+    is the run's configuration, said in one line (exit 2) rather than as Prefect's three tracebacks."""
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    from imagebatch.run.preflight import UsageError
+
+    if isinstance(exc, RuntimeError) and isinstance(exc.__cause__, httpx.TransportError):
+        raise UsageError(
+            f"Prefect's API at {PREFECT_API_URL.value()} (PREFECT_API_URL) does not answer "
+            f"({exc.__cause__}): start that server, or unset PREFECT_API_URL to run on a temporary one"
+        ) from None
 
 
 def _run_json(checked: Preflight) -> Path | None:
