@@ -19,8 +19,10 @@ import atexit
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,30 @@ def s3(s3_server: object, monkeypatch: pytest.MonkeyPatch) -> object:
     for name, value in s3_server.env().items():  # type: ignore[attr-defined]
         monkeypatch.setenv(name, value)
     return s3_server
+
+
+# --- the end of the test run ------------------------------------------------------------------------
+
+
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM of the test run (a CI timeout, `timeout`, `kill`) ends it as Ctrl-C does: fixtures torn
+    down, `pytest_sessionfinish` and the exit handlers run, so the Prefect servers and workers its tests
+    started are stopped; Python's default for SIGTERM ends the process at once and left them running."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupted)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After the fixtures' teardown (in every xdist worker too): the servers and workers the helpers
+    started that are still running, stopped (`helpers.prefect_server.stop_started`)."""
+    from helpers.prefect_server import stop_started
+
+    stop_started()
 
 
 # --- the slow tests ------------------------------------------------------------------------------------
