@@ -31,7 +31,7 @@ from helpers.prefect_server import (
 )
 
 from imagebatch.cli.main import main
-from imagebatch.gateway.emulator import EmulatorServer
+from imagebatch.emulator import EmulatorServer
 
 pytestmark = pytest.mark.slow  # its own Prefect server and worker
 

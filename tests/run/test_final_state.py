@@ -267,10 +267,13 @@ def test_a_failed_or_cancelled_state_carries_the_summary_in_an_exception() -> No
     assert summary_of(final_state(info(ALL_DONE))) == info(ALL_DONE)
 
 
-def test_prefects_engine_ends_a_failed_run_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+def test_prefects_engine_ends_a_failed_run_without_a_traceback(
+    prefect: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """What a worker's flow process does (`prefect.engine` -> `run_flow(..., error_logger=...)`): the
     state's exception is raised again to the engine, which logged it as "unexpected exception" with its
-    traceback; the verdict was logged already."""
+    traceback; the verdict was logged already. On the session's Prefect harness: not on a server Prefect
+    would start by itself, nor on one the machine's settings name."""
     from prefect import flow
     from prefect.flow_engine import run_flow
 
