@@ -134,6 +134,17 @@ def test_history_an_undo_takes_back_only_its_reviewers_decision_in_force(tmp_pat
     assert read_decisions(folder)["ib1-a"] == next(iter_decisions(folder))  # alice's, as she made it
 
 
+class _Heard(logging.Handler):
+    """Every record a logger emits while attached."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def _long_line(key: str, note: str) -> bytes:
     data = {"key": key, "variant": 1, "decision": "rejected", "note": note, "reviewer": "script", "at": now()}
     return json.dumps(data).encode() + b"\n"
@@ -161,7 +172,7 @@ def test_a_note_longer_than_the_pages_cap_is_refused_with_the_file_and_line(
 
 
 def test_a_redo_never_sends_a_note_longer_than_the_pages_cap(
-    service_env: Any, tmp_path: Path, out: Path, capfd: pytest.CaptureFixture[str]
+    service_env: Any, tmp_path: Path, out: Path
 ) -> None:
     """A 1 MB note appended to review.jsonl by hand is not the edit instruction: the rejection before it
     is (its note sent), and the emulator's ledger shows no request carrying the long one."""
@@ -172,10 +183,19 @@ def test_a_redo_never_sends_a_note_longer_than_the_pages_cap(
     long = "make it brighter " * 60_000
     with (out / REVIEW_FILE).open("ab") as fh:
         fh.write(_long_line(first.idempotency_key, long))
-    info = run_flow(manifest=str(manifest), out=str(out), redo="rejected", edit=True)
+    heard = _Heard()
+    logging.getLogger("imagebatch.review").addHandler(heard)
+    try:
+        info = run_flow(manifest=str(manifest), out=str(out), redo="rejected", edit=True)
+    finally:
+        logging.getLogger("imagebatch.review").removeHandler(heard)
     assert info["redo"]["edits"] == 1
     said = f"{out / REVIEW_FILE} line 2: a note of 1,020,000 characters, longer than the review page's 2,000"
-    assert capfd.readouterr().err.count(said) == 1  # once, though the run reads the record three times
+    # Said once, though the run reads the record three times. Heard on the logger itself, not on
+    # stderr or caplog: Prefect's logging set-up replaces the root's handlers (pytest's among them),
+    # and its console handler keeps the stream it was made with, which after other tests is not this
+    # test's. A record forwarded to the run's logger too is the same object.
+    assert len({id(r) for r in heard.records if said in r.getMessage()}) == 1
     (edit,) = [e for e in service_env.ledger() if e["idempotency_key"] != first.idempotency_key]
     assert "too dark" in edit["prompt"]
     assert not [e for e in service_env.ledger() if "make it brighter" in e["prompt"]]
