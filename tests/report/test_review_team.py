@@ -64,7 +64,7 @@ def bearer(name: str) -> dict[str, str]:
 def test_a_host_beyond_loopback_without_reviewers_is_refused_in_one_line(
     out: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, stdout, err = cli(capsys, "review", str(out), "--host", HOST)
+    code, _, err = cli(capsys, "review", str(out), "--host", HOST)
     assert code == 2
     assert (
         err == f"imagebatch review: --host {HOST} is beyond loopback: name the reviewers (--reviewers FILE)\n"
@@ -107,8 +107,11 @@ def test_a_reviewers_file_line_that_is_not_name_and_token_is_refused(
 
 def test_every_route_refuses_a_request_without_a_reviewers_token(team: ReviewServer, out: Path) -> None:
     key = next(iter(team.cards))
-    for path in ("/", "/api/changes?since=-1", "/api/decisions", "/api/undo", f"/thumb/{key}/0", f"/image/{key}/0", f"/ref/{key}/0", "/favicon.ico", "/nothing"):  # fmt: skip
-        for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Cookie": f"{team.gate.cookie}=wrong"}):  # fmt: skip
+    paths = ["/", "/api/changes?since=-1", "/api/decisions", "/api/undo", "/favicon.ico", "/nothing"]
+    paths += [f"/{route}/{key}/0" for route in ("thumb", "image", "ref")]
+    wrong = [{}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Cookie": f"{team.gate.cookie}=wrong"}]
+    for path in paths:
+        for headers in wrong:
             status, _ = call(team, "GET", path, **headers)
             assert status == 401, (path, headers)
     for path in ("/api/decision", "/api/undo"):
@@ -139,6 +142,43 @@ def test_a_sign_in_link_sets_an_httponly_strict_cookie_and_moves_on_without_the_
     status, body = call(team, "GET", "/", Cookie=f"{team.gate.cookie}={TEAM['bob']}")
     assert status == 200 and '"reviewer":"bob","signedIn":true' in body
     assert call(team, "GET", "/?token=not-a-token-of-the-team")[0] == 401
+
+
+def test_behind_a_tls_proxy_its_name_is_accepted_as_host_and_origin_and_the_cookie_is_secure(
+    out: Path,
+) -> None:
+    import http.client
+
+    proxy = "https://review.example.com"
+    with ReviewServer(LocalFolder(out), "host", reviewers=TEAM, origins=[proxy]) as server:
+        key = next(iter(server.cards))
+        named = {"Host": "review.example.com", **bearer("alice")}
+        assert call(server, "GET", "/api/changes", **named)[0] == 200
+        body = {"key": key, "decision": "approved"}
+        status, _ = call(server, "POST", "/api/decision", body, Origin=proxy, **named)
+        assert status == 200
+        status, answer = call(
+            server, "POST", "/api/decision", body, Origin="https://elsewhere.example", **named
+        )
+        assert (status, answer) == (403, {"error": "refused: not from this review page (Origin)"})
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=BOUND)
+        proxied = {"Host": "review.example.com", "X-Forwarded-Proto": "https"}
+        conn.request("GET", f"/?token={TEAM['alice']}", headers=proxied)
+        answer_ = conn.getresponse()
+        answer_.read()
+        conn.close()
+        assert (answer_.getheader("Set-Cookie") or "").endswith("; HttpOnly; SameSite=Strict; Secure")
+
+
+def test_the_reviewers_file_may_come_from_the_environment(
+    tmp_path: Path, out: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "team"
+    path.write_text("alice short\n")
+    path.chmod(0o600)
+    monkeypatch.setenv("IMAGEBATCH_REVIEWERS", str(path))
+    code, _, err = cli(capsys, "review", str(out), "--host", HOST)
+    assert code == 2 and err.startswith(f"imagebatch review: the reviewers file {path} line 1: alice's token")
 
 
 def test_a_decision_carries_the_signed_in_reviewer_whatever_name_the_page_sends(
@@ -194,7 +234,8 @@ def test_report_html_is_rebuilt_after_decisions(out: Path) -> None:
     folder = LocalFolder(out)
     with ReviewServer(folder, "alice", refresh_interval=0, rebuild=rebuild, report_interval=0.05) as server:
         key = next(iter(server.cards))
-        status, _ = call(server, "POST", "/api/decision", {"key": key, "decision": "approved"}, Host=f"127.0.0.1:{server.port}", Origin=f"http://127.0.0.1:{server.port}")  # fmt: skip
+        here = {"Host": f"127.0.0.1:{server.port}", "Origin": f"http://127.0.0.1:{server.port}"}
+        status, _ = call(server, "POST", "/api/decision", {"key": key, "decision": "approved"}, **here)
         assert status == 200
         assert built.wait(BOUND), "report.html was not rebuilt"
         after = (out / "report.html").read_text()
