@@ -1,10 +1,11 @@
 """`imagebatch review OUT`: the run's contact sheet served on 127.0.0.1 (or, for named reviewers, on the
-address `--host` gives), for people to approve or reject each image (with a note), keyboard first. Each decision is recorded in the output location before the
-browser is answered (`work.decisions`: `review.jsonl` in a folder, one object under `review/` in a
-bucket), so nothing is lost to a closed tab or a second reviewer; the latest decision on an image is in
-force, and an undo takes back only its reviewer's own decision in force (`work.decisions.History`).
-Review is a person's interactive step, so it is this command, not a Prefect flow; a run's Prefect
-artifact counts what is unreviewed, approved and rejected.
+address `--host` gives), for people to approve or reject each image (with a note), keyboard first. Each
+decision is recorded in the output location before the browser is answered (`work.decisions`:
+`review.jsonl` in a folder, one object under `review/` in a bucket), so nothing is lost to a closed tab or
+a second reviewer; the latest decision on an image is in force, and an undo takes back only its
+reviewer's own decision in force (`work.decisions.History`). Review is a person's interactive step, so it
+is this command, not a Prefect flow; a run's Prefect artifact counts what is unreviewed, approved and
+rejected.
 
 The server is the standard library's `ThreadingHTTPServer`, not the FastAPI/uvicorn the emulator uses: it
 serves one page, its decisions and its thumbnails to a few browsers (`report.review_http`); a thread per

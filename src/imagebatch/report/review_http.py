@@ -123,6 +123,8 @@ class Handler(BaseHTTPRequestHandler):
         review = self.server.review
         try:
             self._get(review, urlsplit(self.path), who)
+        except ConnectionError:  # the browser went away (a reload, a closed tab): nobody to answer
+            self.close_connection = True
         except (OSError, ReviewError) as exc:  # the folder or the store failed to answer: say so
             self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"cannot read {review.location.url}: {exc}"})
 
