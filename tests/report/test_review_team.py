@@ -18,8 +18,9 @@ from helpers.runs import cli
 from imagebatch.report.location import write_report
 from imagebatch.report.review import TOKEN_HEADER, ReviewServer
 from imagebatch.report.review_auth import load_reviewers
-from imagebatch.report.review_data import ReviewError
+from imagebatch.report.review_data import ReviewError, load_cards
 from imagebatch.storage.location import LocalFolder
+from imagebatch.work.decisions import Decision, record_decision
 from imagebatch.work.store import OutputStore
 
 TEAM = {"alice": "alice-token-0123456789abcdef", "bob": "bob-token-0123456789abcdef"}
@@ -241,3 +242,18 @@ def test_report_html_is_rebuilt_after_decisions(out: Path) -> None:
         after = (out / "report.html").read_text()
         assert "approved by alice" not in before and "approved by alice" in after
         assert server.report is not None and server.report.rebuilds == 1
+
+
+def test_a_report_older_than_the_record_is_rebuilt_when_the_review_starts(out: Path) -> None:
+    write_report(OutputStore(out))
+    key = load_cards(LocalFolder(out)).cards[0].key
+    record_decision(LocalFolder(out), Decision(key, 1, "rejected", "too dark", "carol"))  # not in the report
+    built = threading.Event()
+
+    def rebuild() -> None:
+        write_report(OutputStore(out))
+        built.set()
+
+    with ReviewServer(LocalFolder(out), "alice", rebuild=rebuild, report_interval=0.05):
+        assert built.wait(BOUND), "report.html was not rebuilt"
+        assert "rejected by carol" in (out / "report.html").read_text()

@@ -27,8 +27,9 @@ class ReportKeeper:
         self, rebuild: Callable[[], object], version: Callable[[], int], interval: float = REPORT_INTERVAL
     ) -> None:
         self.rebuild, self.version, self.interval = rebuild, version, interval
-        self.built = version()
-        """The version the report shows (the one at start: the report a run or `report` left)."""
+        self.built = 0
+        """The version the report shows. 0 (no decision read) at start: where the record already holds
+        decisions, the report is built again at the first look, as it may predate some of them."""
         self.rebuilds = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
