@@ -1,5 +1,5 @@
 """`imagebatch report` and `imagebatch review`: an output location's contact sheet, built, copied out of
-a bucket, or served on 127.0.0.1 for a person to approve or reject each image."""
+a bucket, or served (on 127.0.0.1, or to named reviewers beyond it) to approve or reject each image."""
 
 from __future__ import annotations
 
