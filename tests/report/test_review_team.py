@@ -143,6 +143,9 @@ def test_a_sign_in_link_sets_an_httponly_strict_cookie_and_moves_on_without_the_
     status, body = call(team, "GET", "/", Cookie=f"{team.gate.cookie}={TEAM['bob']}")
     assert status == 200 and '"reviewer":"bob","signedIn":true' in body
     assert call(team, "GET", "/?token=not-a-token-of-the-team")[0] == 401
+    # signed in as bob, alice's link signs the browser in as alice (never the page, the token in view)
+    status, page = call(team, "GET", f"/?token={TEAM['alice']}", Cookie=f"{team.gate.cookie}={TEAM['bob']}")
+    assert status == 200 and "Signed in as alice" in page
 
 
 def test_behind_a_tls_proxy_its_name_is_accepted_as_host_and_origin_and_the_cookie_is_secure(

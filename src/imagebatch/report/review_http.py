@@ -98,10 +98,11 @@ class Handler(BaseHTTPRequestHandler):
             return False, None
         if not gate.required:
             return True, None
-        if (who := gate.who(self.headers)) is not None:
-            return True, who
         url = urlsplit(self.path)
-        if self.command == "GET" and url.path == "/" and (found := gate.sign_in(url.query)):
+        link = self.command == "GET" and url.path == "/" and "token" in parse_qs(url.query)
+        if not link and (who := gate.who(self.headers)) is not None:
+            return True, who  # a sign-in link is never served as the page: its token would stay in view
+        if link and (found := gate.sign_in(url.query)):
             secure = self.headers.get("X-Forwarded-Proto", "").lower() == "https"
             page = SIGNED_IN.format(name=html.escape(found[0])).encode()
             self._send(
