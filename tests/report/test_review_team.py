@@ -6,6 +6,9 @@ rebuilt after decisions."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -260,3 +263,38 @@ def test_a_report_older_than_the_record_is_rebuilt_when_the_review_starts(out: P
     with ReviewServer(LocalFolder(out), "alice", rebuild=rebuild, report_interval=0.05):
         assert built.wait(BOUND), "report.html was not rebuilt"
         assert "rejected by carol" in (out / "report.html").read_text()
+
+
+@pytest.mark.slow  # a process of its own
+def test_the_command_serves_the_team_says_no_token_and_leaves_the_report_true(
+    tmp_path: Path, out: Path
+) -> None:
+    path = tmp_path / "team"
+    path.write_text("".join(f"{name} {token}\n" for name, token in TEAM.items()))
+    path.chmod(0o600)
+    write_report(OutputStore(out))
+    command = [sys.executable, "-m", "imagebatch.cli.main", "review", str(out), "--host", HOST]
+    command += ["--reviewers", str(path)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            line = proc.stdout.readline() if proc.stdout else ""
+            assert line.startswith(f"imagebatch review: http://{HOST}:") and "reviewers alice, bob" in line, (
+                line
+            )
+            url = line.split()[2]
+            port = int(url.rstrip("/").rsplit(":", 1)[1])
+            assert request(url)[0] == 401
+            key = load_cards(LocalFolder(out)).cards[0].key
+            sent = {"Origin": f"http://{HOST}:{port}", "Content-Type": "application/json", **bearer("alice")}
+            page = request(url, "GET", "/", None, bearer("alice"))[1].decode()
+            sent[TOKEN_HEADER] = page.split('name="review-token" content="', 1)[1].split('"', 1)[0]
+            body = json.dumps({"key": key, "decision": "approved"}).encode()
+            assert request(url, "POST", "/api/decision", body, sent)[0] == 200
+            proc.send_signal(signal.SIGTERM)  # before the report's first look (15 s): built as it stops
+            assert proc.wait(timeout=BOUND) == 0
+            stdout, stderr = proc.communicate()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert all(token not in line + stdout + stderr for token in TEAM.values())
+    assert "approved by alice" in (out / "report.html").read_text()
