@@ -2,6 +2,7 @@
 Chromium (Debian's, through Selenium and its chromedriver), and decisions posted from the page.
 
     uv run python bench/bench_review.py [--requests 10000] [--posts 500] [--loads 5] [--group-by sku]
+                                        [--team-posts 250]
 
 The folder is laid out as a run leaves it: a 10,000-row catalog manifest (its prompts shown on the
 cards), its plan's keys and its metadata columns (sku, product_name, colour) in results.csv, one 1024 px
@@ -16,7 +17,11 @@ Measured:
 - first thumbnail: navigation start to the first thumbnail's arrival;
 - a decision saved: `--posts` decisions posted one after another by the page's own `fetch`, each timed
   from the call to its answer (recorded and synced before the answer), p50 / p95 / max;
-- the same page load again with 10,000 decisions already in review.jsonl.
+- the same page load again with 10,000 decisions already in review.jsonl;
+- two reviewers at once (`--team-posts`, 0 skips it): a server on 127.0.0.2 with a token each, two
+  browsers signed in with their links, both pages polling `GET /api/changes` every 2 s, each posting
+  `--team-posts` decisions on the same cards at the same time (every one a disagreement), p50 / p95 / max
+  over both; and the server's answer to a poll with nothing new, and with one change, at 10,000 cards.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ import argparse
 import hashlib
 import io
 import json
+import secrets
 import shutil
 import statistics
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +141,43 @@ const keys = JSON.parse(document.getElementById('data').textContent).cards.map(c
 """
 
 
+def team(out: Path, tmp: Path, posts: int) -> tuple[list[float], float, float]:
+    """Two reviewers deciding at once, each in a browser of their own signed in with their token: every
+    decision's time, then a poll's (nothing new; one change) in ms, in the server's own process."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    tokens = {name: secrets.token_urlsafe(24) for name in ("alice", "bob")}
+    server = ReviewServer(LocalFolder(out), "bench", host="127.0.0.2", reviewers=tokens)
+    drivers = {name: browser(tmp / f"profile-{name}") for name in tokens}
+    try:
+        with server:
+            for name, driver in drivers.items():
+                driver.get(f"{server.url}?token={tokens[name]}")
+                WebDriverWait(driver, 120).until(
+                    lambda d: (
+                        d.current_url == server.url and d.execute_script("return document.body.dataset.ready")
+                    )
+                )
+            with ThreadPoolExecutor(len(drivers)) as pool:
+                both = list(pool.map(lambda d: d.execute_async_script(POSTS, posts), drivers.values()))
+            version = server.decisions.version
+            t0 = time.perf_counter()
+            for _ in range(1000):
+                server.changes(version)
+            idle = (time.perf_counter() - t0) / 1000 * 1000
+            t0 = time.perf_counter()
+            for _ in range(1000):
+                server.changes(version - 1)
+            one = (time.perf_counter() - t0) / 1000 * 1000
+    finally:
+        for driver in drivers.values():
+            driver.quit()
+    times = [t for each in both for t in each]
+    if times and isinstance(times[0], str):
+        raise SystemExit(f"a decision was refused: {times[0]}")
+    return times, idle, one
+
+
 def quantile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1]
 
@@ -165,6 +209,7 @@ def main() -> None:
     parser.add_argument("--posts", type=int, default=500)
     parser.add_argument("--loads", type=int, default=5)
     parser.add_argument("--group-by", default=None, help="a column to group the cards by (e.g. sku)")
+    parser.add_argument("--team-posts", type=int, default=250, help="each of two reviewers' decisions")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -190,6 +235,7 @@ def main() -> None:
                 decided = loads(driver, server.url, args.loads)
         finally:
             driver.quit()
+        two = team(out, Path(tmp), args.team_posts) if args.team_posts else None
     print(f"folder: {args.requests:,} requests made in {made:.1f} s; server start {started:.2f} s; "
           f"page {page / 1e6:.1f} MB")  # fmt: skip
     print()
@@ -203,6 +249,15 @@ def main() -> None:
     print("|-|-|-|-|")
     p50, p95 = quantile(times, 0.5), quantile(times, 0.95)
     print(f"| {len(times)} | {p50:.1f} ms | {p95:.1f} ms | {max(times):.1f} ms |")
+    if two is not None:
+        both, idle, one = two
+        p50, p95 = quantile(both, 0.5), quantile(both, 0.95)
+        print(f"| two reviewers at once, {len(both)} | {p50:.1f} ms | {p95:.1f} ms | {max(both):.1f} ms |")
+        print()
+        cards = f"{args.requests:,} cards"
+        print(
+            f"a poll (GET /api/changes) at {cards}, in the server: none new {idle:.3f} ms, one {one:.3f} ms"
+        )
 
 
 if __name__ == "__main__":

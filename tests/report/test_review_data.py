@@ -147,7 +147,8 @@ def test_the_pages_inline_data_cannot_end_its_script_element() -> None:
     ).decode()
     (data,) = re.findall(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
     assert json.loads(data) == {"cards": [{"k": "ib1-a", "p": prompt}], "aside": "x"}
-    assert "<script>alert" not in page and page.count("</script>") == 2
+    # three elements end: the data, the page's script and its live part (report/review_live.js)
+    assert "<script>alert" not in page and page.count("</script>") == 3
 
 
 def test_the_undo_stack_is_replayed_from_the_record_per_reviewer(tmp_path: Path) -> None:

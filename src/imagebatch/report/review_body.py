@@ -64,3 +64,9 @@ def fields_refusal(body: dict[str, Any]) -> str | None:
 
 _JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
 """A JSON text's strings (skipped) and brackets."""
+
+
+def ascii_number(text: str) -> int | None:
+    """`text` as a number if it is ASCII digits only: `str.isdigit` takes `²` (a raw byte 0xB2 in a
+    request's path or header, read as Latin-1), which `int` then refuses with a ValueError."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 10 else None

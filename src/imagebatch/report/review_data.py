@@ -315,8 +315,28 @@ class DecisionCache:
         self.refresh()
         with self._lock:
             in_force = self._replayed.in_force
-            changed = {k: in_force[k] for k, v in self._changed.items() if v > version}
+            return self.version, {k: in_force[k] for k in self._since(version) if k in in_force}
+
+    def changes(self, version: int) -> tuple[int, dict[str, tuple[Decision, list[Decision]]]]:
+        """`since`, each decision in force with every reviewer's own standing on its image
+        (`History.opinions`), so that a page shows two reviewers who disagree."""
+        self.refresh()
+        with self._lock:
+            replayed = self._replayed
+            in_force = replayed.in_force
+            changed = {k: (in_force[k], replayed.opinions(k)) for k in self._since(version) if k in in_force}
             return self.version, changed
+
+    def _since(self, version: int) -> list[str]:
+        """The keys changed after `version`: `_changed` is kept in the order of its versions (a changed
+        key moves to the end), so a poll reads only what changed, not every image (the caller holds the
+        lock)."""
+        keys: list[str] = []
+        for key in reversed(self._changed):
+            if self._changed[key] <= version:
+                break
+            keys.append(key)
+        return keys[::-1]
 
     def refresh(self, force: bool = False) -> None:
         """Read what was recorded since the last read (by this or another server), unless that was less
@@ -355,6 +375,7 @@ class DecisionCache:
         if changed:
             self.version += 1
             for key in changed:
+                self._changed.pop(key, None)  # to the end: `_since` reads from the newest back
                 self._changed[key] = self.version
 
     def _read_file(self, path: Path) -> None:

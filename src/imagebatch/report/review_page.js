@@ -504,7 +504,11 @@ window.addEventListener('scroll', later, {passive: true});
 window.addEventListener('resize', () => { refilter(selectedKey()); if (viewing) sizeImages(); });
 window.addEventListener('focus', () => refresh(false));
 document.addEventListener('visibilitychange', () => { if (!document.hidden) refresh(false); });
-setInterval(() => refresh(false), 3000);
+let reapply = 0;  // report/review_live.js hands each decision another reviewer made (polled every 2 s) here
+window.reviewApplyDecision = (k, d) => {
+  if (!pending.get(k)) state.set(k, d);
+  clearTimeout(reapply); reapply = setTimeout(() => refilter(selectedKey()));
+};
 try {
   const f = new URLSearchParams(location.hash.slice(1)).get('filter');
   if (FILTERS.includes(f)) { filter = f; $('filter').value = f; }

@@ -25,7 +25,7 @@ thumbnails in OUT, as the report makes them) and, for a redone image, the versio
 note that rejected it. With `--group-by`, each group's cards start a row under its heading. The filter
 (`FILTERS`, also read from the address: `#filter=open`) holds what still needs a person (unreviewed, or
 rejected and not yet redone), or one review state (`report.setstate`). Decisions are sent one at a time,
-in order; the page asks the server for the decisions that changed (another browser's) every 3 s while it
+in order; the page asks the server for the decisions that changed (another browser's) every 2 s while it
 is visible, and when it regains focus.
 """
 
@@ -41,8 +41,10 @@ from imagebatch.work.decisions import MAX_NOTE
 ASSETS = resources.files("imagebatch.report")
 STYLE = (ASSETS / "review_page.css").read_text(encoding="utf-8")
 SCRIPT = (ASSETS / "review_page.js").read_text(encoding="utf-8")
-"""The page's style and script, beside this module (read once: the page inlines them, its script under
-the nonce, so that it needs nothing else from the server)."""
+LIVE = (ASSETS / "review_live.js").read_text(encoding="utf-8")
+"""The page's style and scripts, beside this module (read once: the page inlines them, its scripts under
+the nonce, so that it needs nothing else from the server). `LIVE`, run after `SCRIPT`, polls the other
+reviewers' decisions and hands each to `SCRIPT`'s `window.reviewApplyDecision(key, state)`."""
 FILTERS = {
     "all": "all",
     "open": "open (to judge)",
@@ -90,5 +92,6 @@ def render_page(title: str, token: str, nonce: str, cards: str, data: dict[str, 
         '<div id="notebar" hidden><label>note for <b id="notefor"></b> <input id="note" '
         f'maxlength="{MAX_NOTE}" autocomplete="off"></label> Enter saves, Escape cancels</div>'
         f'<script type="application/json" id="data">{inline}</script>'
-        f'<script nonce="{esc(nonce)}">{SCRIPT}</script></body></html>'
+        f'<script nonce="{esc(nonce)}">{SCRIPT}</script>'
+        f'<script nonce="{esc(nonce)}">{LIVE}</script></body></html>'
     ).encode()

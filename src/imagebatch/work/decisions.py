@@ -277,3 +277,11 @@ class History:
             if d.reviewer == reviewer
         )
         return [(key, batch) for _, key, batch in mine[-depth:]]
+
+    def opinions(self, key: str) -> list[Decision]:
+        """Each reviewer's own decision still standing on `key` (their latest, unless undone), in the
+        record's order: two reviewers who disagree are both here, whichever of them is in force."""
+        latest: dict[str, tuple[int, Decision]] = {}
+        for n, decision in self._standing.get(key, []):
+            latest[decision.reviewer] = (n, decision)
+        return [decision for _, decision in sorted(latest.values(), key=lambda pair: pair[0])]
