@@ -1,0 +1,137 @@
+"""The review page as one person culls with it (issue 37), in a real headless Chromium at 1440 x 900: the
+reference beside the image in the large view, notes that stay on the card they were typed on (and a note
+without a decision saved as a comment), search and filters kept in the address, and compact cards."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.review import chromium, open_page, press, recorded, review_folder, saved, shown, until
+
+from imagebatch.report.review import ReviewServer
+from imagebatch.storage.location import LocalFolder
+from imagebatch.work.decisions import Decision, History, decided, read_decisions, record_decision
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    driver = chromium(tmp_path_factory.mktemp("chromium"), 1440, 900)
+    yield driver
+    driver.quit()
+
+
+def js(browser: Any, script: str, *args: Any) -> Any:
+    return browser.execute_script("return " + script, *args)
+
+
+def viewing(browser: Any, key: str) -> None:
+    until(browser, lambda d: js(d, "document.body.dataset.viewing") == key, "the large view")
+
+
+def test_the_large_view_shows_the_reference_beside_the_image_at_its_size_zoomed_and_panned_with_it(
+    browser: Any, tmp_path: Path
+) -> None:
+    out = review_folder(tmp_path, requests=3, redone=None, references=True, side=1600)
+    with ReviewServer(LocalFolder(out), "alice") as server:
+        order = open_page(browser, server.url)
+        # The card's reference thumbnail opens the large view, the reference beside the image
+        browser.find_element("css selector", f".card[data-key='{order[1]}'] .refs img").click()
+        viewing(browser, order[1])
+        img, ref = "document.querySelector('#vpanes .now img')", "document.querySelector('#vpanes .ref img')"
+        loaded = f"{img}.complete && {img}.naturalWidth && {ref}.complete && {ref}.naturalWidth"
+        until(browser, lambda d: js(d, loaded), "both loaded")
+        assert js(browser, f"{ref}.naturalWidth") == 256  # the report's thumbnail of the manifest's file
+        size = f"[{img}.clientWidth, {img}.clientHeight, {ref}.clientWidth, {ref}.clientHeight]"
+        width, height, ref_width, ref_height = js(browser, size)
+        assert 300 < width < 800 and (ref_width, ref_height) == (width, height)  # fit: the same size
+        caption = js(browser, "document.querySelector('#vpanes .ref .vcap').innerText")
+        assert caption == "reference 1, the request's"
+        press(browser, "1")  # the image's own pixels: the reference drawn as large, and panned with it
+        assert js(browser, size) == [1600, 1600, 1600, 1600]
+        browser.execute_script(
+            "const b = document.querySelector('#vpanes .now .vbox'); b.scrollLeft = 300; b.scrollTop = 200"
+        )
+        box = "document.querySelector('#vpanes .ref .vbox')"
+        scrolled = f"[{box}.scrollLeft, {box}.scrollTop]"
+        until(browser, lambda d: js(d, scrolled) == [300, 200], "panned together")
+        press(browser, "+")
+        assert js(browser, size) == [2000, 2000, 2000, 2000]
+        press(browser, "j")  # the next card brings its own reference
+        viewing(browser, order[2])
+        assert js(browser, f"{ref}.src").endswith(f"/ref/{order[2]}/0")
+
+
+def test_a_note_stays_on_the_card_it_was_typed_on_whatever_the_order_of_keys(
+    browser: Any, tmp_path: Path
+) -> None:
+    out = review_folder(tmp_path, requests=6, redone=None)
+    with ReviewServer(LocalFolder(out), "alice") as server:
+        order = open_page(browser, server.url)
+        # r then n: the note is the rejected card's (the next one is selected by then), never the next's
+        press(browser, "r")
+        press(browser, "n")
+        until(browser, lambda d: d.find_element("id", "notebar").is_displayed(), "the note bar")
+        assert browser.find_element("id", "notefor").text == "p000"
+        press(browser, "handle missing\n")
+        saved(browser, 2)
+        assert recorded(out) == [
+            (order[0], 1, "rejected", "", "alice"),
+            (order[0], 1, "rejected", "handle missing", "alice"),
+        ]
+        assert shown(browser)[order[1]] == ("", "unreviewed")
+        assert js(browser, "document.querySelector('.card.sel').dataset.key") == order[1]
+        # n then r: the note typed before the decision is saved at once, as a comment, and the rejection
+        # carries it
+        press(browser, "n")
+        assert browser.find_element("id", "notefor").text == "p001"
+        press(browser, "too dark\n")
+        saved(browser, 3)
+        assert recorded(out)[-1] == (order[1], 1, "comment", "too dark", "alice")
+        assert shown(browser)[order[1]] == ("", "unreviewed · comment by alice: too dark")
+        press(browser, "r")
+        saved(browser, 4)
+        assert recorded(out)[-1] == (order[1], 1, "rejected", "too dark", "alice")
+        # a move between a decision and `n`: the note is the selected card's
+        press(browser, "k")
+        press(browser, "j")
+        press(browser, "n")
+        assert browser.find_element("id", "notefor").text == "p002"
+        press(browser, "lovely, keep for later\n")  # a comment, no decision: shown to everyone
+        saved(browser, 5)
+        browser.refresh()
+        order = open_page(browser, server.url)
+        cards = shown(browser)
+        assert cards[order[2]] == ("", "unreviewed · comment by alice: lovely, keep for later")
+        assert cards[order[1]] == ("rejected", "rejected by alice: too dark")
+        assert cards[order[0]] == ("rejected", "rejected by alice: handle missing")
+        assert browser.find_element("id", "count").text == "2 of 6 reviewed"
+    # the comment is not a decision: nothing is redone or delivered for it
+    assert set(decided(LocalFolder(out))) == {order[0], order[1]}
+    assert read_decisions(LocalFolder(out))[order[2]].decision == "comment"
+
+
+def test_a_comment_never_changes_the_decision_in_force_and_comes_back_when_an_undo_empties_it() -> None:
+    history = History()
+    for decision in (
+        Decision("k1", 1, "comment", "check the handle", "bob"),
+        Decision("k2", 1, "approved", "", "alice"),
+        Decision("k2", 1, "comment", "second choice", "bob"),  # over an approval: it stays approved
+        Decision("k1", 1, "rejected", "check the handle", "alice"),
+    ):
+        history.apply(decision)
+    assert (history.in_force["k2"].decision, history.in_force["k2"].note) == ("approved", "")
+    assert history.undo_stack("bob") == []  # a comment is not undone by `u`
+    undo = history.undo("k1", "alice")
+    assert (undo.decision, undo.note) == ("comment", "check the handle")  # the line says what comes back
+    history.apply(undo)
+    assert (history.in_force["k1"].decision, history.in_force["k1"].note) == ("comment", "check the handle")
+
+
+def test_a_comment_on_a_decided_image_written_by_another_server_leaves_it_decided(tmp_path: Path) -> None:
+    folder = LocalFolder(tmp_path)
+    record_decision(folder, Decision("k1", 1, "rejected", "too dark", "alice"))
+    record_decision(folder, Decision("k1", 1, "comment", "agreed", "bob"))
+    assert (decided(folder)["k1"].decision, decided(folder)["k1"].note) == ("rejected", "too dark")
