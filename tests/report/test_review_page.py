@@ -135,3 +135,110 @@ def test_a_comment_on_a_decided_image_written_by_another_server_leaves_it_decide
     record_decision(folder, Decision("k1", 1, "rejected", "too dark", "alice"))
     record_decision(folder, Decision("k1", 1, "comment", "agreed", "bob"))
     assert (decided(folder)["k1"].decision, decided(folder)["k1"].note) == ("rejected", "too dark")
+
+
+def test_search_and_column_filters_are_in_the_address_and_select_all_shown_approves_exactly_those(
+    browser: Any, tmp_path: Path
+) -> None:
+    out = review_folder(tmp_path, requests=36, redone=None)  # SKU-1000..1017, two colourways each
+    with ReviewServer(LocalFolder(out), "alice") as server:
+        order = open_page(browser, server.url)
+        search = browser.find_element("id", "search")
+        search.send_keys("sku-1013")  # any case; found in the page's data, not in the document
+        until(browser, lambda d: d.find_element("id", "shown").text == "2 shown", "the search")
+        assert set(shown(browser)) == {order[26], order[27]}
+        assert float(js(browser, "document.body.dataset.searchMs")) < 200
+        assert js(browser, "location.hash") == "#q=sku-1013"
+        search.clear()
+        search.send_keys("p035")  # the row's id
+        until(browser, lambda d: list(shown(d)) == [order[35]], "the id")
+        search.clear()
+        search.send_keys("\n")
+        # A column filter (a list of its values) with the state filter: combined, and in the address
+        from selenium.webdriver.support.ui import Select
+
+        colour = browser.find_element("css selector", "#colfilters select[data-col='2']")
+        Select(colour).select_by_value("sand")
+        until(browser, lambda d: d.find_element("id", "shown").text == "6 shown", "colour sand")
+        sand = [order[i] for i in range(2, 36, 6)]
+        assert js(browser, "location.hash") == "#c.colour=sand"
+        browser.find_element("id", "markshown").click()  # select all shown, then one bulk approve
+        assert browser.find_element("id", "nmarked").text == "6 marked"
+        press(browser, "A")
+        saved(browser, 6)
+        assert sorted(key for key, _, kind, _, _ in recorded(out) if kind == "approved") == sorted(sand)
+        Select(browser.find_element("id", "filter")).select_by_value("open")
+        until(browser, lambda d: d.find_element("id", "shown").text == "0 shown", "open and sand")
+        assert js(browser, "location.hash") == "#filter=open&c.colour=sand"
+        # The address is the view: loaded elsewhere (a shared link), the same cards
+        url = js(browser, "location.href")
+        browser.get(server.url)
+        browser.get(url.replace("c.colour=sand", "c.colour=burgundy"))
+        until(browser, lambda d: d.execute_script("return document.body.dataset.ready") == "1", "ready")
+        assert browser.find_element("id", "shown").text == "6 shown"
+        assert set(shown(browser)) == {order[i] for i in range(4, 36, 6)}
+        assert Select(browser.find_element("id", "filter")).first_selected_option.text == "open (to judge)"
+        press(browser, "u")  # the bulk approve undone as one
+        saved(browser, 6)
+        assert [kind for _, _, kind, _, _ in recorded(out)[-6:]] == ["cleared"] * 6
+
+
+def test_compact_cards_fit_twenty_a_screen_and_show_every_shown_value_in_full(
+    browser: Any, tmp_path: Path
+) -> None:
+    out = review_folder(tmp_path, requests=40, redone=3)
+    long = "Color Eggshell White with a brushed graphite handle and a matte glaze"
+    results = out / "results.csv"
+    results.write_text(results.read_text().replace("burgundy", long))
+    with ReviewServer(LocalFolder(out), "alice", show=["sku", "colour"]) as server:
+        order = open_page(browser, server.url)
+        visible = (
+            "[...document.querySelectorAll('.card')].filter(c => { const r = c.getBoundingClientRect();"
+            " return r.top >= document.querySelector('header').offsetHeight && r.bottom <= innerHeight"
+            " && r.right <= innerWidth }).length"
+        )
+        assert js(browser, visible) < 20
+        press(browser, "d")
+        until(browser, lambda d: js(d, "document.body.classList.contains('compact')"), "compact")
+        assert js(browser, visible) >= 20
+        # every shown column's value whole, inside its card, in both densities
+        inside = (
+            "[...document.querySelectorAll('.card')].every(c => { const m = c.querySelector('.cols');"
+            " return m.scrollHeight <= m.clientHeight + 1 && m.getBoundingClientRect().bottom"
+            " <= c.querySelector('.rv').getBoundingClientRect().top + 1 })"
+        )
+        cols = "document.querySelector(`.card[data-key='${arguments[0]}'] .cols`).innerText"
+        assert long in js(browser, cols, order[5])
+        assert js(browser, inside)
+        browser.refresh()  # the density is kept
+        open_page(browser, server.url)
+        assert js(browser, "document.body.classList.contains('compact')")
+        press(browser, "d")
+        assert js(browser, inside)
+        # the labels say what happened: a variant of how many, no "#0", no status for a made image
+        ident = "[...document.querySelector(`.card[data-key='${arguments[0]}'] .id`).children]"
+        ident += ".map(e => e.innerText)"
+        assert js(browser, ident, order[3]) == ["variant 2 of 2", "p003"]
+        assert js(browser, ident, order[4]) == ["variant 1 of 2", "p003"]
+        assert js(browser, ident, order[0]) == ["p000"]
+        # and the large view's header says the long value in full
+        select_key = "document.querySelector(`.card[data-key='${arguments[0]}'] .id`).click()"
+        browser.execute_script(select_key, order[5])
+        press(browser, "v")
+        viewing(browser, order[5])
+        assert long in browser.find_element("id", "vcols").text
+        press(browser, "\ue00c")
+
+
+def test_another_scripts_news_of_a_decision_re_renders_the_card_and_the_counts(
+    browser: Any, tmp_path: Path
+) -> None:
+    out = review_folder(tmp_path, requests=4, redone=None)
+    with ReviewServer(LocalFolder(out), "alice") as server:
+        order = open_page(browser, server.url)
+        news = {"decision": "rejected", "note": "wrong colour", "reviewer": "bob", "at": ""}
+        browser.execute_script("window.reviewApplyDecision(arguments[0], arguments[1])", order[1], news)
+        until(browser, lambda d: shown(d)[order[1]] == ("rejected", "rejected by bob: wrong colour"), "bob's")
+        assert browser.find_element("id", "count").text == "1 of 4 reviewed"
+        browser.execute_script("window.reviewApplyDecision(arguments[0], null)", order[1])
+        until(browser, lambda d: shown(d)[order[1]] == ("", "unreviewed"), "taken back")

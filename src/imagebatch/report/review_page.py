@@ -9,27 +9,35 @@ cards are made (`loading=lazy` as well).
 Keys (ignored while typing in a field): `j`/`k` (or the left and right arrows) next/previous card; `a`
 approve, `r` reject (each recorded at once, then the next card is selected); `n` the note of the selected
 card, or, right after `a` or `r` (nothing moved since), of the card just decided: a note belongs to the
-card it was typed on, whatever the order of keys (Enter saves it: with the card's decision, recorded
-again, or, on a card not yet decided, at once as a comment, `work.decisions.COMMENT`, shown to everyone,
-which its next `a` or `r` carries as its note; Escape leaves it); `u` undo: the reviewer's last decision is taken back, if it is
-still the one in force (the server decides, from the record: `POST /api/undo`; a refusal's reason is shown
-in the header), and a reloaded page undoes as far back (`work.decisions.History.undo_stack`); `x`
-marks a card, `g` its whole group (shift-click a range), `A` approves the marked ones, each its own
-decision carrying the batch's id (`Decision.batch`), so that one `u` takes the whole batch back (each image
-still in force; the header says how many were not). `v`
-(or Enter, or a click on the image) opens the large view: the image fit to the window
-beside the versions it replaces (a redone image's earlier variants, each with its decision and note; `c`
-hides them) and its request's reference images (drawn at the image's size: the report's thumbnail of the
-manifest's file, scaled; a click on a card's reference opens this view), `1` its own pixels (100 %), `+`/`-` zoom, `0` fit again, the panes scrolling together; the
-moving and deciding keys work there too, and Escape leaves it.
+card it was typed on, whatever the order of keys. Enter saves it: with the card's decision, recorded
+again, or, on a card not yet decided, at once as a comment (`work.decisions.COMMENT`, shown to everyone),
+which the card's next `a` or `r` carries as its note; Escape leaves it. `u` undo: the reviewer's last
+decision is taken back, if it is still the one in force (the server decides, from the record: `POST
+/api/undo`; a refusal's reason is shown in the header), and a reloaded page undoes as far back
+(`work.decisions.History.undo_stack`); `x` marks a card, `g` its whole group (shift-click a range), `X`
+every card shown, `A` approves the marked ones, each its own decision carrying the batch's id
+(`Decision.batch`), so that one `u` takes the whole batch back (each image still in force; the header
+says how many were not). `v` (or Enter, or a click on the image or its reference) opens the large view:
+the image fit to the window beside the versions it replaces (a redone image's earlier variants, each with
+its decision and note; `c` hides them) and its request's reference images (the report's thumbnails of
+the manifest's files, drawn at the image's size), `1` its own pixels (100 %), `+`/`-` zoom, `0` fit
+again, the panes zoomed and scrolled together; the moving and deciding keys work there too, and Escape
+leaves it. `/` goes to the search, `d` switches the density.
 
-A card shows the manifest's columns (`imagebatch review --show`), its request's reference images (their
-thumbnails in OUT, as the report makes them) and, for a redone image, the version it replaces and the
-note that rejected it. With `--group-by`, each group's cards start a row under its heading. The filter
-(`FILTERS`, also read from the address: `#filter=open`) holds what still needs a person (unreviewed, or
-rejected and not yet redone), or one review state (`report.setstate`). Decisions are sent one at a time,
-in order; the page asks the server for the decisions that changed (another browser's) every 3 s while it
-is visible, and when it regains focus.
+A card shows the manifest's columns (`imagebatch review --show`), each value whole (wrapped), its
+request's reference images (their thumbnails in OUT, as the report makes them) and, for a redone image,
+the version it replaces and the note that rejected it. With `--group-by`, each group's cards start a row
+under its heading. Two densities: comfortable (four cards a row at 1440 px) and compact (eight a row,
+three rows at 1440 x 900: the prompt and small print left to the large view), kept in the browser.
+
+What is shown: the state filter (`FILTERS`: what still needs a person, unreviewed or rejected and not yet
+redone, or one review state, `report.setstate`), a search over each card's title, key and shown
+columns (the page's own data, not the document: a SKU among 10,000 cards in a few milliseconds), and a
+list per shown column of at most 200 values (a column of more, such as a SKU, is searched instead),
+combined, and kept in the address (`#filter=open&q=fn-1055&c.colour=sand`) so that a view can be shared
+and reloaded. Decisions are sent one at a time, in order; the page asks the server for the decisions
+that changed (another browser's) every 3 s while it is visible, and when it regains focus; another
+script may tell it of one with `window.reviewApplyDecision(key, decision)`.
 """
 
 from __future__ import annotations
