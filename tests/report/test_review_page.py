@@ -242,3 +242,54 @@ def test_another_scripts_news_of_a_decision_re_renders_the_card_and_the_counts(
         assert browser.find_element("id", "count").text == "1 of 4 reviewed"
         browser.execute_script("window.reviewApplyDecision(arguments[0], null)", order[1])
         until(browser, lambda d: shown(d)[order[1]] == ("", "unreviewed"), "taken back")
+
+
+def test_a_pick_among_a_jobs_candidates_approves_one_and_export_delivers_only_it(
+    browser: Any, tmp_path: Path
+) -> None:
+    from imagebatch.delivery.export import export
+
+    out = review_folder(tmp_path, requests=2, redone=None, count=3)  # p000 and p001, three candidates each
+    with ReviewServer(LocalFolder(out), "alice") as server:
+        order = open_page(browser, server.url)
+        title = "document.querySelector(`.card[data-key='${arguments[0]}'] .id .t`).textContent"
+        assert [js(browser, title, k) for k in order[:3]] == [
+            "p000 request 1",
+            "p000 request 2",
+            "p000 request 3",
+        ]
+        press(browser, "s")  # the survey: the job's candidates side by side, large
+        viewing(browser, order[0])
+        captions = "[...document.querySelectorAll('#vpanes .vcap')].map(e => e.innerText)"
+        assert js(browser, captions) == [
+            "p000 request 1 (this card) · unreviewed",
+            "p000 request 2 · unreviewed",
+            "p000 request 3 · unreviewed",
+        ]
+        press(browser, "j")  # the next candidate, in the same survey
+        viewing(browser, order[1])
+        assert js(browser, "document.querySelector('#vpanes .now .vcap').innerText").startswith(
+            "p000 request 2"
+        )
+        press(browser, "p")  # picked: one key
+        saved(browser, 3)
+        assert sorted((key, kind) for key, _, kind, _, _ in recorded(out)) == sorted(
+            [(order[0], "not_chosen"), (order[1], "approved"), (order[2], "not_chosen")]
+        )
+        until(browser, lambda d: js(d, captions)[0] == "p000 request 1 · not chosen by alice", "the captions")
+        press(browser, "\ue00c")
+        assert shown(browser)[order[2]] == ("not_chosen", "not chosen by alice")
+        assert "1 approved · 2 not chosen" in browser.find_element("id", "tally").text
+    dest = tmp_path / "delivered"
+    export(str(out), str(dest), approved_only=True)
+    delivered = [p for p in dest.rglob("*.png")]
+    assert (
+        len(delivered) == 1
+        and delivered[0].read_bytes()
+        == next((out / "images" / "p000").glob(f"*{order[1][-12:]}.png")).read_bytes()
+    )
+    with ReviewServer(LocalFolder(out), "alice") as server:  # and one u takes the pick back
+        open_page(browser, server.url)
+        press(browser, "u")
+        saved(browser, 3)
+        assert [kind for _, _, kind, _, _ in recorded(out)[-3:]] == ["cleared"] * 3

@@ -58,7 +58,8 @@ class ReviewCard:
     """The page's data: `k` key, `v` variant, `nv` variants of its request, `t` title (`card_title`),
     `p` prompt, `f` facts, `n` images, `m` the shown columns' values; where there are any, `r` reference
     images, `s` a status other than made (`MADE`), `pk` the keys of the older variants it replaces (oldest
-    first), `x` 1 if a newer variant replaced it; `g` its group's value (when grouped)."""
+    first), `x` 1 if a newer variant replaced it, `j` its job's id if the job has several requests; `g`
+    its group's value (when grouped)."""
     references: tuple[str, ...] = ()
     """Its request's reference images and mask, as the plan names them (a path, or an object's URL)."""
 
@@ -230,6 +231,8 @@ def _request_cards(
         data |= {name: value for name, value in extra.items() if value}
         if group_by:
             data["g"] = row.get(group_by, "")
+        if row["job_id"] in several:  # its candidates, the pick's choice (the page's `candidates`)
+            data["j"] = row["job_id"]
         made.append(ReviewCard(key, variant, images, data, tuple(str(ref) for ref in refs)))
     return made[::-1]
 

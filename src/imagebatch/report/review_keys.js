@@ -2,7 +2,8 @@
 const KEYS = {j: () => move(1), k: () => move(-1), ArrowRight: () => move(1), ArrowLeft: () => move(-1),
               a: () => decide('approved'), r: () => decide('rejected'), n: openNote, u: undoLast,
               x: () => { const k = selectedKey(); if (k !== undefined) mark([k]); }, g: markGroup,
-              A: approveMarked, v: showLarge, Enter: showLarge, X: markShown, '/': () => $('search').focus(),
+              A: approveMarked, v: showLarge, Enter: showLarge, p: pick,
+              s: () => { survey = !survey; showLarge(); }, X: markShown, '/': () => $('search').focus(),
               d: () => { setDensity($('density').value === 'compact' ? 'comfortable' : 'compact'); refilter(selectedKey()); }};
 const VIEW_KEYS = {...KEYS, ArrowDown: () => move(1), ArrowUp: () => move(-1), Escape: hideLarge,
                    v: hideLarge, Enter: hideLarge, '0': () => setZoom(0), f: () => setZoom(0),

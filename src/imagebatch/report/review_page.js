@@ -14,12 +14,12 @@ const state = new Map(Object.entries(D.decisions));  // key -> {decision, note, 
 const pending = new Map(), shown = new Map(), heads = new Map(), marked = new Set();
 let undo = [];
 const grid = $('grid'), fmt = n => n.toLocaleString('en-US');
-const FILTERS = ['all', 'open', 'unreviewed', 'approved', 'rejected', 'redone'];
+const FILTERS = ['all', 'open', 'unreviewed', 'approved', 'rejected', 'redone', 'not_chosen'];
 let view = [], sel = 0, filter = 'all', version = D.version, cols = 1, frame = 0;
 let rows = [], cardRow = [], cardCol = [], height = 0;  // the grid's rows (headings and cards), laid out
 let chain = Promise.resolve(), saved = 0, failed = false, noteKey = null;
 let justDecided = null;  // {k, next}: the card `a`/`r` just decided, and the one it moved on to
-let viewing = false, zoom = 0, compare = true;  // the large view: zoom 0 is "fit to the window"
+let viewing = false, zoom = 0, compare = true, survey = false;  // the large view: zoom 0 is "fit to the window"
 
 function el(tag, cls, text) {
   const e = document.createElement(tag);
@@ -47,26 +47,27 @@ function matches(i) {
   return filter === 'all' || s === filter || (filter === 'open' && (s === 'unreviewed' || s === 'rejected'));
 }
 function count() {
-  const n = {unreviewed: 0, rejected: 0, approved: 0, redone: 0};
+  const n = {unreviewed: 0, rejected: 0, approved: 0, redone: 0, not_chosen: 0};
   let reviewed = 0;
   for (let i = 0; i < cards.length; i++) { n[reviewState(i)]++; if (current(cards[i].k)) reviewed++; }
   $('count').textContent = `${fmt(reviewed)} of ${fmt(cards.length)} reviewed`;
   let tally = `${fmt(n.unreviewed + n.rejected)} open (${fmt(n.unreviewed)} unreviewed, ` +
               `${fmt(n.rejected)} rejected) · ${fmt(n.approved)} approved`;
   if (n.redone) tally += ` · ${fmt(n.redone)} redone`;
+  if (n.not_chosen) tally += ` · ${fmt(n.not_chosen)} not chosen`;
   $('tally').textContent = tally;
   $('shown').textContent = `${fmt(view.length)} shown`;
   $('bulk').hidden = !marked.size;
   $('nmarked').textContent = `${fmt(marked.size)} marked`;
 }
 function said(d) {  // "rejected by alice" (the note apart)
-  return d.decision + (d.reviewer ? ' by ' + d.reviewer : '');
+  return d.decision.replace('_', ' ') + (d.reviewer ? ' by ' + d.reviewer : '');
 }
 
 // --- cards: only those in and near the window are in the document ---------------------------------
 function fill(e, i) {
   const c = cards[i], k = c.k, d = current(k), s = reviewState(i), rv = e.querySelector('.rv');
-  for (const name of ['approved', 'rejected', 'redone']) e.classList.toggle('d-' + name, s === name);
+  for (const name of ['approved', 'rejected', 'redone', 'not_chosen']) e.classList.toggle('d-' + name, s === name);
   e.classList.toggle('saving', !!pending.get(k));
   e.classList.toggle('marked', marked.has(k));
   e.dataset.decision = d ? d.decision : '';
@@ -276,10 +277,35 @@ function decide(decision) {
   reveal();
   justDecided = {k, next: selectedKey()};
 }
+// The images one pick chooses among (the card's own included): its job's requests (candidates), else
+// its group's cards (with --group-by: a product's colourways), each replaced variant left out; else its
+// request's variants.
+function candidates(i) {
+  const c = cards[i], set = [];
+  const same = c.j ? o => o.j === c.j && !o.x : D.group ? o => o.g === c.g && !o.x :
+    o => o.pk.includes(c.k) || c.pk.includes(o.k);
+  for (let n = 0; n < cards.length; n++) if (n === i || same(cards[n])) set.push(n);
+  return set;
+}
+function batchId() {
+  return [...crypto.getRandomValues(new Uint8Array(8))].map(x => x.toString(16).padStart(2, '0')).join('');
+}
+function pick() {  // the selected image approved, the others it was chosen among `not_chosen`: one batch
+  const k = selectedKey();
+  if (k === undefined) return;
+  const among = candidates(byKey.get(k)).map(n => cards[n].k), b = batchId();
+  if (among.length < 2) { say('nothing to pick among: one image (a job of several requests has more)'); return; }
+  for (const o of among) {
+    undo.push({k: o, b});
+    record(o, o === k ? 'approved' : 'not_chosen', noteOf(o), b);
+  }
+  say(`picked ${cards[byKey.get(k)].t} of ${among.length}; u takes the pick back`);
+  refilter(k);
+}
 function approveMarked() {  // each its own decision, in the page's order; one batch, undone at once
   const keys = cards.map(c => c.k).filter(k => marked.has(k));
   if (!keys.length) { say('nothing marked (x marks a card, g its group)'); return; }
-  const b = [...crypto.getRandomValues(new Uint8Array(8))].map(x => x.toString(16).padStart(2, '0')).join('');
+  const b = batchId();
   for (const k of keys) {
     undo.push({k, b});
     record(k, 'approved', noteOf(k), b);

@@ -64,13 +64,14 @@ FILTERS = {
     "approved": "approved",
     "rejected": "rejected (not redone)",
     "redone": "redone (replaced)",
+    "not_chosen": "not chosen (another picked)",
 }
 """The page's filters (`#filter=open`) and their labels; the page's script knows the same names."""
 KEYS = (
     "j/k or ←/→ move · a approve · r reject · n note · u undo · v view large · x mark · g mark group"
-    " · X mark all shown · A approve marked · / search · d density"
+    " · X mark all shown · A approve marked · p pick · s survey · / search · d density"
 )
-VIEW_KEYS = "j/k, arrows · a r n u · 0 fit · 1 100 % · +/- zoom · c compare"
+VIEW_KEYS = "j/k, arrows · a r n u p · 0 fit · 1 100 % · +/- zoom · c compare · s survey"
 
 
 def inline_json(data: Any) -> str:

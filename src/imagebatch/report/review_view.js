@@ -1,8 +1,9 @@
 // --- the large view: the selected image fit to the window (or 100 %, zoomed), beside the versions it
 // replaces, each with its decision and note, and its request's reference images at the image's size ---
-function caption(i, now) {
+function caption(i, now) {  // a variant's (or, in the survey, a candidate's) decision and note
   const c = cards[i], d = current(c.k), cap = el('div', 'vcap');
-  cap.append(`variant ${c.v}` + (now ? ' (this card)' : '') + ' · ' + (d ? said(d) : 'unreviewed'));
+  const name = survey ? c.t + (c.nv > 1 ? ` variant ${c.v}` : '') : `variant ${c.v}`;
+  cap.append(name + (now ? ' (this card)' : '') + ' · ' + (d ? said(d) : 'unreviewed'));
   if (d && d.note) cap.append(': ', el('span', 'note', d.note));
   return cap;
 }
@@ -28,34 +29,40 @@ function refPane(c, j) {  // a reference: the thumbnail the card has, drawn as l
   p.append(el('div', 'vcap', `reference ${j + 1}` + (c.r > 1 ? ` of ${c.r}` : '') + ', the request\'s'), box);
   return p;
 }
-let showing = '';  // the card and mode the large view shows: the same again only updates its captions
+let showing = '';  // the images and mode the large view shows: the same again only updates its captions
 function showLarge() {
   if (!view.length) { hideLarge(); return; }
-  const i = view[sel], c = cards[i], panes = $('vpanes'), chain = compare ? c.pk.map(k => byKey.get(k)) : [];
+  const i = view[sel], c = cards[i], panes = $('vpanes');
+  const chain = compare ? c.pk.map(k => byKey.get(k)) : [], among = survey ? candidates(i) : [];
+  const list = survey ? among.map(at => [at, 0]) : [...chain.map(at => [at, 0]), ...range(c.n).map(j => [i, j])];
   viewing = true;
   $('viewer').hidden = false;
   $('vtitle').textContent = `${c.t} · ${sel + 1} of ${fmt(view.length)}`;
   $('vcols').textContent = D.columns.map((n, j) => c.m[j] ? `${n} ${c.m[j]}` : '').filter(Boolean).join(' · ');
-  if (showing === c.k + compare) {  // another decision arrived: the images (zoom, scroll) stay
+  const now = survey ? 'survey ' + among.join() : c.k + compare;
+  if (showing === now) {  // another decision, or another candidate: the images (zoom, scroll) stay
     const shownPanes = panes.querySelectorAll('.vpane');
-    [...chain, ...Array(c.n).fill(i)].forEach((at, n) => {
+    list.forEach(([at], n) => {
       const p = shownPanes[n];
       p.className = 'vpane' + (at === i ? ' now' : '') + ' d-' + reviewState(at);
       p.firstChild.replaceWith(caption(at, at === i));
     });
+    document.body.dataset.viewing = c.k;
     return;
   }
-  showing = c.k + compare;
+  showing = now;
   panes.textContent = '';
-  for (const at of chain) panes.append(pane(at, 0, false));
-  for (let j = 0; j < c.n; j++) panes.append(pane(i, j, true));
-  for (let j = 0; j < (c.r || 0); j++) panes.append(refPane(c, j));
-  $('vcompare').textContent = c.pk.length ? (compare ? 'c hides the earlier variants' : 'c compares') : '';
+  for (const [at, j] of list) panes.append(pane(at, j, at === i));
+  if (!survey) for (let j = 0; j < (c.r || 0); j++) panes.append(refPane(c, j));
+  $('vcompare').textContent = survey ? `${among.length} to pick from: p picks this one · s leaves the survey` :
+    c.pk.length ? (compare ? 'c hides the earlier variants' : 'c compares') : '';
   sizeImages();
   document.body.dataset.viewing = c.k;
 }
+function range(n) { return [...Array(n).keys()]; }
 function hideLarge() {
   viewing = false;
+  survey = false;
   showing = '';
   $('viewer').hidden = true;
   delete document.body.dataset.viewing;

@@ -1,5 +1,5 @@
-"""A reviewer's decisions on a run's images: approved, rejected (with a note), or cleared (undone); and
-comments, a note on an image not yet decided (`COMMENT`).
+"""A reviewer's decisions on a run's images: approved, rejected (with a note), not chosen (another was
+picked), or cleared (undone); and comments, a note on an image not yet decided (`COMMENT`).
 
 Decisions are appended, never rewritten, so two reviewers (two browsers, or two `imagebatch review`
 servers on one output location) lose nothing of each other's. They are a history, not a stack
@@ -28,13 +28,16 @@ from imagebatch.storage.bounded import BadLine, split_lines
 from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
 from imagebatch.storage.location import LocalFolder, Location, confined, json_object
 
-DecisionKind = Literal["approved", "rejected", "cleared", "comment"]
+DecisionKind = Literal["approved", "rejected", "cleared", "comment", "not_chosen"]
 DECISIONS: tuple[str, ...] = get_args(DecisionKind)
 COMMENT = "comment"
 """A note without a decision (the review page saves one typed on a card not yet decided): it is in force
 only where no approval or rejection is (never over one), is never undone by `u`, and is not a decision
 (`decided` leaves it out), so no redo or export acts on it. A later `a` or `r` on the card carries its
 text as the decision's note, so a redo's edit carries it only once the card is rejected."""
+NOT_CHOSEN = "not_chosen"
+"""Judged, and another image it was shown among picked (the review page's `p`): not rejected, so nothing
+redoes it, and not approved, so `export --approved-only` leaves it out."""
 NOT_DECIDED = ("cleared", COMMENT)
 """The kinds in force on an image that is not decided."""
 MAX_NOTE = 2000
