@@ -69,3 +69,4 @@ readControls();
 refilter();
 performance.mark('first-cards');
 loadUndo().then(() => { document.body.dataset.ready = '1'; });
+setTimeout(haystack, 50);  // the search's text made once the first cards are up, not at the first key
