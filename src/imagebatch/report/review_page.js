@@ -74,7 +74,9 @@ function fill(e, i) {
   e.dataset.state = s;
   rv.textContent = '';
   const cm = commentOf(k);
-  if (d && s === 'redone') rv.append(`redone after ${d.reviewer || 'a reviewer'} ${d.decision} it`);
+  if (d && s === 'redone' && d.decision === 'rejected') {
+    rv.append(`redone after ${d.reviewer || 'a reviewer'} rejected it`);
+  } else if (d && s === 'redone') rv.append(said(d) + ', redone');
   else if (d) rv.append(said(d));
   else rv.append(s === 'redone' ? 'replaced by a newer variant' : 'unreviewed');
   if (d && d.note) rv.append(': ', el('span', 'note', d.note));
