@@ -56,6 +56,31 @@ def product_png(shape: int, colour: tuple[int, int, int], side: int = 256) -> by
     return buf.getvalue()
 
 
+def catalog(root: Path, requests: int, references: bool, count: int) -> Path:
+    """`root/catalog.csv`: `requests` product rows (two colourways a SKU) and a row `broken`, each of
+    `count` requests, each naming `root/ref.png` with `references`."""
+    manifest = root / "catalog.csv"
+    refs = ",reference_images" if references else ""
+    many = ",count" if count > 1 else ""
+    if references:
+        (root / "ref.png").write_bytes(product_png(0, (200, 200, 200)))
+    lines = [f"id,sku,product_name,colour,prompt{refs}{many}"]
+    for i in range(requests):
+        name, colour, _ = PRODUCTS[i % len(PRODUCTS)]
+        lines.append(
+            f"p{i:03d},SKU-{1000 + i // 2},{name},{colour},Studio photo of a {{product_name}} in {{colour}}"
+            + (",ref.png" if references else "")
+            + (f",{count}" if many else "")
+        )
+    lines.append(
+        "broken,SKU-9999,mug,black,Studio photo of a {product_name} in {colour}"
+        + ("," if references else "")
+        + (",1" if many else "")
+    )
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
 def review_folder(
     root: Path,
     requests: int = 12,
@@ -63,28 +88,16 @@ def review_folder(
     variants: int = 2,
     references: bool = False,
     side: int = 256,
+    count: int = 1,
 ) -> Path:
     """`root/out`, an output folder as a run over a catalog manifest of `requests` rows leaves it (every
     request succeeded, a 256 px PNG each), plus one failed request (no image), and, if `redone` is given,
     variants 2..`variants` of that request (each its own key, as a redo adds them). The manifest is
     `root/catalog.csv`, named by run.json, so the page shows each prompt; its metadata columns (`sku`,
     `product_name`, `colour`) are results.csv's too, as a run writes them. With `references`, each row
-    names a reference image (`root/ref.png`). `side`: the images' size in pixels."""
-    manifest = root / "catalog.csv"
-    refs = ",reference_images" if references else ""
-    if references:
-        (root / "ref.png").write_bytes(product_png(0, (200, 200, 200)))
-    lines = [f"id,sku,product_name,colour,prompt{refs}"]
-    for i in range(requests):
-        name, colour, _ = PRODUCTS[i % len(PRODUCTS)]
-        lines.append(
-            f"p{i:03d},SKU-{1000 + i // 2},{name},{colour},Studio photo of a {{product_name}} in {{colour}}"
-            + (",ref.png" if references else "")
-        )
-    lines.append(
-        "broken,SKU-9999,mug,black,Studio photo of a {product_name} in {colour}" + ("," if references else "")
-    )
-    manifest.write_text("\n".join(lines) + "\n")
+    names a reference image (`root/ref.png`). `side`: the images' size in pixels; `count`: each row's
+    requests (candidates of one job), each its own image."""
+    manifest = catalog(root, requests, references, count)
     out = root / "out"
     rows: list[dict[str, Any]] = []
     for n, req in enumerate(plan(load_manifest(manifest))):

@@ -79,11 +79,12 @@ def test_a_reviewer_rejects_with_a_note_and_approves_by_keyboard_and_both_persis
     press(browser, "j")  # the second card
     press(browser, "n")
     until(browser, lambda d: d.find_element("id", "notebar").is_displayed(), "the note bar open")
-    press(browser, "handle missing on the left\n")
+    press(browser, "handle missing on the left\n")  # saved at once, as a comment
     press(browser, "r")  # rejected with its note; the third card is selected
     press(browser, "a")
-    saved(browser, 2)
+    saved(browser, 3)
     assert recorded(out) == [
+        (order[1], 2, "comment", "handle missing on the left", "alice"),
         (order[1], 2, "rejected", "handle missing on the left", "alice"),
         (order[2], 1, "approved", "", "alice"),
     ]

@@ -115,13 +115,14 @@ def test_a_redone_image_is_shown_beside_the_versions_it_replaces_with_the_notes(
             "variant 1 · rejected by alice: handle missing on the left",
             "variant 2 · rejected by bob: too dark",
             "variant 3 (this card) · unreviewed",
+            "reference 1, the request's",
         ]
         if SCREENSHOTS:
             browser.save_screenshot(str(Path(SCREENSHOTS) / "review-compare-test.png"))
-        press(browser, "c")  # the earlier variants hidden, then back
-        assert len(browser.find_elements("css selector", "#vpanes .vpane")) == 1
+        press(browser, "c")  # the earlier variants hidden (the reference stays), then back
+        assert len(browser.find_elements("css selector", "#vpanes .vpane")) == 2
         press(browser, "c")
-        assert len(browser.find_elements("css selector", "#vpanes .vpane")) == 3
+        assert len(browser.find_elements("css selector", "#vpanes .vpane")) == 4
         # Another reviewer's decision on it reaches the open large view: its caption changes, its images stay
         browser.execute_script("document.querySelector('#vpanes .now img').dataset.kept = '1'")
         record_decision(LocalFolder(out), Decision(v3, 3, "approved", "at last", "dan"))
@@ -224,7 +225,8 @@ def test_the_open_view_holds_what_still_needs_a_person(browser: Any, tmp_path: P
         Select(browser.find_element("id", "filter")).select_by_value("rejected")
         assert list(shown(browser)) == [p002]
         Select(browser.find_element("id", "filter")).select_by_value("redone")
-        assert list(shown(browser)) == [v1] and shown(browser)[v1][1] == "rejected, redone by alice: too dark"
+        assert list(shown(browser)) == [v1]
+        assert shown(browser)[v1][1] == "redone after alice rejected it: too dark"
         Select(browser.find_element("id", "filter")).select_by_value("open")
         select(browser, v2)
         press(browser, "a")  # the redo approved: it leaves the open view

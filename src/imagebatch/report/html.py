@@ -144,6 +144,10 @@ def row_title(row: Mapping[str, str]) -> str:
     return f"{row['job_id']} #{row['request_index']}{turn}"
 
 
+_SAID = {"not_chosen": "not chosen (another picked)", "comment": "unreviewed, a comment"}
+"""How a card says a decision whose record name is not a word a reader would use."""
+
+
 def _review_html(row: Mapping[str, str], decision: Decision | None, state: str) -> str:
     """The card's review, read-only: approved or rejected (by whom, the note; "rejected, redone" once a
     newer variant replaced it), or unreviewed."""
@@ -154,7 +158,8 @@ def _review_html(row: Mapping[str, str], decision: Decision | None, state: str) 
     by = f" by {_esc(decision.reviewer)}" if decision.reviewer else ""
     note = f': <span class="note">{_esc(decision.note)}</span>' if decision.note else ""
     redone = ", redone" if state == "redone" else ""
-    return f'<div class="rv rv-{state}">{_esc(decision.decision)}{redone}{by}{note}</div>'
+    said = _SAID.get(decision.decision, decision.decision)
+    return f'<div class="rv rv-{state}">{_esc(said)}{redone}{by}{note}</div>'
 
 
 def _card_html(out: Path, card: Card, decision: Decision | None = None, replaced: bool = False) -> str:

@@ -26,7 +26,6 @@ from imagebatch.report.html import (
     ref_thumb_name,
     reviewable,
     row_facts,
-    row_title,
 )
 from imagebatch.report.setstate import request_of, status_label, superseded, variant_number
 from imagebatch.storage import layout
@@ -56,10 +55,11 @@ class ReviewCard:
     images: tuple[str, ...]
     """Its images' names in the output location (`images/<job>/<file>`), each checked by `safe_name`."""
     shown: dict[str, Any]
-    """The page's data: `k` key, `v` variant, `nv` variants of its request, `t` title, `s` status (its
-    label), `p` prompt, `f` facts, `n` images, `m` the shown columns' values; where there are any, `r`
-    reference images, `pk` the keys of the older variants it replaces (oldest first), `x` 1 if a newer
-    variant replaced it; `g` its group's value (when grouped)."""
+    """The page's data: `k` key, `v` variant, `nv` variants of its request, `t` title (`card_title`),
+    `p` prompt, `f` facts, `n` images, `m` the shown columns' values; where there are any, `r` reference
+    images, `s` a status other than made (`MADE`), `pk` the keys of the older variants it replaces (oldest
+    first), `x` 1 if a newer variant replaced it, `j` its job's id if the job has several requests; `g`
+    its group's value (when grouped)."""
     references: tuple[str, ...] = ()
     """Its request's reference images and mask, as the plan names them (a path, or an object's URL)."""
 
@@ -188,14 +188,22 @@ def load_cards(location: Location, show: Sequence[str] | None = None, group_by: 
         for variants in requests:
             first.setdefault(variants[0].get(group_by, ""), len(first))
         requests.sort(key=lambda variants: first[variants[0].get(group_by, "")])
+    per_job: dict[str, set[str]] = {}
+    for variants in requests:
+        per_job.setdefault(variants[0]["job_id"], set()).add(variants[0]["request_index"])
+    several = {job for job, indexes in per_job.items() if len(indexes) > 1}
     cards: list[ReviewCard] = []
     for variants in requests:
-        cards.extend(_request_cards(variants, details, columns, group_by))
+        cards.extend(_request_cards(variants, details, columns, group_by, several))
     return CardSet(cards, without, refused, columns, group_by)
 
 
 def _request_cards(
-    variants: list[dict[str, str]], details: Mapping[str, Any], columns: list[str], group_by: str | None
+    variants: list[dict[str, str]],
+    details: Mapping[str, Any],
+    columns: list[str],
+    group_by: str | None,
+    several: set[str],
 ) -> list[ReviewCard]:
     """One request's cards (its variants with images, newest first); each names the older variants it
     replaces (`pk`, oldest first)."""
@@ -210,18 +218,39 @@ def _request_cards(
         images = tuple(rel for rel in image_paths(row) if safe_name(rel))
         key, variant = row["idempotency_key"], variant_number(row)
         data = {
-            "k": key, "v": variant, "nv": len(variants), "t": row_title(row),
-            "s": status_label(row["status"]), "p": _clipped(prompt),
+            "k": key, "v": variant, "nv": len(variants), "t": card_title(row, several),
+            "p": _clipped(prompt),
             "f": " · ".join([*row_facts(row), f"key {key[:16]}"]), "n": len(images),
             "m": [row.get(c, "") for c in columns],
         }  # fmt: skip
         # The rest only where it is not the usual (10,000 cards: each key left out saves 60 KB of page)
-        extra = {"r": len(refs), "pk": [c.key for c in made], "x": int(key in replaced)}
+        extra = {
+            "r": len(refs), "pk": [c.key for c in made], "x": int(key in replaced),
+            "s": "" if row["status"] in MADE else status_label(row["status"]),
+        }  # fmt: skip
         data |= {name: value for name, value in extra.items() if value}
         if group_by:
             data["g"] = row.get(group_by, "")
+        if row["job_id"] in several:  # its candidates, the pick's choice (the page's `candidates`)
+            data["j"] = row["job_id"]
         made.append(ReviewCard(key, variant, images, data, tuple(str(ref) for ref in refs)))
     return made[::-1]
+
+
+MADE = ("succeeded", "skipped")
+"""The statuses a card does not show: its image was made, in this run or an earlier one ("done earlier"
+read as stale on a variant made minutes before); any other status is shown."""
+
+
+def card_title(row: Mapping[str, str], several: set[str]) -> str:
+    """A card's title: the row's id, then `request N` (counted from 1) only for a job of several
+    requests, and `turn N` for a chain's later turns (never the `#0` every one-request job had)."""
+    title = row["job_id"]
+    if row["job_id"] in several and row["request_index"].isdigit():
+        title += f" request {int(row['request_index']) + 1}"
+    if row.get("turn_index") not in (None, "", "0"):
+        title += f" turn {row['turn_index']}"
+    return title
 
 
 def _clipped(prompt: str) -> str:

@@ -18,7 +18,9 @@
     field.readOnly = true;
     field.title = 'signed in as ' + data.reviewer;
   }
-  function line(v) { return v.map(([name, decision]) => `${name || 'someone'} ${decision}`).join(', '); }
+  function line(v) {
+    return v.map(([name, decision]) => `${name || 'someone'} ${decision.replace('_', ' ')}`).join(', ');
+  }
   function show(card) {  // the card's line of views, made, changed or taken away
     const v = views.get(card.dataset.key) || [];
     let e = card.querySelector('.views');

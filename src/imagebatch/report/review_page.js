@@ -1,20 +1,25 @@
 'use strict';
-// The review page's script (report/review_page.py says what the page does; this file, how).
+// The review page's script (report/review_page.py says what the page does; these files, how): the cards,
+// their decisions and notes here; the large view in review_view.js, search and filters in review_find.js,
+// keys and start in review_keys.js (one script, in that order).
 const $ = id => document.getElementById(id);
 const D = JSON.parse($('data').textContent);
 const TOKEN = document.querySelector('meta[name="review-token"]').content;
-const W = 320, H = 500, GAP = 10, GH = 34;  // a card's box and a group's heading, as the style sets them
+const SIZES = {comfortable: [320, 500], compact: [166, 200]};  // a card's box, as the style sets them
+const GAP = 10, GH = 34;  // between cards, and a group's heading
+let [W, H] = SIZES.comfortable;
 const cards = D.cards, byKey = new Map(cards.map((c, i) => [c.k, i])), NONE = [];
 for (const c of cards) if (!c.pk) c.pk = NONE;  // left out of the data where empty (as `r` and `x` are)
 const state = new Map(Object.entries(D.decisions));  // key -> {decision, note, reviewer, at}
-const drafts = new Map(), pending = new Map(), shown = new Map(), heads = new Map(), marked = new Set();
+const pending = new Map(), shown = new Map(), heads = new Map(), marked = new Set();
 let undo = [];
 const grid = $('grid'), fmt = n => n.toLocaleString('en-US');
-const FILTERS = ['all', 'open', 'unreviewed', 'approved', 'rejected', 'redone'];
+const FILTERS = ['all', 'open', 'unreviewed', 'approved', 'rejected', 'redone', 'not_chosen'];
 let view = [], sel = 0, filter = 'all', version = D.version, cols = 1, frame = 0;
 let rows = [], cardRow = [], cardCol = [], height = 0;  // the grid's rows (headings and cards), laid out
 let chain = Promise.resolve(), saved = 0, failed = false, noteKey = null;
-let viewing = false, zoom = 0, compare = true;  // the large view: zoom 0 is "fit to the window"
+let justDecided = null;  // {k, next}: the card `a`/`r` just decided, and the one it moved on to
+let viewing = false, zoom = 0, compare = true, survey = false;  // the large view: zoom 0 is "fit to the window"
 
 function el(tag, cls, text) {
   const e = document.createElement(tag);
@@ -24,7 +29,9 @@ function el(tag, cls, text) {
 }
 function say(text) { $('status').textContent = text; }
 function reviewer() { return $('reviewer').value.trim(); }
-function current(k) { const d = state.get(k); return d && d.decision !== 'cleared' ? d : null; }
+const NOT_DECIDED = ['cleared', 'comment'];  // in force, yet not a decision (work/decisions.py)
+function current(k) { const d = state.get(k); return d && !NOT_DECIDED.includes(d.decision) ? d : null; }
+function commentOf(k) { const d = state.get(k); return d && d.decision === 'comment' && d.note ? d : null; }
 function selectedKey() { return view.length ? cards[view[sel]].k : undefined; }
 // The review state of a card: report/setstate.py's `review_state`, the same rule (`x`: a newer variant
 // replaced it). Open: unreviewed, or rejected and not yet redone.
@@ -35,42 +42,45 @@ function reviewState(i) {
   return d ? d.decision : 'unreviewed';
 }
 function matches(i) {
+  if (!found(i)) return false;  // the search and the column filters (review_find.js)
   const s = reviewState(i);
   return filter === 'all' || s === filter || (filter === 'open' && (s === 'unreviewed' || s === 'rejected'));
 }
 function count() {
-  const n = {unreviewed: 0, rejected: 0, approved: 0, redone: 0};
+  const n = {unreviewed: 0, rejected: 0, approved: 0, redone: 0, not_chosen: 0};
   let reviewed = 0;
   for (let i = 0; i < cards.length; i++) { n[reviewState(i)]++; if (current(cards[i].k)) reviewed++; }
   $('count').textContent = `${fmt(reviewed)} of ${fmt(cards.length)} reviewed`;
   let tally = `${fmt(n.unreviewed + n.rejected)} open (${fmt(n.unreviewed)} unreviewed, ` +
               `${fmt(n.rejected)} rejected) · ${fmt(n.approved)} approved`;
   if (n.redone) tally += ` · ${fmt(n.redone)} redone`;
+  if (n.not_chosen) tally += ` · ${fmt(n.not_chosen)} not chosen`;
   $('tally').textContent = tally;
   $('shown').textContent = `${fmt(view.length)} shown`;
   $('bulk').hidden = !marked.size;
   $('nmarked').textContent = `${fmt(marked.size)} marked`;
 }
 function said(d) {  // "rejected by alice" (the note apart)
-  return d.decision + (d.reviewer ? ' by ' + d.reviewer : '');
+  return d.decision.replace('_', ' ') + (d.reviewer ? ' by ' + d.reviewer : '');
 }
 
 // --- cards: only those in and near the window are in the document ---------------------------------
 function fill(e, i) {
   const c = cards[i], k = c.k, d = current(k), s = reviewState(i), rv = e.querySelector('.rv');
-  for (const name of ['approved', 'rejected', 'redone']) e.classList.toggle('d-' + name, s === name);
+  for (const name of ['approved', 'rejected', 'redone', 'not_chosen']) e.classList.toggle('d-' + name, s === name);
   e.classList.toggle('saving', !!pending.get(k));
   e.classList.toggle('marked', marked.has(k));
   e.dataset.decision = d ? d.decision : '';
   e.dataset.state = s;
   rv.textContent = '';
-  if (d) {
-    rv.append(d.decision + (s === 'redone' ? ', redone' : '') + (d.reviewer ? ' by ' + d.reviewer : ''));
-    if (d.note) rv.append(': ', el('span', 'note', d.note));
-  } else {
-    rv.append(s === 'redone' ? 'replaced by a newer variant' : 'unreviewed');
-    if (drafts.get(k)) rv.append(' · note: ', el('span', 'note', drafts.get(k)));
-  }
+  const cm = commentOf(k);
+  if (d && s === 'redone' && d.decision === 'rejected') {
+    rv.append(`redone after ${d.reviewer || 'a reviewer'} rejected it`);
+  } else if (d && s === 'redone') rv.append(said(d) + ', redone');
+  else if (d) rv.append(said(d));
+  else rv.append(s === 'redone' ? 'replaced by a newer variant' : 'unreviewed');
+  if (d && d.note) rv.append(': ', el('span', 'note', d.note));
+  if (cm) rv.append(' · comment' + (cm.reviewer ? ' by ' + cm.reviewer : '') + ': ', el('span', 'note', cm.note));
   rv.title = rv.textContent;
   const prev = e.querySelector('.prev');
   if (prev) {
@@ -98,19 +108,21 @@ function build(i) {
     media.append(was);
   }
   const id = el('div', 'id');
-  if (c.nv > 1 || c.v > 1) id.append(el('span', 'var', 'variant ' + c.v));
-  id.append(el('span', 't', c.t), el('span', 'st', c.s));
+  if (c.nv > 1 || c.v > 1) id.append(el('span', 'var', `variant ${c.v} of ${Math.max(c.nv, c.v)}`));
+  id.append(el('span', 't', c.t));
+  if (c.s) id.append(el('span', 'st', c.s));
   id.title = c.t;
   const meta = el('div', 'cols');
   D.columns.forEach((name, j) => {
     if (c.m[j] === '') return;
     if (meta.childNodes.length) meta.append(' · ');
-    meta.append(el('b', '', name + ' '), c.m[j]);
+    meta.append(el('b', '', name + ' '), el('span', 'v', c.m[j]));
   });
   meta.title = meta.textContent;
   e.append(media, id, meta, el('div', 'prompt', c.p));
   if (c.r) {
     const refs = el('div', 'refs', 'refs');
+    refs.title = 'the reference beside the image, large (v)';
     for (let j = 0; j < Math.min(c.r, 4); j++) {
       const img = el('img');
       img.loading = 'lazy'; img.alt = `reference ${j + 1}`; img.src = `/ref/${encodeURIComponent(c.k)}/${j}`;
@@ -164,7 +176,7 @@ function heading(r, n) {
 function layout() {
   frame = 0;
   const top = window.scrollY - gridTop(), want = new Set(), wantHeads = new Set();
-  for (let r = firstRow(top - H); r < rows.length && rows[r].top < top + innerHeight + H; r++) {
+  for (let r = firstRow(top - H); r < rows.length && rows[r].top < top + innerHeight + 2 * H; r++) {
     const row = rows[r];
     if (row.head !== undefined) { wantHeads.add(r); continue; }
     for (let p = row.first; p < view.length && cardRow[p] === r; p++) want.add(p);
@@ -213,6 +225,7 @@ function reveal() {
   layout();
 }
 function move(step) {
+  justDecided = null;
   if (!view.length) return;
   sel = Math.max(0, Math.min(view.length - 1, sel + step));
   reveal();
@@ -252,11 +265,9 @@ function record(k, decision, note, batch) {
   state.set(k, {decision, note, reviewer: reviewer(), at: ''});
   post(k, decision, note, batch);
 }
-function noteOf(k) {  // the note a decision on `k` carries: a draft, else the note it has
-  const before = current(k);
-  const note = drafts.has(k) ? drafts.get(k) : (before ? before.note : '');
-  drafts.delete(k);
-  return note;
+function noteOf(k) {  // the note a decision on `k` carries: its decision's, or its comment's
+  const before = state.get(k);
+  return before ? before.note : '';
 }
 function decide(decision) {
   const k = selectedKey();
@@ -266,11 +277,37 @@ function decide(decision) {
   record(k, decision, noteOf(k));
   refilter(next);
   reveal();
+  justDecided = {k, next: selectedKey()};
+}
+// The images one pick chooses among (the card's own included): its job's requests (candidates), else
+// its group's cards (with --group-by: a product's colourways), each replaced variant left out; else its
+// request's variants.
+function candidates(i) {
+  const c = cards[i], set = [];
+  const same = c.j ? o => o.j === c.j && !o.x : D.group ? o => o.g === c.g && !o.x :
+    o => o.pk.includes(c.k) || c.pk.includes(o.k);
+  for (let n = 0; n < cards.length; n++) if (n === i || same(cards[n])) set.push(n);
+  return set;
+}
+function batchId() {
+  return [...crypto.getRandomValues(new Uint8Array(8))].map(x => x.toString(16).padStart(2, '0')).join('');
+}
+function pick() {  // the selected image approved, the others it was chosen among `not_chosen`: one batch
+  const k = selectedKey();
+  if (k === undefined) return;
+  const among = candidates(byKey.get(k)).map(n => cards[n].k), b = batchId();
+  if (among.length < 2) { say('nothing to pick among: one image (a job of several requests has more)'); return; }
+  for (const o of among) {
+    undo.push({k: o, b});
+    record(o, o === k ? 'approved' : 'not_chosen', noteOf(o), b);
+  }
+  say(`picked ${cards[byKey.get(k)].t} of ${among.length}; u takes the pick back`);
+  refilter(k);
 }
 function approveMarked() {  // each its own decision, in the page's order; one batch, undone at once
   const keys = cards.map(c => c.k).filter(k => marked.has(k));
   if (!keys.length) { say('nothing marked (x marks a card, g its group)'); return; }
-  const b = [...crypto.getRandomValues(new Uint8Array(8))].map(x => x.toString(16).padStart(2, '0')).join('');
+  const b = batchId();
   for (const k of keys) {
     undo.push({k, b});
     record(k, 'approved', noteOf(k), b);
@@ -313,24 +350,25 @@ function undoLast() {  // the last decision, or the whole of the last bulk appro
   });
   reveal();
 }
+// `n` notes the selected card; right after `a` or `r` (nothing moved since), the card just decided: the
+// note typed after a decision belongs to that card, the one typed before it is a comment it then carries.
 function openNote() {
-  const k = selectedKey();
+  const at = selectedKey(), k = justDecided && justDecided.next === at ? justDecided.k : at;
   if (k === undefined) return;
-  const d = current(k);
   noteKey = k;
   $('notefor').textContent = cards[byKey.get(k)].t;
-  $('note').value = drafts.has(k) ? drafts.get(k) : (d ? d.note : '');
+  $('note').value = noteOf(k);
   $('notebar').hidden = false;
   $('note').focus();
 }
-function closeNote() { $('notebar').hidden = true; noteKey = null; $('note').blur(); }
+function closeNote() { $('notebar').hidden = true; noteKey = null; justDecided = null; $('note').blur(); }
 $('note').addEventListener('keydown', ev => {
   if (ev.key === 'Escape') { ev.preventDefault(); closeNote(); return; }
   if (ev.key !== 'Enter') return;
   ev.preventDefault();
   const k = noteKey, note = $('note').value.trim(), d = current(k);
   closeNote();
-  if (d) { undo.push({k, b: ''}); record(k, d.decision, note); } else drafts.set(k, note);
+  if (d) { undo.push({k, b: ''}); record(k, d.decision, note); } else record(k, 'comment', note);
   refilter(selectedKey());
 });
 async function refresh(full) {
@@ -359,160 +397,11 @@ async function loadUndo() {  // what this reviewer can still undo, replayed by t
   }
 }
 
-// --- the large view: the selected image fit to the window (or 100 %, zoomed), beside the versions it
-// replaces, each with its decision and note --------------------------------------------------------
-function caption(i, now) {
-  const c = cards[i], d = current(c.k), cap = el('div', 'vcap');
-  cap.append(`variant ${c.v}` + (now ? ' (this card)' : '') + ' · ' + (d ? said(d) : 'unreviewed'));
-  if (d && d.note) cap.append(': ', el('span', 'note', d.note));
-  return cap;
-}
-function pane(i, j, now) {
-  const c = cards[i], p = el('div', 'vpane' + (now ? ' now' : '')), box = el('div', 'vbox');
-  const img = el('img');
-  p.classList.add('d-' + reviewState(i));
-  img.alt = `image ${j + 1} of ${c.t}, variant ${c.v}`;
-  img.src = `/image/${encodeURIComponent(c.k)}/${j}`;
-  img.addEventListener('load', () => sizeImages());
-  box.append(img);
-  box.addEventListener('scroll', () => follow(box));
-  p.append(caption(i, now), box);
-  return p;
-}
-let showing = '';  // the card and mode the large view shows: the same again only updates its captions
-function showLarge() {
-  if (!view.length) { hideLarge(); return; }
-  const i = view[sel], c = cards[i], panes = $('vpanes'), chain = compare ? c.pk.map(k => byKey.get(k)) : [];
-  viewing = true;
-  $('viewer').hidden = false;
-  $('vtitle').textContent = `${c.t} · ${sel + 1} of ${fmt(view.length)}`;
-  $('vcols').textContent = D.columns.map((n, j) => c.m[j] ? `${n} ${c.m[j]}` : '').filter(Boolean).join(' · ');
-  if (showing === c.k + compare) {  // another decision arrived: the images (zoom, scroll) stay
-    const shownPanes = panes.querySelectorAll('.vpane');
-    [...chain, ...Array(c.n).fill(i)].forEach((at, n) => {
-      const p = shownPanes[n];
-      p.className = 'vpane' + (at === i ? ' now' : '') + ' d-' + reviewState(at);
-      p.firstChild.replaceWith(caption(at, at === i));
-    });
-    return;
-  }
-  showing = c.k + compare;
-  panes.textContent = '';
-  for (const at of chain) panes.append(pane(at, 0, false));
-  for (let j = 0; j < c.n; j++) panes.append(pane(i, j, true));
-  $('vcompare').textContent = c.pk.length ? (compare ? 'c hides the earlier variants' : 'c compares') : '';
-  sizeImages();
-  document.body.dataset.viewing = c.k;
-}
-function hideLarge() {
-  viewing = false;
-  showing = '';
-  $('viewer').hidden = true;
-  delete document.body.dataset.viewing;
-  reveal();
-}
-function sizeImages() {  // fit (zoom 0), else the image's own pixels times `zoom`
-  let scale = 0;
-  for (const img of $('vpanes').querySelectorAll('img')) {
-    const box = img.parentElement;
-    box.classList.toggle('fit', !zoom);
-    img.style.width = zoom && img.naturalWidth ? img.naturalWidth * zoom + 'px' : '';
-    img.style.height = zoom && img.naturalHeight ? img.naturalHeight * zoom + 'px' : '';
-    if (!scale && img.naturalWidth) {
-      scale = zoom || Math.min(1, box.clientWidth / img.naturalWidth, box.clientHeight / img.naturalHeight);
-    }
-  }
-  $('vzoom').textContent = (zoom ? '' : 'fit · ') + (scale ? Math.round(scale * 100) + ' %' : '');
-  document.body.dataset.zoom = zoom ? String(zoom) : 'fit';
-}
-function setZoom(z) {
-  if (z === '+' || z === '-') {
-    const img = $('vpanes').querySelector('img'), box = img && img.parentElement;
-    const now = zoom || (img && img.naturalWidth ?
-      Math.min(1, box.clientWidth / img.naturalWidth, box.clientHeight / img.naturalHeight) : 1);
-    z = Math.min(8, Math.max(0.05, z === '+' ? now * 1.25 : now / 1.25));
-  }
-  zoom = z;
-  sizeImages();
-}
-let following = false;
-function follow(box) {  // the panes scroll together at 100 % and beyond, so the same spot is compared
-  if (following) return;
-  following = true;
-  for (const other of $('vpanes').querySelectorAll('.vbox')) {
-    if (other !== box) { other.scrollLeft = box.scrollLeft; other.scrollTop = box.scrollTop; }
-  }
-  following = false;
-}
 
-// --- keys, clicks, filter --------------------------------------------------------------------------
-const KEYS = {j: () => move(1), k: () => move(-1), ArrowRight: () => move(1), ArrowLeft: () => move(-1),
-              a: () => decide('approved'), r: () => decide('rejected'), n: openNote, u: undoLast,
-              x: () => { const k = selectedKey(); if (k !== undefined) mark([k]); }, g: markGroup,
-              A: approveMarked, v: showLarge, Enter: showLarge};
-const VIEW_KEYS = {...KEYS, ArrowDown: () => move(1), ArrowUp: () => move(-1), Escape: hideLarge,
-                   v: hideLarge, Enter: hideLarge, '0': () => setZoom(0), f: () => setZoom(0),
-                   '1': () => setZoom(1), '+': () => setZoom('+'), '=': () => setZoom('+'),
-                   '-': () => setZoom('-'), c: () => { compare = !compare; showLarge(); }};
-document.addEventListener('keydown', ev => {
-  const t = ev.target;
-  if (t instanceof HTMLInputElement || t instanceof HTMLSelectElement) return;
-  if (t instanceof HTMLTextAreaElement) return;
-  const keys = viewing ? VIEW_KEYS : KEYS;
-  if (!viewing && ev.key === 'Escape' && marked.size) { mark([...marked]); return; }
-  if (ev.ctrlKey || ev.metaKey || ev.altKey || !keys[ev.key]) return;
-  ev.preventDefault();
-  keys[ev.key]();
-});
-grid.addEventListener('click', ev => {
-  const e = ev.target.closest('.card');
-  const p = e ? view.indexOf(byKey.get(e.dataset.key)) : -1;
-  if (p < 0) return;
-  const from = sel;
-  sel = p;
-  const b = ev.target.closest('button'), a = ev.target.closest('a');
-  if (ev.shiftKey) {  // shift-click marks every card from the selected one to this one
-    ev.preventDefault();
-    mark(view.slice(Math.min(from, p), Math.max(from, p) + 1).map(i => cards[i].k));
-  } else if (b) {
-    const act = b.dataset.act;
-    if (act === 'note') openNote();
-    else if (act === 'view') showLarge();
-    else if (act === 'mark') mark([e.dataset.key]);
-    else decide(act);
-  } else if (a && !ev.ctrlKey && !ev.metaKey) {  // an image opens the large view (a new tab with Ctrl)
-    ev.preventDefault();
-    showLarge();
-  }
-  layout();
-});
-$('approvemarked').addEventListener('click', approveMarked);
-$('unmark').addEventListener('click', () => mark([...marked]));
-$('vclose').addEventListener('click', hideLarge);
-$('filter').addEventListener('change', ev => {
-  filter = ev.target.value;
-  history.replaceState(null, '', '#filter=' + filter);
-  ev.target.blur();
-  refilter(selectedKey());
-  window.scrollTo(0, 0);
-});
-$('reviewer').value = localStorage.getItem('imagebatch-reviewer') || D.reviewer;
-$('reviewer').addEventListener('change', ev => {
-  localStorage.setItem('imagebatch-reviewer', ev.target.value.trim());
-});
-window.addEventListener('scroll', later, {passive: true});
-window.addEventListener('resize', () => { refilter(selectedKey()); if (viewing) sizeImages(); });
-window.addEventListener('focus', () => refresh(false));
-document.addEventListener('visibilitychange', () => { if (!document.hidden) refresh(false); });
-let reapply = 0;  // report/review_live.js hands each decision another reviewer made (polled every 2 s) here
+// Another script's news of a decision (the live poll): `d` the decision in force on `k` (null: none).
+let soon = 0;
 window.reviewApplyDecision = (k, d) => {
-  if (!pending.get(k)) state.set(k, d);
-  clearTimeout(reapply); reapply = setTimeout(() => refilter(selectedKey()));
+  if (!byKey.has(k) || pending.get(k)) return;  // this page's own decision on it is on its way
+  if (d) state.set(k, d); else state.delete(k);
+  if (!soon) soon = setTimeout(() => { soon = 0; refilter(selectedKey()); }, 0);
 };
-try {
-  const f = new URLSearchParams(location.hash.slice(1)).get('filter');
-  if (FILTERS.includes(f)) { filter = f; $('filter').value = f; }
-} catch (error) {}
-refilter();
-performance.mark('first-cards');
-loadUndo().then(() => { document.body.dataset.ready = '1'; });

@@ -8,25 +8,36 @@ cards are made (`loading=lazy` as well).
 
 Keys (ignored while typing in a field): `j`/`k` (or the left and right arrows) next/previous card; `a`
 approve, `r` reject (each recorded at once, then the next card is selected); `n` the note of the selected
-card (Enter saves it: with the card's decision, recorded again, or, on a card not yet decided, kept for
-its next `a` or `r`; Escape leaves it); `u` undo: the reviewer's last decision is taken back, if it is
-still the one in force (the server decides, from the record: `POST /api/undo`; a refusal's reason is shown
-in the header), and a reloaded page undoes as far back (`work.decisions.History.undo_stack`); `x`
-marks a card, `g` its whole group (shift-click a range), `A` approves the marked ones, each its own
-decision carrying the batch's id (`Decision.batch`), so that one `u` takes the whole batch back (each image
-still in force; the header says how many were not). `v`
-(or Enter, or a click on the image) opens the large view: the image fit to the window
-beside the versions it replaces (a redone image's earlier variants, each with its decision and note; `c`
-hides them), `1` its own pixels (100 %), `+`/`-` zoom, `0` fit again, the panes scrolling together; the
-moving and deciding keys work there too, and Escape leaves it.
+card, or, right after `a` or `r` (nothing moved since), of the card just decided: a note belongs to the
+card it was typed on, whatever the order of keys. Enter saves it: with the card's decision, recorded
+again, or, on a card not yet decided, at once as a comment (`work.decisions.COMMENT`, shown to everyone),
+which the card's next `a` or `r` carries as its note; Escape leaves it. `u` undo: the reviewer's last
+decision is taken back, if it is still the one in force (the server decides, from the record: `POST
+/api/undo`; a refusal's reason is shown in the header), and a reloaded page undoes as far back
+(`work.decisions.History.undo_stack`); `x` marks a card, `g` its whole group (shift-click a range), `X`
+every card shown, `A` approves the marked ones, each its own decision carrying the batch's id
+(`Decision.batch`), so that one `u` takes the whole batch back (each image still in force; the header
+says how many were not). `v` (or Enter, or a click on the image or its reference) opens the large view:
+the image fit to the window beside the versions it replaces (a redone image's earlier variants, each with
+its decision and note; `c` hides them) and its request's reference images (the report's thumbnails of
+the manifest's files, drawn at the image's size), `1` its own pixels (100 %), `+`/`-` zoom, `0` fit
+again, the panes zoomed and scrolled together; the moving and deciding keys work there too, and Escape
+leaves it. `/` goes to the search, `d` switches the density.
 
-A card shows the manifest's columns (`imagebatch review --show`), its request's reference images (their
-thumbnails in OUT, as the report makes them) and, for a redone image, the version it replaces and the
-note that rejected it. With `--group-by`, each group's cards start a row under its heading. The filter
-(`FILTERS`, also read from the address: `#filter=open`) holds what still needs a person (unreviewed, or
-rejected and not yet redone), or one review state (`report.setstate`). Decisions are sent one at a time,
-in order; the page asks the server for the decisions that changed (another browser's) every 2 s while it
-is visible, and when it regains focus.
+A card shows the manifest's columns (`imagebatch review --show`), each value whole (wrapped), its
+request's reference images (their thumbnails in OUT, as the report makes them) and, for a redone image,
+the version it replaces and the note that rejected it. With `--group-by`, each group's cards start a row
+under its heading. Two densities: comfortable (four cards a row at 1440 px) and compact (eight a row,
+three rows at 1440 x 900: the prompt and small print left to the large view), kept in the browser.
+
+What is shown: the state filter (`FILTERS`: what still needs a person, unreviewed or rejected and not yet
+redone, or one review state, `report.setstate`), a search over each card's title, key and shown
+columns (the page's own data, not the document: a SKU among 10,000 cards in a few milliseconds), and a
+list per shown column of at most 200 values (a column of more, such as a SKU, is searched instead),
+combined, and kept in the address (`#filter=open&q=fn-1055&c.colour=sand`) so that a view can be shared
+and reloaded. Decisions are sent one at a time, in order; `review_live.js` asks the server for the
+decisions that changed (another browser's) every 2 s while the page is visible, the page itself when it
+regains focus, and each reaches the page through `window.reviewApplyDecision(key, decision)`.
 """
 
 from __future__ import annotations
@@ -40,7 +51,11 @@ from imagebatch.work.decisions import MAX_NOTE
 
 ASSETS = resources.files("imagebatch.report")
 STYLE = (ASSETS / "review_page.css").read_text(encoding="utf-8")
-SCRIPT = (ASSETS / "review_page.js").read_text(encoding="utf-8")
+SCRIPT_FILES = ("review_page.js", "review_view.js", "review_find.js", "review_keys.js")
+"""The page's script, in parts along its seams (cards and decisions, the large view, search and filters,
+keys and start), run as one script in this order."""
+SCRIPT = "
+".join((ASSETS / name).read_text(encoding="utf-8") for name in SCRIPT_FILES)
 LIVE = (ASSETS / "review_live.js").read_text(encoding="utf-8")
 """The page's style and scripts, beside this module (read once: the page inlines them, its scripts under
 the nonce, so that it needs nothing else from the server). `LIVE`, run after `SCRIPT`, polls the other
@@ -52,13 +67,14 @@ FILTERS = {
     "approved": "approved",
     "rejected": "rejected (not redone)",
     "redone": "redone (replaced)",
+    "not_chosen": "not chosen (another picked)",
 }
 """The page's filters (`#filter=open`) and their labels; the page's script knows the same names."""
 KEYS = (
     "j/k or ←/→ move · a approve · r reject · n note · u undo · v view large · x mark · g mark group"
-    " · A approve marked"
+    " · X mark all shown · A approve marked · p pick · s survey · / search · d density"
 )
-VIEW_KEYS = "j/k, arrows · a r n u · 0 fit · 1 100 % · +/- zoom · c compare"
+VIEW_KEYS = "j/k, arrows · a r n u p · 0 fit · 1 100 % · +/- zoom · c compare · s survey"
 
 
 def inline_json(data: Any) -> str:
@@ -80,6 +96,11 @@ def render_page(title: str, token: str, nonce: str, cards: str, data: dict[str, 
         f'<meta name="review-token" content="{esc(token)}"><style>{STYLE}</style></head><body>'
         f'<header><h1>{esc(title)}</h1><div class="bar"><span id="count"></span><span id="tally"></span>'
         f'<label>show <select id="filter">{options}</select> <span id="shown"></span></label>'
+        '<input id="search" type="search" size="22" placeholder="search (/): id, SKU, any column"'
+        ' autocomplete="off"><span id="colfilters"></span>'
+        '<button type="button" id="markshown">Mark all shown (X)</button>'
+        '<select id="density" title="density (d)"><option value="comfortable">comfortable</option>'
+        '<option value="compact">compact</option></select>'
         '<span id="bulk" hidden><span id="nmarked"></span> <button type="button" id="approvemarked">'
         'Approve marked (A)</button> <button type="button" id="unmark">Unmark (Esc)</button></span>'
         '<label>reviewer <input id="reviewer" size="12" maxlength="100"></label>'

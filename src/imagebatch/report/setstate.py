@@ -20,7 +20,7 @@ DONE = ("succeeded", "skipped")
 """The statuses of a request whose image was made (in this run, or an earlier one)."""
 STATUS_LABELS = {"skipped": "done earlier"}
 """How a card names a status, where results.csv's word would mislead (`skipped` reads as "not done")."""
-REVIEW_STATES = ("unreviewed", "rejected", "approved", "redone")
+REVIEW_STATES = ("unreviewed", "rejected", "approved", "redone", "not_chosen")
 OPEN = ("unreviewed", "rejected")
 """The review states that still need a person."""
 
@@ -93,6 +93,8 @@ def review_line(states: Mapping[str, int]) -> str:
     line += f" · {states.get('approved', 0):,} approved"
     if states.get("redone"):
         line += f" · {states['redone']:,} redone"
+    if states.get("not_chosen"):
+        line += f" · {states['not_chosen']:,} not chosen"
     return line
 
 

@@ -1,4 +1,5 @@
-"""A reviewer's decisions on a run's images: approved, rejected (with a note), or cleared (undone).
+"""A reviewer's decisions on a run's images: approved, rejected (with a note), not chosen (another was
+picked), or cleared (undone); and comments, a note on an image not yet decided (`COMMENT`).
 
 Decisions are appended, never rewritten, so two reviewers (two browsers, or two `imagebatch review`
 servers on one output location) lose nothing of each other's. They are a history, not a stack
@@ -27,8 +28,18 @@ from imagebatch.storage.bounded import BadLine, split_lines
 from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
 from imagebatch.storage.location import LocalFolder, Location, confined, json_object
 
-DecisionKind = Literal["approved", "rejected", "cleared"]
+DecisionKind = Literal["approved", "rejected", "cleared", "comment", "not_chosen"]
 DECISIONS: tuple[str, ...] = get_args(DecisionKind)
+COMMENT = "comment"
+"""A note without a decision (the review page saves one typed on a card not yet decided): it is in force
+only where no approval or rejection is (never over one), is never undone by `u`, and is not a decision
+(`decided` leaves it out), so no redo or export acts on it. A later `a` or `r` on the card carries its
+text as the decision's note, so a redo's edit carries it only once the card is rejected."""
+NOT_CHOSEN = "not_chosen"
+"""Judged, and another image it was shown among picked (the review page's `p`): not rejected, so nothing
+redoes it, and not approved, so `export --approved-only` leaves it out."""
+NOT_DECIDED = ("cleared", COMMENT)
+"""The kinds in force on an image that is not decided."""
 MAX_NOTE = 2000
 """The longest note, in characters: the review page's cap, and the reader's (`parse_line`). A stored
 note longer than this was not written by the page; it is never read, so a redo never sends it."""
@@ -195,8 +206,8 @@ def read_decisions(location: Location) -> dict[str, Decision]:
 
 
 def decided(location: Location) -> dict[str, Decision]:
-    """The images approved or rejected now (the last decision, unless it was `cleared`)."""
-    return {key: d for key, d in read_decisions(location).items() if d.decision != "cleared"}
+    """The images approved or rejected now (the last decision, unless it was `cleared` or a comment)."""
+    return {key: d for key, d in read_decisions(location).items() if d.decision not in NOT_DECIDED}
 
 
 UNDO_DEPTH = 200
@@ -209,16 +220,25 @@ class History:
     image, the undo itself, as `cleared`).
 
     An undo applies only when the top decision is its reviewer's own: one reviewer's undo never brings
-    back an earlier decision over another's later one. `refusal` says why an undo would not apply."""
+    back an earlier decision over another's later one. `refusal` says why an undo would not apply.
+    A comment (`COMMENT`) stands apart: in force where nothing else is, back in force when an undo
+    empties the image."""
 
     def __init__(self) -> None:
         self.in_force: dict[str, Decision] = {}
         self._standing: dict[str, list[tuple[int, Decision]]] = {}
+        self._comments: dict[str, Decision] = {}
         self._count = 0
 
     def apply(self, decision: Decision) -> bool:
         """Replay one recorded decision; False for an undo that takes nothing back (not in force)."""
         self._count += 1
+        if decision.decision == COMMENT and not decision.undo:
+            self._comments[decision.key] = decision
+            top = self.in_force.get(decision.key)
+            if top is None or top.decision in NOT_DECIDED:
+                self.in_force[decision.key] = decision
+            return True
         standing = self._standing.setdefault(decision.key, [])
         if not decision.undo:
             standing.append((self._count, decision))
@@ -227,9 +247,8 @@ class History:
         if self.refusal(decision.key, decision.reviewer) is not None:
             return False
         standing.pop()
-        self.in_force[decision.key] = (
-            standing[-1][1] if standing else replace(decision, decision="cleared", note="")
-        )
+        emptied = self._comments.get(decision.key) or replace(decision, decision="cleared", note="")
+        self.in_force[decision.key] = standing[-1][1] if standing else emptied
         return True
 
     def refusal(self, key: str, reviewer: str, batch: str | None = None) -> str | None:
@@ -250,7 +269,7 @@ class History:
         """The undo line that takes back `reviewer`'s decision in force on `key` (check `refusal` first):
         it repeats what comes back into force."""
         standing = self._standing[key]
-        back = standing[-2][1] if len(standing) > 1 else None
+        back = standing[-2][1] if len(standing) > 1 else self._comments.get(key)
         top = standing[-1][1]
         kind, note = (back.decision, back.note) if back is not None else ("cleared", "")
         return Decision(key, top.variant, kind, note, reviewer, undo=True, batch=batch)
