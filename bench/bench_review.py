@@ -1,8 +1,8 @@
 """The review page at catalog scale: `imagebatch review` over a 10,000-request run, opened in headless
 Chromium (Debian's, through Selenium and its chromedriver), and decisions posted from the page.
 
-    uv run python bench/bench_review.py [--requests 10000] [--posts 500] [--loads 5] [--searches 20] [--group-by sku]
-                                        [--team-posts 250]
+    uv run python bench/bench_review.py [--requests 10000] [--posts 500] [--loads 5] [--searches 20]
+                                        [--group-by sku] [--team-posts 250]
 
 The folder is laid out as a run leaves it: a 10,000-row catalog manifest (its prompts shown on the
 cards), its plan's keys and its metadata columns (sku, product_name, colour) in results.csv, one 1024 px
@@ -276,6 +276,21 @@ def main() -> None:
         finally:
             driver.quit()
         two = team(out, Path(tmp), args.team_posts) if args.team_posts else None
+    report(args, made, started, page, first, decided, searched, times, two)
+
+
+def report(
+    args: argparse.Namespace,
+    made: float,
+    started: float,
+    page: int,
+    first: Any,
+    decided: Any,
+    searched: list[list[Any]],
+    times: list[float],
+    two: tuple[list[float], float, float] | None,
+) -> None:
+    """The figures as bench/README.md's tables."""
     print(f"folder: {args.requests:,} requests made in {made:.1f} s; server start {started:.2f} s; "
           f"page {page / 1e6:.1f} MB")  # fmt: skip
     print()

@@ -54,8 +54,7 @@ STYLE = (ASSETS / "review_page.css").read_text(encoding="utf-8")
 SCRIPT_FILES = ("review_page.js", "review_view.js", "review_find.js", "review_keys.js")
 """The page's script, in parts along its seams (cards and decisions, the large view, search and filters,
 keys and start), run as one script in this order."""
-SCRIPT = "
-".join((ASSETS / name).read_text(encoding="utf-8") for name in SCRIPT_FILES)
+SCRIPT = "\n".join((ASSETS / name).read_text(encoding="utf-8") for name in SCRIPT_FILES)
 LIVE = (ASSETS / "review_live.js").read_text(encoding="utf-8")
 """The page's style and scripts, beside this module (read once: the page inlines them, its scripts under
 the nonce, so that it needs nothing else from the server). `LIVE`, run after `SCRIPT`, polls the other
