@@ -24,6 +24,7 @@ from imagebatch.gateway.models import check_aspect_ratio
 
 from .fields import (
     KNOWN_FIELDS,
+    METADATA_PREFIX,
     MISPLACED_HINTS,
     NUL_HINT,
     NUL_MESSAGE,
@@ -167,11 +168,11 @@ class JobChecker:
             else:
                 self._metadata_columns[key] = None
 
-    @staticmethod
-    def _lookalike_text(name: str, meant: str) -> tuple[str, str]:
+    def _lookalike_text(self, name: str, meant: str) -> tuple[str, str]:
+        kind = "column" if self.tabular else "key"
         return (
-            f"{name!r} is not a field name, so it would be kept as metadata and not used",
-            f"did you mean {meant!r}? field names are lower case with underscores",
+            f"{kind} {name!r} is not a field; did you mean {meant!r}?",
+            f"if it is metadata, declare it so: name it '{METADATA_PREFIX}{name}'",
         )
 
     def _lookalike(
