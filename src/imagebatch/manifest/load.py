@@ -7,23 +7,20 @@ from pathlib import Path
 
 from . import sources
 from .check import JobChecker
+from .formats import FORMATS, detect_format
 from .models import FileRef, Manifest, ManifestError, ManifestFormat, Problem
-from .read import RawManifest, detect_format, read_text_manifest, split_sheet
+from .read import RawManifest, split_sheet
 
 
 def read_raw(path: Path | str, format: str | None = None, sheet: str | None = None) -> RawManifest:
-    """Read `path` into raw rows, by its format: text (`read`), or a workbook's sheet (default: its first
-    visible one) or a Parquet file (`tables`, whose libraries are imported only for such a file); raise
-    ManifestError when it cannot be read as a manifest."""
-    fmt = detect_format(path, format)
-    if fmt not in ("xlsx", "parquet"):
-        return read_text_manifest(path, fmt)
-    if isinstance(path, str):
-        why = f"an .{fmt} manifest is read from a file, not a bucket: copy {path} here, or use CSV"
+    """Read `path` into raw rows by its format's reader (`formats.FORMATS`): text, or a workbook's sheet
+    (default: its first visible one) or a Parquet file, read from a local file only; raise ManifestError
+    when it cannot be read as a manifest."""
+    fmt = FORMATS[detect_format(path, format)]
+    if isinstance(path, str) and fmt.local:
+        why = f"an .{fmt.name} manifest is read from a file, not a bucket: copy {path} here, or use CSV"
         raise ManifestError([Problem(None, None, None, why)], path)
-    from .tables import read_table  # only for such a file: a CSV run loads no table reader (tested)
-
-    return read_table(path, fmt, sheet)
+    return fmt.read(path, fmt.name, sheet)
 
 
 def absolute(text: str | Path) -> str:

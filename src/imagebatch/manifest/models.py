@@ -31,11 +31,8 @@ FileRef = Annotated[Path | str, BeforeValidator(_file_ref)]
 (`s3://bucket/key`, `gs://...`, `az://...`: text, since a `Path` would fold `s3://` into `s3:/`)."""
 
 ManifestFormat = Literal["csv", "json", "jsonl", "xlsx", "parquet"]
-"""The manifest formats; chosen by file extension unless given. XLSX and Parquet are tables read like a
-CSV (`manifest.tables`)."""
-
-TABLE_FORMATS: tuple[ManifestFormat, ...] = ("csv", "xlsx", "parquet")
-"""The formats whose rows are a header's columns (the CSV rules); JSON and JSON Lines hold objects."""
+"""The manifest formats' names as a type; each format's suffixes, reader and extra are in
+`formats.FORMATS` (a test keeps the two equal)."""
 
 MANIFEST_ROUTES: tuple[str, ...] = ("native", "chat", "images", "messages", "responses")
 """The values of a job's `route` field. `images` covers both images routes: generations without a
