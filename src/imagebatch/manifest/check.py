@@ -13,12 +13,6 @@ from typing import Any
 
 from pydantic_core import PydanticCustomError
 
-from imagebatch.gateway.constants import (
-    DEFAULT_ASPECT_RATIO,
-    DEFAULT_IMAGE_SIZE,
-    DEFAULT_IMAGES_API_SIZE,
-    DEFAULT_MAX_TOKENS,
-)
 from imagebatch.gateway.imagefile import mask_problems
 from imagebatch.gateway.models import check_aspect_ratio
 
@@ -34,6 +28,7 @@ from .fields import (
     has_nul,
     looks_like_field,
     name_fault,
+    route_parameters,
     routes_for,
     shown,
 )
@@ -210,7 +205,7 @@ class JobChecker:
             return None
         if job_id is None or route is None or model is None or prompt is None:
             return None  # an absent id or prompt column, reported once at the header
-        image_route = route in ("native", "chat")
+        parameters = {k: _shared(v) for k, v in route_parameters(route, given).items()}
         # Every value was checked by the steps above, and every field is given, so every Job's fields-set
         # is the same set of names: `model_construct` (pydantic's constructor for checked values) shares
         # one (validating again would make a 728-byte set per instance, 73 MB for a 100,000-row plan).
@@ -222,16 +217,12 @@ class JobChecker:
             prompt=prompt,
             model=_shared(model),
             route=_shared(route),
-            aspect_ratio=_shared(given.get("aspect_ratio", DEFAULT_ASPECT_RATIO)) if image_route else None,
-            image_size=_shared(given.get("image_size", DEFAULT_IMAGE_SIZE)) if image_route else None,
-            size=_shared(given.get("size", DEFAULT_IMAGES_API_SIZE)) if route == "images" else None,
+            **parameters,
             reference_images=refs,
             reference_sha256=ref_hashes,
             mask=mask_path,
             mask_sha256=mask_hash,
             count=r.value("count") or 1,
-            max_images=given.get("max_images", 1) if image_route else None,
-            max_tokens=given.get("max_tokens", DEFAULT_MAX_TOKENS) if route == "messages" else None,
             turns=turns,
             metadata=metadata,
         )

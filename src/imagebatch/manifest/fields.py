@@ -5,6 +5,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from imagebatch.gateway.constants import (
+    DEFAULT_ASPECT_RATIO,
+    DEFAULT_IMAGE_SIZE,
+    DEFAULT_IMAGES_API_SIZE,
+    DEFAULT_MAX_TOKENS,
+)
+
 from .models import (
     MANIFEST_ROUTES,
 )
@@ -23,6 +30,24 @@ ROUTE_FIELDS: dict[str, frozenset[str]] = {
     "messages": frozenset({"max_tokens"}),
     "responses": frozenset(),
 }
+PARAMETER_DEFAULTS: dict[str, Any] = {
+    "aspect_ratio": DEFAULT_ASPECT_RATIO,
+    "image_size": DEFAULT_IMAGE_SIZE,
+    "size": DEFAULT_IMAGES_API_SIZE,
+    "max_images": 1,
+    "max_tokens": DEFAULT_MAX_TOKENS,
+}
+"""The request parameters' defaults, the one place they are written: the checker fills in a job's own
+route's parameters from it (`route_parameters`), so a Job holds what is sent and hashed; a parameter of
+another route is None in the job."""
+
+
+def route_parameters(route: str, given: dict[str, Any]) -> dict[str, Any]:
+    """Each request parameter of a job on `route`: its given value, else its default; None off the route."""
+    taken = ROUTE_FIELDS[route]
+    return {f: given.get(f, default) if f in taken else None for f, default in PARAMETER_DEFAULTS.items()}
+
+
 RESULTS_ONLY_COLUMNS: tuple[str, ...] = (
     "job_id", "request_index", "turn_index", "variant", "status", "paths", "images", "width", "height",
     "mime_type", "idempotency_key", "attempts", "finish_reason", "error", "request_id",
