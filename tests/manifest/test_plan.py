@@ -22,6 +22,7 @@ from imagebatch.manifest import (
     plan,
     request_parameters,
     summarise,
+    summarise_jobs,
     variant_of,
 )
 
@@ -290,7 +291,9 @@ def test_plan_routes_and_images(project: Path) -> None:
 
 
 def test_summary(project: Path) -> None:
-    summary = summarise(plan(load_manifest(mixed(project))))
+    manifest = load_manifest(mixed(project))
+    summary = summarise(plan(manifest))
+    assert summarise_jobs(manifest.jobs) == summary  # what validate prints, counted without the keys
     assert (summary.jobs, summary.requests, summary.images_at_most) == (7, 13, 15)
     by_route = {
         route.value: (c.jobs, c.requests, c.images_at_most)
@@ -353,3 +356,13 @@ def test_each_route_gets_its_own_parameters_defaults_filled_once(tmp_path: Path)
     for request in plan(load_manifest(tmp_path / "m.json")):
         sent = {p: getattr(request, p) for p in request_parameters(request.job)}
         assert sent == key_material(request.job, 0)["parameters"]  # what is sent is what is hashed
+
+
+def test_a_checked_job_is_what_pydantic_makes_of_its_values(project: Path) -> None:
+    for job in load_manifest(mixed(project)).jobs:
+        values = dict(job.__dict__)
+        validated = Job(**values)
+        assert job == validated == Job.model_construct(set(Job.model_fields), **values)
+        assert job.model_dump() == validated.model_dump() and list(job.model_dump()) == list(Job.model_fields)
+        assert job.model_fields_set == set(Job.model_fields)
+        assert repr(job) == repr(validated)

@@ -46,6 +46,7 @@ from .plan import (
     plan_job,
     request_parameters,
     summarise,
+    summarise_jobs,
     variant_of,
 )
 from .template import TemplateError, render_prompt
@@ -84,6 +85,7 @@ __all__ = [
     "render_prompt",
     "request_parameters",
     "summarise",
+    "summarise_jobs",
     "validate_main",
     "variant_of",
 ]

@@ -271,12 +271,31 @@ def summarise(requests: Iterable[PlannedRequest]) -> PlanSummary:
             counts[0] += 1
         counts[1] += 1
         counts[2] += request.images_at_most
+    return _summary(groups, len(job_group))
+
+
+def summarise_jobs(jobs: Iterable[Job]) -> PlanSummary:
+    """`summarise(plan(jobs))` counted from the jobs, without making their requests and keys: what
+    `imagebatch validate` prints (a 100,000-job manifest's keys cost more than checking it)."""
+    groups: dict[tuple[Route, str], list[int]] = {}
+    n = 0
+    for job in jobs:
+        requests = job.count * (len(job.turns) + 1)
+        counts = groups.setdefault((job.wire_route, job.model), [0, 0, 0])
+        counts[0] += 1
+        counts[1] += requests
+        counts[2] += requests * job.images_per_request
+        n += 1
+    return _summary(groups, n)
+
+
+def _summary(groups: dict[tuple[Route, str], list[int]], jobs: int) -> PlanSummary:
     order = list(Route)
     by = {
         group: PlanCounts(*groups[group]) for group in sorted(groups, key=lambda g: (order.index(g[0]), g[1]))
     }
     return PlanSummary(
-        jobs=len(job_group),
+        jobs=jobs,
         requests=sum(c.requests for c in by.values()),
         images_at_most=sum(c.images_at_most for c in by.values()),
         by_route_model=by,

@@ -251,7 +251,6 @@ def table_rows(
     if fatal:
         raise ManifestError(fatal, raw.path)
 
-    rows = [dict(zip(header, record, strict=True)) for _, record in records]
     unnamed = [i for i, name in enumerate(header) if not name]
     for i in unnamed:
         # Spreadsheets often export trailing empty columns; only a nameless column with data is a mistake.
@@ -269,12 +268,17 @@ def table_rows(
             )
     raw.columns = [name for name in header if name]
     raw.header_line = header_line
-    for (line, _), values in zip(records, rows, strict=True):
+    append = raw.rows.append
+    named = [(i, name) for i, name in enumerate(header) if name]
+    for line, record in records:
+        # A row of empty cells (`,,,`) is what spreadsheets leave below the data: not a job. (One join and
+        # strip per row: a cell holds more than whitespace exactly when the joined cells do.)
         if unnamed:
-            values = {k: v for k, v in values.items() if k}
-        # A row of empty cells (`,,,`) is what spreadsheets leave below the data: not a job.
-        if any(v.strip() for v in values.values()):
-            raw.rows.append(RawRow(line, unit, values))
+            values = {name: record[i] for i, name in named}
+            if "".join(values.values()).strip():
+                append(RawRow(line, unit, values))
+        elif "".join(record).strip():
+            append(RawRow(line, unit, dict(zip(header, record, strict=True))))
 
 
 # --- JSON and JSON Lines ------------------------------------------------------------------------------
