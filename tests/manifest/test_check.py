@@ -333,7 +333,7 @@ JSON_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("count boolean", {"count": True}, "count", "whole number"),
     ("count float", {"count": 2.0}, "count", "whole number"),
     ("metadata object", {"tags": {"a": 1}}, "tags", "metadata values must be text"),
-    ("lookalike key", {"imageSize": "2K"}, "imageSize", "not a field name"),
+    ("lookalike key", {"imageSize": "2K"}, "imageSize", "is not a field; did you mean"),
     ("placeholder names a list", {"prompt": "{tags}", "tags": ["a"]}, "prompt", "names a list or object"),
 ]
 
@@ -422,7 +422,7 @@ def test_lookalike_column_reported_once_at_the_header(folder: Path) -> None:
         load_manifest(folder / "m.csv")
     [problem] = info.value.problems
     assert (problem.line, problem.field) == (1, "Image Size")
-    assert problem.hint and "did you mean 'image_size'?" in problem.hint
+    assert "did you mean 'image_size'?" in problem.message
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,9 @@ from imagebatch.manifest import (
     key_material,
     load_manifest,
     plan,
+    request_parameters,
     summarise,
+    summarise_jobs,
     variant_of,
 )
 
@@ -289,7 +291,9 @@ def test_plan_routes_and_images(project: Path) -> None:
 
 
 def test_summary(project: Path) -> None:
-    summary = summarise(plan(load_manifest(mixed(project))))
+    manifest = load_manifest(mixed(project))
+    summary = summarise(plan(manifest))
+    assert summarise_jobs(manifest.jobs) == summary  # what validate prints, counted without the keys
     assert (summary.jobs, summary.requests, summary.images_at_most) == (7, 13, 15)
     by_route = {
         route.value: (c.jobs, c.requests, c.images_at_most)
@@ -327,3 +331,38 @@ def test_a_large_plan_shares_what_its_rows_repeat(tmp_path: Path) -> None:
     assert first.image_size is last.image_size and first.aspect_ratio is last.aspect_ratio
     assert first.model is last.model and first.__pydantic_fields_set__ is last.__pydantic_fields_set__
     assert first.prompt == "p 0" and last.prompt == "p 2"
+
+
+def test_each_route_gets_its_own_parameters_defaults_filled_once(tmp_path: Path) -> None:
+    jobs = [
+        {"id": "n", "prompt": "x"},
+        {"id": "c", "prompt": "x", "route": "chat", "image_size": "2K"},
+        {"id": "i", "prompt": "x", "route": "images"},
+        {"id": "m", "prompt": "x", "route": "messages", "model": "claude-compat-small"},
+        {"id": "r", "prompt": "x", "route": "responses", "model": "gpt-compat-mini"},
+    ]
+    (tmp_path / "m.json").write_text(json.dumps(jobs))
+    params = ("aspect_ratio", "image_size", "size", "max_images", "max_tokens")
+    found = {job.id: {p: getattr(job, p) for p in params} for job in load_manifest(tmp_path / "m.json").jobs}
+    image = {"aspect_ratio": "1:1", "image_size": "1K", "size": None, "max_images": 1, "max_tokens": None}
+    nothing = dict.fromkeys(params)
+    assert found == {
+        "n": image,
+        "c": {**image, "image_size": "2K"},
+        "i": {**nothing, "size": "1024x1024"},
+        "m": {**nothing, "max_tokens": 1024},
+        "r": nothing,
+    }
+    for request in plan(load_manifest(tmp_path / "m.json")):
+        sent = {p: getattr(request, p) for p in request_parameters(request.job)}
+        assert sent == key_material(request.job, 0)["parameters"]  # what is sent is what is hashed
+
+
+def test_a_checked_job_is_what_pydantic_makes_of_its_values(project: Path) -> None:
+    for job in load_manifest(mixed(project)).jobs:
+        values = dict(job.__dict__)
+        validated = Job(**values)
+        assert job == validated == Job.model_construct(set(Job.model_fields), **values)
+        assert job.model_dump() == validated.model_dump() and list(job.model_dump()) == list(Job.model_fields)
+        assert job.model_fields_set == set(Job.model_fields)
+        assert repr(job) == repr(validated)

@@ -153,8 +153,8 @@ def test_every_problem_names_its_sheet_row_and_field(tmp_path: Path) -> None:
     book["Hidden"].sheet_state = "hidden"  # the first sheet, hidden: the first visible one is read
     book.save(path)
     assert problems_of(path) == [
-        "sheet 'Products' row 1, field Aspect Ratio: 'Aspect Ratio' is not a field name, so it would be kept "
-        "as metadata and not used (did you mean 'aspect_ratio'? field names are lower case with underscores)",
+        "sheet 'Products' row 1, field Aspect Ratio: column 'Aspect Ratio' is not a field; did you mean "
+        "'aspect_ratio'? (if it is metadata, declare it so: name it 'meta.Aspect Ratio')",
         "sheet 'Products' row 2 (id=a), field image_size: image size must be one of 1K, 2K, 4K "
         "(case-sensitive), not '3K'",
         "sheet 'Products' row 3: column 5 has no name in the header but holds values",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import io
 from pathlib import Path
 
 import pytest
 
 from imagebatch.cli.main import build_parser, main
-from imagebatch.manifest import load_manifest, plan, summarise
+from imagebatch.manifest import ManifestError, load_manifest, plan, summarise
 from imagebatch.manifest.validate import validate_main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
@@ -99,3 +100,32 @@ def test_examples_cover_what_they_promise() -> None:
     assert any(j.mask is not None for j in mixed.jobs)
     assert any(j.route == "native" and j.reference_images and not j.turns for j in mixed.jobs)
     assert summarise(plan(mixed)).jobs == len(mixed.jobs)
+
+
+def test_loading_leaves_the_cycle_collector_as_it_found_it(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.csv", tmp_path / "bad.csv"
+    good.write_text("id,prompt\na,x\n")
+    bad.write_text("id,prompt,image_size\na,x,9K\n")
+    assert gc.isenabled()
+    load_manifest(good)
+    assert gc.isenabled()
+    with pytest.raises(ManifestError):
+        load_manifest(bad)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        load_manifest(good)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_validate_prints_the_summary_a_plan_would_give(tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    path.write_text(
+        '[{"id": "a", "prompt": "x", "count": 3, "max_images": 2, "turns": ["y"]},'
+        ' {"id": "b", "prompt": "x", "route": "messages", "model": "claude-compat-small"}]'
+    )
+    code, out = run(str(path))
+    assert code == 0
+    assert out.splitlines()[1:] == summarise(plan(load_manifest(path))).table().splitlines()

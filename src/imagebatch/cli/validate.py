@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from imagebatch.cli.common import MANIFEST_HELP, command, sheet_argument
 from imagebatch.cli.flags import add_option_flags
+from imagebatch.manifest.formats import FORMAT_NAMES
 from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ def add_validate(sub: Any) -> None:
     sheet_argument(parser)
     parser.add_argument(
         "--format",
-        choices=("csv", "json", "jsonl", "xlsx", "parquet"),
+        choices=FORMAT_NAMES,
         default=None,
         help="the manifest's format (default: from its extension)",
     )

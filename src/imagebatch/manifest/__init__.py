@@ -5,8 +5,9 @@ The user's manual is docs/manifests.md; each field's type, default and rules are
 `reference.FIELDS` (rendered into docs/reference/manifest-fields.md). `load_manifest` checks everything
 and raises `ManifestError` listing every problem; `plan` expands a manifest into `PlannedRequest`s (their
 key recipe: docs/manifests.md, "Idempotency keys"); `validate_main` is `imagebatch validate`. The work is
-done in `read` and `tables` (formats to raw rows), `check` with `fields` and `inputs` (the checker),
-`template`, `files`, `models`, `load`, `plan` and `validate`.
+done in `formats` (the table of formats: suffixes, readers, extras), `read` and `tables` (formats to raw
+rows), `check` with `fields` and `inputs` (the checker), `template`, `files`, `models`, `load`, `plan` and
+`validate`.
 
 One CSV reader, the csv module, which also finds each record's physical line (pandas cannot report it and
 costs 60 MB to import); openpyxl and pyarrow are imported only for an XLSX or Parquet file.
@@ -15,6 +16,7 @@ costs 60 MB to import); openpyxl and pyarrow are imported only for an XLSX or Pa
 from __future__ import annotations
 
 from .fields import KNOWN_FIELDS
+from .formats import FORMAT_NAMES, FORMATS, detect_format
 from .load import load_manifest
 from .models import (
     ID_PATTERN,
@@ -44,13 +46,15 @@ from .plan import (
     plan_job,
     request_parameters,
     summarise,
+    summarise_jobs,
     variant_of,
 )
-from .read import detect_format
 from .template import TemplateError, render_prompt
 from .validate import validate_main
 
 __all__ = [
+    "FORMATS",
+    "FORMAT_NAMES",
     "ID_PATTERN",
     "KNOWN_FIELDS",
     "MANIFEST_ROUTES",
@@ -81,6 +85,7 @@ __all__ = [
     "render_prompt",
     "request_parameters",
     "summarise",
+    "summarise_jobs",
     "validate_main",
     "variant_of",
 ]

@@ -13,17 +13,12 @@ from typing import Any
 
 from pydantic_core import PydanticCustomError
 
-from imagebatch.gateway.constants import (
-    DEFAULT_ASPECT_RATIO,
-    DEFAULT_IMAGE_SIZE,
-    DEFAULT_IMAGES_API_SIZE,
-    DEFAULT_MAX_TOKENS,
-)
 from imagebatch.gateway.imagefile import mask_problems
 from imagebatch.gateway.models import check_aspect_ratio
 
 from .fields import (
     KNOWN_FIELDS,
+    METADATA_PREFIX,
     MISPLACED_HINTS,
     NUL_HINT,
     NUL_MESSAGE,
@@ -33,6 +28,7 @@ from .fields import (
     has_nul,
     looks_like_field,
     name_fault,
+    route_parameters,
     routes_for,
     shown,
 )
@@ -44,6 +40,7 @@ from .models import (
     Location,
     Problem,
     Turn,
+    checked_job,
     location_text,
 )
 from .read import RawManifest, RawRow
@@ -51,9 +48,6 @@ from .routing import ratio_hint, resolve, route_serves
 from .template import TemplateError, render_prompt, template_value
 
 # --- the checker -------------------------------------------------------------------------------------
-
-
-_JOB_FIELDS = set(Job.model_fields)
 
 
 def _shared(value: Any) -> Any:
@@ -167,11 +161,11 @@ class JobChecker:
             else:
                 self._metadata_columns[key] = None
 
-    @staticmethod
-    def _lookalike_text(name: str, meant: str) -> tuple[str, str]:
+    def _lookalike_text(self, name: str, meant: str) -> tuple[str, str]:
+        kind = "column" if self.tabular else "key"
         return (
-            f"{name!r} is not a field name, so it would be kept as metadata and not used",
-            f"did you mean {meant!r}? field names are lower case with underscores",
+            f"{kind} {name!r} is not a field; did you mean {meant!r}?",
+            f"if it is metadata, declare it so: name it '{METADATA_PREFIX}{name}'",
         )
 
     def _lookalike(
@@ -209,30 +203,28 @@ class JobChecker:
             return None
         if job_id is None or route is None or model is None or prompt is None:
             return None  # an absent id or prompt column, reported once at the header
-        image_route = route in ("native", "chat")
-        # Every value was checked by the steps above, and every field is given, so every Job's fields-set
-        # is the same set of names: `model_construct` (pydantic's constructor for checked values) shares
-        # one (validating again would make a 728-byte set per instance, 73 MB for a 100,000-row plan).
-        return Job.model_construct(
-            _JOB_FIELDS,
-            id=job_id,
-            line=row.line,
-            location=r.location,
-            prompt=prompt,
-            model=_shared(model),
-            route=_shared(route),
-            aspect_ratio=_shared(given.get("aspect_ratio", DEFAULT_ASPECT_RATIO)) if image_route else None,
-            image_size=_shared(given.get("image_size", DEFAULT_IMAGE_SIZE)) if image_route else None,
-            size=_shared(given.get("size", DEFAULT_IMAGES_API_SIZE)) if route == "images" else None,
-            reference_images=refs,
-            reference_sha256=ref_hashes,
-            mask=mask_path,
-            mask_sha256=mask_hash,
-            count=r.value("count") or 1,
-            max_images=given.get("max_images", 1) if image_route else None,
-            max_tokens=given.get("max_tokens", DEFAULT_MAX_TOKENS) if route == "messages" else None,
-            turns=turns,
-            metadata=metadata,
+        parameters = route_parameters(route, given)
+        return checked_job(
+            {  # in the order Job declares its fields (a model's dump and repr follow this order)
+                "id": job_id,
+                "line": row.line,
+                "location": r.location,
+                "prompt": prompt,
+                "model": _shared(model),
+                "route": _shared(route),
+                "aspect_ratio": _shared(parameters["aspect_ratio"]),
+                "image_size": _shared(parameters["image_size"]),
+                "size": _shared(parameters["size"]),
+                "reference_images": refs,
+                "reference_sha256": ref_hashes,
+                "mask": mask_path,
+                "mask_sha256": mask_hash,
+                "count": r.value("count") or 1,
+                "max_images": parameters["max_images"],
+                "max_tokens": parameters["max_tokens"],
+                "turns": turns,
+                "metadata": metadata,
+            }
         )
 
     def _start(self, row: RawRow) -> _Row:

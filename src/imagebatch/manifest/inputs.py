@@ -29,6 +29,7 @@ from imagebatch.gateway.constants import (
 )
 from imagebatch.gateway.models import check_image_size
 
+from .fields import nearest_name
 from .models import (
     ID_PATTERN,
     MAX_COUNT,
@@ -232,6 +233,9 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
+_TURN_KEYS = (("prompt", "prompt"), ("referenceimages", "reference_images"))
+
+
 def _issue(err: Any, prefix: tuple[Any, ...] = ()) -> FieldIssue:
     """A pydantic error as a FieldIssue; `prefix` locates a turn (`("turns", 2)`) validated on its own.
 
@@ -245,7 +249,9 @@ def _issue(err: Any, prefix: tuple[Any, ...] = ()) -> FieldIssue:
     if "msg" in ctx:
         return FieldIssue(top, path, ctx["msg"], ctx.get("hint"))
     if err["type"] == "extra_forbidden" and prefix:
-        return FieldIssue(top, path, "a turn has only prompt and reference_images")
+        meant = nearest_name(str(loc[-1]), _TURN_KEYS)
+        hint = f"did you mean {meant!r}?" if meant else None
+        return FieldIssue(top, path, "a turn has only prompt and reference_images", hint)
     message = _TYPE_MESSAGES.get(err["type"], err["msg"])
     if err["type"] in ("model_type", "model_attributes_type") and prefix and len(loc) == 2:
         message = "each turn must be an object with a prompt, or a string"
@@ -276,8 +282,10 @@ def clean_row(data: Mapping[str, Any]) -> dict[str, Any]:
     """Drop absent values (None, empty or blank text) and clean the text of the rest (see `clean_text`)."""
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if isinstance(value, str):
-            value = clean_text(value)
+        if isinstance(value, str):  # `clean_text`, inlined: it runs for every cell of every row
+            if "\r" in value:
+                value = value.replace("\r\n", "\n").replace("\r", "\n")
+            value = value.strip() or None
         if value is not None:
             out[key] = value
     return out

@@ -31,11 +31,8 @@ FileRef = Annotated[Path | str, BeforeValidator(_file_ref)]
 (`s3://bucket/key`, `gs://...`, `az://...`: text, since a `Path` would fold `s3://` into `s3:/`)."""
 
 ManifestFormat = Literal["csv", "json", "jsonl", "xlsx", "parquet"]
-"""The manifest formats; chosen by file extension unless given. XLSX and Parquet are tables read like a
-CSV (`manifest.tables`)."""
-
-TABLE_FORMATS: tuple[ManifestFormat, ...] = ("csv", "xlsx", "parquet")
-"""The formats whose rows are a header's columns (the CSV rules); JSON and JSON Lines hold objects."""
+"""The manifest formats' names as a type; each format's suffixes, reader and extra are in
+`formats.FORMATS` (a test keeps the two equal)."""
 
 MANIFEST_ROUTES: tuple[str, ...] = ("native", "chat", "images", "messages", "responses")
 """The values of a job's `route` field. `images` covers both images routes: generations without a
@@ -241,6 +238,28 @@ class Job(BaseModel):
             return self.max_images or 1
         assert route in IMAGE_ROUTES
         return 1
+
+
+_JOB_FIELDS = frozenset(Job.model_fields)
+_new_job = Job.__new__
+_set = object.__setattr__
+
+
+def checked_job(values: dict[str, Any]) -> Job:
+    """A Job of `values` that the checker has already checked, every field given (`values` is kept).
+
+    What `Job.model_construct(fields_set, **values)` makes, at a tenth of its cost (0.6 us, not 6.7, a
+    job): with every field given and checked there are no defaults to fill and nothing to validate, and
+    all the jobs share one fields-set (validating again would make a 728-byte set per instance, 73 MB
+    for a 100,000-row plan). A test keeps the two equal.
+    """
+    assert values.keys() == _JOB_FIELDS, sorted(values.keys() ^ _JOB_FIELDS)
+    job = _new_job(Job)
+    _set(job, "__dict__", values)
+    _set(job, "__pydantic_fields_set__", _JOB_FIELDS)
+    _set(job, "__pydantic_extra__", None)
+    _set(job, "__pydantic_private__", None)
+    return job
 
 
 class Manifest(BaseModel):

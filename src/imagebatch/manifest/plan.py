@@ -12,14 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from imagebatch.gateway.constants import (
-    DEFAULT_ASPECT_RATIO,
-    DEFAULT_IMAGE_SIZE,
-    DEFAULT_IMAGES_API_SIZE,
-    DEFAULT_MAX_TOKENS,
-    Route,
-)
+from imagebatch.gateway.constants import Route
 
+from .fields import PARAMETER_DEFAULTS
 from .models import FileRef, Job, Manifest
 
 RECIPE_VERSION = "ib1"
@@ -161,26 +156,28 @@ class PlannedRequest:
     def mask(self) -> FileRef | None:
         return self.job.mask if self.turn_index == 0 and self.edit_of is None else None
 
-    # Request parameters: a field the job's route does not use is None in the job and reads as its default.
     @property
     def mask_sha256(self) -> str | None:
         return self.job.mask_sha256 if self.turn_index == 0 and self.edit_of is None else None
 
+    # Request parameters, as the job holds them (the checker filled in its route's defaults). A parameter
+    # of another route is None in the job and reads here as the default it would have (a price lookup
+    # asks any request its image size).
     @property
     def image_size(self) -> str:
-        return self.job.image_size or DEFAULT_IMAGE_SIZE
+        return self.job.image_size or PARAMETER_DEFAULTS["image_size"]
 
     @property
     def aspect_ratio(self) -> str:
-        return self.job.aspect_ratio or DEFAULT_ASPECT_RATIO
+        return self.job.aspect_ratio or PARAMETER_DEFAULTS["aspect_ratio"]
 
     @property
     def size(self) -> str:
-        return self.job.size or DEFAULT_IMAGES_API_SIZE
+        return self.job.size or PARAMETER_DEFAULTS["size"]
 
     @property
     def max_tokens(self) -> int:
-        return self.job.max_tokens or DEFAULT_MAX_TOKENS
+        return self.job.max_tokens or PARAMETER_DEFAULTS["max_tokens"]
 
     @property
     def max_images(self) -> int | None:
@@ -274,12 +271,31 @@ def summarise(requests: Iterable[PlannedRequest]) -> PlanSummary:
             counts[0] += 1
         counts[1] += 1
         counts[2] += request.images_at_most
+    return _summary(groups, len(job_group))
+
+
+def summarise_jobs(jobs: Iterable[Job]) -> PlanSummary:
+    """`summarise(plan(jobs))` counted from the jobs, without making their requests and keys: what
+    `imagebatch validate` prints (a 100,000-job manifest's keys cost more than checking it)."""
+    groups: dict[tuple[Route, str], list[int]] = {}
+    n = 0
+    for job in jobs:
+        requests = job.count * (len(job.turns) + 1)
+        counts = groups.setdefault((job.wire_route, job.model), [0, 0, 0])
+        counts[0] += 1
+        counts[1] += requests
+        counts[2] += requests * job.images_per_request
+        n += 1
+    return _summary(groups, n)
+
+
+def _summary(groups: dict[tuple[Route, str], list[int]], jobs: int) -> PlanSummary:
     order = list(Route)
     by = {
         group: PlanCounts(*groups[group]) for group in sorted(groups, key=lambda g: (order.index(g[0]), g[1]))
     }
     return PlanSummary(
-        jobs=len(job_group),
+        jobs=jobs,
         requests=sum(c.requests for c in by.values()),
         images_at_most=sum(c.images_at_most for c in by.values()),
         by_route_model=by,

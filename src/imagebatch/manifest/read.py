@@ -16,7 +16,7 @@ import io
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from .models import Location, ManifestError, ManifestFormat, Problem
@@ -25,16 +25,6 @@ MAX_DEPTH = 32
 """How deep a JSON manifest (the whole document) or a JSON Lines line may nest lists and objects. A job
 needs a few levels (`{"jobs": [{"turns": [{"reference_images": [...]}]}]}` is 5); the limit keeps a
 hostile file from exhausting the stack of the parser or of the checks after it."""
-
-EXTENSIONS: dict[str, ManifestFormat] = {
-    ".csv": "csv",
-    ".json": "json",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".xlsx": "xlsx",
-    ".parquet": "parquet",
-}
-FORMATS: tuple[ManifestFormat, ...] = ("csv", "json", "jsonl", "xlsx", "parquet")
 
 
 @dataclass(slots=True)
@@ -93,34 +83,10 @@ def split_sheet(path: Path, format: str | None = None) -> tuple[Path, str | None
     return path.with_name(file), sheet
 
 
-def detect_format(path: Path | str, format: str | None = None) -> ManifestFormat:
-    """The format named by `format`, else by the file's (or object's) extension."""
-    if format is not None:
-        if format not in FORMATS:
-            raise ManifestError([Problem(None, None, None, f"unknown manifest format {format!r}")], path)
-        return format
-    suffix = PurePosixPath(str(path)).suffix
-    try:
-        return EXTENSIONS[suffix.lower()]
-    except KeyError:
-        raise ManifestError(
-            [
-                Problem(
-                    None,
-                    None,
-                    None,
-                    f"cannot tell the manifest format from the extension {suffix or '(none)'!r}",
-                    "use .csv, .json, .jsonl, .xlsx or .parquet",
-                )
-            ],
-            path,
-        ) from None
-
-
 def read_text_manifest(path: Path | str, fmt: ManifestFormat) -> RawManifest:
     """Read a CSV, JSON or JSON Lines manifest `path` (a file, or an object's URL: `sources`) into raw rows;
-    raise ManifestError when it cannot be read as a manifest (a workbook or Parquet file: `manifest.tables`,
-    chosen by `load.read_raw`)."""
+    raise ManifestError when it cannot be read as a manifest (a workbook or Parquet file: `manifest.tables`;
+    the reader of each format: `formats.FORMATS`)."""
     data = _read_object(path) if isinstance(path, str) else read_file(path)
     digest = hashlib.sha256(data).hexdigest()
     text = _decode(data, path)
@@ -285,7 +251,6 @@ def table_rows(
     if fatal:
         raise ManifestError(fatal, raw.path)
 
-    rows = [dict(zip(header, record, strict=True)) for _, record in records]
     unnamed = [i for i, name in enumerate(header) if not name]
     for i in unnamed:
         # Spreadsheets often export trailing empty columns; only a nameless column with data is a mistake.
@@ -303,12 +268,17 @@ def table_rows(
             )
     raw.columns = [name for name in header if name]
     raw.header_line = header_line
-    for (line, _), values in zip(records, rows, strict=True):
+    append = raw.rows.append
+    named = [(i, name) for i, name in enumerate(header) if name]
+    for line, record in records:
+        # A row of empty cells (`,,,`) is what spreadsheets leave below the data: not a job. (One join and
+        # strip per row: a cell holds more than whitespace exactly when the joined cells do.)
         if unnamed:
-            values = {k: v for k, v in values.items() if k}
-        # A row of empty cells (`,,,`) is what spreadsheets leave below the data: not a job.
-        if any(v.strip() for v in values.values()):
-            raw.rows.append(RawRow(line, unit, values))
+            values = {name: record[i] for i, name in named}
+            if "".join(values.values()).strip():
+                append(RawRow(line, unit, values))
+        elif "".join(record).strip():
+            append(RawRow(line, unit, dict(zip(header, record, strict=True))))
 
 
 # --- JSON and JSON Lines ------------------------------------------------------------------------------

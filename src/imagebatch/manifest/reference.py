@@ -27,7 +27,7 @@ from imagebatch.gateway.constants import (
     NATIVE_MODELS,
 )
 
-from .fields import RESULTS_ONLY_COLUMNS, SETTINGS, routes_for
+from .fields import METADATA_PREFIX, NOT_TYPOS, RESULTS_ONLY_COLUMNS, SETTINGS, routes_for
 from .models import ID_PATTERN, MANIFEST_ROUTES, MAX_COUNT
 from .read import MAX_DEPTH
 
@@ -157,8 +157,14 @@ FIELDS: tuple[FieldDoc, ...] = (
 
 METADATA = (
     "Any other column or key is metadata: kept as text and carried into `results.csv` (and usable as "
-    "`{column}` in a prompt and in an export's file names). A name that is a near miss of a field "
-    "(`Aspect Ratio`, `imageSize`) is reported rather than kept. A name that is also a column of "
+    "`{column}` in a prompt and in an export's file names). A name that is a near miss of a field is "
+    "refused rather than kept, so a job never runs with a default instead of what the row asked for: "
+    "another case or separator (`Aspect Ratio`, `imageSize`), a plural, or a typo within "
+    "one edit (`promt`, `modle`) of a field of 5 to 7 letters and two edits (`aspect_ration`, `image_sise`) "
+    "of a longer one (letters and digits compared, a swap of two neighbours counted as one edit). A "
+    f"metadata name meant as it is starts with `{METADATA_PREFIX}` (`{METADATA_PREFIX}image_sise`, in "
+    "any case), in every format; it is kept whole, prefix included. Common catalog words near a field "
+    f"({_codes(sorted(NOT_TYPOS))}) are metadata as they are. A name that is also a column of "
     f"`results.csv` is refused, as its values would be lost there: {_codes(RESULTS_ONLY_COLUMNS)} "
     "(rename it, e.g. `source_status`). No field, value or name may hold a NUL character."
 )

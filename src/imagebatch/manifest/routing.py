@@ -7,6 +7,7 @@ when a route or model is added (docs/architecture.md, "Where to add").
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Callable
 
@@ -40,6 +41,7 @@ def ratio_hint(model: str, ratio: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)  # a catalog names a few (route, model) pairs on 100,000 rows
 def route_serves(route: str, model: str | None) -> bool:
     """Whether the manifest route `route` serves `model`: the service's rule (`gateway.constants.serves`);
     False for a route that is not one (reported by `resolve`)."""

@@ -14,7 +14,7 @@ from imagebatch.storage.location import shown_url
 
 from .load import load_manifest
 from .models import Manifest, ManifestError
-from .plan import plan, summarise
+from .plan import plan, summarise_jobs
 
 EXIT_VALID = 0
 EXIT_INVALID = 2
@@ -46,15 +46,14 @@ def check_manifest(
         n = len(exc.problems)
         print(f"{name}: {n} problem{'s' if n != 1 else ''}; nothing was sent", file=out)
         return EXIT_INVALID, None
-    requests = plan(manifest)
-    summary = summarise(requests)
+    summary = summarise_jobs(manifest.jobs)  # the keys are made only when they are listed
     kind = manifest.format if manifest.sheet is None else f"{manifest.format}, sheet {manifest.sheet!r}"
     print(f"{name}: valid ({kind}, sha256 {manifest.sha256[:16]}); nothing was sent", file=out)
     print(summary.table(), file=out)
     if getattr(args, "keys", False) if keys is None else keys:
         print(file=out)
         print("job_id\trequest_index\tturn_index\troute\tmodel\tidempotency_key", file=out)
-        for r in requests:
+        for r in plan(manifest):
             print(
                 f"{r.job_id}\t{r.request_index}\t{r.turn_index}\t{r.route.value}\t{r.model}\t{r.idempotency_key}",
                 file=out,
