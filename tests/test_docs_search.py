@@ -36,7 +36,8 @@ def boost(page: Path) -> float:
 
 
 def headings(page: Path) -> list[str]:
-    text = re.sub(r"^(```|~~~).*?^\1", "", page.read_text(), flags=re.M | re.S)  # a code comment is no heading
+    # a shell comment in a code block is no heading
+    text = re.sub(r"^(```|~~~).*?^\1", "", page.read_text(), flags=re.M | re.S)
     return re.findall(r"^#{1,6}\s+(.*)$", text, re.M)
 
 
