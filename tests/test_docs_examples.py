@@ -105,6 +105,39 @@ def test_a_wrong_command_or_option_is_caught() -> None:
     ]
 
 
+# --- code blocks a reader sees whole --------------------------------------------------------------------
+
+MAX_CODE_LINE = 100
+"""The longest line of a code block the site shows without clipping at 1440 px (mkdocs-material's content
+column fits about 100 characters of code; a longer line scrolls, and its trailing comment is hidden)."""
+ANY_FENCE = re.compile(r"^([ \t]*)(```|~~~)[^\n]*\n(.*?)^\1\2[ \t]*$", re.M | re.S)
+"""A fenced block, at the margin or indented (inside a `??? note` or a list item)."""
+SITE_PAGES = sorted((ROOT / "docs").rglob("*.md"))
+
+
+def clipped_lines(markdown: str) -> list[str]:
+    """The lines of `markdown`'s code blocks longer than `MAX_CODE_LINE`, as `length: line`."""
+    found = []
+    for match in ANY_FENCE.finditer(markdown):
+        for line in match.group(3).splitlines():
+            line = line.removeprefix(match.group(1))
+            if len(line) > MAX_CODE_LINE:
+                found.append(f"{len(line)}: {line}")
+    return found
+
+
+@pytest.mark.parametrize("page", SITE_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_code_line_is_clipped_on_the_site(page: Path) -> None:
+    assert clipped_lines(page.read_text()) == [], "split the line, or move its comment above it"
+
+
+def test_a_long_code_line_is_caught() -> None:
+    long = "uv run imagebatch run m.csv --out out" + " " * 40 + "# a comment the reader would not see"
+    markdown = f"```bash\n{long}\nshort\n```\n\n??? note\n    ```python\n    {'x' * 101}\n    ```\n"
+    assert clipped_lines(markdown) == [f"{len(long)}: {long}", f"101: {'x' * 101}"]
+    assert clipped_lines(f"prose {'y' * 200}\n\n```\n{'z' * 100}\n```\n") == []
+
+
 # --- the README as a front door ----------------------------------------------------------------------
 
 

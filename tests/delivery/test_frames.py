@@ -40,7 +40,9 @@ def test_results_of_a_folder_after_a_run_with_retries(service_env: Any, tmp_path
     r = imagebatch.results(out)
     assert isinstance(r, imagebatch.Results)
     frame = r.results
-    assert list(frame.columns) == [*RESULT_COLUMNS, "sku"] and "variant" in RESULT_COLUMNS
+    at = RESULT_COLUMNS.index("status") + 1  # the outcome over every run, beside the last run's status
+    assert list(frame.columns) == [*RESULT_COLUMNS[:at], "outcome", *RESULT_COLUMNS[at:], "sku"]
+    assert set(frame.outcome) == {"succeeded"}
     assert len(frame) == 4 and set(frame.status) == {"succeeded"}
     assert frame.sku.tolist() == ["000", "001", "002", pd.NA]  # text kept as text: leading zeros stay
     assert str(frame.request_index.dtype) == "Int64" and frame.variant.tolist() == [1, 1, 1, 1]
@@ -66,8 +68,11 @@ def test_results_of_a_folder_after_a_run_with_retries(service_env: Any, tmp_path
     assert decisions.set_index("key").decision.to_dict() == {keys[0]: "approved", keys[1]: "approved"}
     assert decisions.set_index("key").reviewer[keys[0]] == "bo"
     assert str(decisions["at"].dt.tz) == "UTC"
-    merged = frame.merge(decisions, left_on="idempotency_key", right_on="key", how="left")
+    merged = frame.merge(
+        decisions, left_on=["idempotency_key", "variant"], right_on=["key", "variant"], how="left"
+    )
     assert merged.decision.value_counts().to_dict() == {"approved": 2}
+    assert merged.variant.tolist() == [1, 1, 1, 1]
 
 
 def test_results_of_a_bucket(

@@ -3,21 +3,34 @@
     import imagebatch
 
     r = imagebatch.results("out")  # or "s3://bucket/catalog"
-    r.results[r.results.status == "succeeded"]
+    r.results.groupby("outcome").size()  # over every run: a complete folder is all succeeded
+    r.results[r.results.outcome != "succeeded"]  # what is still to do
     r.usage.groupby("model")[["images", "total_tokens"]].sum()
-    r.results.merge(r.decisions, left_on="idempotency_key", right_on="key", how="left")
+    reviewed = r.results.merge(
+        r.decisions, left_on=["idempotency_key", "variant"], right_on=["key", "variant"], how="left"
+    )
+    reviewed.groupby("decision").size()
 
 - `results`: results.csv, one row per request (the last run's), its columns in order (`variant` added
   as 1, in its place, where a file written before variants has none; then the manifest's metadata
   columns); cells read back as written (`csvcells`); counts as nullable integers (`Int64`), everything
-  else text, an empty cell missing (`<NA>`).
+  else text, an empty cell missing (`<NA>`). Beside `status`, what the last run did with the request
+  (`skipped`: done earlier, not sent again), `outcome` says where it stands over every run: `succeeded`
+  for a request that succeeded in this run or an earlier one (results.csv's `succeeded` or `skipped`,
+  as the journal's replay carries it), else the status itself. So after a rerun of a complete folder
+  `status` is all `skipped` and `outcome` all `succeeded`. `outcome` is the row's own, one per image
+  variant: a request redone (`--redo`) has a row per variant, each with its outcome. A manifest's own
+  metadata column named `outcome` is kept, as `outcome_manifest`.
   A location whose run never ended has no results.csv: an empty table with results.csv's columns.
 - `usage`: the usage ledger, one row per HTTP attempt of every run into the location (a folder's
   `usage.jsonl`; in an object store, the journal segments' usage lines), with the answer's token counts
   (`input_tokens`, `output_tokens`, `total_tokens`, by whichever names the route uses, as
   usage-summary.csv counts them), `started_at` as a UTC timestamp, and the raw `usage` object.
 - `decisions`: the review decision in force for each image key (the last recorded, `cleared` included:
-  reviewed, then undone), with `at` as a UTC timestamp.
+  reviewed, then undone), with `at` as a UTC timestamp. Joined to `results` on the key and the variant,
+  `results.merge(decisions, left_on=["idempotency_key", "variant"], right_on=["key", "variant"],
+  how="left")`, so the table has one `variant` column (joined on the key alone pandas would name the two
+  `variant_x` and `variant_y`); an image without a decision has `decision` missing (`<NA>`).
 - `skipped`: how many bad lines were left out, by record (`results.csv`, `usage.jsonl`, `review.jsonl`;
   only those with any): a line that is not a JSON object, or is over `storage.bounded`'s bound, a count
   that is not an integer (`attempt: "three"`, `images: 1e30`), a results.csv row the CSV reader refuses
@@ -44,6 +57,7 @@ from imagebatch.extras import needs_extra
 from imagebatch.storage import layout
 from imagebatch.storage.bounded import BadLine
 from imagebatch.work.decisions import Decision, iter_decisions
+from imagebatch.work.outcome import DONE
 from imagebatch.work.store import RESULT_COLUMNS, OutputStore
 from imagebatch.work.usage import token_counts
 
@@ -53,7 +67,11 @@ with needs_extra("notebook", "imagebatch.results()"):  # pandas is the notebook 
 INTEGER_COLUMNS = ("request_index", "turn_index", "images", "width", "height", "attempts", "variant")
 """results.csv's counts, as nullable integers."""
 VARIANT = "variant"
-"""results.csv's variant number of an image (issue 24): a missing column or cell is 1."""
+"""results.csv's variant number of an image: a missing column or cell is 1."""
+OUTCOME = "outcome"
+"""The column beside `status` saying where a request stands over every run (the module docstring)."""
+OWN_OUTCOME = "outcome_manifest"
+"""The name a manifest's own metadata column `outcome` takes in the table, so that neither hides the other."""
 USAGE_COLUMNS = (
     "idempotency_key", "job_id", "request_index", "turn_index", "route", "model", "attempt", "started_at",
     "duration_s", "outcome", "http_status", "error_code", "request_id", "images", "retry_in",
@@ -193,6 +211,10 @@ def results_frame(rows: list[dict[str, str]]) -> pd.DataFrame:
             frame[name] = pd.to_numeric(column).astype("Int64")
         else:
             frame[name] = column.astype("string")
+    frame = frame.rename(columns={OUTCOME: OWN_OUTCOME})  # a manifest's column of that name: kept apart
+    done = frame["status"].isin(DONE)
+    outcome = frame["status"].where(~done, "succeeded").astype("string")
+    frame.insert(frame.columns.get_loc("status") + 1, OUTCOME, outcome)
     return frame
 
 
