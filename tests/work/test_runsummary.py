@@ -1,0 +1,86 @@
+"""run.json through its model (`work.runsummary.RunSummary`): a run.json written before `schema_version`
+existed (data/run-before-schema-version.json, left by a real `imagebatch run` of the example catalog)
+reads as version 1 and is written back field for field; a field of the wrong type, or a newer version,
+is refused in one line naming the file and the field, by the command that reads it, the file untouched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers.runs import cli
+
+from imagebatch.work.runsummary import SCHEMA_VERSION, RunSummary, RunSummaryError
+from imagebatch.work.store import OutputStore, RequestRecord
+
+BEFORE = Path(__file__).parent / "data" / "run-before-schema-version.json"
+
+
+def test_a_run_json_from_before_the_version_reads_as_version_1_and_round_trips() -> None:
+    raw = BEFORE.read_bytes()
+    assert "schema_version" not in json.loads(raw)
+    summary = RunSummary.parse(raw, str(BEFORE))
+    assert (summary.schema_version, summary.state, summary.requests) == (1, "finished", 6)
+    assert summary.counts is not None and summary.counts["succeeded"] == 6
+    assert summary.prefect is not None and summary.prefect.task_runs == 6
+    written = json.loads(summary.record())
+    assert written == {"schema_version": SCHEMA_VERSION, **json.loads(raw)}
+    assert list(written)[1:] == list(json.loads(raw))  # the fields in the order the run wrote them
+    assert RunSummary.parse(summary.record(), "again") == summary
+
+
+def _out(tmp_path: Path, run: dict[str, object]) -> Path:
+    """An output folder as a finished run leaves it, with `run` as its run.json."""
+    out = tmp_path / "out"
+    store = OutputStore(out)
+    store.prepare()
+    record = RequestRecord("mug", 0, 0, "failed", "compat-image-2", "images", "key-0", error="503")
+    store.write_results([record.to_row()], [])
+    (out / "run.json").write_text(json.dumps(run))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"counts": {"succeeded": "six"}}, "field 'counts.succeeded': Input should be a valid integer"),
+        ({"requests": "6"}, "field 'requests': Input should be a valid integer (it is '6')"),
+        ({"state": "done"}, "field 'state': Input should be 'running', 'finished'"),
+        ({"started_at": "yesterday"}, "field 'started_at': Invalid isoformat string"),
+        ({"schema_version": 2}, "schema_version 2 is newer than this imagebatch reads (1): upgrade"),
+    ],
+)
+def test_the_report_refuses_a_run_json_the_model_refuses_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict[str, object], said: str
+) -> None:
+    out = _out(tmp_path, json.loads(BEFORE.read_bytes()) | change)
+    before = (out / "run.json").read_bytes()
+    code, _, err = cli(capsys, "report", str(out))
+    assert code == 2
+    assert err.startswith(f"imagebatch report: {out}/run.json: ") and said in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert (out / "run.json").read_bytes() == before and not (out / "report.html").exists()
+
+
+def test_a_dead_runs_run_json_is_marked_through_the_model(tmp_path: Path) -> None:
+    running = json.loads(BEFORE.read_bytes()) | {"state": "running", "ended_at": None}
+    for name in ("counts", "usage", "prefect", "stopped", "superseded", "rate_limited", "sent"):
+        running.pop(name)
+    out = _out(tmp_path, running | {"a_later_field": [1, 2]})
+    settled = OutputStore(out).settle_dead_run("2026-11-28T12:00:00+00:00")
+    assert settled is not None and settled.state == "crashed"
+    left = json.loads((out / "run.json").read_text())
+    assert left["schema_version"] == 1 and left["noticed_at"] == "2026-11-28T12:00:00+00:00"
+    assert left["a_later_field"] == [1, 2]  # a field this model does not know is kept
+    assert left["options"] == running["options"] and "counts" not in left
+
+
+def test_a_writer_cannot_write_a_field_of_the_wrong_type(tmp_path: Path) -> None:
+    store = OutputStore(tmp_path / "out")
+    store.prepare()
+    with pytest.raises(ValueError, match="requests"):
+        store.write_run({"state": "running", "requests": "many"})
+    assert not (tmp_path / "out" / "run.json").exists()
+    with pytest.raises(RunSummaryError, match="not JSON"):
+        RunSummary.parse(b"{", "run.json")
