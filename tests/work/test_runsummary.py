@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.runs import cli
+from helpers.runs import catalog, cli
 
 from imagebatch.work.runsummary import SCHEMA_VERSION, RunSummary, RunSummaryError
 from imagebatch.work.store import OutputStore, RequestRecord
@@ -84,3 +84,18 @@ def test_a_writer_cannot_write_a_field_of_the_wrong_type(tmp_path: Path) -> None
     assert not (tmp_path / "out" / "run.json").exists()
     with pytest.raises(RunSummaryError, match="not JSON"):
         RunSummary.parse(b"{", "run.json")
+
+
+def test_a_run_into_a_folder_whose_run_json_is_refused_sends_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _out(tmp_path, json.loads(BEFORE.read_bytes()) | {"state": "running", "requests": -1})
+    manifest = catalog(tmp_path / "catalog.csv", 2)
+    before = sorted(p.name for p in out.iterdir())
+    code, _, err = cli(capsys, "run", str(manifest), "--out", str(out), "--no-report")
+    assert code == 2
+    assert err == (
+        f"{out}/run.json: field 'requests': Input should be greater than or equal to 0 (it is -1); "
+        "nothing was sent.\n"
+    )
+    assert sorted(p.name for p in out.iterdir()) == before

@@ -140,6 +140,7 @@ def check_output_folder(out: Path, lock: bool = True) -> None:
         with tempfile.TemporaryFile(dir=out):
             pass
         check_records(out)
+        OutputStore(out).read_run()  # a run.json its model refuses: refused here, before Prefect starts
         if lock:
             with OutputStore(out).hold_and_merge():
                 pass
