@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.review import review_folder
 from helpers.runs import catalog, cli
 
 from imagebatch.work.runsummary import SCHEMA_VERSION, RunSummary, RunSummaryError
@@ -99,3 +100,16 @@ def test_a_run_into_a_folder_whose_run_json_is_refused_sends_nothing(
         "nothing was sent.\n"
     )
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_review_refuses_a_run_json_the_model_refuses_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = review_folder(tmp_path, 2)
+    (out / "run.json").write_text(json.dumps({"state": "finished", "counts": []}))
+    code, _, err = cli(capsys, "review", str(out), "--port", "0")
+    assert code == 2
+    assert (
+        err
+        == f"imagebatch review: {out}/run.json: field 'counts': Input should be a valid dictionary (it is [])\n"
+    )
