@@ -6,6 +6,7 @@ is refused in one line naming the file and the field, by the command that reads 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,14 @@ def test_review_refuses_a_run_json_the_model_refuses_in_one_line(
     (out / "run.json").write_text(json.dumps({"state": "finished", "counts": []}))
     code, _, err = cli(capsys, "review", str(out), "--port", "0")
     assert code == 2
-    assert (
-        err
-        == f"imagebatch review: {out}/run.json: field 'counts': Input should be a valid dictionary (it is [])\n"
-    )
+    said = "field 'counts': Input should be a valid dictionary (it is [])"
+    assert err == f"imagebatch review: {out}/run.json: {said}\n"
+
+
+def test_a_writer_may_give_a_path_or_a_counter(tmp_path: Path) -> None:
+    store = OutputStore(tmp_path / "out")
+    store.prepare()
+    report = tmp_path / "out" / "report.html"
+    store.write_run({"state": "finished", "report": report, "counts": Counter(succeeded=2)})
+    written = RunSummary.parse((tmp_path / "out" / "run.json").read_bytes(), "run.json")
+    assert (written.report, written.counts) == (str(report), {"succeeded": 2})

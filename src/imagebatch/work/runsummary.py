@@ -136,8 +136,10 @@ class RunSummary(BaseModel):
     @classmethod
     def of(cls, info: Mapping[str, Any]) -> RunSummary:
         """The model of what a writer has (a run's summary as a dict), at this version; ValueError (a
-        bug of ours, never a person's input) if a field has the wrong type."""
-        return cls.model_validate({**info, "schema_version": SCHEMA_VERSION})
+        bug of ours, never a person's input) if a field has the wrong type. A value JSON has no type
+        for (the report's Path, a Counter) is taken as JSON would write it."""
+        plain = json.loads(json.dumps({**info, "schema_version": SCHEMA_VERSION}, default=str))
+        return cls.model_validate(plain)
 
     @classmethod
     def parse(cls, raw: bytes, where: str) -> RunSummary:
