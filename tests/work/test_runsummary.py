@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.review import review_folder
 from helpers.runs import catalog, cli
 
+from imagebatch.storage.objectstore import ObjectLocation
 from imagebatch.work.runsummary import SCHEMA_VERSION, RunSummary, RunSummaryError
 from imagebatch.work.store import OutputStore, RequestRecord
 
@@ -121,3 +123,29 @@ def test_a_writer_may_give_a_path_or_a_counter(tmp_path: Path) -> None:
     store.write_run({"state": "finished", "report": report, "counts": Counter(succeeded=2)})
     written = RunSummary.parse((tmp_path / "out" / "run.json").read_bytes(), "run.json")
     assert (written.report, written.counts) == (str(report), {"succeeded": 2})
+
+
+def test_validate_out_refuses_a_run_json_the_model_refuses_as_a_run_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _out(tmp_path, {"state": "stopped", "stopped": 3})
+    manifest = catalog(tmp_path / "catalog.csv", 2)
+    code, _, err = cli(capsys, "validate", str(manifest), "--out", str(out))
+    assert code == 2
+    assert err == (
+        f"imagebatch validate: {out}/run.json: field 'stopped': Input should be a valid string (it is 3)\n"
+    )
+
+
+def test_a_run_into_a_bucket_whose_run_json_is_refused_sends_nothing(
+    s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/run"
+    ObjectLocation(url).put("run.json", json.dumps({"state": "running", "sent": "all"}).encode())
+    manifest = catalog(tmp_path / "catalog.csv", 2)
+    code, _, err = cli(capsys, "run", str(manifest), "--out", url, "--no-report")
+    assert code == 2
+    said = "field 'sent': Input should be a valid integer (it is 'all')"
+    assert err == f"{url}/run.json: {said}; nothing was sent.\n"
+    assert set(s3.objects(bucket, "run/")) == {"run.json"}  # nothing else written

@@ -120,6 +120,10 @@ def check_output_store(url: str, lock: bool = True) -> None:
     why = loc.check()
     if why:
         raise UsageError(f"--out {loc.url}: {why}")
+    try:
+        OutputStore(url).read_run()  # a run.json its model refuses: refused here, before Prefect starts
+    except RecordError as exc:
+        raise UsageError(str(exc)) from None
     if lock:
         try:
             with OutputStore(url).hold_and_merge():
