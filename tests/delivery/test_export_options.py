@@ -42,3 +42,11 @@ def test_a_parameter_that_is_no_option_is_refused_in_one_line() -> None:
         export_deliverables.validate_parameters({"out": "/o", "to": "/d", "colour": "red"})
     with pytest.raises(ParameterTypeError, match=r"options\.quality"):
         export_deliverables.validate_parameters({"out": "/o", "to": "/d", "quality": 0})
+
+
+def test_a_copy_with_other_prefect_options_still_reads_the_flat_parameters() -> None:
+    renamed = export_deliverables.with_options(name="nightly-export")
+    assert renamed.name == "nightly-export"
+    assert renamed.validate_parameters({"out": "/o", "to": "/d", "slug": True})["options"] == ExportOptions(
+        slug=True
+    )

@@ -166,3 +166,24 @@ def test_the_flow_is_refused_while_another_export_holds_dest(tmp_path: Path) -> 
         assert "another export into it is running" in said
         assert tree(dest) == {}
     assert export_deliverables(out=str(made.root), to=str(dest))["written"] == 1
+
+
+def test_a_flow_run_made_with_the_earlier_flat_parameters_exports_as_they_say(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deployment made before the options were one parameter gives its runs `name`, `format`...: the
+    run (made on the server with those parameters, then run as a worker runs it) reads them into
+    `options` and warns to redeploy."""
+    from prefect import get_client
+    from prefect.flow_engine import run_flow as run_flow_run
+
+    made = OutMaker(tmp_path / "out", ["sku", "colour"])
+    made.add("hat", [PNG], sku="SKU-3", colour="blue")
+    made.write()
+    dest = tmp_path / "dest"
+    flat = {"out": str(made.root), "to": str(dest), "name": "{sku}.{ext}", "format": "jpeg"}
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run(export_deliverables, parameters=flat)
+    counts = run_flow_run(export_deliverables, flow_run=flow_run, parameters=flow_run.parameters)
+    assert counts["written"] == 1 and sorted(tree(dest)) == ["SKU-3.jpg", "export.csv"]
+    assert "parameters format, name were read into `options`; redeploy the flow" in caplog.text

@@ -22,8 +22,9 @@ parameters); none is a secret (an object store's credentials come from its stand
 flow runs).
 
 A deployment made before the options were one parameter still runs: its flat parameters (`name`,
-`format`, ..., each an `ExportOptions` field) are read into `options` as the run starts, and a warning
-says to redeploy (`ExportFlow.validate_parameters`); a name that is no option fails the run in one line.
+`format`, ..., each an `ExportOptions` field) are read into `options` as the run starts
+(`ExportFlow.validate_parameters`) and the run's log warns to redeploy; a name that is no option fails
+the run in one line.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from imagebatch.delivery.listing import EXPORT_CSV
 from imagebatch.delivery.options import ExportOptions
 
 EXPORT_FLOW_NAME = "export-deliverables"
+KEPT = frozenset({"out", "to", "options"})
+"""The flow's parameters; any other a run is given is an earlier deployment's flat option."""
 
 
 class ExportFlow(Flow[..., dict[str, int]]):
@@ -48,26 +51,42 @@ class ExportFlow(Flow[..., dict[str, int]]):
     def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         return super().validate_parameters(folded(parameters))
 
+    def with_options(self, **changes: Any) -> ExportFlow:
+        """A copy with Prefect's options changed, still reading the earlier parameters (Prefect's own
+        copy is a plain `Flow`)."""
+        copy = super().with_options(**changes)
+        copy.__class__ = ExportFlow
+        return copy  # type: ignore[return-value]
+
 
 def folded(parameters: dict[str, Any]) -> dict[str, Any]:
     """A run's parameters with the flat ones of an earlier deployment (`format="jpeg"`) read into
     `options`; ValueError in one line for a name that is neither a parameter nor an option."""
-    kept = {"out", "to", "options"}
-    flat = {k: v for k, v in parameters.items() if k not in kept}
+    flat = {k: v for k, v in parameters.items() if k not in KEPT}
     if not flat:
         return parameters
     if unknown := sorted(set(flat) - set(ExportOptions.model_fields)):
         raise ValueError(f"{EXPORT_FLOW_NAME}: no parameter or option named {', '.join(unknown)}")
     given = parameters.get("options") or {}
     earlier = given.model_dump() if isinstance(given, ExportOptions) else dict(given)
-    with contextlib.suppress(Exception):  # outside a flow run (a test of the parameters) no logger
-        get_run_logger().warning(
-            "%s: the deployment's parameters %s are read into `options`; redeploy the flow to give them "
-            "there",
-            EXPORT_FLOW_NAME,
-            ", ".join(sorted(flat)),
-        )
-    return {k: v for k, v in parameters.items() if k in kept} | {"options": earlier | flat}
+    return {k: v for k, v in parameters.items() if k in KEPT} | {"options": earlier | flat}
+
+
+def _say_redeploy(logger: Any) -> None:
+    """Warn in the run's log when its deployment gave the earlier flat parameters (Prefect validates the
+    parameters before the run's logger exists, so the flow run's parameters as given are read here)."""
+    from prefect.context import FlowRunContext
+
+    with contextlib.suppress(Exception):  # a courtesy: the run goes on without it
+        context = FlowRunContext.get()
+        given = context.flow_run.parameters if context and context.flow_run else {}
+        if flat := sorted(set(given) - KEPT):
+            logger.warning(
+                "%s: the deployment's parameters %s were read into `options`; redeploy the flow so that "
+                "they are given there",
+                EXPORT_FLOW_NAME,
+                ", ".join(flat),
+            )
 
 
 def _export_flow(fn: Callable[..., dict[str, int]]) -> ExportFlow:
@@ -83,6 +102,7 @@ def export_deliverables(out: str, to: str, options: ExportOptions | None = None)
     file in the way, an image of OUT linked out of it, another export into the same DEST still running
     (one at a time: `delivery.destlock`)."""
     logger = get_run_logger()
+    _say_redeploy(logger)
     try:
         summary = export(out, to, options)
     except ExportRefused as exc:
