@@ -26,8 +26,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from imagebatch.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.gateway import GatewayClient
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.work import conversation, records
 from imagebatch.work.build import build_request

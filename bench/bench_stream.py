@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--window-open", type=int, default=3, help="seconds left out of the minimum")
     args = parser.parse_args()
 
-    from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+    from imagebatch.emulator import EmulatorServer, EmulatorSettings
 
     settings = EmulatorSettings(
         api_key=KEY, seed=0, latency=args.latency, jpeg_rate=0.0, thought_image_rate=0.0

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from imagebatch.cli.common import default_of
 from imagebatch.cli.main import build_parser
 from imagebatch.manifest.models import MANIFEST_ROUTES
 from imagebatch.manifest.reference import FIELDS, JSON_SETTINGS, METADATA
@@ -64,12 +65,11 @@ def _value(action: argparse.Action) -> str:
     return action.dest.upper()
 
 
-def _default(action: argparse.Action) -> str:
-    if action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or action.required:
-        return ""
-    if isinstance(action.default, float) and action.default.is_integer():
-        return f"`{action.default:g}`"
-    return f"`{action.default}`"
+def _default(action: argparse.Action, prog: str) -> str:
+    """The default its help writes, `(default: X)`: the one form (`cli.common.one_voice` adds it from the
+    option's real default where the help did not say it)."""
+    shown = default_of(_help(action, prog))
+    return f"`{shown}`" if shown else ""
 
 
 def _positional(action: argparse.Action) -> str:
@@ -121,7 +121,9 @@ def command_section(name: str, summary: str, parser: argparse.ArgumentParser) ->
             what += f" (not with {', '.join(f'`{o}`' for o in exclusive[action])})"
         names = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{_positional(action)}`"
         value = f"`{_value(action)}`" if action.option_strings and _value(action) else ""
-        lines.append(f"| {names} | {_cell(value)} | {_cell(_default(action))} | {_cell(what)} |")
+        lines.append(f"| {names} | {_cell(value)} | {_cell(_default(action, parser.prog))} | {_cell(what)} |")
+    if parser.epilog:  # each command's own exit codes (cli.common.EXIT_CODES)
+        lines += ["", f"{parser.epilog[:1].upper()}{parser.epilog[1:]}."]
     return [*lines, ""]
 
 
@@ -135,7 +137,12 @@ def cli_page(parser: argparse.ArgumentParser) -> str:
     ]
     if parser.epilog:
         lines += ["", f"{parser.epilog[:1].upper()}{parser.epilog[1:]}."]
-    lines += ["", "Every command also takes `-h`, `--help`.", ""]
+    lines += [
+        "",
+        "Every command also takes `-h`, `--help`; `imagebatch --version` prints the version. A mistyped "
+        "option or command gets the nearest one suggested.",
+        "",
+    ]
     for name, summary, sub in commands:
         lines += command_section(name, summary, sub)
     return "\n".join(lines).rstrip() + "\n"

@@ -9,23 +9,48 @@ def test_something(emulator):            # a fresh-state handle on the session's
 Also: the `slow` marker (a test that needs a Prefect server, a worker or a browser, or takes seconds; see
 `pytest_collection_modifyitems`), so `uv run pytest -m "not slow"` is the quick inner loop; the session's
 Prefect harness and a run's environment (`prefect`, `service_env`); S3 on moto (`s3`).
+
+Prefect's settings are the suite's own, whatever the machine's environment holds: see `_own_prefect_home`.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
+import signal
 import sys
+import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-from helpers.emulator import emulator_settings
 
-import imagebatch  # noqa: F401 - sets Prefect's environment defaults before Prefect is imported
-from imagebatch.gateway.emulator import EmulatorServer
+def _own_prefect_home() -> None:
+    """Every `PREFECT_*` variable of the environment dropped (PREFECT_API_URL, PREFECT_PROFILE,
+    PREFECT_HOME, a logging level...), and a fresh, empty PREFECT_HOME of this test process's (each xdist
+    worker makes its own), so no profile of the machine's is read: Prefect reads its settings once, at its
+    import, which comes after this (conftest.py is imported before any test module). A test that talks
+    to Prefect uses the session's harness (`prefect`) or a server of its own (tests/helpers), and the
+    processes it starts get exactly the settings they need (`helpers.prefect_server.base_environment`)."""
+    assert "prefect" not in sys.modules, "Prefect was imported before tests/conftest.py"
+    for name in [n for n in os.environ if n.startswith("PREFECT_")]:
+        del os.environ[name]
+    home = Path(tempfile.mkdtemp(prefix="imagebatch-tests-prefect-"))
+    os.environ["PREFECT_HOME"] = str(home)
+    os.environ["PREFECT_PROFILES_PATH"] = str(home / "profiles.toml")
+    atexit.register(shutil.rmtree, home, True)
+
+
+_own_prefect_home()
+
+import pytest  # noqa: E402 - after the environment is the suite's own
+from helpers.emulator import emulator_settings  # noqa: E402
+
+import imagebatch  # noqa: E402, F401 - sets Prefect's environment defaults before Prefect is imported
+from imagebatch.emulator import EmulatorServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +70,7 @@ def emulator(emulator_server: EmulatorServer) -> Iterator[EmulatorServer]:
     """The session's `EmulatorServer`, reset: empty ledger and request log, no attempts counted, the
     session settings above and no faults. Changes a test makes are undone by the next test's reset.
 
-    Handle API (see `imagebatch.gateway.emulator.server.EmulatorServer`):
+    Handle API (see `imagebatch.emulator.server.EmulatorServer`):
       - `url`: the service root, e.g. `http://127.0.0.1:54321`; `api_key`.
       - `ledger(idempotency_key=None)`: billed generations, dicts with `seq, time, route, model, images,
         usage, idempotency_key, request_id, status (int or "drop"), fault, attempt, prompt`.
@@ -80,6 +105,30 @@ def s3(s3_server: object, monkeypatch: pytest.MonkeyPatch) -> object:
     for name, value in s3_server.env().items():  # type: ignore[attr-defined]
         monkeypatch.setenv(name, value)
     return s3_server
+
+
+# --- the end of the test run ------------------------------------------------------------------------
+
+
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM of the test run (a CI timeout, `timeout`, `kill`) ends it as Ctrl-C does: fixtures torn
+    down, `pytest_sessionfinish` and the exit handlers run, so the Prefect servers and workers its tests
+    started are stopped; Python's default for SIGTERM ends the process at once and left them running."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupted)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After the fixtures' teardown (in every xdist worker too): the servers and workers the helpers
+    started that are still running, stopped (`helpers.prefect_server.stop_started`)."""
+    from helpers.prefect_server import stop_started
+
+    stop_started()
 
 
 # --- the slow tests ------------------------------------------------------------------------------------

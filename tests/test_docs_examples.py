@@ -1,7 +1,8 @@
 """What the README and the manual show is true of the code: every `imagebatch ...` command in their code
-(blocks and inline spans) names a real subcommand and only options it takes, every relative link of the
-README and of the repository's other READMEs resolves (the manual's own links are `mkdocs build
---strict`'s), and the README stays a front door: short, with the two quick-start commands as they are."""
+(blocks and inline spans) names a real subcommand and only options it takes, every link into the
+repository of the README and of the repository's other READMEs resolves (the manual's own links are
+`mkdocs build --strict`'s), and the README stays a front door: short, with the two quick-start commands as
+they are, its links absolute (PyPI shows it outside the repository)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ README = ROOT / "README.md"
 PAGES = sorted([README, *(ROOT / "docs").rglob("*.md")])
 READMES = [README, *sorted(p for d in ("src", "bench", "manifests") for p in (ROOT / d).rglob("README.md"))]
 QUICK_START = (
-    "uv run imagebatch run manifests/examples/catalog.csv --out out",
+    "uv run --no-dev imagebatch run manifests/examples/catalog.csv --out out",
     "uv run pytest",
 )
 MAX_README_LINES = 250
@@ -29,6 +30,10 @@ FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.M | re.S)
 INLINE = re.compile(r"(?<!`)`([^`]+)`(?!`)")
 COMMAND = re.compile(r"(?:^|(?<=[\s/(]))imagebatch[ \t]+([a-z][a-z-]*)(?![\w.:-])(.*)")
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+# The README's links into the repository are absolute (PyPI shows it elsewhere): read as the files they name.
+REPOSITORY = re.compile(
+    r"https://(?:github\.com/imagebatch/imagebatch/(?:blob|tree)|raw\.githubusercontent\.com/imagebatch/imagebatch)/main/"
+)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -109,7 +114,15 @@ def test_the_readme_is_short_and_keeps_the_quick_start() -> None:
     quick = [line.split("#")[0].strip() for line in lines]
     for command in QUICK_START:
         assert command in quick, f"README.md's quick start lost `{command}`"
-    assert "](docs/report.png)" in README.read_text(), "README.md shows no screenshot of the report"
+    assert "imagebatch/main/docs/report.png)" in README.read_text(), (
+        "README.md shows no screenshot of the report"
+    )
+
+
+def test_the_readme_links_absolutely() -> None:
+    """PyPI shows the README outside the repository: a relative link would be dead there."""
+    links = [m.group(1) or m.group(2) for m in LINK.finditer(FENCE.sub("", README.read_text()))]
+    assert links and [link for link in links if not re.match(r"[a-z]+:", link)] == []
 
 
 def slug(heading: str) -> str:
@@ -129,10 +142,12 @@ def dead_links(page: Path) -> list[str]:
     dead = []
     for match in LINK.finditer(FENCE.sub("", page.read_text())):
         target = match.group(1) or match.group(2)
-        if re.match(r"[a-z]+:", target):
-            continue  # http:, https:, mailto:
-        path, _, anchor = target.partition("#")
-        resolved = (page.parent / path).resolve() if path else page
+        inside = REPOSITORY.match(target)
+        if re.match(r"[a-z]+:", target) and not inside:
+            continue  # http:, https:, mailto: elsewhere
+        path, _, anchor = target[inside.end() if inside else 0 :].partition("#")
+        base = ROOT if inside else page.parent
+        resolved = (base / path).resolve() if path else page
         if not resolved.exists():
             dead.append(target)
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
@@ -151,8 +166,15 @@ def test_a_dead_link_is_caught(tmp_path: Path) -> None:
     page.write_text(
         "[ok](there.md) [ok](there.md#its-part) ![ok](there.md) [web](https://example.com/x)\n"
         "[gone](missing.md) [no anchor](there.md#nowhere) ![no image](shot.png)\n"
+        "[in repo](https://github.com/imagebatch/imagebatch/blob/main/README.md#license) "
+        "[gone](https://github.com/imagebatch/imagebatch/blob/main/nowhere.md)\n"
     )
-    assert dead_links(page) == ["missing.md", "there.md#nowhere", "shot.png"]
+    assert dead_links(page) == [
+        "missing.md",
+        "there.md#nowhere",
+        "shot.png",
+        "https://github.com/imagebatch/imagebatch/blob/main/nowhere.md",
+    ]
 
 
 def test_the_spec_is_in_the_repository_and_linked_from_inside_it() -> None:

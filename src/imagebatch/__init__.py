@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
+# The version is pyproject.toml's, read from the installed metadata: one place to write it.
 try:
     __version__ = version("imagebatch")
 except PackageNotFoundError:  # pragma: no cover - running from a source tree without install

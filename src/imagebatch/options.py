@@ -149,7 +149,8 @@ class Inputs(Group):
     files_root: Annotated[list[str] | None, Cli(metavar="DIR")] = Field(
         default=None,
         description="Folders (or an object store's prefixes, s3://bucket/refs) reference images and masks "
-        "may also come from, besides the manifest's folder or prefix (README, Security notes).",
+        "may also come from, besides the manifest's folder or prefix (the manual's Security page, "
+        "'Files root').",
     )
 
 

@@ -17,7 +17,7 @@ from helpers.images import png
 from helpers.runs import cli
 
 from imagebatch.cli.main import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, build_parser
-from imagebatch.gateway.emulator.render import Renderer, RenderSpec, images_pixel_size
+from imagebatch.emulator.render import Renderer, RenderSpec, images_pixel_size
 
 REF_A = png(48, 48, (200, 30, 30))
 REF_B = png(48, 48, (30, 30, 200))
@@ -110,7 +110,7 @@ def test_deploy_checks_the_manifest_in_the_bucket_and_its_objects_before_deployi
     assert err.splitlines() == [
         f"line 2 (id=x), field reference_images: refs/none.png: object not found "
         f"(looked for s3://{bucket}/cat/refs/none.png)",
-        f"s3://{bucket}/cat/bad.csv: 1 problem(s); nothing was deployed.",
+        f"s3://{bucket}/cat/bad.csv: 1 problem; nothing was deployed.",
     ]
     code, _, err = cli(capsys, "deploy", "s3://no-such-bucket-ib/cat/m.csv", *argv)
     assert code == EXIT_USAGE and "the bucket 'no-such-bucket-ib' does not exist" in err.splitlines()[0]

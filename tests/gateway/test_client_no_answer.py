@@ -14,13 +14,14 @@ from collections.abc import Iterator
 import pytest
 from helpers.fake_gateway import ALL_ROUTES, RETRYING_ROUTES, ROUTES
 
+from imagebatch.emulator import EmulatorServer
 from imagebatch.gateway import GatewayClient
-from imagebatch.gateway.emulator import EmulatorServer
 from imagebatch.gateway.errors import OutcomeUnknownError, ServiceUnreachableError
 
-TIMEOUT = 0.2
-"""The client's read timeout in these tests: below the session emulator's `slow` wait, which is held
-until the client has timed out in any case."""
+TIMEOUT = 1.5
+"""The client's timeout in these tests (read, and connect and write too): a `slow` answer is held until the
+client has timed out whatever its length, so it need not be short; a short one failed under load, when
+connecting or writing took longer than it (an error before sending, which the schedule retries)."""
 
 
 class Client:

@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
+from imagebatch.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.gateway.constants import COMPAT_VERSION_HEADER, DEFAULT_COMPAT_VERSION, Route
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
 
 from .images import b64, jpeg, open_image, png
 

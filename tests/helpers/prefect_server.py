@@ -10,15 +10,18 @@ the local PostgreSQL cluster, and `prefect worker start` processes.
     with running_prefect_server(tmp / "pg", database_url=url) as server: ...
 
 Every process is started in its own session (so a Ctrl-C of the test run does not reach it first) and is
-stopped as a whole process group (SIGTERM, then SIGKILL) in a `finally`. Such a process survives a
-`kill -9` of its parent, so a killed test run can leave one: `ps -eo pid,args | grep -E 'prefect
-(server|worker)'` finds it. No child is given `IMAGEBATCH_API_KEY` unless the caller passes it (to a
-worker, on purpose); no child inherits our `PREFECT_*` settings (the test harness's temporary server,
-profiles): each gets exactly the Prefect settings it needs. Everything binds 127.0.0.1 only.
+stopped as a whole process group (SIGTERM, then SIGKILL) in a `finally`, and, whatever is left, when the
+test process ends (`stop_started`: at pytest's session finish and at exit; tests/conftest.py makes a
+SIGTERM of the test run an interrupt, so those run then too). Only a `kill -9` of the test process
+leaves one: `ps -eo pid,args | grep -E 'prefect (server|worker)'` finds it. No child is given
+`IMAGEBATCH_API_KEY` unless the caller passes it (to a worker, on purpose); no child inherits our
+`PREFECT_*` settings (the test harness's temporary server, profiles): each gets exactly the Prefect
+settings it needs. Everything binds 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -51,6 +54,7 @@ __all__ = [
     "running_worker",
     "start_worker",
     "stop_process_group",
+    "stop_started",
     "submitted_by",
 ]
 
@@ -102,6 +106,25 @@ def _prefect_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "prefect", *args]
 
 
+_STARTED: dict[int, subprocess.Popen[bytes]] = {}
+"""The process groups started here and not stopped yet, by pid."""
+
+
+def _started(process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    _STARTED[process.pid] = process
+    return process
+
+
+def stop_started(grace: float = 3.0) -> None:
+    """Stop every process group started here that is still running (a test stopped by `-x`, Ctrl-C or a
+    SIGTERM between a start and its `finally`, a thread's start whose stop was never reached)."""
+    for process in list(_STARTED.values()):
+        stop_process_group(process, grace)
+
+
+atexit.register(stop_started)
+
+
 def stop_process_group(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     """SIGTERM the process's whole group (it leads its own session), SIGKILL it after `grace` s, reap."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
@@ -121,6 +144,7 @@ def stop_process_group(process: subprocess.Popen[bytes], grace: float = 5.0) -> 
         break
     if process.poll() is None:
         process.wait(timeout=10)
+    _STARTED.pop(process.pid, None)
 
 
 def _wait_healthy(api_url: str, process: subprocess.Popen[bytes], home: Path, timeout: float) -> bool:
@@ -213,7 +237,7 @@ def _start_server(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    return process, api_url
+    return _started(process), api_url
 
 
 def start_worker(
@@ -246,14 +270,16 @@ def start_worker(
     )
     cmd = _prefect_command("worker", "start", "--pool", pool, "--type", "process", *extra_args)
     with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            cmd,
-            env=worker_env,
-            cwd=cwd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
+        return _started(
+            subprocess.Popen(
+                cmd,
+                env=worker_env,
+                cwd=cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         )
 
 
@@ -388,6 +414,7 @@ def kill_machine(worker: subprocess.Popen[bytes], flow_run_ids: set[str]) -> int
                 os.kill(int(proc.name), signal.SIGKILL)
                 killed += 1
     worker.wait(timeout=30)
+    _STARTED.pop(worker.pid, None)
     return killed
 
 

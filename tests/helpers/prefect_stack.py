@@ -31,7 +31,7 @@ from helpers.prefect_server import (
     running_worker,
 )
 from imagebatch.cli.main import main
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+from imagebatch.emulator import EmulatorServer, EmulatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO / "manifests" / "examples" / "catalog.csv"

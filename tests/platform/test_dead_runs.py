@@ -26,7 +26,7 @@ from helpers.prefect_server import (
 )
 
 from imagebatch.cli.main import main
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+from imagebatch.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.platform.automations import AUTOMATION_NAME, PENDING_NAME
 
 pytestmark = pytest.mark.slow  # its own Prefect servers and workers

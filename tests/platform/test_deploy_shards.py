@@ -34,7 +34,7 @@ from helpers.prefect_stack import (  # the fixtures: stacks and prefect_harness 
 )
 
 from imagebatch.cli.main import main
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+from imagebatch.emulator import EmulatorServer, EmulatorSettings
 
 pytestmark = pytest.mark.slow  # its own Prefect servers and workers
 

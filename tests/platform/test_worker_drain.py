@@ -22,6 +22,7 @@ def drain(alive: set[int], now: list[float]) -> tuple[Drain, list[tuple[int, int
         flow_runs=lambda worker: [201, 202] if worker == 100 else [],
         kill=lambda group, sig: sent.append((group, sig)),
         alive=lambda pid: pid in alive,
+        stop_bound=10.0,
     )
     return stopper, sent
 
@@ -59,6 +60,21 @@ def test_the_worker_stops_after_the_grace_or_at_a_second_signal() -> None:
     again.on_signal(signal.SIGINT)
     again.on_signal(signal.SIGINT)
     assert sent_again[-1] == (100, signal.SIGTERM) and again.received == [signal.SIGINT, signal.SIGINT]
+
+
+def test_a_worker_that_has_not_exited_stop_bound_seconds_after_its_stop_is_killed() -> None:
+    now = [0.0]
+    stopper, sent = drain(set(), now)  # the flow runs have ended already
+    stopper.on_signal(signal.SIGTERM)
+    stopper.step()
+    assert sent[2:] == [(100, signal.SIGTERM)]  # nothing to wait for: the worker at once
+    now[0] = 9.9
+    stopper.step()
+    assert sent[3:] == []
+    now[0] = 10.0
+    stopper.step()
+    stopper.step()
+    assert sent[3:] == [(100, signal.SIGKILL)]  # once
 
 
 def test_flow_run_processes_are_the_workers_children_that_run_a_flow(tmp_path: Any) -> None:

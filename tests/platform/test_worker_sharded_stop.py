@@ -33,7 +33,7 @@ from helpers.prefect_server import (
 from helpers.runs import read_results
 
 from imagebatch.cli.main import main
-from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+from imagebatch.emulator import EmulatorServer, EmulatorSettings
 
 pytestmark = pytest.mark.slow  # its own Prefect servers and workers
 

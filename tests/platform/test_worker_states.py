@@ -36,8 +36,8 @@ from helpers.prefect_server import (
 from helpers.runs import read_results, write_csv
 
 from imagebatch.cli.main import main
-from imagebatch.gateway.emulator import EmulatorServer
-from imagebatch.gateway.emulator.settings import FaultConfig, parse_script
+from imagebatch.emulator import EmulatorServer
+from imagebatch.emulator.settings import FaultConfig, parse_script
 
 pytestmark = pytest.mark.slow  # its own Prefect servers and workers
 

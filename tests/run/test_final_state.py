@@ -192,8 +192,8 @@ def _server_logs_and_task_states(
 def test_a_run_with_one_no_image_ends_failed_with_its_counts_and_a_warning(
     service_env: Any, tmp_path: Path
 ) -> None:
+    from imagebatch.emulator.settings import FaultConfig, parse_script
     from imagebatch.flows.batch import generate_from_manifest
-    from imagebatch.gateway.emulator.settings import FaultConfig, parse_script
     from imagebatch.run.final_state import summary_of
 
     service_env.configure(faults=FaultConfig(scripts=[parse_script("no_image@noimage")]))
@@ -222,7 +222,7 @@ def test_a_run_with_one_no_image_ends_failed_with_its_counts_and_a_warning(
 def test_the_command_exits_1_then_0_when_the_failure_is_allowed(
     service_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from imagebatch.gateway.emulator.settings import FaultConfig, parse_script
+    from imagebatch.emulator.settings import FaultConfig, parse_script
 
     manifest = _no_image_manifest(tmp_path)
     service_env.configure(faults=FaultConfig(scripts=[parse_script("no_image,no_image@noimage")]))
@@ -267,10 +267,13 @@ def test_a_failed_or_cancelled_state_carries_the_summary_in_an_exception() -> No
     assert summary_of(final_state(info(ALL_DONE))) == info(ALL_DONE)
 
 
-def test_prefects_engine_ends_a_failed_run_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+def test_prefects_engine_ends_a_failed_run_without_a_traceback(
+    prefect: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """What a worker's flow process does (`prefect.engine` -> `run_flow(..., error_logger=...)`): the
     state's exception is raised again to the engine, which logged it as "unexpected exception" with its
-    traceback; the verdict was logged already."""
+    traceback; the verdict was logged already. On the session's Prefect harness: not on a server Prefect
+    would start by itself, nor on one the machine's settings name."""
     from prefect import flow
     from prefect.flow_engine import run_flow
 
@@ -293,7 +296,7 @@ def test_the_terminal_says_each_kind_of_problem_once_without_errors(
 ) -> None:
     """Issue 30 #5: six requests without an image and one 429 on the terminal: one line per kind of
     problem, no ERROR record per request (nor its `NoneType: None`), no traceback."""
-    from imagebatch.gateway.emulator.settings import FaultConfig, parse_script
+    from imagebatch.emulator.settings import FaultConfig, parse_script
 
     rows = [{"id": f"p{i}", "prompt": f"product {i}" + (" bad" if i < 6 else "")} for i in range(8)]
     manifest = write_jsonl(tmp_path / "m.jsonl", rows)

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from imagebatch.cli.common import with_default
 from imagebatch.options import OWNER, RunOptions, cli_of, fields, flag_of
 
 
@@ -46,18 +47,16 @@ def add_option_flags(
 
 
 def help_of(info: FieldInfo) -> str:
-    """The field's description, with its default where the description does not say it."""
-    text = info.description or ""
+    """The field's description ending in its default, `(default: X)` (`cli.common.with_default`); a field
+    unset by default (no limit, no redo, no pacing) says `none`."""
     default = info.default
     if isinstance(default, bool):
-        return f"{text} (default: {'on' if default else 'off'})"
-    if default is not None and "Default" not in text:
-        return (
-            f"{text} (default {default:g})"
-            if isinstance(default, (int, float))
-            else f"{text} (default {default})"
-        )
-    return text
+        shown: str | None = "on" if default else "off"
+    elif isinstance(default, (int, float)):
+        shown = f"{default:g}"
+    else:
+        shown = "none" if default is None else str(default)
+    return with_default(info.description or "", shown)
 
 
 def kind_of(info: FieldInfo) -> dict[str, Any]:

@@ -13,14 +13,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from imagebatch.cli.common import EXIT_CODES, command
+from imagebatch import __version__
+from imagebatch.cli.common import TOP_EXIT_CODES, Parser, one_voice
 from imagebatch.cli.deploy import add_deploy, add_serve
+from imagebatch.cli.emulator import add_emulator
 from imagebatch.cli.export import add_export
+from imagebatch.cli.init import add_init
 from imagebatch.cli.outputs import add_report, add_review
 from imagebatch.cli.prefect_commands import add_limits, add_worker
 from imagebatch.cli.run import add_run
 from imagebatch.cli.validate import add_validate
-from imagebatch.gateway.emulator.options import emulator_arguments
+from imagebatch.extras import MissingExtra
 from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 __all__ = ["EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
@@ -28,18 +31,20 @@ __all__ = ["EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "buil
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand (the one a docs generator reads too)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="imagebatch",
         description="Generate the images a manifest asks for through an image-generation gateway, as "
         "Prefect flows: check, run, review, export, deploy.",
-        epilog=EXIT_CODES,
+        epilog=TOP_EXIT_CODES,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version and exit"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    add_init(sub)
     add_run(sub)
     add_validate(sub)
-    emulator = command(sub, "emulator", "serve the emulated gateway on loopback", "Until Ctrl-C.")
-    emulator_arguments(emulator)
-    emulator.set_defaults(handler=_emulator)
+    add_emulator(sub)
     add_report(sub)
     add_review(sub)
     add_export(sub)
@@ -47,27 +52,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(sub)
     add_limits(sub)
     add_worker(sub)
-    return parser
+    return one_voice(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The command: a bare `imagebatch` prints the help on stdout and exits 2, as a usage error does."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
     if getattr(args, "sheet", None) is not None:
         if not _workbook(args.manifest, getattr(args, "format", None)):
             print(f"imagebatch {args.command}: --sheet is for an .xlsx manifest", file=sys.stderr)
             return EXIT_USAGE
         args.manifest = type(args.manifest)(f"{args.manifest}#{args.sheet}")  # what a reload reads again
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except MissingExtra as exc:  # raised while the manifest or a location is checked: nothing sent yet
+        print(f"imagebatch {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _workbook(manifest: str | Path, format: str | None) -> bool:
     return format == "xlsx" or (format is None and Path(manifest).suffix.lower() == ".xlsx")
-
-
-def _emulator(args: argparse.Namespace) -> int:
-    from imagebatch.gateway.emulator.serve import serve
-
-    return serve(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -43,6 +43,20 @@ def add_worker(sub: Any) -> None:
         f"(default {WORKER_GRACE:g})",
     )
     parser.add_argument(
+        "--allow-out",
+        action="append",
+        metavar="ROOT",
+        help="a folder or object store prefix its runs may write under (repeatable; sets "
+        "IMAGEBATCH_ALLOWED_OUT; default: each run writes only to its deployment's own out)",
+    )
+    parser.add_argument(
+        "--allow-base-url",
+        action="append",
+        metavar="URL",
+        help="a service its runs may send its API key to (repeatable; `embedded` for the emulator; sets "
+        "IMAGEBATCH_ALLOWED_BASE_URLS; default: only its deployment's own base URL)",
+    )
+    parser.add_argument(
         "extra", nargs=argparse.REMAINDER, help="after --: more options for `prefect worker start`"
     )
     parser.set_defaults(handler=worker_command)
@@ -55,6 +69,27 @@ def limits_command(args: argparse.Namespace) -> int:
 
 
 def worker_command(args: argparse.Namespace) -> int:
-    from imagebatch.platform.worker import worker_main
+    """The worker, its allow-lists (`run.trust`) put in the environment its flow runs inherit."""
+    import os
+    import sys
 
+    from imagebatch.platform.worker import worker_main
+    from imagebatch.run.exit_codes import EXIT_USAGE
+    from imagebatch.run.trust import ENV_ALLOWED_BASE_URLS, ENV_ALLOWED_OUT, check_entry
+
+    lists = {
+        ENV_ALLOWED_OUT: ("--allow-out", args.allow_out or []),
+        ENV_ALLOWED_BASE_URLS: ("--allow-base-url", args.allow_base_url or []),
+    }
+    for variable, (flag, entries) in lists.items():
+        for entry in entries:
+            try:
+                if "," in entry:
+                    raise ValueError("one entry per flag, without a comma")
+                check_entry(variable, entry)
+            except ValueError as exc:
+                print(f"imagebatch worker: {flag} {entry!r}: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+        if entries:
+            os.environ[variable] = ",".join(entries)  # what its flow runs inherit
     return worker_main(args)

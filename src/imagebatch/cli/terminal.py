@@ -185,7 +185,7 @@ def _warm_imports(*, emulator: bool, report: bool) -> None:
 
     names = ["prefect.flow_engine", "prefect.task_engine", "fastapi.encoders"]
     if emulator:
-        names += ["imagebatch.gateway.emulator.app", "imagebatch.gateway.emulator.server", "uvicorn.server"]
+        names += ["imagebatch.emulator.app", "imagebatch.emulator.server", "uvicorn.server"]
     if report or emulator:
         names += ["PIL.ImageDraw", "PIL.ImageFont"]
     for name in names:
@@ -273,12 +273,50 @@ def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
             run_hooks(hooks),
             guarding(guard),
             ending.watching(signals),
+            _refusal_printed_once(),
         ):
             info = _generate(args, options, guard)
     except UsageError as exc:
-        err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
-        return EXIT_USAGE
+        return _refused(err, exc, server)
     return ending.finish(info, signals)
+
+
+def _refused(err: Console, exc: Exception, server: TemporaryServer | None) -> int:
+    """The flow refused to start (`_refusal_printed_once`): one line; Prefect's log of the refusal sent
+    before its temporary server stops (left to Prefect's exit handlers: `--- Error logging to API ---`)."""
+    err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)
+    if server is not None:
+        from imagebatch.platform.prefect_server import end_shipping
+
+        end_shipping()
+    return EXIT_USAGE
+
+
+class _NotUsageErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        from imagebatch.run.preflight import UsageError
+
+        return not (record.exc_info and isinstance(record.exc_info[1], UsageError))
+
+
+@contextlib.contextmanager
+def _refusal_printed_once() -> Iterator[None]:
+    """A run the flow refuses once it has started (another run took the folder after our own check):
+    Prefect's engine logs the refusal with its traceback ("Encountered exception during execution"); its
+    console handlers skip that record, the command prints the refusal in one line, and Prefect's log (its
+    UI) keeps it."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    names = ["", *(n for n in logging.root.manager.loggerDict if n.startswith("prefect"))]
+    found = {h for n in names for h in logging.getLogger(n).handlers if isinstance(h, PrefectConsoleHandler)}
+    refusals = _NotUsageErrors()
+    for handler in found:
+        handler.addFilter(refusals)
+    try:
+        yield
+    finally:
+        for handler in found:
+            handler.removeFilter(refusals)
 
 
 def _generate(args: argparse.Namespace, options: RunOptions, guard: PrefectGuard) -> dict[str, Any]:
@@ -294,9 +332,26 @@ def _generate(args: argparse.Namespace, options: RunOptions, guard: PrefectGuard
         return summary_of(state)  # raises what the flow raised
     except Exception as exc:
         if guard.result is None:
+            _raise_if_unreachable(exc)
             raise
         guard.lose(f"its flow engine could not record the run's end: {exc!r}")
         return guard.result
+
+
+def _raise_if_unreachable(exc: Exception) -> None:
+    """A Prefect server that `PREFECT_API_URL` names (the environment, a profile) but that does not answer:
+    Prefect's engine raises "Failed to reach API" as it starts the flow run, before anything is sent. That
+    is the run's configuration, said in one line (exit 2) rather than as Prefect's three tracebacks."""
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    from imagebatch.run.preflight import UsageError
+
+    if isinstance(exc, RuntimeError) and isinstance(exc.__cause__, httpx.TransportError):
+        raise UsageError(
+            f"Prefect's API at {PREFECT_API_URL.value()} (PREFECT_API_URL) does not answer "
+            f"({exc.__cause__}): start that server, or unset PREFECT_API_URL to run on a temporary one"
+        ) from None
 
 
 def _run_json(checked: Preflight) -> Path | None:
@@ -328,8 +383,11 @@ def _preflight(args: argparse.Namespace, err: Console) -> tuple[Preflight, RunOp
     except ManifestError as exc:
         for problem in exc.problems:
             err.print(str(problem), markup=False, highlight=False)
-        where = shown_url(args.manifest)
-        err.print(f"{where}: {len(exc.problems)} problem(s); nothing was sent.", markup=False)
+        where, n = shown_url(args.manifest), len(exc.problems)
+        err.print(
+            f"{where}: {n} problem{'s' if n != 1 else ''}; nothing was sent.",
+            markup=False,
+        )
         return None
     except UsageError as exc:
         err.print(f"{redact_urls(str(exc))}; nothing was sent.", markup=False)

@@ -42,14 +42,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-import pandas as pd
-
+from imagebatch.extras import needs_extra
 from imagebatch.storage import layout
 from imagebatch.storage.bounded import BadLine
 from imagebatch.work.decisions import Decision, iter_decisions
 from imagebatch.work.runsummary import RunSummary, RunSummaryError
 from imagebatch.work.store import RESULT_COLUMNS, OutputStore
 from imagebatch.work.usage import token_counts
+
+with needs_extra("notebook", "imagebatch.results()"):  # pandas is the notebook extra (pyproject.toml)
+    import pandas as pd
 
 INTEGER_COLUMNS = ("request_index", "turn_index", "images", "width", "height", "attempts", "variant")
 """results.csv's counts, as nullable integers."""

@@ -33,7 +33,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
-from imagebatch.options import MAX_CONCURRENCY, OWNER, RunOptions, ShardRole
+from imagebatch.options import MAX_CONCURRENCY, OWNER, RunOptions, ShardRole, environment_value
 from imagebatch.run import api_guard as prefect_guard
 from imagebatch.run.artifacts import ProgressArtifact, budgets
 from imagebatch.run.constants import FLOW_NAME
@@ -60,6 +60,7 @@ from imagebatch.run.shards import (
     shard_parameters,
     shards_released,
 )
+from imagebatch.run.trust import Asked, Parent, Refused, policy_from_environment, refusal
 from imagebatch.work.context import Pacer, RunContext, Unit, group_units
 from imagebatch.work.redo import redo_kinds
 from imagebatch.work.store import KeyState, OutputLockedError, OutputStore
@@ -76,7 +77,7 @@ def service(base_url: str | None, secret_block: str | None, hooks: RunHooks) -> 
             raise UsageError(f"no API key for {base_url}: {why}")
         yield base_url, key
         return
-    from imagebatch.gateway.emulator import EmulatorServer, EmulatorSettings
+    from imagebatch.emulator import EmulatorServer, EmulatorSettings
 
     key = "emulator-" + secrets.token_hex(16)
     with EmulatorServer(EmulatorSettings(api_key=key, **hooks.emulator_settings)) as server:
@@ -196,6 +197,7 @@ def generate_from_manifest(
     also written to `out/run.json`: call it with `return_state=True` and read it with
     `run.final_state.summary_of(state)`.
     """
+    trusted(out, options, role or ShardRole())  # a deployment's run: before anything is read or sent
     run = start(manifest, out, options, role or ShardRole())
     if run.role.shard is not None:
         return run_shard(run)  # send this shard's units; the parent writes the records
@@ -222,6 +224,43 @@ def _accept_earlier_shape(batch: Flow[..., Any]) -> None:
 
 
 _accept_earlier_shape(generate_from_manifest)
+
+
+def trusted(out: str, options: RunOptions, role: ShardRole) -> None:
+    """A deployment's run asking what neither its deployment nor its worker allows is `Refused`
+    (`run.trust`: its stored parameters, the parent of a shard's run, the worker's allow-lists); a run
+    outside a deployment (a terminal's, a Python caller's) is its caller's own."""
+    if deployment.id is None:
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run.id)
+        made = client.read_deployment(str(run.deployment_id))
+        parent = None
+        if role.shard is not None and run.parent_task_run_id is not None:
+            task = client.read_task_run(run.parent_task_run_id)
+            above = client.read_flow_run(task.flow_run_id) if task.flow_run_id else None
+            if above is not None and (asked := _asked(above.parameters)) is not None:
+                parent = Parent(asked, above.state.type.value if above.state else None)
+    stored = _asked(made.parameters)
+    name = f"{FLOW_NAME}/{made.name}"
+    if stored is None:
+        raise Refused(f"the parameters of deployment {name} are not this imagebatch's: redeploy it")
+    policy = policy_from_environment()
+    why = refusal(Asked(out, options, role), stored, name, policy, parent, environment_value("base_url"))
+    if why:
+        raise Refused(why)
+
+
+def _asked(parameters: dict[str, Any]) -> Asked | None:
+    """A run's (or deployment's) stored parameters as the flow reads them, or None when it cannot."""
+    try:
+        valid = generate_from_manifest.validate_parameters(parameters)
+    except (ParameterTypeError, ValidationError, TypeError, ValueError):
+        return None
+    return Asked(str(valid["out"]), valid.get("options") or RunOptions(), valid.get("role") or ShardRole())
 
 
 def start(manifest: str, out: str, options: RunOptions, role: ShardRole) -> Run:

@@ -1,5 +1,5 @@
-"""The service's wire: constants, models, request builders, the HTTP client, its results and errors, and
-the emulator. Nothing here knows Prefect or manifests.
+"""The service's wire: constants, models, request builders, the HTTP client, its results and errors.
+Nothing here knows Prefect or manifests, nor the emulator (`imagebatch.emulator`, the room above).
 
     from imagebatch.gateway import GatewayClient, requests
 

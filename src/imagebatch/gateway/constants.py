@@ -1,7 +1,8 @@
 """Every tunable number and every fixed value the spec gives, in one place, and the names of the
 environment variables imagebatch reads (the lowest module every room may import).
 
-The emulator, the client and the manifest checker all read these; none of them keeps its own copy.
+The client and the manifest checker read these; the emulator keeps its own reading of the spec's rules
+(`emulator.spec`), compared with this one by tests/emulator/test_spec_agreement.py.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ DEFAULT_NATIVE_MODEL = "native-image-2.1"
 COMPAT_IMAGE_MODEL = "compat-image-2"
 IMAGE_MODELS: tuple[str, ...] = (*NATIVE_MODELS, COMPAT_IMAGE_MODEL)
 
-# Which route serves which model: the one table of that rule (request models, client, emulator and the
+# Which route serves which model: the client's one table of that rule (request models, client and the
 # manifest checker all ask `serves` or `model_refusal`). The text routes relay any model of the service's
 # catalog, which the spec does not list: every model that is not an image model.
 ROUTE_MODELS: dict[Route, tuple[str, ...] | None] = {

@@ -68,8 +68,8 @@ def mask_problems(mask: ImageInfo, first: ImageInfo | None) -> list[tuple[str, s
     """The spec's mask rules, as (message, hint) pairs; empty when the mask is valid.
 
     A mask must carry an alpha channel and match the first reference image in format and pixel size.
-    The emulator refuses a request with these, and the manifest checker reports them before anything is
-    sent: one rule, one place.
+    The manifest checker reports them before anything is sent (the emulator has its own reading,
+    `emulator.spec.mask_refusal`, compared with this one by tests/emulator/test_spec_agreement.py).
     """
     problems: list[tuple[str, str | None]] = []
     if not mask.has_alpha:

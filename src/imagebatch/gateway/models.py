@@ -1,7 +1,8 @@
 """Pydantic models of every request and response body in the spec, with the spec's rules as validators.
 
-These models are the one table of the spec's rules: the client builds requests with them, the emulator
-validates what it receives with them, and the manifest checker asks them whether a row would be accepted.
+These models are the client's table of the spec's rules: the client builds requests with them and the
+manifest checker asks them whether a row would be accepted. The emulator reads requests with its own
+(`emulator.bodies`), so that a rule read wrong here is caught by a test rather than passed by both.
 A native request's aspect ratio depends on the model in the URL path, so validate a `NativeRequest` with
 ``context={"model": model}`` (see `validate_native_request`).
 

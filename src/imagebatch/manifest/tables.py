@@ -61,6 +61,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imagebatch.extras import needs_extra
+
 from .models import ManifestError, ManifestFormat, Problem
 from .read import RawManifest, read_file, table_rows
 
@@ -241,7 +243,8 @@ def _read_xlsx(
 
 def _cell_problem(raw: RawManifest, header: list[str], cell: tuple[int, int], message: str) -> Problem:
     """A problem of one cell: its row, and its column's name (or letter, outside the header's columns)."""
-    from openpyxl.utils import get_column_letter
+    with needs_extra("xlsx", "reading .xlsx"):
+        from openpyxl.utils import get_column_letter
 
     row, column = cell
     letter = get_column_letter(column)
@@ -277,7 +280,8 @@ def _read_sheet(
 ) -> _Sheet:
     """One pass over the sheet's rows: each formula's text (`formulas`) and every other cell's value; or,
     with `only`, the values saved with the formulas of the cells in `only` (the others empty)."""
-    import openpyxl
+    with needs_extra("xlsx", "reading .xlsx"):
+        import openpyxl
 
     with warnings.catch_warnings():
         # openpyxl warns of parts it does not read (data validation, some extensions): cells are read.
@@ -376,8 +380,9 @@ def _sheet_rows(
 def _read_parquet(
     raw: RawManifest, data: bytes, max_bytes: int, bounds: tuple[int, int]
 ) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    with needs_extra("parquet", "reading .parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
     max_rows, max_cells = bounds
     try:

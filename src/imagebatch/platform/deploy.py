@@ -97,6 +97,7 @@ from imagebatch.work.store import OutputLockedError, OutputStore
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
+    from prefect.utilities.callables import ParameterSchema
 
 COLLISION = "CANCEL_NEW"
 """What the server does with a run of the deployment that starts while another one runs: cancel it."""
@@ -133,8 +134,11 @@ def _main(args: argparse.Namespace, *, serve: bool) -> int:
     except ManifestError as exc:  # every problem, as `run` prints them
         for problem in exc.problems:
             print(str(problem), file=sys.stderr)
-        where = shown_url(args.manifest)
-        print(f"{where}: {len(exc.problems)} problem(s); nothing was deployed.", file=sys.stderr)
+        where, n = shown_url(args.manifest), len(exc.problems)
+        print(
+            f"{where}: {n} problem{'s' if n != 1 else ''}; nothing was deployed.",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         model = RunOptions.model_validate(parameters["options"])
@@ -395,7 +399,25 @@ def build_deployment(
         job_variables={"env": HEARTBEAT_ENV} if pool else None,
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
-    return cast("RunnerDeployment", deployment)  # the sync form: a deployment, not a coroutine, here
+    deployment = cast("RunnerDeployment", deployment)  # the sync form: a deployment, not a coroutine, here
+    deployment._parameter_openapi_schema = closed_schema(deployment._parameter_openapi_schema)
+    return deployment
+
+
+def closed_schema(schema: ParameterSchema) -> ParameterSchema:
+    """The flow's parameter schema closed to names it does not take: the server, which enforces a
+    deployment's schema (Prefect's default), answers a run with an unknown parameter 409 (`'bogus' is not
+    one of ['manifest', 'options', 'out', 'role']`), so it never starts: Prefect's engine would crash on it
+    before the flow's code runs. `role`, set by imagebatch for a sharded run's parts, is among the names but
+    not among the properties, which Prefect's form shows."""
+    from prefect.utilities.callables import ParameterSchema
+    from pydantic import ConfigDict
+
+    class Closed(ParameterSchema):
+        model_config = ConfigDict(extra="allow")
+
+    names = sorted({*schema.properties, "role"})
+    return Closed.model_validate(schema.model_dump(exclude_unset=True) | {"propertyNames": {"enum": names}})
 
 
 def describe(

@@ -17,6 +17,14 @@ they have ended (at most `grace` seconds: the flow itself abandons what is still
 `run.constants.STOP_GRACE`),
 and only then stops the worker. A second signal stops the worker at once (Prefect's own behaviour).
 
+The worker is given `STOP_BOUND` seconds to exit after its SIGTERM, then its process group is killed:
+with no flow run left there is nothing of the worker's own to save, and Prefect 3.8.8's worker, once
+stopped, waits without bound at exit for its server (its `atexit` shutdown of Prefect's loop thread, which
+is still sending the worker's last events): a server that stalls (SQLite busy under several workers, up to
+60 s a request, Prefect #23051) kept it in `epoll_wait` for minutes. The flow runs lead process groups of
+their own, so the kill never reaches one. A signal that arrives while the worker is being started is kept
+and acted on once it has been.
+
 The flow-run processes are found as the worker's children whose environment names a flow run
 (`PREFECT__FLOW_RUN_ID`), through /proc (Linux; elsewhere the worker is stopped directly). During the
 drain the worker still polls: a run it picks up then is stopped the Prefect way when it stops.
@@ -40,6 +48,10 @@ from imagebatch.run.exit_codes import EXIT_USAGE, exit_code_for
 GRACE = WORKER_GRACE
 """Seconds to wait for the flow runs to end after their SIGTERM (`run.constants.WORKER_GRACE`)."""
 
+STOP_BOUND = 10.0
+"""Seconds the stopped worker gets to exit before its process group is killed (it stops in about a second
+when its server answers)."""
+
 
 def worker_main(args: argparse.Namespace) -> int:
     extra = [a for a in args.extra if a != "--"]
@@ -48,10 +60,15 @@ def worker_main(args: argparse.Namespace) -> int:
     if args.grace < 0:
         print("imagebatch worker: --grace must be 0 or more", file=sys.stderr)
         return EXIT_USAGE
-    worker = subprocess.Popen([*command, *extra], start_new_session=True)
-    drain = Drain(worker, args.grace)
-    previous = {sig: signal.signal(sig, drain.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    early: list[int] = []
+    previous = {sig: signal.signal(sig, _keep(early)) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        worker = subprocess.Popen([*command, *extra], start_new_session=True)
+        drain = Drain(worker, args.grace)
+        for sig in previous:
+            signal.signal(sig, drain.on_signal)
+        for signum in early:  # received while the worker was being started
+            drain.on_signal(signum)
         while (code := worker.poll()) is None:
             drain.step()
             time.sleep(0.2)
@@ -61,8 +78,16 @@ def worker_main(args: argparse.Namespace) -> int:
     return exit_code_for(drain.received[0]) if drain.received and code < 0 else code
 
 
+def _keep(received: list[int]) -> Callable[[int, Any], None]:
+    def keep(signum: int, _frame: Any = None) -> None:
+        received.append(signum)
+
+    return keep
+
+
 class Drain:
-    """The stop sequence: SIGTERM the flow runs, wait for them (bounded), then stop the worker."""
+    """The stop sequence: SIGTERM the flow runs, wait for them (bounded), then stop the worker, and kill
+    its process group if it has not exited `stop_bound` seconds later."""
 
     def __init__(
         self,
@@ -72,8 +97,9 @@ class Drain:
         flow_runs: Callable[[int], list[int]] | None = None,
         kill: Callable[[int, int], None] = os.killpg,
         alive: Callable[[int], bool] | None = None,
+        stop_bound: float = STOP_BOUND,
     ) -> None:
-        self.worker, self.grace, self.clock = worker, grace, clock
+        self.worker, self.grace, self.clock, self.stop_bound = worker, grace, clock, stop_bound
         self.flow_runs = flow_runs or flow_run_processes
         self.kill = kill
         self.alive = alive or _alive
@@ -81,6 +107,7 @@ class Drain:
         self.deadline: float | None = None
         self.draining: list[int] = []
         self.worker_stopped = False
+        self.kill_at: float | None = None
 
     def on_signal(self, signum: int, _frame: Any = None) -> None:
         self.received.append(signum)
@@ -99,7 +126,17 @@ class Drain:
             self._stop_worker()
 
     def step(self) -> None:
-        """Called every 0.2 s: stop the worker once the drained runs have ended or the grace ran out."""
+        """Called every 0.2 s while the worker runs: stop it once the drained runs have ended or the grace
+        ran out; kill it once it has had `stop_bound` seconds to exit."""
+        if self.kill_at is not None and self.clock() >= self.kill_at:
+            self.kill_at = None
+            print(
+                f"imagebatch worker: the worker had not exited {self.stop_bound:g} s after its stop "
+                "(its Prefect server does not answer?): killed",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._send(self.worker.pid, signal.SIGKILL)
         if self.deadline is None or self.worker_stopped:
             return
         self.draining = [pid for pid in self.draining if self.alive(pid)]
@@ -107,6 +144,8 @@ class Drain:
             self._stop_worker()
 
     def _stop_worker(self) -> None:
+        if not self.worker_stopped:
+            self.kill_at = self.clock() + self.stop_bound
         self.worker_stopped = True
         self._send(self.worker.pid, signal.SIGTERM)
 

@@ -34,6 +34,7 @@ from prefect.states import Cancelled, Completed, Failed, State
 
 from imagebatch.run.constants import SHARDED_STOP_GRACE, STOP_GRACE
 from imagebatch.run.graceful_stop import graceful_stop, safe_output
+from imagebatch.run.trust import REFUSED, Refused
 from imagebatch.run.verdict import Allowance, parse_allowance, verdict, warnings
 from imagebatch.work.outcome import NOT_DONE, not_done, tally
 from imagebatch.work.variants import describe
@@ -226,9 +227,23 @@ def concluded(body: Callable[P, dict[str, Any]]) -> Callable[P, State[Any]]:
                 stack.enter_context(
                     graceful_stop(hooks.control, SHARDED_STOP_GRACE if parent else STOP_GRACE)
                 )
-            return conclude(body(*args, **kwargs), allowance, on_terminal)
+            try:
+                summary = body(*args, **kwargs)
+            except Refused as exc:
+                return refused(exc)
+            return conclude(summary, allowance, on_terminal)
 
     return run
+
+
+def refused(exc: Refused) -> State[Any]:
+    """A deployment's run refused before it read or sent anything (`run.trust`): one ERROR line in its log
+    and a Failed state whose message is that line (its data a `RunEnded`, so no engine traceback)."""
+    from prefect.logging import get_run_logger
+
+    message = REFUSED + str(exc)
+    get_run_logger().error("Refused: %s", exc)
+    return Failed(message=message, data=RunEnded(message, {"state": "refused", "refused": str(exc)}))
 
 
 __all__ = ["NOT_DONE", "Allowance", "RunEnded", "conclude", "concluded", "final_state", "summary_of"]

@@ -17,9 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
-import obstore
-from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
+with contextlib.suppress(ModuleNotFoundError):  # the s3 extra: ObjectLocation() says it is missing
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 
+from imagebatch.extras import needs_extra
 from imagebatch.storage import layout
 from imagebatch.storage.bounded import MAX_RECORD_BYTES, check_size
 from imagebatch.storage.location import check_store_config, shown_url
@@ -85,7 +87,8 @@ class ObjectLocation:
         self.scheme, self.bucket, self.prefix = split_url(url)
         check_store_config(self.scheme, self.prefix)
         self.url = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
-        from obstore.store import AzureStore, GCSStore, S3Store
+        with needs_extra("s3", f"an object store location ({self.scheme}://)"):
+            from obstore.store import AzureStore, GCSStore, S3Store
 
         kind = {"s3": S3Store, "gs": GCSStore, "az": AzureStore}[self.scheme]
         options: dict[str, Any] = {"retry_config": retry or RETRY, "client_options": client_options or None}
