@@ -48,6 +48,9 @@ KEPT = frozenset({"out", "to", "options"})
 class ExportFlow(Flow[..., dict[str, int]]):
     """The export flow, reading a deployment's earlier flat parameters into `options`."""
 
+    earlier_parameters = frozenset(ExportOptions.model_fields)
+    """The parameters a deployment made before `options` gives, which every run still reads."""
+
     def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         return super().validate_parameters(folded(parameters))
 
