@@ -10,7 +10,7 @@ images/<job>/ and a results.csv written by the run's own writer (`OutputStore.wr
 under a tint and camera-like noise: about 1.2 MB each, which decodes like a photograph, where the
 emulator's flat placeholders would decode several times faster), hard-linked under every name: what is
 measured is decoding, converting and writing, not the disk. Then, for each mode, a fresh DEST and
-`imagebatch.delivery.export.export(..., template="{sku}.{ext}", format jpeg)` timed from start to
+`imagebatch.delivery.export.export(..., ExportOptions(name="{sku}.{ext}", format="jpeg"))` timed from start to
 export.csv; then a second export into the last mode's DEST (everything unchanged). "inline" is one
 thread (`workers=1`: converted in the calling thread, no pool); "process" a spawned process pool and
 "thread" a thread pool of `--workers`. CPU ms/image counts every thread and worker process: on a
@@ -32,8 +32,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from imagebatch.delivery.convert import Conversion
 from imagebatch.delivery.export import default_workers, export
+from imagebatch.delivery.options import ExportOptions
 from imagebatch.work.store import OutputStore
 
 
@@ -92,9 +92,7 @@ def timed(out: Path, dest: Path, workers: int, pool: str, quality: int) -> tuple
     summary = export(
         str(out),
         str(dest),
-        template="{sku}.{ext}",
-        conversion=Conversion(format="jpeg", quality=quality),
-        workers=workers,
+        ExportOptions(name="{sku}.{ext}", format="jpeg", quality=quality, workers=workers),
         pool=pool,  # type: ignore[arg-type]
     )
     return time.perf_counter() - started, cpu_seconds() - cpu, summary.line()

@@ -90,7 +90,9 @@ def make_folder(root: Path, n: int) -> Path:
     with (out / "results.csv").open("w", newline="") as fh:
         write_csv(fh, [*RESULT_COLUMNS, "sku", "product_name", "colour"], rows)
     sha = hashlib.sha256(manifest.read_bytes()).hexdigest()
-    (out / "run.json").write_text(json.dumps({"manifest": str(manifest), "manifest_sha256": sha}))
+    (out / "run.json").write_text(
+        json.dumps({"manifest": str(manifest), "manifest_sha256": sha, "state": "finished"})
+    )
     return out
 
 

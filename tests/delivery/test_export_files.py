@@ -27,8 +27,9 @@ from helpers.runs import cli
 from PIL import Image
 
 import imagebatch.delivery.export as export_module
-from imagebatch.delivery.convert import Conversion, stage
+from imagebatch.delivery.convert import stage
 from imagebatch.delivery.export import export
+from imagebatch.delivery.options import ExportOptions
 from imagebatch.storage.csvcells import read_csv
 from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision
@@ -117,7 +118,7 @@ def test_default_names_copy_unchanged_images_and_keep_alpha(
     out.add("note", [], status="succeeded")  # a text route's row: nothing to deliver
     out.write()
     dest = tmp_path / "dest"
-    summary = export(str(out.root), str(dest), workers=1)
+    summary = export(str(out.root), str(dest), ExportOptions(workers=1))
     files = tree(dest)
     assert sorted(files) == [
         "bag/0-0-1.png",
@@ -134,7 +135,7 @@ def test_default_names_copy_unchanged_images_and_keep_alpha(
     assert summary.written == 4
 
     webp = tmp_path / "webp"
-    export(str(out.root), str(webp), conversion=Conversion(format="webp", max_side=100), workers=1)
+    export(str(out.root), str(webp), ExportOptions(format="webp", max_side=100, workers=1))
     im = opened(webp / "bag/0-0-1.webp")
     assert (im.format, im.mode, im.size) == ("WEBP", "RGBA", (100, 100))
     assert im.getpixel((80, 50))[3] == 0 and near(im.getpixel((20, 50)), (255, 0, 0, 255))
@@ -150,11 +151,9 @@ def test_a_pool_of_workers_writes_the_same_files_as_one_thread(
     for i in range(6):
         out.add(f"p{i}", [rotated_jpeg() if i % 2 else transparent_png()], sku=f"S{i}")
     out.write()
-    jpeg = Conversion(format="jpeg", max_side=150)
-    export(str(out.root), str(tmp_path / "one"), template="{sku}.{ext}", conversion=jpeg, workers=1)
-    summary = export(
-        str(out.root), str(tmp_path / "two"), template="{sku}.{ext}", conversion=jpeg, workers=2, pool=pool
-    )
+    jpeg = ExportOptions(name="{sku}.{ext}", format="jpeg", max_side=150, workers=1)
+    export(str(out.root), str(tmp_path / "one"), jpeg)
+    summary = export(str(out.root), str(tmp_path / "two"), jpeg.model_copy(update={"workers": 2}), pool=pool)
     assert summary.written == 6
     assert tree(tmp_path / "two") == tree(tmp_path / "one")
     assert not [p for p in (tmp_path / "two").iterdir() if p.name.startswith(".")]  # no staging left
@@ -168,7 +167,7 @@ def test_newest_succeeded_variant_is_delivered(make_out: Callable[..., OutMaker]
     out.add("cup", [solid_png((0, 255, 0))])  # no variant cell: 1
     out.write()
     dest = tmp_path / "dest"
-    export(str(out.root), str(dest), workers=1)
+    export(str(out.root), str(dest), ExportOptions(workers=1))
     assert opened(dest / "mug/0-0-1.png").getpixel((1, 1)) == (0, 0, 255)
     rows = {r["path"]: r for r in listing(dest)}
     assert (rows["mug/0-0-1.png"]["variant"], rows["cup/0-0-1.png"]["variant"]) == ("2", "1")
@@ -357,7 +356,7 @@ def test_an_image_in_another_format_than_its_name_says_is_delivered_in_the_named
     out = make_out(metadata=())
     out.add("gif", [encoded(Image.new("P", (16, 16), 3), "GIF")])  # stored as .png by the maker
     out.write()
-    export(str(out.root), str(tmp_path / "dest"), workers=1)
+    export(str(out.root), str(tmp_path / "dest"), ExportOptions(workers=1))
     assert opened(tmp_path / "dest" / "gif/0-0-1.png").format == "PNG"
 
 

@@ -26,6 +26,7 @@ from PIL import Image
 from imagebatch.delivery.aside import ASIDE_FOLDER
 from imagebatch.delivery.destlock import LOCK_OBJECT, exclusive
 from imagebatch.delivery.export import export
+from imagebatch.delivery.options import ExportOptions
 from imagebatch.delivery.publish import STAGING_PREFIX
 from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision
@@ -239,7 +240,11 @@ def test_exports_in_one_second_never_move_a_file_onto_one_set_aside_before(
     dest = tmp_path / "dest"
     same_second = datetime(2026, 5, 4, 12, 0, 0, tzinfo=UTC)
     run = functools.partial(
-        export, str(two.root), str(dest), template="{sku}.{ext}", approved_only=True, now=lambda: same_second
+        export,
+        str(two.root),
+        str(dest),
+        ExportOptions(name="{sku}.{ext}", approved_only=True),
+        now=lambda: same_second,
     )
     run()
     reject_hat(two)

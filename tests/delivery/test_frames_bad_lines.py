@@ -121,3 +121,17 @@ def test_a_record_that_is_a_fifo_is_refused_at_once(tmp_path: Path, record: str)
     thread.join(30)
     assert got, "results() blocked on the FIFO (or did not refuse it)"
     assert str(got[0]) == f"{out / record} is a FIFO, not a file: not read"
+
+
+def test_run_json_is_read_through_its_model_and_a_refused_one_counted(tmp_path: Path) -> None:
+    out = _out(tmp_path, [_row(0)], [_usage(0)])
+    OutputStore(out).write_run({"state": "finished", "counts": {"succeeded": 1}, "requests": 1})
+    r = imagebatch.results(out)
+    assert r.run is not None and (r.run.state, r.run.counts, r.run.schema_version) == (
+        "finished", {"succeeded": 1}, 1
+    )  # fmt: skip
+    assert r.skipped == {}
+    (out / "run.json").write_text(json.dumps({"state": "finished", "counts": {"succeeded": "one"}}))
+    with pytest.warns(BadRecordsWarning, match="1 of run.json"):
+        r = imagebatch.results(out)
+    assert r.run is None and r.skipped == {"run.json": 1} and len(r.results) == 1

@@ -40,7 +40,8 @@ def test_kill_9_mid_run_then_rerun(service_env: Any, prefect_harness: str, tmp_p
     assert in_doubt, "requests were in flight when the process died"
     # run.json still says the dead run is running; a reader that may write corrects it, as the next run does.
     assert json.loads((out / "run.json").read_text())["state"] == "running"
-    assert OutputStore(out).settle_dead_run("2026-11-27T00:00:00+00:00")["state"] == "crashed"  # type: ignore[index]
+    settled = OutputStore(out).settle_dead_run("2026-11-27T00:00:00+00:00")
+    assert settled is not None and settled.state == "crashed"
     left = json.loads((out / "run.json").read_text())
     assert (left["state"], left["noticed_at"]) == ("crashed", "2026-11-27T00:00:00+00:00")
     assert OutputStore(out).settle_dead_run("later") is None  # nothing more to correct

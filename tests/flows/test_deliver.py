@@ -16,6 +16,7 @@ from PIL import Image
 
 from imagebatch.delivery.aside import ASIDE_FOLDER
 from imagebatch.delivery.destlock import exclusive
+from imagebatch.delivery.options import ExportOptions
 from imagebatch.flows.deliver import export_deliverables
 from imagebatch.storage.csvcells import read_csv
 from imagebatch.storage.kinds import open_location
@@ -30,9 +31,8 @@ def test_the_catalog_delivered_after_its_run(service_env: Any, examples: Path, t
     info = run_flow(manifest=str(examples / "catalog.csv"), out=str(out), report=False)
     assert info["counts"]["succeeded"] == 6
     catalog = list(read_csv(examples / "catalog.csv"))
-    counts = export_deliverables(
-        out=str(out), to=str(dest), name="{sku}/{colour}.{ext}", format="jpeg", max_side=512, quality=85
-    )
+    jpeg = ExportOptions(name="{sku}/{colour}.{ext}", format="jpeg", max_side=512, quality=85)
+    counts = export_deliverables(out=str(out), to=str(dest), options=jpeg)
     assert counts == {"delivered": 6, "written": 6, "unchanged": 0, "replaced": 0, "overwritten": 0,
                       "missing": 0, "set_aside": 0}  # fmt: skip
     expected = {f"{row['sku']}/{row['colour']}.jpg" for row in catalog}
@@ -40,8 +40,7 @@ def test_the_catalog_delivered_after_its_run(service_env: Any, examples: Path, t
     for name in expected:
         with Image.open(dest / name) as im:
             assert im.format == "JPEG" and max(im.size) == 512  # the emulator's images are 1024 px long
-    again = export_deliverables(out=str(out), to=str(dest), name="{sku}/{colour}.{ext}", format="jpeg",
-                                max_side=512, quality=85)  # fmt: skip
+    again = export_deliverables(out=str(out), to=str(dest), options=jpeg)
     assert again["written"] == 0 and again["unchanged"] == 6 and again["missing"] == 0
 
     # a reviewer rejects the cobalt mug, the redo makes variant 2: delivered in place of variant 1
@@ -54,8 +53,7 @@ def test_the_catalog_delivered_after_its_run(service_env: Any, examples: Path, t
         r for r in read_csv(out / "results.csv") if r["job_id"] == "mug-cobalt" and r["variant"] == "2"
     ]
     assert len(variant2) == 1 and variant2[0]["status"] == "succeeded"
-    redone = export_deliverables(out=str(out), to=str(dest), name="{sku}/{colour}.{ext}", format="jpeg",
-                                 max_side=512, quality=85)  # fmt: skip
+    redone = export_deliverables(out=str(out), to=str(dest), options=jpeg)
     # the emulator draws an image from its prompt, so the new sample has the old one's pixels: nothing
     # to write (the same bytes are no conflict), and export.csv now names variant 2 and its file
     assert (redone["delivered"], redone["written"], redone["unchanged"], redone["set_aside"]) == (6, 0, 6, 0)
@@ -66,12 +64,14 @@ def test_the_catalog_delivered_after_its_run(service_env: Any, examples: Path, t
     record_decision(open_location(out), Decision(variant2[0]["idempotency_key"], 2, "approved"))
     record_decision(open_location(out), Decision(results["mug-sage"]["idempotency_key"], 1, "approved"))
     approved = tmp_path / "approved"
-    made = export_deliverables(out=str(out), to=str(approved), name="{sku}.{ext}", approved_only=True)
+    made = export_deliverables(
+        out=str(out), to=str(approved), options=ExportOptions(name="{sku}.{ext}", approved_only=True)
+    )
     assert (made["delivered"], made["written"], made["missing"]) == (2, 2, 4)
     assert sorted(tree(approved)) == ["SKU-1001.png", "SKU-1002.png", "export.csv"]
 
-    state = export_deliverables(out=str(out), to=str(tmp_path / "clash"), name="{product_name}.jpg",
-                                format="jpeg", return_state=True)  # fmt: skip
+    clash = ExportOptions(name="{product_name}.jpg", format="jpeg")
+    state = export_deliverables(out=str(out), to=str(tmp_path / "clash"), options=clash, return_state=True)
     assert state.is_failed()
     assert "both are named 'ceramic mug.jpg'" in str(state.message) + repr(
         state.result(raise_on_failure=False)
@@ -143,7 +143,10 @@ def test_the_flow_refuses_a_name_wider_than_a_name_may_be(tmp_path: Path) -> Non
     made.add("hat", [b"not read"], sku="SKU-3", colour="blue")
     made.write()
     state = export_deliverables(
-        out=str(made.root), to=str(tmp_path / "dest"), name="{job_id:>999999999}.{ext}", return_state=True
+        out=str(made.root),
+        to=str(tmp_path / "dest"),
+        options={"name": "{job_id:>999999999}.{ext}"},
+        return_state=True,
     )
     assert state.is_failed()
     assert "asks for a width of 999999999" in str(state.message) + repr(state.result(raise_on_failure=False))
@@ -163,3 +166,24 @@ def test_the_flow_is_refused_while_another_export_holds_dest(tmp_path: Path) -> 
         assert "another export into it is running" in said
         assert tree(dest) == {}
     assert export_deliverables(out=str(made.root), to=str(dest))["written"] == 1
+
+
+def test_a_flow_run_made_with_the_earlier_flat_parameters_exports_as_they_say(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deployment made before the options were one parameter gives its runs `name`, `format`...: the
+    run (made on the server with those parameters, then run as a worker runs it) reads them into
+    `options` and warns to redeploy."""
+    from prefect import get_client
+    from prefect.flow_engine import run_flow as run_flow_run
+
+    made = OutMaker(tmp_path / "out", ["sku", "colour"])
+    made.add("hat", [PNG], sku="SKU-3", colour="blue")
+    made.write()
+    dest = tmp_path / "dest"
+    flat = {"out": str(made.root), "to": str(dest), "name": "{sku}.{ext}", "format": "jpeg"}
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run(export_deliverables, parameters=flat)
+    counts = run_flow_run(export_deliverables, flow_run=flow_run, parameters=flow_run.parameters)
+    assert counts["written"] == 1 and sorted(tree(dest)) == ["SKU-3.jpg", "export.csv"]
+    assert "parameters format, name were read into `options`; redeploy the flow" in caplog.text

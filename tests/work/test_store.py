@@ -123,8 +123,9 @@ def test_files_and_chains(store: OutputStore) -> None:
     assert store.load_chain("mug", 0) is None
     store.save_chain("mug", 0, {"turns": [{"key": KEY}]})
     assert store.load_chain("mug", 0) == {"turns": [{"key": KEY}]}
-    store.write_run({"counts": {"succeeded": 1}})
-    assert json.loads(store.run_path.read_text()) == {"counts": {"succeeded": 1}}
+    store.write_run({"state": "finished", "counts": {"succeeded": 1}})
+    written = {"schema_version": 1, "state": "finished", "counts": {"succeeded": 1}}
+    assert json.loads(store.run_path.read_text()) == written
     assert leftovers(store.images_dir) == [] and leftovers(store.chains_dir) == []
 
 
@@ -236,9 +237,14 @@ def test_a_run_json_that_says_running_is_left_alone_while_a_run_holds_the_folder
     """Issue 30 item 6: only a reader that can tell (the lock is free) calls a `running` run dead."""
     store = OutputStore(tmp_path / "out")
     store.prepare()
-    store.write_run({"state": "running", "started_at": "then"})
+    then, now = "2026-11-27T10:00:00+00:00", "2026-11-27T11:00:00+00:00"
+    store.write_run({"state": "running", "started_at": then})
     with store.hold_and_merge():  # a live run holds it: its run.json is true
-        assert OutputStore(tmp_path / "out").settle_dead_run("now") is None
+        assert OutputStore(tmp_path / "out").settle_dead_run(now) is None
     assert json.loads((tmp_path / "out" / "run.json").read_text())["state"] == "running"
-    settled = OutputStore(tmp_path / "out").settle_dead_run("now")
-    assert settled is not None and (settled["state"], settled["started_at"]) == ("crashed", "then")
+    settled = OutputStore(tmp_path / "out").settle_dead_run(now)
+    assert settled is not None and (settled.state, settled.started_at, settled.noticed_at) == (
+        "crashed",
+        then,
+        now,
+    )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -120,13 +119,16 @@ class Ending:
 
     def abandoned(self, run_json: Path, reason: str) -> None:
         """Mark a run abandoned in its run.json (still "running": the run never wrote its end)."""
+        from imagebatch.work.runsummary import RunSummary
         from imagebatch.work.store import write_atomic
 
-        with contextlib.suppress(OSError, ValueError):
-            info = json.loads(read_record(run_json) or b"")  # never waits on a FIFO in its place
-            if info.get("state") == "running":
-                info |= {"state": "abandoned", "ended_at": datetime.now(UTC).isoformat(), "stopped": reason}
-                write_atomic(run_json, (json.dumps(info, indent=2, default=str) + "\n").encode())
+        with contextlib.suppress(OSError, ValueError):  # a run.json the model refuses is left as it is
+            info = RunSummary.parse(read_record(run_json) or b"", str(run_json))  # never waits on a FIFO
+            if info.state == "running":
+                ended = info.changed(
+                    state="abandoned", ended_at=datetime.now(UTC).isoformat(), stopped=reason
+                )
+                write_atomic(run_json, ended.record())
 
 
 @contextlib.contextmanager

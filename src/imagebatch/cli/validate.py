@@ -114,6 +114,7 @@ def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
     from imagebatch.work.forecast import forecast, print_forecast
     from imagebatch.work.prices import PriceError, PriceTable
     from imagebatch.work.redo import redo_kinds
+    from imagebatch.work.store import OutputStore
 
     where = output_location(args.out)
     try:
@@ -125,6 +126,8 @@ def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
             check_output_store(where, lock=False)
         elif where.exists() and not where.is_dir():
             raise UsageError(f"--out {where} is a file, not a folder")
+        elif where.exists():
+            OutputStore(where).read_run()  # refused as a run into it would refuse it (one line, exit 2)
         result = forecast(
             manifest,
             where,

@@ -12,10 +12,13 @@ import time
 from collections.abc import Iterator
 from types import FrameType
 
-from imagebatch.delivery.convert import Conversion
+from pydantic import ValidationError
+
 from imagebatch.delivery.export import export
 from imagebatch.delivery.exportplan import ExportRefused
 from imagebatch.delivery.naming import TemplateError
+from imagebatch.delivery.options import ExportOptions, from_given
+from imagebatch.delivery.options import problem as refusal
 from imagebatch.storage.bounded import RecordError
 from imagebatch.storage.location import shown_url
 
@@ -66,29 +69,13 @@ def export_main(args: argparse.Namespace) -> int:
     """`imagebatch export`: the summary on stdout; every problem on stderr (the rows named), exit 2 and
     nothing written; 1 if a read or write failed midway (what was written is whole; rerun it)."""
     try:
-        conversion = Conversion.from_options(
-            args.format, args.max_side, args.quality, args.background, args.canvas
-        )
-    except ValueError as exc:
-        print(f"imagebatch export: {exc}", file=sys.stderr)
-        return 2
-    if args.workers is not None and args.workers < 1:
-        print(f"imagebatch export: --workers {args.workers}: 1 or more", file=sys.stderr)
+        options = from_given({name: getattr(args, name) for name in ExportOptions.model_fields})
+    except ValidationError as exc:
+        print(f"imagebatch export: {refusal(exc)}", file=sys.stderr)
         return 2
     try:
         with _sigterm_as_interrupt():
-            summary = export(
-                args.out,
-                args.to,
-                template=args.name,
-                conversion=conversion,
-                approved_only=args.approved_only,
-                overwrite=args.overwrite,
-                slug=args.slug,
-                prune=args.prune,
-                workers=args.workers,
-                progress=Ticker(),
-            )
+            summary = export(args.out, args.to, options, progress=Ticker())
     except (TemplateError, RecordError) as exc:  # a record (or DEST's file) not a file, or over its bound
         print(f"imagebatch export: {exc}", file=sys.stderr)
         return 2

@@ -33,12 +33,17 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 import PIL
 from PIL import Image, ImageColor, ImageOps, features
 
-FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
+Format = Literal["png", "jpeg", "webp"]
+"""The formats a deliverable can be made in: the one list (`--format`'s choices, the flow's schema)."""
+FORMATS = {name: name.upper() for name in get_args(Format)}
 """`--format` values and Pillow's names for them."""
+DEFAULT_BACKGROUND = "white"
+"""What transparency is flattened onto for JPEG, and the canvas's colour, unless `--background` says."""
 EXTENSIONS = {"png": "png", "jpeg": "jpg", "webp": "webp"}
 """The `{ext}` of each format."""
 SOURCE_SUFFIXES = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".webp": "webp"}
@@ -58,7 +63,7 @@ class Conversion:
     max_side: int | None = None
     quality: int | None = None
     """JPEG/WebP quality (1-100); None: `DEFAULT_QUALITY` when re-encoding, and no re-encoding for it."""
-    background: tuple[int, int, int] = (255, 255, 255)
+    background: tuple[int, int, int] = ImageColor.getrgb(DEFAULT_BACKGROUND)[:3]
     canvas: tuple[int, int] | None = None
     """Every deliverable exactly this size (width, height), the image centred on `background`."""
 
@@ -82,7 +87,7 @@ class Conversion:
         if quality is not None and format == "png":
             raise ValueError("--quality applies to jpeg and webp, not png (lossless)")
         try:
-            rgb = ImageColor.getrgb(background or "white")
+            rgb = ImageColor.getrgb(background or DEFAULT_BACKGROUND)
         except ValueError:
             raise ValueError(
                 f"--background {background!r}: a colour name (white), #rrggbb or rgb(r, g, b)"

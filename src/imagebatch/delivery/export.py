@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from imagebatch.delivery.aside import aside_links, aside_url, fresh, name_room, set_aside, stale, stamp
-from imagebatch.delivery.convert import Conversion, Staged, StageJob, stage
+from imagebatch.delivery.convert import Staged, StageJob, stage
 from imagebatch.delivery.destlock import exclusive
 from imagebatch.delivery.exportplan import (
     Deliverable,
@@ -65,6 +65,7 @@ from imagebatch.delivery.exportplan import (
 from imagebatch.delivery.iomap import io_map, windowed
 from imagebatch.delivery.listing import EXPORT_CSV, export_csv, listed, manifest_columns
 from imagebatch.delivery.naming import DEFAULT_TEMPLATE, MAX_NAME_BYTES, NameTemplate
+from imagebatch.delivery.options import ExportOptions
 from imagebatch.delivery.publish import compare, leaving, publish, read_outside, sha256, staging
 from imagebatch.delivery.summary import ExportSummary
 from imagebatch.storage import layout
@@ -319,23 +320,20 @@ def _deliver(
 def export(
     out: str,
     dest: str,
+    options: ExportOptions | None = None,
     *,
-    template: str | None = None,
-    conversion: Conversion | None = None,
-    approved_only: bool = False,
-    overwrite: bool = False,
-    slug: bool = False,
-    prune: bool = False,
-    workers: int | None = None,
     pool: Pool = DEFAULT_POOL,
     progress: Progress | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> ExportSummary:
-    """Export OUT's images to DEST (the module's docstring); raises ExportRefused (nothing written) or
-    TemplateError (a `--name` that cannot be parsed). `now` dates the folder files are moved to."""
-    parsed = NameTemplate.parse(template or DEFAULT_TEMPLATE)
+    """Export OUT's images to DEST as `options` ask (the module's docstring); raises ExportRefused
+    (nothing written) or TemplateError (a `--name` that cannot be parsed). `now` dates the folder files
+    are moved to."""
+    asked = options or ExportOptions()
+    approved_only = asked.approved_only
+    parsed = NameTemplate.parse(asked.name or DEFAULT_TEMPLATE)
     source, target = _places(out, dest)
-    naming = Naming(parsed, conversion or Conversion(), slug, name_room(target, MAX_NAME_BYTES))
+    naming = Naming(parsed, asked.conversion(), asked.slug, name_room(target, MAX_NAME_BYTES))
     columns, rows = read_results(source)
     decisions = decided(source)
     changed = changed_since_approval(out, rows, decisions) if approved_only else set()
@@ -353,8 +351,8 @@ def export(
         delivery_size=naming.conversion.delivery_size(),
         approved_only=approved_only,
     )
-    options = {"overwrite": overwrite, "prune": prune, "workers": workers, "pool": pool,
-               "progress": progress, "when": stamp(now)}  # fmt: skip
+    how = {"overwrite": asked.overwrite, "prune": asked.prune, "workers": asked.workers, "pool": pool,
+           "progress": progress, "when": stamp(now)}  # fmt: skip
     with exclusive(target):
-        _deliver(source, target, made, columns, summary, options)
+        _deliver(source, target, made, columns, summary, how)
     return summary

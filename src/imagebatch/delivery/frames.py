@@ -31,6 +31,8 @@
   `results.merge(decisions, left_on=["idempotency_key", "variant"], right_on=["key", "variant"],
   how="left")`, so the table has one `variant` column (joined on the key alone pandas would name the two
   `variant_x` and `variant_y`); an image without a decision has `decision` missing (`<NA>`).
+- `run`: run.json as its model (`work.runsummary.RunSummary`: `r.run.state`, `r.run.counts`), or None
+  when there is none, or when its model refuses it (counted under `run.json` in `skipped`).
 - `skipped`: how many bad lines were left out, by record (`results.csv`, `usage.jsonl`, `review.jsonl`;
   only those with any): a line that is not a JSON object, or is over `storage.bounded`'s bound, a count
   that is not an integer (`attempt: "three"`, `images: 1e30`), a results.csv row the CSV reader refuses
@@ -58,6 +60,7 @@ from imagebatch.storage import layout
 from imagebatch.storage.bounded import BadLine
 from imagebatch.work.decisions import Decision, iter_decisions
 from imagebatch.work.outcome import DONE
+from imagebatch.work.runsummary import RunSummary, RunSummaryError
 from imagebatch.work.store import RESULT_COLUMNS, OutputStore
 from imagebatch.work.usage import token_counts
 
@@ -104,7 +107,10 @@ class Results:
     usage: pd.DataFrame
     decisions: pd.DataFrame
     skipped: Mapping[str, int] = field(default_factory=dict)
-    """The bad lines left out, by record (`results.csv`, `usage.jsonl`, `review.jsonl`): those with any."""
+    """The bad lines left out, by record (`results.csv`, `usage.jsonl`, `review.jsonl`, `run.json`):
+    those with any."""
+    run: RunSummary | None = None
+    """run.json (None without one, or when its model refuses it: counted in `skipped`)."""
 
 
 def results(out: str | os.PathLike[str]) -> Results:
@@ -119,6 +125,10 @@ def results(out: str | os.PathLike[str]) -> Results:
     if rows is None and not usage and not store.location.exists(layout.RUN_JSON):
         raise FileNotFoundError(f"{store.where} holds no run of imagebatch (no {layout.RESULTS_CSV})")
     decisions = list(iter_decisions(store.location, _counter(skipped, layout.REVIEW_FILE)))
+    try:
+        run = store.read_run()
+    except RunSummaryError:  # a record that is not a file is RecordError, and raised as the others
+        run, skipped[layout.RUN_JSON] = None, 1
     good_rows = _keep(rows or [], _row_ok, skipped, layout.RESULTS_CSV)
     good_usage = _keep(usage, _usage_ok, skipped, USAGE_FILE)
     good_decisions = _keep(decisions, lambda d: _time_ok(d.at or None), skipped, layout.REVIEW_FILE)
@@ -130,6 +140,7 @@ def results(out: str | os.PathLike[str]) -> Results:
         usage=usage_frame(good_usage),
         decisions=decisions_frame(list({d.key: d for d in good_decisions}.values())),
         skipped=dict(skipped),
+        run=run,
     )
 
 

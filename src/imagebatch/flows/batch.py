@@ -288,7 +288,7 @@ def run_here(run: Run) -> dict[str, Any]:
         states = store.load_state()
         held_keys = plan_variants(run, store, states)
         if dead := store.settle_dead_run(datetime.now(UTC).isoformat()):  # the last run's, before this one's
-            run.info["previous"] = {k: dead.get(k) for k in ("started_at", "state", "stopped", "noticed_at")}
+            run.info["previous"] = dead.as_previous()
         store.write_run(run.info)  # a crash leaves a run.json that says the run never ended
         ctx, tasks = _send(run, store, run.units, url, key, states, held_keys)
         run.info["sent"] = len(ctx.started_keys)

@@ -3,71 +3,111 @@ chain it after the generation flow (README, "Review and delivery"):
 
     from prefect import flow
     from imagebatch.flows.batch import generate_from_manifest
+    from imagebatch.delivery.options import ExportOptions
     from imagebatch.flows.deliver import export_deliverables
 
     @flow
     def nightly_catalog() -> None:
         generate_from_manifest(manifest="catalog.csv", out="s3://shop/catalog")
-        export_deliverables(out="s3://shop/catalog", to="s3://shop-cdn/products", name="{sku}/{colour}.{ext}",
-                            format="jpeg", max_side=2000, quality=85, approved_only=True)
+        export_deliverables(out="s3://shop/catalog", to="s3://shop-cdn/products",
+                            options=ExportOptions(name="{sku}/{colour}.{ext}", format="jpeg",
+                                                  max_side=2000, quality=85, approved_only=True))
 
 The work is `delivery.export.export`, the same as the command's (the command does not start Prefect). A
 refused export (the rows named in the log) fails the flow run and writes nothing; the flow run's log
 names the missing deliverables, the earlier export's files set aside and the images below the delivery
 size (a warning), and its markdown artifact `imagebatch-export` gives the counts. The parameters are
-the command's options; none is a secret (an object store's credentials come from its standard chain
-where the flow runs).
+OUT, DEST and the command's options as one `ExportOptions` (a dict of its fields in a deployment's
+parameters); none is a secret (an object store's credentials come from its standard chain where the
+flow runs).
+
+A deployment made before the options were one parameter still runs: its flat parameters (`name`,
+`format`, ..., each an `ExportOptions` field) are read into `options` as the run starts
+(`ExportFlow.validate_parameters`) and the run's log warns to redeploy; a name that is no option fails
+the run in one line.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import Flow, get_run_logger
 
-from imagebatch.delivery.convert import Conversion
 from imagebatch.delivery.export import export
 from imagebatch.delivery.exportplan import ExportRefused
 from imagebatch.delivery.listing import EXPORT_CSV
+from imagebatch.delivery.options import ExportOptions
 
 EXPORT_FLOW_NAME = "export-deliverables"
+KEPT = frozenset({"out", "to", "options"})
+"""The flow's parameters; any other a run is given is an earlier deployment's flat option."""
 
 
-@flow(name=EXPORT_FLOW_NAME, log_prints=False, validate_parameters=True)
-def export_deliverables(
-    out: str,
-    to: str,
-    name: str | None = None,
-    approved_only: bool = False,
-    format: str | None = None,
-    max_side: int | None = None,
-    quality: int | None = None,
-    background: str = "white",
-    canvas: str | None = None,
-    slug: bool = False,
-    prune: bool = False,
-    overwrite: bool = False,
-    workers: int | None = None,
-) -> dict[str, int]:
-    """Export OUT's images to `to` as `imagebatch export OUT --to TO ...` does; the counts
-    (`ExportSummary.counts`: delivered, written, unchanged, replaced, overwritten, missing, set aside).
-    Raises (the flow run Failed, nothing written) when the export is refused: an unknown column, unsafe
-    or colliding names, a '/' inside a value, a different file in the way, an image of OUT linked out of
-    it, another export into the same DEST still running (one at a time: `delivery.destlock`)."""
+class ExportFlow(Flow[..., dict[str, int]]):
+    """The export flow, reading a deployment's earlier flat parameters into `options`."""
+
+    earlier_parameters = frozenset(ExportOptions.model_fields)
+    """The parameters a deployment made before `options` gives, which every run still reads."""
+
+    def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        return super().validate_parameters(folded(parameters))
+
+    def with_options(self, **changes: Any) -> ExportFlow:
+        """A copy with Prefect's options changed, still reading the earlier parameters (Prefect's own
+        copy is a plain `Flow`)."""
+        copy = super().with_options(**changes)
+        copy.__class__ = ExportFlow
+        return copy  # type: ignore[return-value]
+
+
+def folded(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A run's parameters with the flat ones of an earlier deployment (`format="jpeg"`) read into
+    `options`; ValueError in one line for a name that is neither a parameter nor an option."""
+    flat = {k: v for k, v in parameters.items() if k not in KEPT}
+    if not flat:
+        return parameters
+    if unknown := sorted(set(flat) - set(ExportOptions.model_fields)):
+        raise ValueError(f"{EXPORT_FLOW_NAME}: no parameter or option named {', '.join(unknown)}")
+    given = parameters.get("options") or {}
+    earlier = given.model_dump() if isinstance(given, ExportOptions) else dict(given)
+    return {k: v for k, v in parameters.items() if k in KEPT} | {"options": earlier | flat}
+
+
+def _say_redeploy(logger: Any) -> None:
+    """Warn in the run's log when its deployment gave the earlier flat parameters (Prefect validates the
+    parameters before the run's logger exists, so the flow run's parameters as given are read here)."""
+    from prefect.context import FlowRunContext
+
+    with contextlib.suppress(Exception):  # a courtesy: the run goes on without it
+        context = FlowRunContext.get()
+        given = context.flow_run.parameters if context and context.flow_run else {}
+        if flat := sorted(set(given) - KEPT):
+            logger.warning(
+                "%s: the deployment's parameters %s were read into `options`; redeploy the flow so that "
+                "they are given there",
+                EXPORT_FLOW_NAME,
+                ", ".join(flat),
+            )
+
+
+def _export_flow(fn: Callable[..., dict[str, int]]) -> ExportFlow:
+    return ExportFlow(fn, name=EXPORT_FLOW_NAME, log_prints=False, validate_parameters=True)
+
+
+@_export_flow
+def export_deliverables(out: str, to: str, options: ExportOptions | None = None) -> dict[str, int]:
+    """Export OUT's images to `to` as `imagebatch export OUT --to TO ...` does with `options` (default:
+    the command's defaults); the counts (`ExportSummary.counts`: delivered, written, unchanged,
+    replaced, overwritten, missing, set aside). Raises (the flow run Failed, nothing written) when the
+    export is refused: an unknown column, unsafe or colliding names, a '/' inside a value, a different
+    file in the way, an image of OUT linked out of it, another export into the same DEST still running
+    (one at a time: `delivery.destlock`)."""
     logger = get_run_logger()
-    conversion = Conversion.from_options(format, max_side, quality, background, canvas)
+    _say_redeploy(logger)
     try:
-        summary = export(
-            out,
-            to,
-            template=name,
-            conversion=conversion,
-            approved_only=approved_only,
-            overwrite=overwrite,
-            slug=slug,
-            prune=prune,
-            workers=workers,
-        )
+        summary = export(out, to, options)
     except ExportRefused as exc:
         for problem in exc.problems:
             logger.error(problem)

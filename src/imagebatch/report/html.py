@@ -28,6 +28,7 @@ from imagebatch.storage.bounded import read_record
 from imagebatch.storage.csvcells import read_csv
 from imagebatch.storage.location import LocalFolder, confined, write_atomic
 from imagebatch.work.decisions import Decision, decided
+from imagebatch.work.runsummary import RunSummary
 from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail, thumb_name
 
 if TYPE_CHECKING:
@@ -83,22 +84,24 @@ def _thumb_html(out: Path, source: Path, name: str, label: str, link: str | None
     return f'<img class="ref" loading="lazy" src="{_esc(thumb)}" alt="{label}" title="{label}">'
 
 
-def manifest_details(run: Mapping[str, Any]) -> dict[str, Any]:
+def manifest_details(run: RunSummary | None) -> dict[str, Any]:
     """Prompts and files by idempotency key, from the manifest run.json names if it is unchanged."""
+    if run is None or not run.manifest:
+        return {}
     from imagebatch.manifest import load_manifest, plan
     from imagebatch.manifest.read import split_sheet
     from imagebatch.manifest.sources import is_url
 
-    source = str(run.get("manifest", ""))
+    source = run.manifest
     try:
-        roots = (run.get("options") or {}).get("files_root")  # the folders the run was allowed to read
+        roots = run.options.get("files_root")  # the folders the run was allowed to read
         if is_url(source):  # a manifest in a bucket: loaded, and compared, from there
             manifest = load_manifest(source, files_root=roots)
-            if manifest.sha256 != run.get("manifest_sha256"):
+            if manifest.sha256 != run.manifest_sha256:
                 return {}
             return {r.idempotency_key: r for r in plan(manifest)}
         path, sheet = split_sheet(Path(source))  # a workbook's: `catalog.xlsx#Sheet`
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != run.get("manifest_sha256"):
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != run.manifest_sha256:
             return {}
         return {r.idempotency_key: r for r in plan(load_manifest(path, files_root=roots, sheet=sheet))}
     except Exception:  # a manifest that no longer loads only costs the report its prompts
@@ -266,7 +269,7 @@ def build_report(
     run's (a 10,000-request run's report had held every row and a second copy of the plan)."""
     out = Path(out)
     run_json = out / layout.RUN_JSON
-    run = json.loads(raw) if (raw := read_record(run_json)) else {}
+    run = RunSummary.parse(raw, str(run_json)) if (raw := read_record(run_json)) else None
     details = manifest_details(run) if details is None else details
     decisions = decided(LocalFolder(out)) if decisions is None else decisions
     summary, options, total, replaced = _summary(out, run, decisions)
@@ -291,7 +294,7 @@ def build_report(
 
 
 def _summary(
-    out: Path, run: Mapping[str, Any], decisions: Mapping[str, Decision]
+    out: Path, run: RunSummary | None, decisions: Mapping[str, Decision]
 ) -> tuple[str, dict[str, list[str]], int, set[str]]:
     """The report's summary (the set's state, the last run's counts beside it), its filters' options, the
     number of results.csv's rows, and the keys of the images a newer variant replaced."""

@@ -32,9 +32,10 @@ from imagebatch.storage import layout
 from imagebatch.storage.bounded import check_size, open_record
 from imagebatch.storage.csvcells import csv_value, read_csv
 from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
-from imagebatch.storage.location import LocalFolder, Location, json_object
+from imagebatch.storage.location import LocalFolder, Location
 from imagebatch.storage.location import confined as storage_confined
 from imagebatch.work.decisions import Decision, History, parse_line, record_named
+from imagebatch.work.runsummary import read_summary
 from imagebatch.work.store import RESULT_COLUMNS
 from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail
 
@@ -171,7 +172,8 @@ def load_cards(location: Location, show: Sequence[str] | None = None, group_by: 
     rows = list(read_csv(io.StringIO(text, newline=""), layout.RESULTS_READ_COLUMNS))
     header = [csv_value(c) for c in next(csv.reader(io.StringIO(text, newline="")), [])]
     columns = _chosen(header, show, group_by)
-    details = manifest_details(json_object(location.get(layout.RUN_JSON) or b"{}") or {})
+    where = f"{location.url}/{layout.RUN_JSON}"
+    details = manifest_details(read_summary(location.get(layout.RUN_JSON), where))
     groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
     without = refused = 0
     for row in rows:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from imagebatch.work.decisions import Decision
+from imagebatch.work.runsummary import RunSummary
 
 DONE = ("succeeded", "skipped")
 """The statuses of a request whose image was made (in this run, or an earlier one)."""
@@ -98,12 +98,11 @@ def review_line(states: Mapping[str, int]) -> str:
     return line
 
 
-def last_run_line(run: Mapping[str, Any]) -> str:
+def last_run_line(run: RunSummary | None) -> str:
     """What the last run did, from run.json's counts: `finished: succeeded 6 · failed 2 · done earlier
-    52`; empty if run.json has no counts."""
-    counts = run.get("counts") or {}
-    if not isinstance(counts, dict) or not counts:
+    52`; empty if there is no run.json or it has no counts."""
+    if run is None or not run.counts:
         return ""
-    parts = [f"{status_label(s)} {n:,}" for s, n in counts.items() if isinstance(n, int) and n]
-    state = " ".join(str(x) for x in (run.get("state") or "?", run.get("stopped") or "") if x)
+    parts = [f"{status_label(s)} {n:,}" for s, n in run.counts.items() if n]
+    state = " ".join(x for x in (run.state, run.stopped or "") if x)
     return f"{state}: {' · '.join(parts) or 'nothing'}"

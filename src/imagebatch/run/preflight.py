@@ -120,6 +120,10 @@ def check_output_store(url: str, lock: bool = True) -> None:
     why = loc.check()
     if why:
         raise UsageError(f"--out {loc.url}: {why}")
+    try:
+        OutputStore(url).read_run()  # a run.json its model refuses: refused here, before Prefect starts
+    except RecordError as exc:
+        raise UsageError(str(exc)) from None
     if lock:
         try:
             with OutputStore(url).hold_and_merge():
@@ -140,6 +144,7 @@ def check_output_folder(out: Path, lock: bool = True) -> None:
         with tempfile.TemporaryFile(dir=out):
             pass
         check_records(out)
+        OutputStore(out).read_run()  # a run.json its model refuses: refused here, before Prefect starts
         if lock:
             with OutputStore(out).hold_and_merge():
                 pass

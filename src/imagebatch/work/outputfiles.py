@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from imagebatch.storage.csvcells import read_csv, write_csv
 from imagebatch.storage.location import Location, atomic_file, json_object, write_atomic
 from imagebatch.work.holds import NO_FOLDER, Holds
 from imagebatch.work.request_record import RESULT_COLUMNS, RequestRecord, file_stem
+from imagebatch.work.runsummary import RunSummary
 from imagebatch.work.thumbnails import make_thumbnail, put_thumbnail
 
 if TYPE_CHECKING:
@@ -150,8 +151,10 @@ class OutputFiles:
             return None
         return list(read_csv(io.StringIO(data.decode("utf-8"), newline=""), bad=bad))
 
-    def write_run(self, info: dict[str, Any]) -> None:
-        self.write_top(layout.RUN_JSON, (json.dumps(info, indent=2, default=str) + "\n").encode())
+    def write_run(self, info: Mapping[str, Any] | RunSummary) -> None:
+        """Write run.json, built as the model (`work.runsummary`) from what the run says of itself."""
+        summary = info if isinstance(info, RunSummary) else RunSummary.of(info)
+        self.write_top(layout.RUN_JSON, summary.record())
 
     def write_top(self, name: str, data: bytes) -> None:
         """Write a whole file at the top of the location (run.json, usage-summary.csv): whole, and in a

@@ -10,7 +10,7 @@ A rerun reads the journal, not Prefect's database, so a copied output location r
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +24,6 @@ from imagebatch.storage.location import (
     Location,
     OutputLockedError,
     atomic_file,
-    json_object,
     write_atomic,
 )
 from imagebatch.work.holds import Holds
@@ -32,6 +31,7 @@ from imagebatch.work.journal import Journal
 from imagebatch.work.outputfiles import OutputFiles
 from imagebatch.work.replay import KeyState, replay
 from imagebatch.work.request_record import RESULT_COLUMNS, STATUSES, RequestRecord, Status, file_stem
+from imagebatch.work.runsummary import RunSummary, read_summary
 
 if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
@@ -179,20 +179,24 @@ class OutputStore:
     def read_results(self, bad: BadLine | None = None) -> list[dict[str, str]] | None:
         return self.files.read_results(bad)
 
-    def write_run(self, info: dict[str, Any]) -> None:
+    def write_run(self, info: Mapping[str, Any] | RunSummary) -> None:
         self.files.write_run(info)
 
-    def settle_dead_run(self, now: str) -> dict[str, Any] | None:
+    def read_run(self) -> RunSummary | None:
+        """run.json through its model, or None when the location has none; `RunSummaryError` (one line
+        naming the file and the field) for one the model refuses."""
+        return read_summary(self.location.get(layout.RUN_JSON), f"{self.where}/{layout.RUN_JSON}")
+
+    def settle_dead_run(self, now: str) -> RunSummary | None:
         """A run.json that still says `running` while no run holds the location is a run whose process died
         (`kill -9`, a lost machine, a plain worker's SIGTERM): say so in it, as `crashed` at `now` (ISO
         time), and return what it says now; None when there was nothing to correct. A reader that may
         write (`imagebatch report`, the next run) calls it; one that may not (`validate --out`) does not."""
-        raw = self.location.get(layout.RUN_JSON)
-        info = json_object(raw) if raw else None
-        if not info or info.get("state") != "running" or self.in_use() is not None:
+        info = self.read_run()
+        if info is None or info.state != "running" or self.in_use() is not None:
             return None
         why = "its process ended without recording its end (killed, or its machine lost); a rerun resumes it"
-        info |= {"state": "crashed", "stopped": why, "noticed_at": now}
+        info = info.changed(state="crashed", stopped=why, noticed_at=now)
         self.write_run(info)
         return info
 
