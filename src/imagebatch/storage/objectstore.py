@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from itertools import islice
-from typing import Any
+from typing import Any, BinaryIO
 
 with contextlib.suppress(ModuleNotFoundError):  # the s3 extra: ObjectLocation() says it is missing
     import obstore
@@ -141,21 +141,25 @@ class ObjectLocation:
         with self._failing("writing", name):
             obstore.put(self.store, name, data)
 
-    def put_stream(self, name: str, chunks: Iterable[bytes]) -> None:
-        """Write `name` from `chunks` as a multipart upload, `PART_BYTES` a part: the whole object is never
-        in memory. The chunks are first spooled to a temporary file (obstore reads an iterator from inside
-        its own runtime, where a chunk that itself reads the store would stop it), so a caller may stream
-        one object of the store into another. It replaces any object of that name, as `put`: S3 takes no
-        create-only condition on a multipart upload here (obstore makes any conditional put one request),
-        so a caller that must not overwrite checks first, under the lease that keeps other runs out. A
-        failed upload is aborted, leaving no object (an abort itself lost leaves hidden parts that a
-        bucket's lifecycle rule for incomplete uploads removes)."""
+    def put_stream(self, name: str, chunks: Iterable[bytes] | BinaryIO) -> None:
+        """Write `name` from `chunks` (or a file open for reading, from where it stands) as a multipart
+        upload, `PART_BYTES` a part: the whole object is never in memory. Chunks are first spooled to a
+        temporary file (obstore reads an iterator inside its own runtime, where a chunk that itself reads
+        the store would stop it), so a caller may stream one object of the store into another.
+
+        It replaces any object of that name, as `put`: a multipart upload cannot be create-only through
+        obstore (any conditional put is one request), so a caller that must not overwrite checks first,
+        under the lease that keeps other runs out. A failed upload is aborted, leaving no object (an
+        abort itself lost leaves hidden parts, which a bucket's rule for incomplete uploads removes)."""
+        if not isinstance(chunks, Iterable) or hasattr(chunks, "read"):
+            with self._failing("writing", name):
+                obstore.put(self.store, name, chunks, chunk_size=PART_BYTES, max_concurrency=PARTS_IN_FLIGHT)
+            return
         with tempfile.TemporaryFile(prefix="imagebatch-upload-") as spool:
             for chunk in chunks:
                 spool.write(chunk)
             spool.seek(0)
-            with self._failing("writing", name):
-                obstore.put(self.store, name, spool, chunk_size=PART_BYTES, max_concurrency=PARTS_IN_FLIGHT)
+            self.put_stream(name, spool)
 
     def get_stream(self, name: str) -> Iterator[bytes] | None:
         """The bytes of `name` as chunks of about `READ_CHUNK_BYTES`, never whole (no size bound: its
