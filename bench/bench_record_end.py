@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_store import BUCKET, SECRET, s3_client, start_moto  # noqa: E402
+from bench_store import BUCKET, SECRET, s3_client, start_moto
 
 PER_SEGMENT = 64
 
@@ -116,7 +116,8 @@ def measure(step: str, out: str, n: int, src: str | None, env: dict[str, str]) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--requests", type=int, nargs="+", default=[25_000, 100_000])
     parser.add_argument("--src", help="another checkout's src/ (the code before a change)")
     parser.add_argument("--where", nargs="+", default=["local", "s3"], choices=["local", "s3"])
