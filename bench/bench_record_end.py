@@ -122,6 +122,8 @@ def main() -> None:
     parser.add_argument("--src", help="another checkout's src/ (the code before a change)")
     parser.add_argument("--where", nargs="+", default=["local", "s3"], choices=["local", "s3"])
     args = parser.parse_args()
+    if args.src and not (Path(args.src) / "imagebatch").is_dir():  # else the installed code runs instead
+        raise SystemExit(f"{args.src} holds no imagebatch package")
     print(f"load average {os.getloadavg()}, code {args.src or 'this checkout'}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         moto, url = start_moto(Path(tmp) / "moto.log")
