@@ -10,7 +10,7 @@ from typing import Any
 from imagebatch.storage import layout
 from imagebatch.storage.csvcells import read_csv
 from imagebatch.work.store import OutputStore, RequestRecord
-from imagebatch.work.usage import percentile, summarise_usage, usage_csv
+from imagebatch.work.usage import DURATION_VALUES, percentile, summarise_usage, usage_csv
 
 
 def attempt(key: str, route: str, model: str, outcome: str, **extra: Any) -> dict[str, Any]:
@@ -86,3 +86,24 @@ def test_a_model_named_like_a_formula_is_neutralised_and_read_back(tmp_path: Pat
         raw = list(csv.DictReader(fh))
     assert [(r["route"], r["model"]) for r in raw] == [("'@route", "'-m"), ("messages", "'" + model)]
     assert [(r["route"], r["model"]) for r in read_csv(path)] == [("@route", "-m"), ("messages", model)]
+
+
+def test_durations_are_counted_by_value_and_coarsened_past_the_bound_with_the_same_percentiles() -> None:
+    """The state per (route, model) is bounded: a count per distinct duration (journaled to 0.1 ms), and
+    past `DURATION_VALUES` of them each rounded to one decimal less."""
+    durations = [round(0.0001 * i, 4) for i in range(1, DURATION_VALUES * 3)]  # 0.1 ms steps, all distinct
+    ledger = [attempt(f"k{i}", "native", "m", "ok", duration_s=d) for i, d in enumerate(durations)]
+    [row] = summarise_usage(ledger)
+    assert len(row._durations) <= DURATION_VALUES and row._durations.total() == len(durations)
+    exact_p50, exact_p95 = percentile(durations, 0.5), percentile(durations, 0.95)
+    assert row.latency_p50_s is not None and row.latency_p95_s is not None and exact_p50 and exact_p95
+    assert abs(row.latency_p50_s - exact_p50) <= 0.0005 and abs(row.latency_p95_s - exact_p95) <= 0.0005
+    assert row.requests == len(durations)  # every key distinct, counted by its digest
+
+
+def test_few_distinct_durations_keep_exact_percentiles_and_repeated_keys_count_once() -> None:
+    ledger = [attempt(f"k{i % 50}", "native", "m", "ok", duration_s=(i % 7) * 0.25) for i in range(1000)]
+    [row] = summarise_usage(ledger)
+    durations = [(i % 7) * 0.25 for i in range(1000)]
+    assert (row.latency_p50_s, row.latency_p95_s) == (percentile(durations, 0.5), percentile(durations, 0.95))
+    assert (row.requests, row.attempts) == (50, 1000)

@@ -12,10 +12,13 @@ import builtins
 import contextlib
 import errno
 import re
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any
+from itertools import islice
+from typing import Any, BinaryIO
 
 with contextlib.suppress(ModuleNotFoundError):  # the s3 extra: ObjectLocation() says it is missing
     import obstore
@@ -35,6 +38,12 @@ RETRY: dict[str, Any] = {
 errors, dropped connections and read timeouts; a write that still fails stops the run as a full disk."""
 READ_THREADS = 16
 """Journal segments fetched at once when a rerun replays them."""
+PART_BYTES = 8 << 20
+"""The part of a streamed upload (S3 takes 5 MiB to 5 GiB but the last): what one part in flight holds."""
+PARTS_IN_FLIGHT = 2
+"""Parts of one streamed upload sent at once: its memory is about `PART_BYTES` times this."""
+READ_CHUNK_BYTES = 4 << 20
+"""The chunk an object read as a stream (the compacted journal) arrives in."""
 
 _URL = re.compile(r"^(?P<scheme>s3|gs|az)://(?P<bucket>[^/?#@]+)(?:/(?P<prefix>[^?#@]*))?$", re.IGNORECASE)
 
@@ -132,6 +141,41 @@ class ObjectLocation:
         with self._failing("writing", name):
             obstore.put(self.store, name, data)
 
+    def put_stream(self, name: str, chunks: Iterable[bytes] | BinaryIO) -> None:
+        """Write `name` from `chunks` (or a file open for reading, from where it stands) as a multipart
+        upload, `PART_BYTES` a part: the whole object is never in memory. Chunks are first spooled to a
+        temporary file (obstore reads an iterator inside its own runtime, where a chunk that itself reads
+        the store would stop it), so a caller may stream one object of the store into another.
+
+        It replaces any object of that name, as `put`: a multipart upload cannot be create-only through
+        obstore (any conditional put is one request), so a caller that must not overwrite checks first,
+        under the lease that keeps other runs out. A failed upload is aborted, leaving no object (an
+        abort itself lost leaves hidden parts, which a bucket's rule for incomplete uploads removes)."""
+        if not isinstance(chunks, Iterable) or hasattr(chunks, "read"):
+            with self._failing("writing", name):
+                obstore.put(self.store, name, chunks, chunk_size=PART_BYTES, max_concurrency=PARTS_IN_FLIGHT)
+            return
+        with tempfile.TemporaryFile(prefix="imagebatch-upload-") as spool:
+            for chunk in chunks:
+                spool.write(chunk)
+            spool.seek(0)
+            self.put_stream(name, spool)
+
+    def get_stream(self, name: str) -> Iterator[bytes] | None:
+        """The bytes of `name` as chunks of about `READ_CHUNK_BYTES`, never whole (no size bound: its
+        reader bounds its lines); None if there is no such object."""
+        with self._failing("reading", name):
+            try:
+                result = obstore.get(self.store, name)
+            except FileNotFoundError:
+                return None
+        return self._chunks(name, result)
+
+    def _chunks(self, name: str, result: Any) -> Iterator[bytes]:
+        with self._failing("reading", name):
+            for chunk in result.stream(min_chunk_size=READ_CHUNK_BYTES):
+                yield bytes(chunk)
+
     def get_tagged(self, name: str) -> tuple[bytes, str] | None:
         with self._failing("reading", name):
             try:
@@ -193,10 +237,24 @@ class ObjectLocation:
 
     def get_many(self, names: builtins.list[str]) -> builtins.list[bytes | None]:
         """The bytes of `names`, in order, fetched `READ_THREADS` at a time."""
+        return list(self.iter_many(names))
+
+    def iter_many(self, names: builtins.list[str]) -> Iterator[bytes | None]:
+        """The bytes of `names` (None for one not there), in order, one at a time to the caller while at
+        most `READ_THREADS` are being fetched: memory holds a window of objects, never all of them."""
         if len(names) <= 1:
-            return [self.get(n) for n in names]
+            yield from (self.get(n) for n in names)
+            return
+        todo = iter(names)
         with ThreadPoolExecutor(min(READ_THREADS, len(names)), thread_name_prefix="imagebatch-read") as ex:
-            return list(ex.map(self.get, names))
+            window: deque[Future[bytes | None]] = deque(
+                ex.submit(self.get, n) for n in islice(todo, READ_THREADS)
+            )
+            while window:
+                blob = window.popleft().result()
+                if (name := next(todo, None)) is not None:
+                    window.append(ex.submit(self.get, name))
+                yield blob
 
     def check(self) -> str | None:
         """Why this place cannot be used (a missing bucket, refused credentials, no endpoint), in one

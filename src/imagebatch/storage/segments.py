@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from imagebatch.storage import layout
-from imagebatch.storage.bounded import BadLine, split_lines
+from imagebatch.storage.bounded import MAX_RECORD_LINE_BYTES, BadLine, refused
 from imagebatch.storage.location import json_object
 from imagebatch.storage.objectstore import ObjectLocation, StoreError
 
@@ -42,23 +42,71 @@ def next_run(names: list[str]) -> int:
     return max((_run_of(n) for n in names), default=0) + 1
 
 
-def read_lines(data: bytes, where: object, bad: BadLine | None = None) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a segment's lines (a line that does not parse is skipped, as a torn one), with
-    `storage.bounded.split_lines`'s bound on a line and its `bad`."""
-    for number, raw in split_lines(data, where, bad):
-        if (obj := json_object(raw)) is not None:
-            yield obj
-        elif bad is not None:
-            bad(number)
+def stream_lines(
+    chunks: Iterable[bytes], where: object, bad: BadLine | None = None
+) -> Iterator[tuple[int, bytes]]:
+    """The numbered lines of an object read as a stream of chunks, each line whole and within
+    `MAX_RECORD_LINE_BYTES` (a longer one is read past: `bad` told its number, or without `bad` refused);
+    a last line without its newline is kept, as `split_lines` keeps it. Memory holds a chunk and a line."""
+    rest, number, skipping = b"", 0, False
+    for chunk in chunks:
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for raw in lines:
+            number += 1
+            if skipping or len(raw) >= MAX_RECORD_LINE_BYTES:
+                skipping = False
+                _too_long(where, number, bad)
+            else:
+                yield number, raw
+        if len(rest) >= MAX_RECORD_LINE_BYTES:  # never held whole: what is left of it is skipped
+            skipping, rest = True, b""
+    if skipping or len(rest) >= MAX_RECORD_LINE_BYTES:
+        _too_long(where, number + 1, bad)
+    elif rest:
+        yield number + 1, rest
+
+
+def _too_long(where: object, number: int, bad: BadLine | None) -> None:
+    if bad is None:
+        raise refused(where, f"has a line over {MAX_RECORD_LINE_BYTES:,} bytes (line {number:,})")
+    bad(number)
+
+
+def journal_chunks(loc: ObjectLocation, names: list[str]) -> Iterator[tuple[str, Iterable[bytes]]]:
+    """Each journal object's bytes, in order, as (name, chunks), each object ending with a newline: the
+    compaction streamed, the segments fetched in parallel a window at a time. An object removed since
+    the listing (by a compaction) is skipped: its lines are in the compaction."""
+    head = names[:1] if names and names[0].endswith("-compact.jsonl") else []
+    for name in head:
+        if (chunks := loc.get_stream(name)) is not None:
+            yield name, _ended(chunks)
+    rest = names[len(head) :]
+    for name, blob in zip(rest, loc.iter_many(rest), strict=True):
+        if blob:
+            yield name, (blob if blob.endswith(b"\n") else blob + b"\n",)
+
+
+def _ended(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    last = b"\n"
+    for chunk in chunks:
+        if chunk:
+            last = chunk[-1:]
+            yield chunk
+    if last != b"\n":
+        yield b"\n"
 
 
 def read_journal(loc: ObjectLocation, bad: BadLine | None = None) -> Iterator[dict[str, Any]]:
-    """Every line of the journal (and the usage lines it carries), in order; segments fetched in parallel
-    (each within `MAX_RECORD_BYTES`, as every object read)."""
-    names = journal_objects(loc.list(JOURNAL))
-    for name, blob in zip(names, loc.get_many(names), strict=True):
-        if blob is not None:  # a segment removed since the listing (a compaction): its lines are in it
-            yield from read_lines(blob, f"{loc.url}/{name}", bad)
+    """Every line of the journal (and the usage lines it carries), in order, never the whole of it in
+    memory: the compaction read as a stream, segments a window at a time."""
+    for name, chunks in journal_chunks(loc, journal_objects(loc.list(JOURNAL))):
+        where = f"{loc.url}/{name}"
+        for number, raw in stream_lines(chunks, where, bad):
+            if (obj := json_object(raw)) is not None:
+                yield obj
+            elif bad is not None:
+                bad(number)
 
 
 class SegmentJournal:
@@ -138,15 +186,17 @@ class SegmentJournal:
             names = journal_objects(self.loc.list(JOURNAL))
             if len(names) <= 1 and (not names or names[0].endswith("-compact.jsonl")):
                 return
-            blobs = [b or b"" for b in self.loc.get_many(names)]
-            data = b"".join(b if not b or b.endswith(b"\n") else b + b"\n" for b in blobs)
             self.fence()
             # Named by the highest run it holds: a sharded run's shards numbered their segments at their
             # own start, after this run took its number; segments a crash left behind are then ignored.
             self.run = max(self.run, *map(_run_of, names))
             target = f"{JOURNAL}{self.run:08d}-compact.jsonl"
-            if not self.loc.put_new(target, data):
+            if self.loc.exists(target):
                 raise StoreError(errno.EEXIST, f"{self.loc.url}/{target} exists: another run is writing here")
+            # Streamed object by object as a multipart upload: memory holds a window of segments and a
+            # part, never the journal (which keeps every earlier run's lines).
+            self.loc.put_stream(target, (c for _, chunks in journal_chunks(self.loc, names) for c in chunks))
+            self.fence()  # the upload took time: the lease must still be ours before the segments go
             self.loc.delete_many(names)
             self.run += 1
             self._seq = 0

@@ -214,9 +214,29 @@ class Holds:
             return merged
         for kind in (layout.JOURNAL, layout.USAGE_LEDGER):
             for part in sorted(self.root.glob(layout.shard_jsonl(kind))):
-                lines = [line for _, line in record_lines(part)]  # complete lines, each within the bound
-                if lines:
-                    append_synced(self.root / layout.jsonl(kind), lines)
-                merged += len(lines)
+                merged += _append_part(self.root / layout.jsonl(kind), part)
                 part.unlink()
         return merged
+
+
+MERGE_BATCH_BYTES = 4 << 20
+"""A shard's lines appended to the folder's file this many bytes at a time: a shard's file is never read
+whole."""
+
+
+def _append_part(target: Path, part: Path) -> int:
+    """Append the complete lines of `part` (each within the bound) to `target`, a batch at a time, each
+    batch synced; the lines appended. A crash between batches leaves a prefix appended, and the whole
+    part merged again next time: as a crash before the removal, a key's events repeat."""
+    batch: list[bytes] = []
+    size = merged = 0
+    for _, line in record_lines(part):
+        batch.append(line)
+        size += len(line)
+        merged += 1
+        if size >= MERGE_BATCH_BYTES:
+            append_synced(target, batch)
+            batch, size = [], 0
+    if batch:
+        append_synced(target, batch)
+    return merged

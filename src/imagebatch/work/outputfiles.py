@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import io
 import json
+import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog
@@ -132,16 +133,14 @@ class OutputFiles:
         """Write results.csv atomically, row by row (no copy of the whole table in memory); cells that a
         spreadsheet would run as a formula are neutralised (`csv_cell`; `read_csv` reads them back)."""
         columns = list(RESULT_COLUMNS) + [c for c in metadata_columns if c not in RESULT_COLUMNS]
-        if self.folder is None:
-            buf = io.StringIO()
-            write_csv(buf, columns, rows)
-            self.location.put(layout.RESULTS_CSV, buf.getvalue().encode())
+        if self.folder is None:  # row by row into a temporary file, then one multipart upload
+            with tempfile.TemporaryFile(prefix="imagebatch-results-") as spool:
+                _write_csv_bytes(spool, columns, rows)
+                spool.seek(0)
+                self.holds.objects().put_stream(layout.RESULTS_CSV, spool)
             return
         with atomic_file(self.results_path) as fh:
-            text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
-            write_csv(text, columns, rows)
-            text.flush()
-            text.detach()  # `atomic_file` syncs and closes the file itself
+            _write_csv_bytes(fh, columns, rows)
 
     def read_results(self, bad: BadLine | None = None) -> list[dict[str, str]] | None:
         """results.csv's rows, every cell as it was before the writer neutralised formulas (`csvcells`);
@@ -163,6 +162,14 @@ class OutputFiles:
 
 
 _KEY_PREFIX = b'{"key":"'
+
+
+def _write_csv_bytes(fh: BinaryIO, columns: list[str], rows: Iterable[dict[str, Any]]) -> None:
+    """`write_csv` into a binary file, UTF-8, leaving it open (its owner syncs and closes it)."""
+    text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
+    write_csv(text, columns, rows)
+    text.flush()
+    text.detach()
 
 
 def _index_conversations(root: Path, index: dict[str, tuple[Path, int, int]], read: dict[Path, int]) -> None:

@@ -9,8 +9,10 @@ are the service's own, summed where its usage object has them under any of the n
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,6 +23,9 @@ from imagebatch.work.request_record import RequestRecord
 INPUT_TOKENS = ("promptTokenCount", "prompt_tokens", "input_tokens")
 OUTPUT_TOKENS = ("candidatesTokenCount", "completion_tokens", "output_tokens")
 TOTAL_TOKENS = ("totalTokenCount", "total_tokens")
+DURATION_VALUES = 20_000
+"""The distinct durations counted per (route, model) before they are rounded coarser: 0.1 ms steps up
+to 2 s, 1 ms steps up to 20 s."""
 COLUMNS = (
     "route", "model", "requests", "attempts", "images", "unknown",
     "input_tokens", "output_tokens", "total_tokens", "latency_p50_s", "latency_p95_s",
@@ -46,8 +51,24 @@ class UsageRow:
     total_tokens: int | None = None
     latency_p50_s: float | None = None
     latency_p95_s: float | None = None
-    _keys: set[str] = field(default_factory=set, repr=False)
-    _durations: list[float] = field(default_factory=list, repr=False)
+    _keys: set[int] = field(default_factory=set, repr=False)
+    """A 64-bit digest of each key seen (`key_digest`): the one state that grows with the ledger."""
+    _durations: Counter[float] = field(default_factory=Counter, repr=False)
+    """How many attempts took each duration (`add_duration`): bounded by `DURATION_VALUES`."""
+
+    def add_duration(self, seconds: float) -> None:
+        """Count one attempt's duration. Durations are journaled to 0.1 ms, so their distinct values are
+        few next to the attempts; past `DURATION_VALUES` of them every one is rounded to one decimal less
+        (the percentiles then to that precision), which bounds the state whatever the ledger's size."""
+        self._durations[round(seconds, self._decimals)] += 1
+        while len(self._durations) > DURATION_VALUES:
+            self._decimals -= 1
+            coarser: Counter[float] = Counter()
+            for value, count in self._durations.items():
+                coarser[round(value, self._decimals)] += count
+            self._durations = coarser
+
+    _decimals: int = field(default=4, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
@@ -76,12 +97,26 @@ def _add(total: int | None, value: int | None) -> int | None:
     return value if total is None else total + value
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The `q` quantile (0..1) by the nearest-rank method; None for no values."""
-    if not values:
+def percentile(values: Iterable[float] | Counter[float], q: float) -> float | None:
+    """The `q` quantile (0..1) by the nearest-rank method, of values or of a count of each value; None
+    for no values."""
+    counts = values if isinstance(values, Counter) else Counter(values)
+    total = counts.total()
+    if not total:
         return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+    rank = max(1, math.ceil(q * total))
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        if seen >= rank:
+            return value
+    return None  # not reached: the ranks end at the total
+
+
+def key_digest(key: object) -> int:
+    """A key as 64 bits (BLAKE2b): a set of these counts distinct keys in half the memory of the keys'
+    text, and two of a million keys share one with odds of about 3 in 100 million."""
+    return int.from_bytes(hashlib.blake2b(str(key).encode(), digest_size=8).digest(), "big")
 
 
 def summarise_usage(
@@ -97,9 +132,9 @@ def summarise_usage(
         route, model = str(line.get("route")), str(line.get("model"))
         r = row(route, model)
         r.attempts += 1
-        r._keys.add(str(line.get("idempotency_key")))
+        r._keys.add(key_digest(line.get("idempotency_key")))
         if isinstance(line.get("duration_s"), int | float):
-            r._durations.append(float(line["duration_s"]))
+            r.add_duration(float(line["duration_s"]))
         if line.get("outcome") == "ok":
             r.images += int(line.get("images") or 0)
         usage = line.get("usage")
