@@ -78,6 +78,7 @@ EXPECTED: dict[str, Callable[[Any], bool]] = {
     "reviewed =": lambda v: (
         len(v) == 6 and "variant" in v.columns and not {"variant_x", "variant_y"} & set(v.columns)
     ),
+    "r.run": lambda v: v is not None and v.state == "finished" and v.sent == 1,  # the rerun: the failed one
     "r =": lambda v: isinstance(v, imagebatch.Results),
     "imagebatch =": lambda v: v is imagebatch,
 }

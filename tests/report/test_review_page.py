@@ -248,6 +248,7 @@ def test_a_pick_among_a_jobs_candidates_approves_one_and_export_delivers_only_it
     browser: Any, tmp_path: Path
 ) -> None:
     from imagebatch.delivery.export import export
+    from imagebatch.delivery.options import ExportOptions
 
     out = review_folder(tmp_path, requests=2, redone=None, count=3)  # p000 and p001, three candidates each
     with ReviewServer(LocalFolder(out), "alice") as server:
@@ -281,7 +282,7 @@ def test_a_pick_among_a_jobs_candidates_approves_one_and_export_delivers_only_it
         assert shown(browser)[order[2]] == ("not_chosen", "not chosen by alice")
         assert "1 approved · 2 not chosen" in browser.find_element("id", "tally").text
     dest = tmp_path / "delivered"
-    export(str(out), str(dest), approved_only=True)
+    export(str(out), str(dest), ExportOptions(approved_only=True))
     delivered = [p for p in dest.rglob("*.png")]
     assert (
         len(delivered) == 1
