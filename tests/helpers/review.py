@@ -194,6 +194,17 @@ def open_page(browser: Any, url: str) -> list[str]:
     )
 
 
+def js(browser: Any, script: str, *args: Any) -> Any:
+    """The value of the expression `script` in the page (`arguments[0]`, ... are `args`)."""
+    return browser.execute_script("return " + script, *args)
+
+
+def select(browser: Any, key: str) -> None:
+    """Select the card `key` (a click on its heading line; it must be in the document)."""
+    browser.execute_script("document.querySelector(`.card[data-key='${arguments[0]}'] .id`).click()", key)
+    until(browser, lambda d: js(d, "document.querySelector('.card.sel').dataset.key") == key, "selected")
+
+
 def press(browser: Any, keys: str) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
 
@@ -219,3 +230,28 @@ def recorded(out: Path) -> list[tuple[str, int, str, str, str]]:
         (d["key"], d["variant"], d["decision"], d["note"], d["reviewer"])
         for d in read_jsonl(out / "review.jsonl")
     ]
+
+
+def approved_before(root: Path, out: Path, job: str, reviewer: str = "alice") -> str:
+    """Row `job` of `root/catalog.csv` as it was before its prompt changed: its earlier request (the same
+    row with another prompt, so another key) made and approved, its image in `out` under the name a run
+    gives it and its outcome in the journal, written by the project's own writers (`OutputStore`,
+    `record_decision`). Returns the earlier key."""
+    from imagebatch.storage.location import LocalFolder
+    from imagebatch.work.decisions import Decision, record_decision
+    from imagebatch.work.store import OutputStore, RequestRecord, file_stem
+
+    current = (root / "catalog.csv").read_text()
+    earlier = root / "earlier.csv"
+    earlier.write_text(current.replace("in {colour}", "in {colour} from the front"))
+    req = next(r for r in plan(load_manifest(earlier)) if r.job_id == job)
+    rel = f"images/{file_stem(req, False)}.png"
+    (out / rel).write_bytes(product_png(2, (30, 140, 60)))
+    store = OutputStore(out)
+    with store.hold_and_merge():
+        record = RequestRecord(job, req.request_index, req.turn_index, "succeeded", req.model, "native",
+                               req.idempotency_key, paths=[rel], images=1)  # fmt: skip
+        store.record_outcome(record)
+        store.sync()
+    record_decision(LocalFolder(out), Decision(req.idempotency_key, 1, "approved", "", reviewer))
+    return req.idempotency_key

@@ -25,7 +25,8 @@ Security: a loopback server is still reachable from every web page its user open
   `Content-Type: application/json` (a form or a `no-cors` fetch from another site can set none of these),
   and `Sec-Fetch-Site: same-origin` when the browser sends it; anything else is answered 403 and writes
   nothing;
-- the only files served are the images results.csv names and their thumbnails, and the thumbnails of each
+- the only files served are the images results.csv names and their thumbnails, the image approved for a
+  row before its prompt changed (the journal names it: `report.review_history`), and the thumbnails of each
   request's reference images (OUT's `thumbs/ref-*.jpg`, made there from the manifest's files as the report
   makes them: the reference itself is never served), addressed by request key and number (no path comes
   from the URL; a number that is not ASCII digits, a raw byte 0xB2 say, is a 404); a name that is
@@ -141,6 +142,8 @@ class ReviewServer:
         self._cards_lock = threading.Lock()
         self._cards_seen: object = None
         self.cards: dict[str, ReviewCard] = {}
+        self.earlier: dict[str, tuple[str, ...]] = {}
+        """The images approved before a row's prompt changed, by key (`CardSet.earlier`): served too."""
         self._cards_json = "[]"
         self.columns: list[str] = []
         self.aside = ""
@@ -193,8 +196,9 @@ class ReviewServer:
         with self._cards_lock:
             if seen is not None and seen == self._cards_seen:
                 return
-            found = load_cards(self.location, self.show, self.group_by)
+            found = load_cards(self.location, self.show, self.group_by, self.decisions.approved())
             self.cards = {card.key: card for card in found.cards}
+            self.earlier = found.earlier
             self.columns = found.columns
             self._cards_json = inline_json([card.shown for card in found.cards])
             without, refused = found.without, found.refused
@@ -279,9 +283,10 @@ class ReviewServer:
         """Image `number` of the request `key` (or its thumbnail) and its content type; None if there is
         no such image, or it may not be served."""
         card = self.cards.get(key)
-        if card is None or (n := ascii_number(number)) is None or n >= len(card.images):
+        images = card.images if card is not None else self.earlier.get(key, ())
+        if (n := ascii_number(number)) is None or n >= len(images):
             return None
-        rel = card.images[n]
+        rel = images[n]
         if isinstance(self.location, LocalFolder):
             return _local_image(self.location.root, rel, thumbnail)
         if thumbnail and (data := self.location.get(f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg")):

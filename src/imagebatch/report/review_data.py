@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -27,6 +27,7 @@ from imagebatch.report.html import (
     reviewable,
     row_facts,
 )
+from imagebatch.report.review_history import Earlier, Request, earlier_approved
 from imagebatch.report.setstate import request_of, status_label, superseded, variant_number
 from imagebatch.storage import layout
 from imagebatch.storage.bounded import check_size, open_record
@@ -108,6 +109,9 @@ class CardSet:
     columns: list[str]
     """The columns each card shows (its `m`, in this order)."""
     group_by: str | None = None
+    earlier: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The images approved before a row's prompt changed, by their key (`review_history`): served
+    beside the new request's cards."""
 
 
 def metadata_columns(header: Sequence[str]) -> list[str]:
@@ -157,11 +161,17 @@ def reference_thumbnail(location: Location, ref: str) -> bytes | None:
         return None if thumb is None else thumb.read_bytes()
 
 
-def load_cards(location: Location, show: Sequence[str] | None = None, group_by: str | None = None) -> CardSet:
+def load_cards(
+    location: Location,
+    show: Sequence[str] | None = None,
+    group_by: str | None = None,
+    approved: Mapping[str, Decision] | None = None,
+) -> CardSet:
     """The cards of the run in `location`. Cards keep results.csv's order of requests (job, request,
     turn), each request's variants newest first; with `group_by`, the requests sharing that column's
     value sit together (groups in the order of their first request). Each card shows the `show` columns
-    (default: the manifest's metadata columns). Raises `ReviewError` without results.csv, or for a
+    (default: the manifest's metadata columns); with the `approved` decisions, a changed row's cards
+    carry the image approved before (`review_history`). Raises `ReviewError` without results.csv, or for a
     column it does not have."""
     raw = location.get(layout.RESULTS_CSV)
     if raw is None:
@@ -194,10 +204,13 @@ def load_cards(location: Location, show: Sequence[str] | None = None, group_by: 
     for variants in requests:
         per_job.setdefault(variants[0]["job_id"], set()).add(variants[0]["request_index"])
     several = {job for job, indexes in per_job.items() if len(indexes) > 1}
+    keys = {row["idempotency_key"] for row in rows}
+    before = earlier_approved(location, keys, approved or {}, safe_name)
     cards: list[ReviewCard] = []
     for variants in requests:
-        cards.extend(_request_cards(variants, details, columns, group_by, several))
-    return CardSet(cards, without, refused, columns, group_by)
+        cards.extend(_request_cards(variants, details, columns, group_by, several, before))
+    earlier = {e.key: e.images for e in before.values()}
+    return CardSet(cards, without, refused, columns, group_by, earlier)
 
 
 def _request_cards(
@@ -206,9 +219,10 @@ def _request_cards(
     columns: list[str],
     group_by: str | None,
     several: set[str],
+    before: Mapping[Request, Earlier],
 ) -> list[ReviewCard]:
     """One request's cards (its variants with images, newest first); each names the older variants it
-    replaces (`pk`, oldest first)."""
+    replaces (`pk`, oldest first), and the image approved before its prompt changed (`h`)."""
     # A later variant's key is its own; its prompt and references are its request's (any variant the
     # plan knows).
     planned = next((details[r["idempotency_key"]] for r in variants if r["idempotency_key"] in details), None)
@@ -216,6 +230,7 @@ def _request_cards(
     refs = [*getattr(planned, "reference_images", []), *filter(None, [getattr(planned, "mask", None)])]
     made: list[ReviewCard] = []
     replaced = superseded(variants)
+    earlier = before.get(request_of(variants[0]))
     for row in sorted(variants, key=variant_number):
         images = tuple(rel for rel in image_paths(row) if safe_name(rel))
         key, variant = row["idempotency_key"], variant_number(row)
@@ -235,6 +250,8 @@ def _request_cards(
             data["g"] = row.get(group_by, "")
         if row["job_id"] in several:  # its candidates, the pick's choice (the page's `candidates`)
             data["j"] = row["job_id"]
+        if earlier is not None:
+            data["h"] = earlier.shown()
         made.append(ReviewCard(key, variant, images, data, tuple(str(ref) for ref in refs)))
     return made[::-1]
 
@@ -340,6 +357,12 @@ class DecisionCache:
         self.refresh(force=True)
         with self._lock:
             return self._replayed.undo_stack(reviewer)
+
+    def approved(self) -> dict[str, Decision]:
+        """The approvals in force now, by key."""
+        self.refresh()
+        with self._lock:
+            return {k: d for k, d in self._replayed.in_force.items() if d.decision == "approved"}
 
     def since(self, version: int) -> tuple[int, dict[str, Decision]]:
         """The current version and the decisions that changed after `version` (all for -1)."""

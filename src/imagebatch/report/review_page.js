@@ -60,6 +60,7 @@ function count() {
   $('bulk').hidden = !marked.size;
   $('nmarked').textContent = `${fmt(marked.size)} marked`;
 }
+const BEFORE = 'approved before, for the earlier prompt';  // a changed row's earlier image (`h`)
 function said(d) {  // "rejected by alice" (the note apart)
   return d.decision.replace('_', ' ') + (d.reviewer ? ' by ' + d.reviewer : '');
 }
@@ -100,11 +101,16 @@ function thumb(k, j, label, cls) {
 function build(i) {
   const c = cards[i], e = el('div', 'card'), media = el('div', 'media');
   e.dataset.key = c.k;
-  const n = Math.min(c.n, c.pk.length ? 1 : 4);  // a redone card keeps room for the version it replaces
+  const n = Math.min(c.n, c.pk.length || c.h ? 1 : 4);  // room for the version it replaces, or the one before
   for (let j = 0; j < n; j++) media.append(thumb(c.k, j, `image ${j + 1} of ${c.t}`));
   if (c.pk.length) {  // the version it replaces, beside it
     const p = cards[byKey.get(c.pk[c.pk.length - 1])], was = thumb(p.k, 0, `variant ${p.v} of ${c.t}`, 'was');
     was.append(el('span', 'tag', 'variant ' + p.v));
+    media.append(was);
+  }
+  if (c.h) {  // the image approved for this row before its prompt changed
+    const was = thumb(c.h[0], 0, `${BEFORE} of ${c.t}`, 'was before');
+    was.append(el('span', 'tag', 'approved before'));
     media.append(was);
   }
   const id = el('div', 'id');
@@ -131,6 +137,7 @@ function build(i) {
     e.append(refs);
   }
   if (c.pk.length) e.append(el('div', 'prev'));
+  if (c.h) e.append(el('div', 'earlier', BEFORE + (c.h[2] ? ` (by ${c.h[2]})` : '')));
   const buttons = el('div', 'btns');
   const acts = [['mark', '✓', 'mark (x)'], ['approved', 'Approve', 'a'], ['rejected', 'Reject', 'r'],
                 ['note', 'Note', 'n'], ['view', 'View', 'v']];

@@ -29,6 +29,16 @@ function refPane(c, j) {  // a reference: the thumbnail the card has, drawn as l
   p.append(el('div', 'vcap', `reference ${j + 1}` + (c.r > 1 ? ` of ${c.r}` : '') + ', the request\'s'), box);
   return p;
 }
+function beforePane(c) {  // the image approved for the row before its prompt changed (review_history.py)
+  const [k, , who] = c.h, p = el('div', 'vpane before'), box = el('div', 'vbox'), img = el('img');
+  img.alt = `${BEFORE} of ${c.t}`;
+  img.src = `/image/${encodeURIComponent(k)}/0`;
+  img.addEventListener('load', () => sizeImages());
+  box.append(img);
+  box.addEventListener('scroll', () => follow(box));
+  p.append(el('div', 'vcap', BEFORE + (who ? ` (by ${who})` : '')), box);
+  return p;
+}
 let showing = '';  // the images and mode the large view shows: the same again only updates its captions
 function showLarge() {
   if (!view.length) { hideLarge(); return; }
@@ -53,6 +63,7 @@ function showLarge() {
   showing = now;
   panes.textContent = '';
   for (const [at, j] of list) panes.append(pane(at, j, at === i));
+  if (!survey && c.h) panes.append(beforePane(c));
   if (!survey) for (let j = 0; j < (c.r || 0); j++) panes.append(refPane(c, j));
   $('vcompare').textContent = survey ? `${among.length} to pick from: p picks this one · s leaves the survey` :
     c.pk.length ? (compare ? 'c hides the earlier variants' : 'c compares') : '';

@@ -1,0 +1,65 @@
+"""A changed row's history on the review page (issue 37): a row whose prompt changed is a new request with
+a new key; the image approved for its earlier key (still in OUT, named by the journal) is shown beside the
+new request's cards and served, and nothing else is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers.review import approved_before, request, review_folder
+
+from imagebatch.report.review import ReviewServer
+from imagebatch.report.review_data import load_cards
+from imagebatch.storage.location import LocalFolder
+from imagebatch.work.decisions import Decision, read_decisions, record_decision
+
+
+def test_a_changed_rows_cards_carry_the_image_approved_for_its_earlier_prompt(tmp_path: Path) -> None:
+    out = review_folder(tmp_path, requests=6, redone=2, variants=2)
+    folder = LocalFolder(out)
+    earlier = approved_before(tmp_path, out, "p002", reviewer="maria")
+    found = load_cards(folder, approved=read_decisions(folder))
+    with_history = {c.key: c.shown["h"] for c in found.cards if "h" in c.shown}
+    p002 = [c.key for c in found.cards if c.shown["t"] == "p002"]
+    assert len(p002) == 2  # both variants of the new request show it
+    assert with_history == {key: [earlier, 1, "maria"] for key in p002}
+    (rel,) = found.earlier[earlier]
+    assert rel.startswith("images/p002/0-") and (out / rel).is_file()
+    # Without the decisions (report.html's reading) or with the approval taken back, nothing is shown
+    assert not any("h" in c.shown for c in load_cards(folder).cards)
+    record_decision(folder, Decision(earlier, 1, "rejected", "wrong colour", "bob"))
+    assert load_cards(folder, approved=read_decisions(folder)).earlier == {}
+
+
+def test_only_an_approved_earlier_key_of_a_row_is_shown_the_latest_one(tmp_path: Path) -> None:
+    out = review_folder(tmp_path, requests=4, redone=None)
+    folder = LocalFolder(out)
+    first = approved_before(tmp_path, out, "p001")
+    current = {c.shown["t"]: c.key for c in load_cards(folder).cards}
+    # An approval of a key results.csv still names is no history; nor is one the journal never named
+    record_decision(folder, Decision(current["p003"], 1, "approved", "", "alice"))
+    record_decision(folder, Decision("ib1-" + "0" * 64, 1, "approved", "", "alice"))
+    found = load_cards(folder, approved=read_decisions(folder))
+    assert {c.shown["t"]: c.shown["h"][0] for c in found.cards if "h" in c.shown} == {"p001": first}
+    # The row changed twice: the later approval is the one shown
+    (tmp_path / "catalog.csv").write_text((tmp_path / "earlier.csv").read_text())
+    second = approved_before(tmp_path, out, "p001", reviewer="bob")
+    assert second != first
+    found = load_cards(folder, approved=read_decisions(folder))
+    assert [c.shown["h"] for c in found.cards if "h" in c.shown] == [[second, 1, "bob"]]
+
+
+def test_the_server_serves_the_earlier_image_and_nothing_else_by_an_old_key(tmp_path: Path) -> None:
+    out = review_folder(tmp_path, requests=4, redone=None)
+    earlier = approved_before(tmp_path, out, "p001")
+    rejected = approved_before(tmp_path, out, "p002")
+    record_decision(LocalFolder(out), Decision(rejected, 1, "rejected", "", "bob"))
+    with ReviewServer(LocalFolder(out), "alice") as server:
+        (rel,) = server.earlier[earlier]
+        assert request(server.url, path=f"/image/{earlier}/0") == (200, (out / rel).read_bytes())
+        assert request(server.url, path=f"/thumb/{earlier}/0")[0] == 200
+        for path in (f"/image/{earlier}/1", f"/image/{rejected}/0", f"/thumb/{rejected}/0"):
+            assert request(server.url, path=path)[0] == 404, path
+        # An earlier key is shown, never decided: the page's decisions name its current cards only
+        status, _ = server.decide({"key": earlier, "decision": "rejected"})
+        assert status == 400
