@@ -71,7 +71,7 @@ from imagebatch.delivery.summary import ExportSummary
 from imagebatch.storage import layout
 from imagebatch.storage.kinds import open_location
 from imagebatch.storage.location import LocalFolder, Location, is_object_url, local_path, shown_url
-from imagebatch.work.decisions import decided
+from imagebatch.work.decisions import decided, read_stars
 
 Pool = Literal["process", "thread"]
 DEFAULT_POOL: Pool = "thread"
@@ -311,7 +311,7 @@ def _deliver(
     summary.set_aside, summary.changed_aside, summary.pruned = files.own, files.changed, options["prune"]
     if files:
         summary.aside_to = set_aside(target, files, prune=options["prune"], when=when) or summary.aside_to
-    listing = export_csv(manifest_columns(columns), made.rows())
+    listing = export_csv(manifest_columns(columns), made.rows(read_stars(source)))
     if target.get(EXPORT_CSV) != listing:
         target.put(EXPORT_CSV, listing)
         summary.export_csv_written = True

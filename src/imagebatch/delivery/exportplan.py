@@ -137,11 +137,15 @@ class ExportPlan:
     deliverables: list[Deliverable] = field(default_factory=list)
     missing: list[Missing] = field(default_factory=list)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """export.csv's rows, in results.csv's order (a request's images by their number)."""
+    def rows(self, stars: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+        """export.csv's rows, in results.csv's order (a request's images by their number), each with its
+        image's `stars` (`work.decisions.read_stars`)."""
         items: list[Deliverable | Missing] = [*self.deliverables, *self.missing]
         items.sort(key=lambda d: (d.number, d.n if isinstance(d, Deliverable) else 0))
-        return [d.export_row() for d in items]
+        rows = [d.export_row() for d in items]
+        for row in rows:
+            row["stars"] = (stars or {}).get(row.get("idempotency_key", ""), "")
+        return rows
 
 
 def read_results(out: Location) -> tuple[list[str], list[dict[str, str]]]:

@@ -30,7 +30,9 @@
   reviewed, then undone), with `at` as a UTC timestamp. Joined to `results` on the key and the variant,
   `results.merge(decisions, left_on=["idempotency_key", "variant"], right_on=["key", "variant"],
   how="left")`, so the table has one `variant` column (joined on the key alone pandas would name the two
-  `variant_x` and `variant_y`); an image without a decision has `decision` missing (`<NA>`).
+  `variant_x` and `variant_y`); an image without a decision has `decision` missing (`<NA>`). `stars`:
+  its latest star rating (1 to 5, whoever gave it; `<NA>` unrated), which is not a decision: an image
+  rated and not decided has a row with `decision` missing.
 - `run`: run.json as its model (`work.runsummary.RunSummary`: `r.run.state`, `r.run.counts`), or None
   when there is none, or when its model refuses it (counted under `run.json` in `skipped`).
 - `skipped`: how many bad lines were left out, by record (`results.csv`, `usage.jsonl`, `review.jsonl`;
@@ -58,7 +60,7 @@ from typing import Any, TypeVar
 from imagebatch.extras import needs_extra
 from imagebatch.storage import layout
 from imagebatch.storage.bounded import BadLine
-from imagebatch.work.decisions import Decision, iter_decisions
+from imagebatch.work.decisions import RATED, Decision, iter_decisions
 from imagebatch.work.outcome import DONE
 from imagebatch.work.runsummary import RunSummary, RunSummaryError
 from imagebatch.work.store import RESULT_COLUMNS, OutputStore
@@ -138,7 +140,7 @@ def results(out: str | os.PathLike[str]) -> Results:
     return Results(
         results=results_frame(good_rows),
         usage=usage_frame(good_usage),
-        decisions=decisions_frame(list({d.key: d for d in good_decisions}.values())),
+        decisions=decisions_frame(good_decisions),
         skipped=dict(skipped),
         run=run,
     )
@@ -245,9 +247,17 @@ def usage_frame(lines: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def decisions_frame(decisions: list[Decision]) -> pd.DataFrame:
-    """Review decisions as a DataFrame."""
-    frame = pd.DataFrame.from_records([asdict(d) for d in decisions], columns=list(DECISION_COLUMNS))
+    """The record's lines as a DataFrame: one row per image, its last decision and its last rating's
+    stars (`work.decisions.RATED`)."""
+    last = {d.key: asdict(d) for d in decisions if d.decision != RATED}
+    for rating in decisions:
+        if rating.decision == RATED:
+            row = last.setdefault(rating.key, asdict(rating) | {"decision": None, "reviewer": None})
+            row["stars"] = rating.stars
+    rows = [row | {"stars": row["stars"] or None} for row in last.values()]
+    frame = pd.DataFrame.from_records(rows, columns=list(DECISION_COLUMNS))
     frame["variant"] = frame["variant"].astype("Int64")
+    frame["stars"] = frame["stars"].astype("Int64")
     frame["at"] = pd.to_datetime(frame["at"], utc=True, format="ISO8601")
     for name in ("key", "decision", "note", "reviewer"):
         frame[name] = frame[name].astype("string")

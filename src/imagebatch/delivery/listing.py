@@ -35,7 +35,8 @@ REASONS = {
 }
 """Why a deliverable is missing, as export.csv's `reason` says it."""
 HEAD_COLUMNS = ("path", "status", "reason", "job_id")
-DECISION_COLUMNS = ("variant", "decision", "reviewer", "decided_at", "note")
+DECISION_COLUMNS = ("variant", "decision", "reviewer", "decided_at", "note", "stars")
+"""`stars`: the image's latest star rating, 1 to 5 (empty: unrated; `work.decisions.RATED`)."""
 FILE_COLUMNS = (
     "idempotency_key",
     "request_index",

@@ -84,7 +84,7 @@ from imagebatch.report.review_report import REPORT_INTERVAL, ReportKeeper
 from imagebatch.storage import layout
 from imagebatch.storage.bounded import RecordError
 from imagebatch.storage.location import LocalFolder, Location
-from imagebatch.work.decisions import DECISIONS, Decision
+from imagebatch.work.decisions import DECISIONS, RATED, STARS, Decision
 from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail, thumb_name
 
 HOST = "127.0.0.1"
@@ -213,10 +213,11 @@ class ReviewServer:
     def page(self, nonce: str, who: str | None = None) -> bytes:
         """The page for reviewer `who` (None: a server without reviewers, whose page names its own)."""
         self._load_cards()
-        version, changed = self.decisions.changes(-1)
+        version, changed, stars = self.decisions.changes(-1)
         cards, shown = self.cards, self._cards_json
         data = {
             "decisions": {k: decision_json(d) for k, (d, _) in changed.items() if k in cards},
+            "stars": {k: [r.stars, r.reviewer] for k, r in stars.items() if k in cards},
             "views": {k: views for k, (_, mine) in changed.items() if k in cards and (views := _views(mine))},
             "version": version,
             "reviewer": who or self.reviewer,
@@ -230,13 +231,15 @@ class ReviewServer:
     def changes(self, since: int, views: bool = True) -> dict[str, Any]:
         """`GET /api/changes?since=VERSION`: the version now and the decisions in force that changed after
         `since`, each with `views`, every reviewer's own decision on that image when two or more have one
-        (`[[name, decision], ...]`, empty otherwise; `views=False`: left out)."""
-        version, changed = self.decisions.changes(since)
+        (`[[name, decision], ...]`, empty otherwise; `views=False`: left out); and `stars`, the ratings
+        that changed (`[stars, reviewer]`: the latest rating, whoever gave it)."""
+        version, changed, stars = self.decisions.changes(since)
         decisions = {
             k: decision_json(d) | ({"views": _views(mine)} if views else {})
             for k, (d, mine) in changed.items()
         }
-        return {"version": version, "decisions": decisions}
+        rated = {k: [r.stars, r.reviewer] for k, r in stars.items()}
+        return {"version": version, "decisions": decisions, "stars": rated}
 
     def decide(self, body: dict[str, Any], who: str | None = None) -> tuple[HTTPStatus, dict[str, Any]]:
         """Record the decision a page posted, after checking each field: under `who`, the signed-in
@@ -250,10 +253,19 @@ class ReviewServer:
             return HTTPStatus.BAD_REQUEST, {"error": f"decision must be one of {', '.join(DECISIONS)}"}
         if why := fields_refusal(body):
             return HTTPStatus.BAD_REQUEST, {"error": why}
+        if kind == RATED or "stars" in body:
+            return self._rate(card, body.get("stars"), reviewer.strip()) if kind == RATED else _NO_STARS
         batch = body.get("batch", "")  # the bulk approve it is part of: undone together
         decision = Decision(card.key, card.variant, kind, note.strip(), reviewer.strip(), batch=batch)
         in_force = self.decisions.record(decision)
         return HTTPStatus.OK, {"decision": decision_json(in_force), "version": self.decisions.version}
+
+    def _rate(self, card: ReviewCard, stars: object, reviewer: str) -> tuple[HTTPStatus, dict[str, Any]]:
+        """Record a rating of `card` (`work.decisions.RATED`): 1 to 5 stars, a JSON integer."""
+        if type(stars) is not int or stars not in STARS:
+            return HTTPStatus.BAD_REQUEST, {"error": "stars must be a whole number from 1 to 5"}
+        self.decisions.record(Decision(card.key, card.variant, RATED, "", reviewer, stars=stars))
+        return HTTPStatus.OK, {"stars": [stars, reviewer], "version": self.decisions.version}
 
     def undo(self, body: dict[str, Any], who: str | None = None) -> tuple[HTTPStatus, dict[str, Any]]:
         """Take back the reviewer's decision on one image (`key`), or their bulk approve (`batch`), where
@@ -312,6 +324,9 @@ class ReviewServer:
         """The decisions' version, the record read again first (another server's decisions too)."""
         self.decisions.refresh()
         return self.decisions.version
+
+
+_NO_STARS = HTTPStatus.BAD_REQUEST, {"error": "stars go with the decision 'rated' only"}
 
 
 def _views(mine: list[Decision]) -> list[list[str]]:

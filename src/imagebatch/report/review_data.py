@@ -371,15 +371,18 @@ class DecisionCache:
             in_force = self._replayed.in_force
             return self.version, {k: in_force[k] for k in self._since(version) if k in in_force}
 
-    def changes(self, version: int) -> tuple[int, dict[str, tuple[Decision, list[Decision]]]]:
+    def changes(
+        self, version: int
+    ) -> tuple[int, dict[str, tuple[Decision, list[Decision]]], dict[str, Decision]]:
         """`since`, each decision in force with every reviewer's own standing on its image
-        (`History.opinions`), so that a page shows two reviewers who disagree."""
+        (`History.opinions`), so that a page shows two reviewers who disagree; and the ratings that
+        changed (`History.stars`)."""
         self.refresh()
         with self._lock:
             replayed = self._replayed
-            in_force = replayed.in_force
-            changed = {k: (in_force[k], replayed.opinions(k)) for k in self._since(version) if k in in_force}
-            return self.version, changed
+            in_force, stars, keys = replayed.in_force, replayed.stars, self._since(version)
+            changed = {k: (in_force[k], replayed.opinions(k)) for k in keys if k in in_force}
+            return self.version, changed, {k: stars[k] for k in keys if k in stars}
 
     def _since(self, version: int) -> list[str]:
         """The keys changed after `version`: `_changed` is kept in the order of its versions (a changed
@@ -410,27 +413,29 @@ class DecisionCache:
 
     def _apply(self, decisions: list[Decision], whole: bool = False) -> None:
         """Replay `decisions`, in order, onto the record read so far (`whole`: as the whole record, read
-        again), and mark the images whose decision in force changed (the caller holds the lock)."""
-        before: dict[str, Decision | None] = {}
+        again), and mark the images whose decision in force, or rating, changed (the caller holds the
+        lock)."""
+        before: dict[str, tuple[Decision | None, Decision | None]] = {}
         if whole:
-            before.update(self._replayed.in_force)
+            before.update((k, self._state(k)) for k in {*self._replayed.in_force, *self._replayed.stars})
             self._replayed = History()
         for decision in decisions:
             if not whole and decision.key not in before:
-                before[decision.key] = self._replayed.in_force.get(decision.key)
+                before[decision.key] = self._state(decision.key)
             if not self._replayed.apply(decision):
                 self._ignored.add(decision)
-        now = self._replayed.in_force
-        changed = (
-            [key for key in {*before, *now} if now.get(key) != before.get(key)]
-            if whole
-            else [key for key in before if now.get(key) != before[key]]
-        )
+        now = self._replayed
+        keys = {*before, *now.in_force, *now.stars} if whole else before
+        changed = [key for key in keys if self._state(key) != before.get(key, (None, None))]
         if changed:
             self.version += 1
             for key in changed:
                 self._changed.pop(key, None)  # to the end: `_since` reads from the newest back
                 self._changed[key] = self.version
+
+    def _state(self, key: str) -> tuple[Decision | None, Decision | None]:
+        """What the page shows of `key`'s record: its decision in force and its rating."""
+        return self._replayed.in_force.get(key), self._replayed.stars.get(key)
 
     def _read_file(self, path: Path) -> None:
         if (fh := open_record(path)) is None:  # never blocked by a FIFO, nor a device read

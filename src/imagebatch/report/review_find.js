@@ -3,7 +3,8 @@
 // only the cards in the window are in it. The view (state filter, search, column filters) is kept in the
 // address (#filter=open&q=fn-1055&c.colour=sand) so that it can be shared and reloaded.
 const MAX_CHOICES = 200;  // a column with more values than this is searched, not chosen from a list
-const query = {q: '', cols: new Map()};  // the search (lower case), and column index -> value
+const query = {q: '', cols: new Map(), stars: ''};  // the search (lower case), column index -> value, stars
+const STAR_FILTERS = ['1', '2', '3', '4', '5', 'none'];  // at least that many stars, or unrated
 let hay = null;
 function haystack() {
   if (!hay) hay = cards.map(c => [c.t, c.k, ...c.m].join('\n').toLowerCase());
@@ -11,6 +12,10 @@ function haystack() {
 }
 function found(i) {
   for (const [j, v] of query.cols) if (cards[i].m[j] !== v) return false;
+  if (query.stars) {
+    const r = stars.get(cards[i].k);
+    if (query.stars === 'none' ? r : !r || r[0] < +query.stars) return false;
+  }
   return !query.q || haystack()[i].includes(query.q);
 }
 function columnFilters() {  // a choice per shown column of a few values (a SKU is searched)
@@ -32,6 +37,7 @@ function colSelect(j) { return $('colfilters').querySelector(`select[data-col="$
 function readControls() {
   filter = $('filter').value;
   query.q = $('search').value.trim().toLowerCase();
+  query.stars = $('starfilter').value;
   query.cols.clear();
   for (const s of $('colfilters').querySelectorAll('select')) {
     if (!s.selectedOptions[0].dataset.any) query.cols.set(+s.dataset.col, s.value);
@@ -43,6 +49,7 @@ function applyView() {  // the controls' values in force, the address written, t
   const p = new URLSearchParams();
   if (filter !== 'all') p.set('filter', filter);
   if (query.q) p.set('q', $('search').value.trim());
+  if (query.stars) p.set('stars', query.stars);
   for (const [j, v] of query.cols) p.set('c.' + D.columns[j], v);
   history.replaceState(null, '', p.toString() ? '#' + p : location.pathname + location.search);
   refilter(selectedKey());
@@ -53,6 +60,7 @@ function readAddress() {  // the view a shared address names (unknown names and 
   const p = new URLSearchParams(location.hash.slice(1));
   $('filter').value = FILTERS.includes(p.get('filter')) ? p.get('filter') : 'all';
   $('search').value = p.get('q') || '';
+  $('starfilter').value = STAR_FILTERS.includes(p.get('stars')) ? p.get('stars') : '';
   D.columns.forEach((name, j) => {
     const s = colSelect(j), v = p.get('c.' + name);
     if (!s) return;

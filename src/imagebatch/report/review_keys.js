@@ -4,11 +4,13 @@ const KEYS = {j: () => move(1), k: () => move(-1), ArrowRight: () => move(1), Ar
               x: () => { const k = selectedKey(); if (k !== undefined) mark([k]); }, g: markGroup,
               A: approveMarked, v: showLarge, Enter: showLarge, p: pick,
               s: () => { survey = !survey; showLarge(); }, X: markShown, '/': () => $('search').focus(),
-              d: () => { setDensity($('density').value === 'compact' ? 'comfortable' : 'compact'); refilter(selectedKey()); }};
+              d: () => { setDensity($('density').value === 'compact' ? 'comfortable' : 'compact'); refilter(selectedKey()); },
+              1: () => rate(1), 2: () => rate(2), 3: () => rate(3), 4: () => rate(4), 5: () => rate(5)};
 const VIEW_KEYS = {...KEYS, ArrowDown: () => move(1), ArrowUp: () => move(-1), Escape: hideLarge,
                    v: hideLarge, Enter: hideLarge, '0': () => setZoom(0), f: () => setZoom(0),
                    '1': () => setZoom(1), '+': () => setZoom('+'), '=': () => setZoom('+'),
                    '-': () => setZoom('-'), c: () => { compare = !compare; showLarge(); }};
+for (const n of '2345') delete VIEW_KEYS[n];  // the large view's 1 is 100 %: ratings are the cards' keys
 document.addEventListener('keydown', ev => {
   const t = ev.target;
   if (t instanceof HTMLInputElement || t instanceof HTMLSelectElement) return;
@@ -47,6 +49,7 @@ $('unmark').addEventListener('click', () => mark([...marked]));
 $('vclose').addEventListener('click', hideLarge);
 $('filter').addEventListener('change', ev => { applyView(); ev.target.blur(); });
 $('search').addEventListener('input', applyView);
+$('starfilter').addEventListener('change', ev => { applyView(); ev.target.blur(); });
 $('search').addEventListener('keydown', ev => {
   if (ev.key === 'Escape' || ev.key === 'Enter') { ev.preventDefault(); ev.target.blur(); }
 });

@@ -56,6 +56,9 @@
         views.set(k, v || []);
         if (window.reviewApplyDecision) window.reviewApplyDecision(k, state);
       }
+      for (const [k, r] of Object.entries(answer.stars || {})) {
+        if (window.reviewApplyStars) window.reviewApplyStars(k, r);
+      }
       version = answer.version;
       showAll();
       if (failing) status.textContent = '';

@@ -11,6 +11,7 @@ let [W, H] = SIZES.comfortable;
 const cards = D.cards, byKey = new Map(cards.map((c, i) => [c.k, i])), NONE = [];
 for (const c of cards) if (!c.pk) c.pk = NONE;  // left out of the data where empty (as `r` and `x` are)
 const state = new Map(Object.entries(D.decisions));  // key -> {decision, note, reviewer, at}
+const stars = new Map(Object.entries(D.stars || {}));  // key -> [stars, reviewer]: the latest rating
 const pending = new Map(), shown = new Map(), heads = new Map(), marked = new Set();
 let undo = [];
 const grid = $('grid'), fmt = n => n.toLocaleString('en-US');
@@ -83,6 +84,14 @@ function fill(e, i) {
   if (d && d.note) rv.append(': ', el('span', 'note', d.note));
   if (cm) rv.append(' · comment' + (cm.reviewer ? ' by ' + cm.reviewer : '') + ': ', el('span', 'note', cm.note));
   rv.title = rv.textContent;
+  const st = stars.get(k);
+  let se = e.querySelector('.stars');
+  if (!st && se) se.remove();
+  if (st && !se) { se = el('span', 'stars'); e.querySelector('.id .t').after(se); }
+  if (st) {
+    se.textContent = '★'.repeat(st[0]) + '☆'.repeat(5 - st[0]);
+    se.title = `${st[0]} of 5 stars` + (st[1] ? ' by ' + st[1] : '') + ' (keys 1-5)';
+  }
   const prev = e.querySelector('.prev');
   if (prev) {
     const p = c.pk[c.pk.length - 1], pd = current(p);
@@ -286,6 +295,23 @@ function decide(decision) {
   reveal();
   justDecided = {k, next: selectedKey()};
 }
+// A star rating (keys 1-5), apart from the decision: recorded at once, the latest one (anyone's) counts.
+function rate(n) {
+  const k = selectedKey();
+  if (k === undefined) return;
+  stars.set(k, [n, reviewer()]);
+  pending.set(k, (pending.get(k) || 0) + 1);
+  const body = JSON.stringify({key: k, decision: 'rated', stars: n, reviewer: reviewer()});
+  send('/api/decision', body).then(answer => {
+    stars.set(k, answer.stars);
+    document.body.dataset.rated = (+document.body.dataset.rated || 0) + 1;
+  }, error => say(`not rated (${cards[byKey.get(k)].t}): ${error.message}`)).finally(() => {
+    const left = pending.get(k) - 1;
+    if (left) pending.set(k, left); else pending.delete(k);
+    refilter(selectedKey());
+  });
+  refilter(k);
+}
 // The images one pick chooses among (the card's own included): its job's requests (candidates), else
 // its group's cards (with --group-by: a product's colourways), each replaced variant left out; else its
 // request's variants.
@@ -385,6 +411,7 @@ async function refresh(full) {
     if (!r.ok) throw new Error('HTTP ' + r.status);
     const answer = await r.json(), keep = selectedKey();
     for (const [k, d] of Object.entries(answer.decisions)) if (!pending.get(k)) state.set(k, d);
+    for (const [k, r] of Object.entries(answer.stars || {})) if (!pending.get(k)) stars.set(k, r);
     if (full) {
       for (const k of [...state.keys()]) if (!pending.get(k) && !(k in answer.decisions)) state.delete(k);
     }
@@ -410,5 +437,11 @@ let soon = 0;
 window.reviewApplyDecision = (k, d) => {
   if (!byKey.has(k) || pending.get(k)) return;  // this page's own decision on it is on its way
   if (d) state.set(k, d); else state.delete(k);
+  if (!soon) soon = setTimeout(() => { soon = 0; refilter(selectedKey()); }, 0);
+};
+// ... and of a rating: `r` the latest one, [stars, reviewer].
+window.reviewApplyStars = (k, r) => {
+  if (!byKey.has(k) || pending.get(k)) return;
+  stars.set(k, r);
   if (!soon) soon = setTimeout(() => { soon = 0; refilter(selectedKey()); }, 0);
 };

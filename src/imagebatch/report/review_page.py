@@ -22,22 +22,27 @@ the image fit to the window beside the versions it replaces (a redone image's ea
 its decision and note; `c` hides them) and its request's reference images (the report's thumbnails of
 the manifest's files, drawn at the image's size), `1` its own pixels (100 %), `+`/`-` zoom, `0` fit
 again, the panes zoomed and scrolled together; the moving and deciding keys work there too, and Escape
-leaves it. `/` goes to the search, `d` switches the density.
+leaves it. `1`-`5` rate the selected card (stars, apart from its decision: `work.decisions.RATED`; the
+latest rating counts, whoever gave it, and the card shows it and who; in the large view `1` stays 100 %),
+`/` goes to the search, `d` switches the density.
 
 A card shows the manifest's columns (`imagebatch review --show`), each value whole (wrapped), its
-request's reference images (their thumbnails in OUT, as the report makes them) and, for a redone image,
-the version it replaces and the note that rejected it. With `--group-by`, each group's cards start a row
-under its heading. Two densities: comfortable (four cards a row at 1440 px) and compact (eight a row,
-three rows at 1440 x 900: the prompt and small print left to the large view), kept in the browser.
+request's reference images (their thumbnails in OUT, as the report makes them), for a redone image, the
+version it replaces and the note that rejected it, and, for a row whose prompt changed, the image
+approved for its earlier prompt (`report.review_history`; in the large view too, a pane of its own). With
+`--group-by`, each group's cards start a row under its heading. Two densities: comfortable (four cards a
+row at 1440 px) and compact (eight a row, three rows at 1440 x 900: the prompt and small print left to
+the large view), kept in the browser.
 
 What is shown: the state filter (`FILTERS`: what still needs a person, unreviewed or rejected and not yet
-redone, or one review state, `report.setstate`), a search over each card's title, key and shown
-columns (the page's own data, not the document: a SKU among 10,000 cards in a few milliseconds), and a
-list per shown column of at most 200 values (a column of more, such as a SKU, is searched instead),
-combined, and kept in the address (`#filter=open&q=fn-1055&c.colour=sand`) so that a view can be shared
-and reloaded. Decisions are sent one at a time, in order; `review_live.js` asks the server for the
-decisions that changed (another browser's) every 2 s while the page is visible, the page itself when it
-regains focus, and each reaches the page through `window.reviewApplyDecision(key, decision)`.
+redone, or one review state, `report.setstate`), the stars (at least N, or unrated), a search over each
+card's title, key and shown columns (the page's own data, not the document: a SKU among 10,000 cards in a
+few milliseconds), and a list per shown column of at most 200 values (a column of more, such as a SKU, is
+searched instead), combined, and kept in the address (`#filter=open&q=fn-1055&c.colour=sand&stars=4`) so
+that a view can be shared and reloaded. Decisions are sent one at a time, in order; `review_live.js` asks
+the server for the decisions that changed (another browser's) every 2 s while the page is visible, the
+page itself when it regains focus, and each reaches the page through `window.reviewApplyDecision(key,
+decision)`.
 """
 
 from __future__ import annotations
@@ -69,9 +74,17 @@ FILTERS = {
     "not_chosen": "not chosen (another picked)",
 }
 """The page's filters (`#filter=open`) and their labels; the page's script knows the same names."""
+STAR_OPTIONS = (
+    '<option value="">stars: any</option>'
+    + "".join(
+        f'<option value="{n}">{"★" * n}{" only" if n == 5 else " or more"}</option>' for n in range(1, 6)
+    )
+    + '<option value="none">unrated</option>'
+)
+"""The stars filter (`#stars=4`: at least 4; `none`: unrated); the page's script knows the same values."""
 KEYS = (
     "j/k or ←/→ move · a approve · r reject · n note · u undo · v view large · x mark · g mark group"
-    " · X mark all shown · A approve marked · p pick · s survey · / search · d density"
+    " · X mark all shown · A approve marked · p pick · s survey · 1-5 stars · / search · d density"
 )
 VIEW_KEYS = "j/k, arrows · a r n u p · 0 fit · 1 100 % · +/- zoom · c compare · s survey"
 
@@ -97,6 +110,7 @@ def render_page(title: str, token: str, nonce: str, cards: str, data: dict[str, 
         f'<label>show <select id="filter">{options}</select> <span id="shown"></span></label>'
         '<input id="search" type="search" size="22" placeholder="search (/): id, SKU, any column"'
         ' autocomplete="off"><span id="colfilters"></span>'
+        f'<select id="starfilter" title="filter on the stars">{STAR_OPTIONS}</select>'
         '<button type="button" id="markshown">Mark all shown (X)</button>'
         '<select id="density" title="density (d)"><option value="comfortable">comfortable</option>'
         '<option value="compact">compact</option></select>'

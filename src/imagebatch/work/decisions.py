@@ -1,5 +1,6 @@
 """A reviewer's decisions on a run's images: approved, rejected (with a note), not chosen (another was
-picked), or cleared (undone); and comments, a note on an image not yet decided (`COMMENT`).
+picked), or cleared (undone); comments, a note on an image not yet decided (`COMMENT`); and star ratings
+(`RATED`), apart from the decisions.
 
 Decisions are appended, never rewritten, so two reviewers (two browsers, or two `imagebatch review`
 servers on one output location) lose nothing of each other's. They are a history, not a stack
@@ -22,13 +23,13 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
-from typing import Literal, get_args
+from typing import Final, Literal, get_args
 
 from imagebatch.storage.bounded import BadLine, split_lines
 from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
 from imagebatch.storage.location import LocalFolder, Location, confined, json_object
 
-DecisionKind = Literal["approved", "rejected", "cleared", "comment", "not_chosen"]
+DecisionKind = Literal["approved", "rejected", "cleared", "comment", "not_chosen", "rated"]
 DECISIONS: tuple[str, ...] = get_args(DecisionKind)
 COMMENT = "comment"
 """A note without a decision (the review page saves one typed on a card not yet decided): it is in force
@@ -38,6 +39,14 @@ text as the decision's note, so a redo's edit carries it only once the card is r
 NOT_CHOSEN = "not_chosen"
 """Judged, and another image it was shown among picked (the review page's `p`): not rejected, so nothing
 redoes it, and not approved, so `export --approved-only` leaves it out."""
+RATED: Final = "rated"
+"""A star rating, 1 to 5 (`Decision.stars`; the review page's keys 1-5), beside the decision, never one:
+it is never in force (`History.stars` keeps the latest per image, whoever gave it: as for decisions, the
+last one counts), never undone by `u`, and neither redo nor export's choice acts on it; export.csv and
+`imagebatch.results()` show it (`stars`). A reader of an older version skips its line (a kind it does
+not know), so the record stays readable by both."""
+STARS = range(1, 6)
+"""The ratings a line may hold; a line of another (0, 6, "5", 1e9, true) is not read (`from_json`)."""
 NOT_DECIDED = ("cleared", COMMENT)
 """The kinds in force on an image that is not decided."""
 MAX_NOTE = 2000
@@ -65,6 +74,8 @@ class Decision:
     batch: str = ""
     """The bulk approve it is part of (the page's id for it): one `u` takes back the whole batch, before a
     reload and after (`History.undo_batch`). Written only when set."""
+    stars: int = 0
+    """A rating's stars (`RATED`: 1 to 5); 0 on every other kind. Written only when set."""
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> Decision | None:
@@ -77,10 +88,13 @@ class Decision:
         note, reviewer, at = (data.get(name, "") for name in ("note", "reviewer", "at"))
         if not all(isinstance(text, str) for text in (note, reviewer, at)):
             return None
-        batch = data.get("batch", "")
+        batch, stars = data.get("batch", ""), data.get("stars", 0)
+        if decision == RATED and (type(stars) is not int or stars not in STARS):
+            return None  # a hostile or damaged rating: 0, 6, "5", 1e9, true
         return cls(
             key, variant, decision, note, reviewer, at,  # type: ignore[arg-type]
-            data.get("undo") is True, batch if isinstance(batch, str) else "",
+            data.get("undo") is True and decision != RATED, batch if isinstance(batch, str) else "",
+            stars if decision == RATED else 0,  # type: ignore[arg-type]
         )  # fmt: skip
 
 
@@ -107,6 +121,8 @@ def record_named(location: Location, decision: Decision) -> tuple[Decision, str]
     keeps the objects it has read (`report.review_data.DecisionCache`) need not list them to find it."""
     if decision.decision not in DECISIONS:
         raise ValueError(f"decision must be one of {', '.join(DECISIONS)}, not {decision.decision!r}")
+    if (decision.decision == RATED) != (decision.stars in STARS):
+        raise ValueError(f"a rating has 1 to 5 stars, and only a rating has any, not {decision.stars!r}")
     if len(decision.note) > MAX_NOTE:  # a reader would refuse the line (`parse_line`)
         raise ValueError(f"a note is at most {MAX_NOTE:,} characters, not {len(decision.note):,}")
     if not decision.at:
@@ -127,6 +143,8 @@ def _line(decision: Decision) -> bytes:
         del data["undo"]  # the usual line stays as it was
     if not decision.batch:
         del data["batch"]
+    if not decision.stars:
+        del data["stars"]
     return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
@@ -199,10 +217,20 @@ def iter_decisions(location: Location, bad: BadLine | None = None) -> Iterator[D
 def read_decisions(location: Location) -> dict[str, Decision]:
     """The decision in force for each image key, the record replayed (`History`): a `cleared` one
     included, so a caller sees that an image was reviewed then undone; `decided()` drops those."""
+    return dict(replayed(location).in_force)
+
+
+def read_stars(location: Location) -> dict[str, int]:
+    """The stars each rated image has now (the latest rating, whoever gave it: `History.stars`)."""
+    return {key: rating.stars for key, rating in replayed(location).stars.items()}
+
+
+def replayed(location: Location) -> History:
+    """The location's whole record replayed (`History`)."""
     history = History()
     for decision in iter_decisions(location):
         history.apply(decision)
-    return dict(history.in_force)
+    return history
 
 
 def decided(location: Location) -> dict[str, Decision]:
@@ -222,10 +250,12 @@ class History:
     An undo applies only when the top decision is its reviewer's own: one reviewer's undo never brings
     back an earlier decision over another's later one. `refusal` says why an undo would not apply.
     A comment (`COMMENT`) stands apart: in force where nothing else is, back in force when an undo
-    empties the image."""
+    empties the image. A rating (`RATED`) stands apart too, in `stars`."""
 
     def __init__(self) -> None:
         self.in_force: dict[str, Decision] = {}
+        self.stars: dict[str, Decision] = {}
+        """The latest rating of each rated image (`RATED`)."""
         self._standing: dict[str, list[tuple[int, Decision]]] = {}
         self._comments: dict[str, Decision] = {}
         self._count = 0
@@ -233,6 +263,9 @@ class History:
     def apply(self, decision: Decision) -> bool:
         """Replay one recorded decision; False for an undo that takes nothing back (not in force)."""
         self._count += 1
+        if decision.decision == RATED:
+            self.stars[decision.key] = decision
+            return True
         if decision.decision == COMMENT and not decision.undo:
             self._comments[decision.key] = decision
             top = self.in_force.get(decision.key)
