@@ -255,3 +255,60 @@ def approved_before(root: Path, out: Path, job: str, reviewer: str = "alice") ->
         store.sync()
     record_decision(LocalFolder(out), Decision(req.idempotency_key, 1, "approved", "", reviewer))
     return req.idempotency_key
+
+
+CANDIDATES = "p00007"
+"""The job of `catalog_folder` whose row asks for 3 candidates (`count` 3): its requests are picked among."""
+
+
+def catalog_folder(root: Path, cards: int = 10_000) -> Path:
+    """`root/out`, a catalog run of `cards` images as `run` leaves it, written fast by the project's own
+    writers (no run): the manifest `root/catalog.csv` (id, sku with three colourways each, product_name,
+    colour, prompt, a reference image, count: 1, but 3 for job `CANDIDATES`), its plan's keys, results.csv
+    (`OutputStore.write_results`) and run.json (`OutputStore.write_run`), and one 256 px PNG and its
+    thumbnail hard-linked per request, so the report and the page make none."""
+    from imagebatch.work.store import OutputStore, file_stem
+
+    colours = [
+        "cobalt blue",
+        "sage green",
+        "sand",
+        "brushed brass",
+        "burgundy",
+        "slate grey",
+        "ivory",
+        "black",
+    ]
+    manifest = root / "catalog.csv"
+    (root / "ref.png").write_bytes(product_png(0, (200, 200, 200)))
+    lines = ["id,sku,product_name,colour,prompt,reference_images,count"]
+    for i in range(cards - 2):  # one row of 3 candidates: `cards` images in all
+        name = PRODUCTS[i % len(PRODUCTS)][0]
+        count = 3 if f"p{i:05d}" == CANDIDATES else 1
+        lines.append(f"p{i:05d},SKU-{10000 + i // 3},{name},{colours[i % 8]},"
+                     f"Studio photo of a {{product_name}} in {{colour}},ref.png,{count}")  # fmt: skip
+    manifest.write_text("\n".join(lines) + "\n")
+    out = root / "out"
+    (out / "images").mkdir(parents=True)
+    (out / "thumbs").mkdir()
+    image, thumb = out / "base.png", out / "base.jpg"
+    image.write_bytes(product_png(1, (38, 74, 168)))
+    Image.open(image).convert("RGB").save(thumb, "JPEG", quality=80)
+    rows = []
+    for req in plan(load_manifest(manifest)):
+        rel = f"images/{file_stem(req, False)}.png"
+        (out / rel).parent.mkdir(exist_ok=True)
+        (out / rel).hardlink_to(image)
+        (out / "thumbs" / f"{rel.removeprefix('images/').replace('/', '__')}.jpg").hardlink_to(thumb)
+        rows.append({
+            "job_id": req.job_id, "request_index": req.request_index, "turn_index": 0, "status": "succeeded",
+            "paths": rel, "images": 1, "width": 256, "height": 256, "mime_type": "image/png",
+            "model": req.model, "route": "native", "idempotency_key": req.idempotency_key, "attempts": 1,
+            "finish_reason": "STOP", "request_id": f"req_{req.job_id}_{req.request_index}", "variant": 1,
+            **req.job.metadata,
+        })  # fmt: skip
+    store = OutputStore(out)
+    store.write_results(rows, ["sku", "product_name", "colour"])
+    sha = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    store.write_run({"manifest": str(manifest), "manifest_sha256": sha, "state": "finished"})
+    return out
