@@ -1,5 +1,6 @@
 """The review page at catalog scale: `imagebatch review` over a 10,000-request run, opened in headless
-Chromium (Debian's, through Selenium and its chromedriver), and decisions posted from the page.
+Chromium (Debian's, through Selenium and its chromedriver, window 1440 x 900), and decisions posted from
+the page.
 
     uv run python bench/bench_review.py [--requests 10000] [--posts 500] [--loads 5] [--searches 20]
                                         [--group-by sku] [--team-posts 250]
@@ -24,7 +25,8 @@ Measured:
 - two reviewers at once (`--team-posts`, 0 skips it): a server on 127.0.0.2 with a token each, two
   browsers signed in with their links, both pages polling `GET /api/changes` every 2 s, each posting
   `--team-posts` decisions on the same cards at the same time (every one a disagreement), p50 / p95 / max
-  over both; and the server's answer to a poll with nothing new, and with one change, at 10,000 cards.
+  over both, each reviewer's first cards when signed in; and the server's answer to a poll with nothing
+  new, and with one change, at 10,000 cards.
 
 A figure a browser did not report (a paint or resource timing entry missing, which happened at times) is
 shown as n/a with how many loads had it, never a crash at the end of the run.
@@ -107,7 +109,7 @@ def browser(profile: Path) -> Any:
         )
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in [*FLAGS, f"--user-data-dir={profile}", "--window-size=1280,900"]:
+    for flag in [*FLAGS, f"--user-data-dir={profile}", "--window-size=1440,900"]:
         options.add_argument(flag)
     return webdriver.Chrome(options=options, service=Service(driver, log_output=subprocess.DEVNULL))
 
@@ -149,14 +151,16 @@ const keys = JSON.parse(document.getElementById('data').textContent).cards.map(c
 """
 
 
-def team(out: Path, tmp: Path, posts: int) -> tuple[list[float], float, float]:
+def team(out: Path, tmp: Path, posts: int) -> tuple[list[float], float, float, list[float]]:
     """Two reviewers deciding at once, each in a browser of their own signed in with their token: every
-    decision's time, then a poll's (nothing new; one change) in ms, in the server's own process."""
+    decision's time, then a poll's (nothing new; one change) in ms, in the server's own process; and each
+    reviewer's first cards (the page's `first-cards` mark, signed in, the record already full)."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     tokens = {name: secrets.token_urlsafe(24) for name in ("alice", "bob")}
     server = ReviewServer(LocalFolder(out), "bench", host="127.0.0.2", reviewers=tokens)
     drivers = {name: browser(tmp / f"profile-{name}") for name in tokens}
+    firsts: list[float] = []
     try:
         with server:
             for name, driver in drivers.items():
@@ -166,6 +170,7 @@ def team(out: Path, tmp: Path, posts: int) -> tuple[list[float], float, float]:
                         d.current_url == server.url and d.execute_script("return document.body.dataset.ready")
                     )
                 )
+                firsts.append(driver.execute_script(FIRST_CARDS))
             with ThreadPoolExecutor(len(drivers)) as pool:
                 both = list(pool.map(lambda d: d.execute_async_script(POSTS, posts), drivers.values()))
             version = server.decisions.version
@@ -183,8 +188,10 @@ def team(out: Path, tmp: Path, posts: int) -> tuple[list[float], float, float]:
     times = [t for each in both for t in each]
     if times and isinstance(times[0], str):
         raise SystemExit(f"a decision was refused: {times[0]}")
-    return times, idle, one
+    return times, idle, one, firsts
 
+
+FIRST_CARDS = "return performance.getEntriesByName('first-cards')[0].startTime"
 
 SEARCH = """
 const [sku, done] = [arguments[0], arguments[arguments.length - 1]];
@@ -290,7 +297,7 @@ def report(
     decided: Any,
     searched: list[list[Any]],
     times: list[float],
-    two: tuple[list[float], float, float] | None,
+    two: tuple[list[float], float, float, list[float]] | None,
 ) -> None:
     """The figures as bench/README.md's tables."""
     print(f"folder: {args.requests:,} requests made in {made:.1f} s; server start {started:.2f} s; "
@@ -314,7 +321,7 @@ def report(
     p50, p95 = quantile(times, 0.5), quantile(times, 0.95)
     print(f"| {len(times)} | {p50:.1f} ms | {p95:.1f} ms | {max(times):.1f} ms |")
     if two is not None:
-        both, idle, one = two
+        both, idle, one, firsts = two
         p50, p95 = quantile(both, 0.5), quantile(both, 0.95)
         print(f"| two reviewers at once, {len(both)} | {p50:.1f} ms | {p95:.1f} ms | {max(both):.1f} ms |")
         print()
@@ -322,6 +329,7 @@ def report(
         print(
             f"a poll (GET /api/changes) at {cards}, in the server: none new {idle:.3f} ms, one {one:.3f} ms"
         )
+        print(f"two reviewers signed in on 127.0.0.2: first cards {', '.join(f'{t:.0f} ms' for t in firsts)}")
 
 
 if __name__ == "__main__":

@@ -40,14 +40,16 @@ requests without one have nothing to judge: report.html shows them); a request's
 cards, newest first, each with its own key; the reviewer's name is `--reviewer`, else
 `$IMAGEBATCH_REVIEWER`, else the login name, and the page may set its own (kept in that browser); the
 keys, the note, the large view, bulk approve and undo are described in `report.review_page`. The server,
-not the page, works out what an undo brings back, from the record as it is when the undo arrives
-(`POST /api/undo`: 409 with the reason when another reviewer decided since); undo survives a reload
-because each undo is recorded as one (`Decision.undo`) and the server replays the record for the page
-(`GET /api/undo`). A missing thumbnail is made on the spot in
-a folder (as the report would) and in a bucket the image itself is served instead. Other reviewers'
-decisions reach a page by `GET /api/changes` (`report.review_live.js` polls it every 2 s); where two
-reviewers' own decisions on an image differ, the latest is in force and the card shows both ("alice
-approved, bob rejected"). With `rebuild`, report.html is built again while decisions change
+not the page, works out what an undo brings back, from the record as it is when the undo arrives (`POST
+/api/undo`: 409 with the reason when another reviewer decided since); undo survives a reload because each
+undo is recorded as one (`Decision.undo`) and the server replays the record for the page (`GET
+/api/undo`). A missing thumbnail is made on the spot in a folder (as the report would) and in a bucket
+the image itself is served instead. Other reviewers' decisions reach a page by `GET /api/changes`
+(`report.review_live.js` polls it every 2 s); where two reviewers' own decisions on an image differ, the
+latest is in force and the card shows both ("alice approved, bob rejected"). A star rating (the page's
+keys 1-5) is posted as a decision `rated` with its `stars`, recorded as a line of its own
+(`work.decisions.RATED`); the latest rating counts, whoever gave it, as the latest decision does, and the
+page shows who. With `rebuild`, report.html is built again while decisions change
 (`report.review_report`), so the file a colleague opens stays true.
 """
 

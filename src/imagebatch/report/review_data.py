@@ -1,7 +1,8 @@
-"""What the review page shows and records: its cards (results.csv's rows with images, newest variant
-first, with the manifest's columns), the image files it may serve (only those results.csv names, confined
-to the output location, and the thumbnails of the requests' reference images), and the decisions in
-force, kept current without reading the whole record again (`DecisionCache`).
+"""What the review page shows and records: its cards (results.csv's rows with images, newest variant first,
+with the manifest's columns), the image files it may serve (only those results.csv names and the image
+approved before a row's prompt changed, confined to the output location, and the thumbnails of the
+requests' reference images), and the decisions in force and ratings, kept current without reading the
+whole record again (`DecisionCache`).
 
 Every read goes through the output location (`storage.location`), so a bucket is reviewed as a folder is.
 """

@@ -5,9 +5,9 @@ request passes (`report.review_auth.Gate`): its Host, then its reviewer (when th
 bound.
 
 Routes: `GET /` the page (`/?token=` signs a browser in), `GET /api/changes?since=VERSION` the decisions
-in force that changed since (each with every reviewer's own on that image; `/api/decisions` is the same
-without them), `GET /api/undo` what the reviewer can still undo, `GET /thumb|image/KEY/N` and
-`GET /ref/KEY/N` the images; `POST /api/decision` and `POST /api/undo`.
+in force and the ratings that changed since (each decision with every reviewer's own on that image;
+`/api/decisions` is the same without them), `GET /api/undo` what the reviewer can still undo, `GET
+/thumb|image/KEY/N` and `GET /ref/KEY/N` the images; `POST /api/decision` and `POST /api/undo`.
 """
 
 from __future__ import annotations

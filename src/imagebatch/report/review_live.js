@@ -4,7 +4,8 @@
 // while the page is visible (and at once when it is shown again), each handed to review_page.js through
 // window.reviewApplyDecision(key, state), so that other reviewers' decisions show without a reload; and,
 // on each card where two or more reviewers' own decisions stand, who decided what
-// ("alice approved, bob rejected"), marked as a conflict when they differ. The latest decision is the one
+// ("alice approved, bob rejected"), marked as a conflict when they differ. The ratings that changed come
+// with them, each handed over through window.reviewApplyStars(key, [stars, reviewer]). The latest decision is the one
 // in force; the line says that a colleague thinks otherwise.
 (() => {
   const POLL = 2000;
