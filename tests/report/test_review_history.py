@@ -1,17 +1,21 @@
 """A changed row's history on the review page (issue 37): a row whose prompt changed is a new request with
 a new key; the image approved for its earlier key (still in OUT, named by the journal) is shown beside the
-new request's cards and served, and nothing else is."""
+new request's cards and served, and nothing else is; in a bucket too."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from helpers.review import approved_before, request, review_folder
+from helpers.runs import read_jsonl
 
 from imagebatch.report.review import ReviewServer
 from imagebatch.report.review_data import load_cards
+from imagebatch.storage.kinds import open_location
 from imagebatch.storage.location import LocalFolder
 from imagebatch.work.decisions import Decision, read_decisions, record_decision
+from imagebatch.work.store import OutputStore, RequestRecord
 
 
 def test_a_changed_rows_cards_carry_the_image_approved_for_its_earlier_prompt(tmp_path: Path) -> None:
@@ -63,3 +67,27 @@ def test_the_server_serves_the_earlier_image_and_nothing_else_by_an_old_key(tmp_
         # An earlier key is shown, never decided: the page's decisions name its current cards only
         status, _ = server.decide({"key": earlier, "decision": "rejected"})
         assert status == 400
+
+
+def test_a_buckets_changed_row_shows_its_earlier_approved_image_from_the_journals_segments(
+    s3: Any, tmp_path: Path
+) -> None:
+    out = review_folder(tmp_path, requests=3, redone=None)
+    earlier = approved_before(tmp_path, out, "p001", reviewer="maria")
+    url = f"s3://{s3.bucket()}/run"
+    bucket = open_location(url)
+    for path in out.rglob("*"):  # the run's files, as a run into the bucket leaves them
+        if path.is_file() and path.name not in ("journal.jsonl", "review.jsonl", ".imagebatch.lock"):
+            bucket.put(path.relative_to(out).as_posix(), path.read_bytes())
+    store = OutputStore(url)
+    with store.hold_and_merge():
+        for line in read_jsonl(out / "journal.jsonl"):
+            if line.pop("event") == "outcome":
+                store.record_outcome(RequestRecord.from_json(line))
+        store.sync()
+    record_decision(bucket, Decision(earlier, 1, "approved", "", "maria"))
+    found = load_cards(bucket, approved=read_decisions(bucket))
+    assert [c.shown["h"] for c in found.cards if "h" in c.shown] == [[earlier, 1, "maria"]]
+    with ReviewServer(bucket, "alice") as server:
+        (rel,) = server.earlier[earlier]
+        assert request(server.url, path=f"/image/{earlier}/0") == (200, (out / rel).read_bytes())
