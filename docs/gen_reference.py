@@ -69,9 +69,16 @@ def _value(action: argparse.Action) -> str:
 
 def _default(action: argparse.Action, prog: str) -> str:
     """The default its help writes, `(default: X)`: the one form (`cli.common.one_voice` adds it from the
-    option's real default where the help did not say it)."""
+    option's real default where the help did not say it); else `required`, or what not giving it means:
+    `off` for a flag, `none` for an option with no value unless given."""
     shown = default_of(_help(action, prog))
-    return f"`{shown}`" if shown else ""
+    if shown:
+        return f"`{shown}`"
+    if action.nargs == argparse.REMAINDER:
+        return "none"
+    if action.required or not action.option_strings:
+        return "required"
+    return "off" if action.nargs == 0 else "none"  # a flag not given; an option not set
 
 
 def _positional(action: argparse.Action) -> str:
@@ -115,8 +122,6 @@ def command_section(name: str, summary: str, parser: argparse.ArgumentParser) ->
         if isinstance(action, argparse._HelpAction):
             continue
         what = _help(action, parser.prog)
-        if action.required and action.option_strings:
-            what = f"required; {what}"
         if isinstance(action, argparse._AppendAction) and "repeatable" not in what:
             what += " (repeatable)"
         if action in exclusive:

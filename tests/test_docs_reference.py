@@ -52,6 +52,17 @@ def test_the_cli_page_lists_every_option_of_every_command() -> None:
                 assert f"`{option}`" in section, f"{option} of imagebatch {name} is not on the page"
 
 
+def test_every_row_of_the_cli_page_says_its_default() -> None:
+    """`(default: X)` where the help says one; else `required`, `off` (a flag) or `none` (not set)."""
+    page = GEN.cli_page(build_parser())
+    rows = [line.split(" | ") for line in page.splitlines() if line.startswith("| `")]
+    assert len(rows) > 100
+    empty = [row[0] for row in rows if not row[2].strip()]
+    assert not empty, f"rows with no default: {empty}"
+    defaults = {row[2] for row in rows}
+    assert {"required", "off", "none", "`4`"} <= defaults
+
+
 def test_a_changed_option_makes_the_page_stale() -> None:
     parser = build_parser()
     run = next(sub for name, _, sub in GEN.subcommands(parser) if name == "run")

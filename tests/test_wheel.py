@@ -9,11 +9,13 @@ needs no network, and skips, saying so, when the cache lacks one of them."""
 from __future__ import annotations
 
 import csv
+import email.parser
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,10 +45,25 @@ def test_the_sdist_holds_the_package_docs_tests_and_licence(dist: Path) -> None:
     tops = {name.split("/")[0] for name in names}
     assert tops == {
         "src", "docs", "tests", "manifests", "bench", "LICENSE", "README.md", "CHANGELOG.md",
-        "pyproject.toml", "mkdocs.yml", "PKG-INFO", ".gitignore",
+        "CONTRIBUTING.md", "pyproject.toml", "mkdocs.yml", "PKG-INFO", ".gitignore",
     }  # fmt: skip
     assert [n for n in names if n.startswith("bench/")] == ["bench/README.md"]  # the docs include it
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+def test_the_wheel_names_its_licence_and_its_addresses(dist: Path) -> None:
+    """What `pip show imagebatch` shows (pip 25 and later: License-Expression, and Home-page from the
+    Homepage URL; `pip show -v` lists every Project-URL)."""
+    (wheel,) = dist.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.parser.Parser().parsestr(archive.read(name).decode())
+        assert "imagebatch-1.0.0.dist-info/licenses/LICENSE" in archive.namelist()
+    assert metadata["License-Expression"] == "Apache-2.0"
+    urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL"))
+    assert {"Homepage", "Documentation", "Repository", "Issues", "Changelog"} <= set(urls)
+    assert all(url.startswith("https://") for url in urls.values())
+    assert metadata["Requires-Python"] and metadata.get_all("Provides-Extra")
 
 
 def _clean_env(home: Path) -> dict[str, str]:
