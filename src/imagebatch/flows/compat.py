@@ -1,8 +1,7 @@
-"""The flows' compatibility with deployments made by an earlier imagebatch, whose runs give every option as
-a flow parameter of its own (`concurrency=8`, `format="jpeg"`) where the flow now takes one model
-(`options`): `EarlierShapeFlow` reads those parameters into the model, so that such a deployment keeps
-running unchanged on today's workers, while the flow's form (its parameter schema) shows only the
-parameters it declares.
+"""`EarlierShapeFlow`: a flow that still runs for a deployment whose runs give each option as a parameter of
+its own (`concurrency=8`, `format="jpeg"`), as an earlier imagebatch made them, where the flow takes its
+options as one model (`options`). Those parameters are read into the model, while the flow's form (its
+parameter schema) shows only the parameters the flow declares.
 
 Prefect's engine binds a deployment run's stored parameters to the flow function's signature before the
 flow validates them (`prefect.flow_engine`, as a worker runs a flow run), so the signature the engine reads

@@ -1,5 +1,6 @@
-"""The run's verdict in Prefect: its final state, the lines of its log a person acts on, and the quiet task
-runs (README "Scheduled runs" lists what each state means).
+"""The run's verdict in Prefect: its final state, reached as the flow's body ends (`concluding`, the `with`
+around it), the lines of its log a person acts on, and the quiet task runs (README "Scheduled runs" lists
+what each state means).
 
 - **Completed** only when every request is done (`succeeded`, or `skipped`: done before), or when the
   requests not done are within `--allow-failures` and the run was not stopped early. The message carries
