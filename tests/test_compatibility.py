@@ -55,7 +55,7 @@ def breaks(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def still_read(flow: str) -> set[str]:
     """The parameters a flow no longer declares but still reads into its own (the export flow's flat
-    options, read into `options`: `flows.deliver.ExportFlow.earlier_parameters`)."""
+    options, read into `options`: `flows.compat.EarlierShapeFlow.earlier_parameters`)."""
     flows = {f.name: f for f in (generate_from_manifest, export_deliverables)}
     return {f"parameters.{p}: removed" for p in getattr(flows[flow], "earlier_parameters", ())}
 

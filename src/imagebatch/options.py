@@ -3,7 +3,7 @@ deployments, the settled rerun and each shard's parameters are all read from it,
 declared once, with its type, default, bounds and help (each field's description, shown by Prefect's UI).
 
 A field's name is unique across the groups, so `RunOptions.from_flat` and `RunOptions.flat` speak of
-options by name alone (the command line's flags, run.json, deployments made before the groups existed).
+options by name alone (the command line's flags, run.json, a deployment whose runs give each option alone).
 """
 
 from __future__ import annotations

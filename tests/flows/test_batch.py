@@ -386,3 +386,33 @@ def test_the_flows_files_root_parameter_reaches_its_preflight(service_env: Any, 
     assert service_env.requests() == []
     info, _ = run(manifest, tmp_path / "out", files_root=[str(tmp_path / "shared")])
     assert info["counts"]["succeeded"] == 1 and len(service_env.requests()) == 1
+
+
+def test_a_flow_run_with_the_earlier_flat_parameters_runs_as_a_worker_runs_it(
+    service_env: Any, examples: Path, tmp_path: Path
+) -> None:
+    """A deployment whose runs give each option alone (`concurrency`, `max_images`, `report`): its flow
+    run, made on the server with those parameters and run as a worker's flow process runs it (Prefect's
+    engine given the flow run alone, which binds the stored parameters to the flow's signature), reads
+    them as the options model's fields; the stored run keeps only what it was given."""
+    from prefect import get_client
+    from prefect.flow_engine import run_flow as run_flow_run
+
+    from imagebatch.flows.batch import generate_from_manifest
+    from imagebatch.run.final_state import summary_of
+
+    out = tmp_path / "out"
+    flat = {
+        "manifest": str(examples / "catalog.csv"), "out": str(out),
+        "concurrency": 2, "max_images": 3, "report": False,
+    }  # fmt: skip
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run(generate_from_manifest, parameters=flat)
+        assert client.read_flow_run(flow_run.id).parameters == flat
+    with run_hooks(RunHooks(sleep=lambda _seconds: None)):
+        state = run_flow_run(generate_from_manifest, flow_run=flow_run, return_type="state")
+    summary = summary_of(state)  # type: ignore[arg-type]  # return_type="state": a State
+    assert summary["options"]["concurrency"] == 2 and summary["options"]["max_images"] == 3
+    assert summary["options"]["report"] is False and not (out / "report.html").exists()
+    assert [r["status"] for r in read_results(out)].count("succeeded") == 3
+    assert len(billed_keys(service_env)) == 3

@@ -172,8 +172,9 @@ def test_a_flow_run_made_with_the_earlier_flat_parameters_exports_as_they_say(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A deployment made before the options were one parameter gives its runs `name`, `format`...: the
-    run (made on the server with those parameters, then run as a worker runs it) reads them into
-    `options` and warns to redeploy."""
+    run (made on the server with those parameters, then run as a worker's flow process runs it: Prefect's
+    engine given the flow run alone, which binds its stored parameters to the flow's signature) reads them
+    into `options` and warns to redeploy."""
     from prefect import get_client
     from prefect.flow_engine import run_flow as run_flow_run
 
@@ -184,6 +185,6 @@ def test_a_flow_run_made_with_the_earlier_flat_parameters_exports_as_they_say(
     flat = {"out": str(made.root), "to": str(dest), "name": "{sku}.{ext}", "format": "jpeg"}
     with get_client(sync_client=True) as client:
         flow_run = client.create_flow_run(export_deliverables, parameters=flat)
-    counts = run_flow_run(export_deliverables, flow_run=flow_run, parameters=flow_run.parameters)
+    counts = run_flow_run(export_deliverables, flow_run=flow_run)
     assert counts["written"] == 1 and sorted(tree(dest)) == ["SKU-3.jpg", "export.csv"]
     assert "parameters format, name were read into `options`; redeploy the flow" in caplog.text

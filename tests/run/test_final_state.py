@@ -311,3 +311,37 @@ def test_the_terminal_says_each_kind_of_problem_once_without_errors(
         assert noise not in err, err
     assert err.count("6 request(s) were answered without an image") == 1, err
     assert err.count("1 request(s) failed on HTTP 429") == 1, err
+
+
+@pytest.mark.parametrize("ends", ["summary", "refused", "no summary"])
+def test_concluding_turns_what_its_block_ends_with_into_the_final_state(prefect: str, ends: str) -> None:
+    """The `with` a flow's body runs in: the summary the block sets becomes the final state by the
+    verdict's rule (here one request not done, within `--allow-failures 1`), a `Refused` raised in it a
+    Failed state saying so, and a block that sets no summary fails the run rather than ending Completed."""
+    from prefect import flow
+    from prefect.states import State
+
+    from imagebatch.options import RunOptions, ShardRole
+    from imagebatch.run.final_state import concluding
+    from imagebatch.run.trust import REFUSED, Refused
+
+    @flow
+    def body() -> State[Any]:
+        with concluding(RunOptions.from_flat(allow_failures="1"), ShardRole()) as end:
+            if ends == "refused":
+                raise Refused("out is not the deployment's")
+            if ends == "summary":
+                end.summary = info({"succeeded": 3, "failed": 1})
+        return end.state
+
+    state = body(return_state=True)
+    if ends == "summary":
+        assert state.is_completed(), state.message
+        assert (
+            state.message
+            == "imagebatch: 1 of 4 requests not done (3 succeeded, 1 failed) (within --allow-failures 1)"
+        )
+    elif ends == "refused":
+        assert state.is_failed() and state.message == REFUSED + "out is not the deployment's"
+    else:
+        assert state.is_failed() and "ended without setting the run summary" in str(state.message)

@@ -56,9 +56,9 @@ server is lost, before the command prints the summary and exits without it."""
 
 
 class Ending:
-    """How the command ends when Prefect would hold it after the run's records are written (issue 21 #2):
+    """How the command ends when Prefect would hold it after the run's records are written:
     a signal then, or Prefect's server lost then for `ENDING_GRACE` seconds, prints the summary from the
-    records and exits at once; a second signal abandons the run and marks run.json so (issue 21 #9)."""
+    records and exits at once; a second signal abandons the run and marks run.json so."""
 
     def __init__(
         self, out: Console, err: Console, server: TemporaryServer | None, guard: PrefectGuard
@@ -87,8 +87,8 @@ class Ending:
 
     def finish(self, info: dict[str, Any], signals: list[int]) -> int:
         """The run's end: Prefect's last logs sent while its temporary server is up, then the summary,
-        the last thing printed (left to Prefect's exit handlers, the logs went to a stopped server after
-        the summary: `--- Error logging to API ---`, and up to 70 s of retries; issue 29 #12)."""
+        the last thing printed (left to Prefect's exit handlers, the logs would go to a stopped server
+        after the summary: `--- Error logging to API ---`, and up to 70 s of retries)."""
         if self.server is not None and not self.guard.lost.is_set():
             from imagebatch.platform.prefect_server import end_shipping
 

@@ -110,8 +110,9 @@ def parse_bursts(text: str) -> OverloadBursts:
 
 
 class ServerLimits(_StrictSettings):
-    """What one client can make the server hold or wait for (issue 21: a 100 MB body read whole, idle
-    connections exhausting file descriptors). Fixed when the server starts; see the README's "Limits"."""
+    """What one client can make the server hold or wait for (unbounded, a 100 MB body would be read
+    whole, idle connections would exhaust file descriptors). Fixed when the server starts; see the
+    README's "Limits"."""
 
     max_body_bytes: int = Field(default=128 * 2**20, ge=1)
     """A larger request body gets 413 and the connection is closed: at once by its Content-Length, or as

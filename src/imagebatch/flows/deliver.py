@@ -4,6 +4,8 @@ chain it after the generation flow (README, "Review and delivery"):
     from prefect import flow
     from imagebatch.flows.batch import generate_from_manifest
     from imagebatch.delivery.options import ExportOptions
+from imagebatch.flows.compat import EARLIER_EXPORT, EarlierShapeFlow, export_options_of
+from imagebatch.run.constants import EXPORT_FLOW_NAME
     from imagebatch.flows.deliver import export_deliverables
 
     @flow
@@ -21,58 +23,25 @@ OUT, DEST and the command's options as one `ExportOptions` (a dict of its fields
 parameters); none is a secret (an object store's credentials come from its standard chain where the
 flow runs).
 
-A deployment made before the options were one parameter still runs: its flat parameters (`name`,
-`format`, ..., each an `ExportOptions` field) are read into `options` as the run starts
-(`ExportFlow.validate_parameters`) and the run's log warns to redeploy; a name that is no option fails
-the run in one line.
+A deployment whose runs give each option as a parameter of its own (`name`, `format`, ..., each an
+`ExportOptions` field) still runs: they are read into `options` as the run starts (`flows.compat`) and
+the run's log warns to redeploy; a name that is no option fails the run in one line.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import functools
 from typing import Any
 
-from prefect import Flow, get_run_logger
+from prefect import get_run_logger
 
 from imagebatch.delivery.export import export
 from imagebatch.delivery.exportplan import ExportRefused
 from imagebatch.delivery.listing import EXPORT_CSV
 from imagebatch.delivery.options import ExportOptions
-
-EXPORT_FLOW_NAME = "export-deliverables"
-KEPT = frozenset({"out", "to", "options"})
-"""The flow's parameters; any other a run is given is an earlier deployment's flat option."""
-
-
-class ExportFlow(Flow[..., dict[str, int]]):
-    """The export flow, reading a deployment's earlier flat parameters into `options`."""
-
-    earlier_parameters = frozenset(ExportOptions.model_fields)
-    """The parameters a deployment made before `options` gives, which every run still reads."""
-
-    def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
-        return super().validate_parameters(folded(parameters))
-
-    def with_options(self, **changes: Any) -> ExportFlow:
-        """A copy with Prefect's options changed, still reading the earlier parameters (Prefect's own
-        copy is a plain `Flow`)."""
-        copy = super().with_options(**changes)
-        copy.__class__ = ExportFlow
-        return copy  # type: ignore[return-value]
-
-
-def folded(parameters: dict[str, Any]) -> dict[str, Any]:
-    """A run's parameters with the flat ones of an earlier deployment (`format="jpeg"`) read into
-    `options`; ValueError in one line for a name that is neither a parameter nor an option."""
-    flat = {k: v for k, v in parameters.items() if k not in KEPT}
-    if not flat:
-        return parameters
-    if unknown := sorted(set(flat) - set(ExportOptions.model_fields)):
-        raise ValueError(f"{EXPORT_FLOW_NAME}: no parameter or option named {', '.join(unknown)}")
-    given = parameters.get("options") or {}
-    earlier = given.model_dump() if isinstance(given, ExportOptions) else dict(given)
-    return {k: v for k, v in parameters.items() if k in KEPT} | {"options": earlier | flat}
+from imagebatch.flows.compat import EARLIER_EXPORT, EarlierShapeFlow, export_options_of
+from imagebatch.run.constants import EXPORT_FLOW_NAME
 
 
 def _say_redeploy(logger: Any) -> None:
@@ -83,7 +52,7 @@ def _say_redeploy(logger: Any) -> None:
     with contextlib.suppress(Exception):  # a courtesy: the run goes on without it
         context = FlowRunContext.get()
         given = context.flow_run.parameters if context and context.flow_run else {}
-        if flat := sorted(set(given) - KEPT):
+        if flat := sorted(set(given) & EARLIER_EXPORT):
             logger.warning(
                 "%s: the deployment's parameters %s were read into `options`; redeploy the flow so that "
                 "they are given there",
@@ -92,11 +61,14 @@ def _say_redeploy(logger: Any) -> None:
             )
 
 
-def _export_flow(fn: Callable[..., dict[str, int]]) -> ExportFlow:
-    return ExportFlow(fn, name=EXPORT_FLOW_NAME, log_prints=False, validate_parameters=True)
-
-
-@_export_flow
+@functools.partial(
+    EarlierShapeFlow,
+    name=EXPORT_FLOW_NAME,
+    earlier=EARLIER_EXPORT,
+    fold=export_options_of,
+    log_prints=False,
+    validate_parameters=True,
+)
 def export_deliverables(out: str, to: str, options: ExportOptions | None = None) -> dict[str, int]:
     """Export OUT's images to `to` as `imagebatch export OUT --to TO ...` does with `options` (default:
     the command's defaults); the counts (`ExportSummary.counts`: delivered, written, unchanged,

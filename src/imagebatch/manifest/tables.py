@@ -42,7 +42,7 @@ a sheet), as a Parquet footer declares them or as a sheet's rows are read; at mo
 cells, counted as reading pays for them: a sheet's rows as openpyxl makes them (each row as wide as its
 last cell) and the rows with a value padded to the widest one, checked before padding; a Parquet file's
 records times its columns, from its footer. A sheet's empty rows cost nothing, so a lone cell at XFD1048576
-is one short row, not a million padded ones (issue 29 #1, #3; figures in bench/README.md).
+is one short row, not a million padded ones (figures in bench/README.md).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 heartbeat stopped, a run claimed but never started), and a deployment's failure notifications.
 
 Each is created once and updated only when what is wanted differs from what the server holds (`ensure`):
-updating an automation restarts its proactive trigger's window, so a deploy that rewrote it unchanged left
-a run killed less than a window before it Running for ever (issue 30 #1: 3 of 3, with its deployment's
-only slot held), and a team that deploys every few minutes never had a dead run crashed.
+updating an automation restarts its proactive trigger's window, so a deploy that rewrote it unchanged would
+leave a run killed less than a window before it Running for ever (with its deployment's only slot held),
+and a team that deploys every few minutes would never have a dead run crashed.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ WINDOW_SECONDS = 90.0
 AUTOMATION_NAME = "imagebatch: crash runs whose heartbeat stopped"
 PENDING_NAME = "imagebatch: crash runs claimed but never started"
 """A run a worker (or a sharded run's parent) claimed sends no heartbeat until it starts: one whose
-claimer died stays Pending, which no heartbeat watch sees (a dead parent's claimed shard: issue 30 #1)."""
+claimer died stays Pending, which no heartbeat watch sees (such as a dead parent's claimed shard)."""
 
 
 def heartbeat_window() -> float:

@@ -181,9 +181,9 @@ def end_shipping(timeout: float = SHIPPING_GRACE) -> None:
     """Send what Prefect's log and event workers still hold, then stop them and ship no more logs: called
     at the end of a run on the temporary server, before its summary and before the server stops.
 
-    Left to Prefect's exit handlers, they sent the run's last logs to a server already stopped: `--- Error
-    logging to API --- All connection attempts failed` printed after the summary, and the client's
-    retries held the exit for about 70 s (issue 29 #12). A log emitted after this goes nowhere (the API
+    Left to Prefect's exit handlers, they would send the run's last logs to a server already stopped:
+    `--- Error logging to API --- All connection attempts failed` printed after the summary, and the
+    client's retries holding the exit for about 70 s. A log emitted after this goes nowhere (the API
     log sink is a no-op), so no worker is started again for the exit handlers to wait on."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker, set_api_log_sink

@@ -1,5 +1,5 @@
 """What a decision's POST body may be: a flat JSON object of bounded size, nesting and text, or one line
-saying why not (answered 400), never an exception (issue 29 #8).
+saying why not (answered 400), never an exception.
 
 An undo's body too; and the text fields of both within the page's own limits (`fields_refusal`)."""
 

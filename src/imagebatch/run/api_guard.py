@@ -1,5 +1,5 @@
 """Prefect is a run's bookkeeping, never its critical path: losing Prefect's server (the temporary one
-killed, a real one stopped or unreachable) must not slow sending or stopping (issue 21 #2).
+killed, a real one stopped or unreachable) must not slow sending or stopping.
 
 Prefect's client retries a failed API call five times, 2 + 4 + 8 + 16 + 32 s apart (about a minute a
 call), in the calling thread. So:

@@ -1,4 +1,4 @@
-"""Values the flow modules share: the flow's name, Prefect's final states, and the graces of a stop.
+"""Values the flow modules share: the flows' names, Prefect's final states, and the graces of a stop.
 
 Imports nothing, so that the command's parser (`cli.main`) may name the flow without loading Prefect.
 """
@@ -6,7 +6,9 @@ Imports nothing, so that the command's parser (`cli.main`) may name the flow wit
 from __future__ import annotations
 
 FLOW_NAME = "generate_from_manifest"
-"""The flow's name on Prefect's server: deployments are `generate_from_manifest/NAME`."""
+"""The batch flow's name on Prefect's server: deployments are `generate_from_manifest/NAME`."""
+EXPORT_FLOW_NAME = "export-deliverables"
+"""The export flow's name on Prefect's server."""
 
 FINAL_STATE_NAMES = ("Completed", "Failed", "Cancelled", "Crashed")
 """Prefect's final states, by the names its events carry (`prefect.flow-run.Failed`): a run (flow or task)

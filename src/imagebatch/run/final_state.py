@@ -1,5 +1,6 @@
-"""The run's verdict in Prefect: its final state, the lines of its log a person acts on, and the quiet task
-runs (README "Scheduled runs" lists what each state means).
+"""The run's verdict in Prefect: its final state, reached as the flow's body ends (`concluding`, the `with`
+around it), the lines of its log a person acts on, and the quiet task runs (README "Scheduled runs" lists
+what each state means).
 
 - **Completed** only when every request is done (`succeeded`, or `skipped`: done before), or when the
   requests not done are within `--allow-failures` and the run was not stopped early. The message carries
@@ -24,16 +25,17 @@ a flow run by `state.result()`, which for such a state must find an exception (a
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ParamSpec
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from prefect.states import Cancelled, Completed, Failed, State
 
+from imagebatch.options import RunOptions, ShardRole
 from imagebatch.run.constants import SHARDED_STOP_GRACE, STOP_GRACE
 from imagebatch.run.graceful_stop import graceful_stop, safe_output
+from imagebatch.run.hooks import RunHooks, current_hooks, run_hooks
 from imagebatch.run.trust import REFUSED, Refused
 from imagebatch.run.verdict import Allowance, parse_allowance, verdict, warnings
 from imagebatch.work.outcome import NOT_DONE, not_done, tally
@@ -199,41 +201,51 @@ def quiet_task_runs(on_terminal: bool = False) -> Iterator[None]:
             handler.removeFilter(off)
 
 
-P = ParamSpec("P")
+@dataclass
+class Ending:
+    """What `concluding` yields: the flow's body sets `summary`; once the block has ended, `state` is the
+    flow run's final state."""
+
+    allowance: Allowance | None
+    on_terminal: bool
+    summary: dict[str, Any] | None = None
+    """The run summary the body returns (`run.modes`), set as its last step."""
+    reached: State[Any] | None = None
+
+    @property
+    def state(self) -> State[Any]:
+        """The final state `concluding` reached (RuntimeError when the body ended without a summary)."""
+        if self.reached is None:
+            raise RuntimeError("the run ended without a summary")
+        return self.reached
 
 
-def concluded(body: Callable[P, dict[str, Any]]) -> Callable[P, State[Any]]:
-    """Wrap the flow's body: its run summary becomes its final state (`conclude`, with the allowance of the
-    body's own `options` argument), Prefect's per-task-run lines go quiet (`quiet_task_runs`), and where no
-    terminal handles the signals (`RunHooks.signals` unset: a worker, `serve`, a Python caller) the run
-    stops gracefully on SIGTERM or SIGINT and never dies of a closed output pipe (`run.graceful_stop`)."""
-    signature = inspect.signature(body)
-
-    @functools.wraps(body)
-    def run(*args: P.args, **kwargs: P.kwargs) -> State[Any]:
-        from imagebatch.run.hooks import RunHooks, current_hooks, run_hooks
-
-        arguments = signature.bind_partial(*args, **kwargs).arguments
-        options, role = arguments.get("options"), arguments.get("role")  # imagebatch.options
-        allowance = parse_allowance(options.outcome.allow_failures if options is not None else None)
-        # A sharded run's parent sends nothing: it waits out its shards' own stop, then writes the records.
-        parent = options is not None and options.sharding.shards > 1 and getattr(role, "shard", None) is None
-        with contextlib.ExitStack() as stack:
-            hooks = current_hooks() or stack.enter_context(run_hooks(RunHooks()))
-            on_terminal = hooks.signals is not None
-            stack.enter_context(quiet_task_runs(on_terminal))
-            if not on_terminal:
-                stack.enter_context(safe_output())
-                stack.enter_context(
-                    graceful_stop(hooks.control, SHARDED_STOP_GRACE if parent else STOP_GRACE)
-                )
-            try:
-                summary = body(*args, **kwargs)
-            except Refused as exc:
-                return refused(exc)
-            return conclude(summary, allowance, on_terminal)
-
-    return run
+@contextlib.contextmanager
+def concluding(options: RunOptions, role: ShardRole) -> Iterator[Ending]:
+    """The frame of a flow run: while the block runs, Prefect's per-task-run lines are quiet
+    (`quiet_task_runs`) and, where no terminal handles the signals (`RunHooks.signals` unset: a worker,
+    `serve`, a Python caller), the run stops gracefully on SIGTERM or SIGINT and never dies of a closed
+    output pipe (`run.graceful_stop`); as it ends, the summary the block set becomes the final state
+    (`conclude`, with `options`' allowance), and a `Refused` run a Failed state (`refused`)."""
+    allowance = parse_allowance(options.outcome.allow_failures)
+    # A sharded run's parent sends nothing: it waits out its shards' own stop, then writes the records.
+    parent = options.sharding.shards > 1 and role.shard is None
+    with contextlib.ExitStack() as stack:
+        hooks = current_hooks() or stack.enter_context(run_hooks(RunHooks()))
+        on_terminal = hooks.signals is not None
+        stack.enter_context(quiet_task_runs(on_terminal))
+        if not on_terminal:
+            stack.enter_context(safe_output())
+            stack.enter_context(graceful_stop(hooks.control, SHARDED_STOP_GRACE if parent else STOP_GRACE))
+        end = Ending(allowance, on_terminal)
+        try:
+            yield end
+        except Refused as exc:
+            end.reached = refused(exc)
+            return
+        if end.summary is None:
+            raise RuntimeError("the flow's body ended without setting the run summary")
+        end.reached = conclude(end.summary, allowance, on_terminal)
 
 
 def refused(exc: Refused) -> State[Any]:
@@ -246,4 +258,4 @@ def refused(exc: Refused) -> State[Any]:
     return Failed(message=message, data=RunEnded(message, {"state": "refused", "refused": str(exc)}))
 
 
-__all__ = ["NOT_DONE", "Allowance", "RunEnded", "conclude", "concluded", "final_state", "summary_of"]
+__all__ = ["NOT_DONE", "Allowance", "RunEnded", "conclude", "concluding", "final_state", "summary_of"]

@@ -4,8 +4,8 @@ key and the object store's secrets on its standard input, never in its environme
 
 The engine runs in this very process (not under `prefect flow-run execute`, which starts it as a further
 child in a process group of its own): the parent's one SIGTERM on a stop reaches the flow, which stops
-gracefully (`run.graceful_stop`); a supervisor in between died of it while its engine went on sending
-(issue 30 #2).
+gracefully (`run.graceful_stop`); a supervisor in between would die of it while its engine went on
+sending.
 
 A child started with the key in its environment would show it in `/proc/PID/environ` (and hand it on to
 anything it starts). So the parent leaves `IMAGEBATCH_API_KEY` and the stores' secret variables

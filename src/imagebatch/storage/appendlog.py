@@ -97,7 +97,7 @@ class AppendLog:
         under one lock was most of a 64-thread run's waiting)."""
         line = json_line(record)
         try:
-            # Never through a link out of the folder it belongs to (issue 29 #9).
+            # Never through a link out of the folder it belongs to.
             with self.watch.writing(), confined(path.parent, path.name).open("ab") as fh:
                 with self._lock:
                     if path not in self._tail_checked:

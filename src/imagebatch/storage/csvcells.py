@@ -48,7 +48,7 @@ def csv_line(cells: Iterable[str]) -> str:
     """One line of CSV, `\n`-terminated: a cell holding a comma, a quote, a CR or an LF is quoted.
 
     Python's `csv.writer` quotes only the characters of its own line terminator, so with `\n` a bare CR
-    went out unquoted and every reader (Excel, pandas, ours) split the row there (issue 29 #2)."""
+    would go out unquoted and every reader (Excel, pandas, ours) split the row there."""
     return (
         ",".join(f'"{c.replace(chr(34), chr(34) * 2)}"' if _NEEDS_QUOTES.search(c) else c for c in cells)
         + "\n"

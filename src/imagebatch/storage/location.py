@@ -42,7 +42,7 @@ def confined(root: Path, name: str | os.PathLike[str]) -> Path:
 
     The one check of every write imagebatch makes into OUT or DEST (export's files, review.jsonl, the
     thumbnails and the report's pages), as reads already refuse to follow a link out: a folder of DEST
-    linked to `/etc` must not receive a deliverable (issue 29 #5, #9). A link that stays inside is
+    linked to `/etc` must not receive a deliverable. A link that stays inside is
     followed. What is checked is the path as it is now; a writer that appends also opens with
     `O_NOFOLLOW`, so a link put in the file's place afterwards fails the open."""
     path = Path(root) / name
@@ -66,7 +66,7 @@ def shown_url(url: str) -> str:
     credential would hide: `s3://KEY:SECRET@bucket`, a presigned URL's `?X-Amz-Signature=`).
 
     The one redaction of a location for every message and log line that names one: `--out`, a manifest's
-    URL, export's OUT and `--to`, a reference cell (issue 29 #4). Anything that is not `scheme://...` is
+    URL, export's OUT and `--to`, a reference cell. Anything that is not `scheme://...` is
     returned as it is (a local path holds no credential)."""
     scheme, sep, rest = str(url).partition("://")
     if not sep or not _SCHEME.fullmatch(scheme):
@@ -91,7 +91,7 @@ def redact_urls(text: str) -> str:
 def store_config_fault(scheme: str, environ: Mapping[str, str] | None = None) -> str | None:
     """Why the store's configuration in the environment cannot be used, or None: an endpoint that is not
     an http(s) URL of a server. Checked before obstore sees it: it panics on such a value at the first
-    request (`PanicException`, a traceback; issue 29 #7). The value is not repeated (it may hold a
+    request (`PanicException`, a traceback). The value is not repeated (it may hold a
     secret a person pasted in the wrong variable)."""
     env = os.environ if environ is None else environ
     for name in STORE_ENDPOINTS.get(scheme, ()):
@@ -120,7 +120,7 @@ a journal segment, a shard's lease), with some to spare."""
 def check_store_config(scheme: str, prefix: str = "") -> None:
     """ValueError, saying why, if `store_config_fault` finds the environment's store configuration bad,
     or if `prefix` leaves too little of an object key for the names a run writes under it (S3 stored
-    1,142-byte keys under a 1,100-character prefix from moto, and refuses them from AWS: issue 29 #12)."""
+    1,142-byte keys under a 1,100-character prefix from moto, and refuses them from AWS)."""
     if why := store_config_fault(scheme):
         raise ValueError(why)
     if (size := len(prefix.encode())) > MAX_OBJECT_KEY_BYTES - MAX_RUN_NAME_BYTES - 1:

@@ -150,7 +150,7 @@ def _line(decision: Decision) -> bytes:
 
 def _append(folder: LocalFolder, line: bytes) -> None:
     folder.root.mkdir(parents=True, exist_ok=True)
-    # review.jsonl linked out of OUT must not receive the decisions (issue 29 #9): refused, and a link
+    # review.jsonl linked out of OUT must not receive the decisions: refused, and a link
     # made in its place after the check fails the open (O_NOFOLLOW).
     path = confined(folder.root, REVIEW_FILE)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)

@@ -1,0 +1,240 @@
+"""The three ways a checked and planned run sends: here, in this process (`run_here`); as one shard of a
+sharded run (`run_shard`); or as the shards' parent (`run_parent`), which sends nothing itself, starts the
+shards' runs (`run.shards`) and writes the records once they have ended. Each returns the run summary
+that `run.final_state.concluding` turns into the flow run's final state.
+
+Dispatch is `run.dispatch` (with the `generate` task of `imagebatch.work.generate`), the end of the run
+(its records and Prefect artifacts) `run.outputs`, the files are kept by `imagebatch.work.store`. Tasks
+return nothing (their records go to the run context), so Prefect keeps no per-task results in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from prefect.logging import get_run_logger
+
+from imagebatch.gateway import GatewayClient
+from imagebatch.options import RunOptions, ShardRole
+from imagebatch.run import api_guard as prefect_guard
+from imagebatch.run.artifacts import ProgressArtifact, budgets
+from imagebatch.run.dispatch import dispatch
+from imagebatch.run.final_state import ran_to_end
+from imagebatch.run.hooks import RunHooks
+from imagebatch.run.limits import SlotBroker
+from imagebatch.run.log_forwarding import forward_logs_to_prefect
+from imagebatch.run.outputs import write_records
+from imagebatch.run.preflight import Preflight, UsageError, key_source, locked, out_text
+from imagebatch.run.service import service
+from imagebatch.run.shards import (
+    records_after,
+    requests_to_send,
+    run_shards,
+    shard_name,
+    shard_of,
+    shard_parameters,
+    shards_released,
+)
+from imagebatch.work.context import Pacer, RunContext, Unit
+from imagebatch.work.redo import redo_kinds
+from imagebatch.work.store import KeyState, OutputLockedError, OutputStore
+from imagebatch.work.variants import with_variants
+
+
+@dataclass
+class Run:
+    """One run, checked and planned: what each mode works from."""
+
+    checked: Preflight
+    options: RunOptions
+    role: ShardRole
+    hooks: RunHooks
+    units: list[Unit]
+    """The plan's units; once the folder's state is read, with every variant of their requests
+    (`plan_variants`)."""
+    info: dict[str, Any]
+    """What `run.json` says (`run.outputs.run_info`), completed as the run ends."""
+    rate_limit: str | None
+    """The name of the global limit's rate limit (`run.limits.rate_limit_of`), when it has one."""
+
+
+def run_here(run: Run) -> dict[str, Any]:
+    """A run in this process: send its units, then write its records (`run.outputs`)."""
+    checked, report = run.checked, run.options.outcome.report
+    store = OutputStore(checked.out)
+    with _output(run, store) as (url, key):
+        states = store.load_state()
+        held_keys = plan_variants(run, store, states)
+        if dead := store.settle_dead_run(datetime.now(UTC).isoformat()):  # the last run's, before this one's
+            run.info["previous"] = dead.as_previous()
+        store.write_run(run.info)  # a crash leaves a run.json that says the run never ended
+        ctx, tasks = _send(run, store, run.units, url, key, states, held_keys)
+        run.info["sent"] = len(ctx.started_keys)
+        try:
+            return write_records(
+                checked, store, run.units, ctx.results, run.info, ctx.halt_reason, tasks, report
+            )
+        finally:
+            ctx.results.close()
+
+
+def run_shard(run: Run) -> dict[str, Any]:
+    """One shard of a sharded run: send its share of the units into its own journal; the parent writes the
+    run's records once every shard has ended (`run_parent`)."""
+    info, shard, shards = run.info, run.role.shard, run.options.sharding.shards
+    assert shard is not None
+    store = OutputStore(run.checked.out, shard_name(shard, shards))
+    with _output(run, store) as (url, key):
+        states = store.load_state()
+        held_keys = plan_variants(run, store, states)
+        units = [u for u in run.units if shard_of(u, shards) == shard]
+        info["requests"] = sum(len(unit.requests) for unit in units)
+        ctx, _tasks = _send(run, store, units, url, key, states, held_keys)
+        try:
+            counts = Counter(r.status for unit in units for r in ctx.results[unit.index])
+            ended = datetime.now(UTC).isoformat()
+            info |= {"ended_at": ended, "stopped": ctx.halt_reason, "counts": counts}
+            return info
+        finally:
+            ctx.results.close()
+
+
+def run_parent(run: Run) -> dict[str, Any]:
+    """The parent of a sharded run: start `shards` runs of `shard_deployment` (`run.shards`), wait for
+    them, merge their journals and write the run's records."""
+    shards, deployment_name = run.options.sharding.shards, run.role.shard_deployment
+    if not deployment_name:
+        raise UsageError(f"{shards} shards need the deployment their runs use (imagebatch deploy --shards)")
+    store = OutputStore(run.checked.out)
+    with held(store, sharded=shards):  # a bucket's lease, for the whole run (the shards' too)
+        return _parent_records(run, store, deployment_name)
+
+
+def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[str, Any]:
+    """The parent's part of a sharded run in the location it holds: its state before, the shards' runs
+    (each with its part of the budgets: `run.shards.shard_parameters`), and the records once every shard
+    has ended."""
+    checked, options, hooks, info = run.checked, run.options, run.hooks, run.info
+    shards = options.sharding.shards
+    with held(store):  # nothing else runs into the folder; the last sharded run's files are merged
+        before = store.load_state()
+        held_keys = plan_variants(run, store, before)  # the shards plan the same from the same state
+    source, out = checked.manifest.source, out_text(checked.out)
+    to_send = requests_to_send(options, run.units, before, held_keys)
+    parameters = shard_parameters(source, out, options, to_send)
+    if idle := [shard_name(i, shards) for i in range(shards) if i not in parameters]:
+        get_run_logger().info("Shard(s) %s: nothing to send; not started", ", ".join(idle))
+    runs = run_shards(
+        deployment_name,
+        parameters,
+        shards,
+        store,
+        sleep=hooks.sleep,
+        grace=hooks.shard_grace,
+        start_timeout=options.sharding.shard_start_timeout,
+        stopped=lambda: hooks.control.reason,  # a stop of the parent stops every shard
+    )
+    with held(store):  # every shard has ended: merge their journals, then the records
+        if store.is_object_store:
+            shards_released(store, shards, hooks.sleep)  # a killed shard's lease, until it expires
+        after = store.load_state()
+        failed = [
+            f"shard {r['shard']}: {r['state']} ({r['message']})"
+            for r in runs
+            if not ran_to_end(r["state"], r["message"])
+        ]
+        results = records_after(run.units, before, after, "; ".join(failed) or "no shard sent it")
+        info["shard_runs"] = runs
+        # No task runs of its own to wait for at the end (the shards record theirs).
+        halt_reason = hooks.control.reason or "; ".join(failed) or None
+        report = options.outcome.report
+        return write_records(checked, store, run.units, results, info, halt_reason, 0, report)
+
+
+@contextlib.contextmanager
+def held(store: OutputStore, sharded: int = 0) -> Iterator[None]:
+    """The output folder's lock for this run (a second run into it would send twice); `sharded`: for the
+    whole of a sharded run's parent (`OutputStore.hold_sharded`: an object store's lease, nothing more
+    for a folder)."""
+    try:
+        if sharded:
+            hold = store.hold_sharded(sharded)
+        else:
+            hold = store.shard_hold() if store.shard else store.hold_and_merge()
+        with hold:
+            yield
+    except OutputLockedError as exc:
+        raise locked(exc) from None
+
+
+@contextlib.contextmanager
+def _output(run: Run, store: OutputStore) -> Iterator[tuple[str, str]]:
+    """The run's service (its base URL and API key) and its output folder, held and prepared; our log
+    lines go to Prefect's run log meanwhile."""
+    with (
+        prefect_guard.watching(),
+        forward_logs_to_prefect("imagebatch"),
+        service(run.checked.base_url, run.options.service.api_key_secret_block, run.hooks) as (url, key),
+        held(store),
+    ):
+        store.prepare()
+        yield url, key
+
+
+def plan_variants(run: Run, store: OutputStore, states: dict[str, KeyState]) -> frozenset[str]:
+    """Add every variant of the plan's requests to `run.units` (and, for `--redo rejected`, the new ones),
+    from the folder's state as this run found it (`work.variants`); return the keys the run must not
+    send (variants, outside a redo)."""
+    resend = run.options.resend
+    run.units, held_keys, redo = with_variants(
+        run.units, states, store, redo=redo_kinds(resend.redo), edit=resend.edit,
+        retry_unknown=resend.retry_unknown,
+    )  # fmt: skip
+    run.info["requests"] = sum(len(unit.requests) for unit in run.units)
+    if redo is not None:
+        run.info["redo"] = redo.info()
+    return held_keys
+
+
+def _send(
+    run: Run,
+    store: OutputStore,
+    units: list[Unit],
+    url: str,
+    key: str,
+    states: dict[str, KeyState],
+    held_keys: frozenset[str],
+) -> tuple[RunContext, int]:
+    """Send `units` (`run.dispatch`) with the run's client, limit, pacing, caps and signal handling;
+    `states` is the folder's state as the run found it; return the run context (its records) and the
+    number of Prefect task runs started."""
+    options, hooks, pacing = run.options, run.hooks, run.options.pacing
+    limit = pacing.global_limit
+    slots = SlotBroker(limit, run.rate_limit) if limit else None
+    client = GatewayClient(
+        url, key, sleep=hooks.sleep, transport=hooks.transport, slot=slots or contextlib.nullcontext
+    )
+    ctx = RunContext(
+        client, store, states,
+        force=options.resend.force, retry_unknown=options.resend.retry_unknown,
+        key_source=key_source(options.service.api_key_secret_block), thumbnails=options.outcome.report,
+        requests=sum(len(unit.requests) for unit in units), held=held_keys,
+    )  # fmt: skip
+    with (
+        client,
+        slots or contextlib.nullcontext(),
+        hooks.signals() if hooks.signals else contextlib.nullcontext(),
+    ):
+        if pacing.rpm:
+            ctx.pacer = Pacer(60.0 / pacing.rpm, sleep=hooks.sleep, clock=hooks.clock)
+        progress = ProgressArtifact(hooks.on_progress)
+        caps = budgets(options.budgets.max_images, options.budgets.max_spend, run.checked.prices)
+        tasks = dispatch(ctx, units, pacing.concurrency, hooks.control, progress, pacing.adaptive, caps)
+        progress.close()
+    ctx.end_dispatch()
+    return ctx, tasks
