@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from imagebatch.cli.common import EXIT_CODES, TOP_EXIT_CODES
 from imagebatch.cli.main import build_parser
+from imagebatch.errors import UsageError
 from imagebatch.options import (
     OWNER,
     Budgets,
@@ -24,7 +25,7 @@ from imagebatch.options import (
     problem,
     split_budgets,
 )
-from imagebatch.run.preflight import UsageError, options_from
+from imagebatch.run.preflight import options_from
 
 
 def argv_of(name: str, value: Any) -> list[str]:

@@ -248,8 +248,8 @@ def test_serve_and_deploy_keep_a_buckets_url_as_the_out_parameter(
     """Issue 19, item 1: `serve` (its runs run in this process, with this process's key and store
     credentials) and `deploy` check the bucket and keep `--out` as its URL, never a local path."""
     from imagebatch.cli.main import build_parser
+    from imagebatch.errors import UsageError
     from imagebatch.platform.deploy import check, describe
-    from imagebatch.run.preflight import UsageError
 
     url = f"s3://{s3.bucket()}/served"
     manifest = str(examples / "catalog.csv")

@@ -104,8 +104,8 @@ def _estimate(manifest: Manifest, prices: str) -> int:
 def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
     """`validate --out OUT`: what a run into OUT would do now (read only: no lock taken, nothing written;
     a folder that does not exist is not made)."""
+    from imagebatch.errors import UsageError
     from imagebatch.run.preflight import (
-        UsageError,
         check_output_store,
         check_redo,
         options_from,

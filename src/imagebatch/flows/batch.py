@@ -31,6 +31,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
+from imagebatch.errors import UsageError
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import plan
 from imagebatch.options import MAX_CONCURRENCY, OWNER, RunOptions, ShardRole, environment_value
@@ -44,7 +45,6 @@ from imagebatch.run.limits import SlotBroker, rate_limit_of
 from imagebatch.run.outputs import run_info, write_records
 from imagebatch.run.preflight import (
     Preflight,
-    UsageError,
     key_source,
     locked,
     out_text,

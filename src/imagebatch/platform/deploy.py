@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from imagebatch.errors import UsageError
 from imagebatch.gateway.constants import ENV_API_KEY
 from imagebatch.gateway.environment import base_url_or_environment
 from imagebatch.manifest import ManifestError
@@ -84,7 +85,6 @@ from imagebatch.run.constants import FLOW_NAME
 from imagebatch.run.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.run.preflight import (
     EMBEDDED,
-    UsageError,
     locked,
     options_from,
     out_text,

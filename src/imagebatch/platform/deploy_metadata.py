@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from imagebatch.errors import UsageError
 from imagebatch.gateway.constants import ENV_API_KEY, STORE_SECRETS
 from imagebatch.platform.automations import HEARTBEAT_ENV, TAG, ensure
-from imagebatch.run.preflight import UsageError
 
 NOTIFY_BODY = (
     "Flow run {{ flow_run.name }} of {{ deployment.name }} ended {{ flow_run.state.name }}: "

@@ -7,10 +7,10 @@ import argparse
 import sys
 from typing import Any
 
+from imagebatch.errors import UsageError
 from imagebatch.platform.deploy import require_prefect_server
 from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
 from imagebatch.run.limits import rate_limit_name
-from imagebatch.run.preflight import UsageError
 
 
 def set_limits(name: str, concurrency: int, per_minute: int | None) -> list[dict[str, Any]]:

@@ -8,6 +8,9 @@ from __future__ import annotations
 FLOW_NAME = "generate_from_manifest"
 """The flow's name on Prefect's server: deployments are `generate_from_manifest/NAME`."""
 
+INTERRUPTED = "interrupted"
+"""How the stop reason of a run stopped by a signal begins (`interrupted (SIGTERM)`)."""
+
 FINAL_STATE_NAMES = ("Completed", "Failed", "Cancelled", "Crashed")
 """Prefect's final states, by the names its events carry (`prefect.flow-run.Failed`): a run (flow or task)
 never leaves one."""

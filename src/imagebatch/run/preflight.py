@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from imagebatch.errors import UsageError
 from imagebatch.gateway.client import normalise_base_url
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_PRICES
 from imagebatch.gateway.environment import api_key_from_environment, base_url_or_environment
@@ -32,10 +33,6 @@ NO_SERVICE = (
     "no service address for a deployment's runs: deploy with --base-url URL (or set IMAGEBATCH_BASE_URL "
     "where it runs); the embedded emulator only when named: --base-url embedded"
 )
-
-
-class UsageError(Exception):
-    """The run cannot start as asked (configuration, options); nothing was sent."""
 
 
 def check_api_key(key: str) -> str:
