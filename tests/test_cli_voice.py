@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from imagebatch.cli.common import EXIT_CODES, default_of, exit_codes_of, parsers, shown_default, with_default
-from imagebatch.cli.main import EXIT_USAGE, build_parser, main
+from imagebatch.cli.main import build_parser, main
+from imagebatch.run.exit_codes import EXIT_USAGE
 
 
 def test_version_prints_the_installed_version(capsys: Any) -> None:

@@ -12,6 +12,7 @@ from helpers.units import planned_units
 from pydantic import ValidationError
 
 from imagebatch.cli.common import TOP_EXIT_CODES, exit_codes_of
+from imagebatch.cli.flags import options_from
 from imagebatch.cli.main import build_parser
 from imagebatch.errors import UsageError
 from imagebatch.options import (
@@ -25,7 +26,6 @@ from imagebatch.options import (
     problem,
     split_budgets,
 )
-from imagebatch.run.preflight import options_from
 
 
 def argv_of(name: str, value: Any) -> list[str]:

@@ -14,8 +14,9 @@ import pytest
 from helpers.runs import cli, read_results, summary_counts
 from PIL import Image
 
-from imagebatch.cli.main import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, main
+from imagebatch.cli.main import main
 from imagebatch.manifest import ManifestError
+from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 
 
 def invalid_manifest(folder: Path) -> Path:

@@ -16,8 +16,9 @@ import pytest
 from helpers.images import png
 from helpers.runs import cli
 
-from imagebatch.cli.main import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, build_parser
+from imagebatch.cli.main import build_parser
 from imagebatch.emulator.render import Renderer, RenderSpec, images_pixel_size
+from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 
 REF_A = png(48, 48, (200, 30, 30))
 REF_B = png(48, 48, (30, 30, 200))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from helpers.runs import cli, summary_counts
 
-from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
 from imagebatch.work.store import OutputStore
 
 

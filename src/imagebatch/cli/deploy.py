@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from imagebatch.cli.common import MANIFEST_HELP, command, sheet_argument
-from imagebatch.cli.flags import add_option_flags
+from imagebatch.cli.flags import add_option_flags, options_from
 from imagebatch.errors import UsageError
 from imagebatch.manifest.models import ManifestError
 from imagebatch.platform.automations import TAG
@@ -131,7 +131,6 @@ def request_of(args: argparse.Namespace) -> DeployRequest:
     """The deployment `deploy` or `serve` asks for, from its flags: `UsageError` naming a flag whose
     value the options or the metadata refuse."""
     from imagebatch.platform.deploy import DeployRequest
-    from imagebatch.run.preflight import options_from
 
     return DeployRequest(
         manifest=str(args.manifest),

@@ -370,11 +370,12 @@ def _settled(checked: Preflight, options: RunOptions) -> dict[str, Any] | None:
 
 def _preflight(args: argparse.Namespace, err: Console) -> tuple[Preflight, RunOptions] | None:
     """Everything that can be checked without Prefect, checked first (a mistake costs no start-up): the
-    run's checks and its options (`run.preflight.options_from`); None, the problems printed, when the
+    run's checks and its options (`cli.flags.options_from`); None, the problems printed, when the
     run cannot start."""
+    from imagebatch.cli.flags import options_from
     from imagebatch.errors import UsageError
     from imagebatch.manifest import ManifestError
-    from imagebatch.run.preflight import options_from, preflight
+    from imagebatch.run.preflight import preflight
     from imagebatch.run.verdict import parse_allowance
 
     try:

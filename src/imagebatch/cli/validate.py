@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 from imagebatch.cli.common import MANIFEST_HELP, command, sheet_argument
-from imagebatch.cli.flags import add_option_flags
+from imagebatch.cli.flags import add_option_flags, options_from
 from imagebatch.manifest.formats import FORMAT_NAMES
 from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE, code_of
 
@@ -134,7 +134,6 @@ def _forecast(manifest: Manifest, args: argparse.Namespace, out: TextIO) -> int:
     from imagebatch.run.preflight import (
         check_output_store,
         check_redo,
-        options_from,
         output_location,
     )
     from imagebatch.work.forecast import forecast, print_forecast
