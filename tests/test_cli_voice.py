@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from imagebatch.cli.common import EXIT_CODES, default_of, parsers, shown_default, with_default
-from imagebatch.cli.main import EXIT_USAGE, build_parser, main
+from imagebatch.cli.common import EXIT_CODES, default_of, exit_codes_of, parsers, shown_default, with_default
+from imagebatch.cli.main import build_parser, main
+from imagebatch.run.exit_codes import EXIT_USAGE
 
 
 def test_version_prints_the_installed_version(capsys: Any) -> None:
@@ -128,7 +129,7 @@ def test_a_default_is_rewritten_into_the_one_form(text: str, default: str | None
 
 def test_each_command_ends_with_its_own_exit_codes(capsys: Any) -> None:
     export, validate = _help_of(["export"], capsys), _help_of(["validate"], capsys)
-    assert " ".join(export.split()).endswith(" ".join(f"exit codes: {EXIT_CODES['export']}".split()))
+    assert " ".join(export.split()).endswith(" ".join(exit_codes_of("export").split()))
     assert "2 refused, the rows named (nothing written)" in " ".join(export.split())
     assert "1 some requests did not succeed" not in " ".join(validate.split())
     assert set(EXIT_CODES) == set(subparsers_of(build_parser()))

@@ -15,9 +15,9 @@ import pytest
 from helpers.runs import cli, summary_counts
 
 from imagebatch import results
-from imagebatch.cli.main import EXIT_OK
 from imagebatch.flows.batch import generate_from_manifest
 from imagebatch.flows.deliver import export_deliverables
+from imagebatch.run.exit_codes import EXIT_OK
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SNAPSHOT = FIXTURES / "flow-parameters-1.0.json"

@@ -16,8 +16,8 @@ from helpers.runs import cli
 
 import imagebatch
 import imagebatch.delivery
-from imagebatch.cli.main import EXIT_USAGE
 from imagebatch.extras import EXTRAS, MissingExtra
+from imagebatch.run.exit_codes import EXIT_USAGE
 
 FIXTURE = Path(__file__).parent / "fixtures" / "output-1.0" / "out"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from helpers.runs import cli
 
-from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
 

@@ -11,8 +11,10 @@ from helpers.options import every_other, other_value
 from helpers.units import planned_units
 from pydantic import ValidationError
 
-from imagebatch.cli.common import EXIT_CODES, TOP_EXIT_CODES
+from imagebatch.cli.common import TOP_EXIT_CODES, exit_codes_of
+from imagebatch.cli.flags import options_from
 from imagebatch.cli.main import build_parser
+from imagebatch.errors import UsageError
 from imagebatch.options import (
     OWNER,
     Budgets,
@@ -24,7 +26,6 @@ from imagebatch.options import (
     problem,
     split_budgets,
 )
-from imagebatch.run.preflight import UsageError, options_from
 
 
 def argv_of(name: str, value: Any) -> list[str]:
@@ -74,7 +75,7 @@ def test_each_help_page_is_written_for_users_and_ends_with_its_exit_codes(capsys
         with pytest.raises(SystemExit):
             build_parser().parse_args([*argv, "--help"])
         text = capsys.readouterr().out
-        own = f"exit codes: {EXIT_CODES[argv[0]]}" if argv else TOP_EXIT_CODES  # each command's own
+        own = exit_codes_of(argv[0]) if argv else TOP_EXIT_CODES  # each command's own
         assert " ".join(text.split()).endswith(" ".join(own.split())), argv
         assert "`imagebatch" not in text.split("\n\n")[1], argv  # the description, not a module docstring
     with pytest.raises(SystemExit):

@@ -14,8 +14,9 @@ import pytest
 from helpers.runs import cli, read_results, summary_counts
 from PIL import Image
 
-from imagebatch.cli.main import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, main
+from imagebatch.cli.main import main
 from imagebatch.manifest import ManifestError
+from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 
 
 def invalid_manifest(folder: Path) -> Path:
@@ -454,6 +455,7 @@ def test_files_root_lets_a_run_send_a_file_from_another_folder(
 def test_deploy_passes_the_files_root_as_an_absolute_parameter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from imagebatch.cli.deploy import request_of
     from imagebatch.cli.main import build_parser
     from imagebatch.platform.deploy import check
 
@@ -465,6 +467,6 @@ def test_deploy_passes_the_files_root_as_an_absolute_parameter(
     monkeypatch.chdir(tmp_path)
     argv = ["deploy", str(path), "--out", str(tmp_path / "out"), "--name", "n", "--base-url", "embedded"]
     with pytest.raises(ManifestError, match="outside the files root"):
-        check(build_parser().parse_args(argv))
-    parameters = check(build_parser().parse_args([*argv, "--files-root", "shared"]))
+        check(request_of(build_parser().parse_args(argv)))
+    parameters = check(request_of(build_parser().parse_args([*argv, "--files-root", "shared"])))
     assert parameters["options"]["inputs"]["files_root"] == [str((tmp_path / "shared").resolve())]

@@ -13,8 +13,8 @@ import pytest
 from helpers.runs import cli, run_flow, write_jsonl
 
 import imagebatch
-from imagebatch.cli.main import EXIT_OK
 from imagebatch.delivery.frames import DECISION_COLUMNS, USAGE_COLUMNS
+from imagebatch.run.exit_codes import EXIT_OK
 from imagebatch.run.hooks import RunHooks, run_hooks
 from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision

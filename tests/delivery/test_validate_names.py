@@ -11,7 +11,7 @@ import openpyxl
 import pytest
 from helpers.runs import cli
 
-from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
 
 TEMPLATE = "{sku}/{colour}.{ext}"
 

@@ -300,7 +300,7 @@ def test_halt_keeps_the_status_of_what_was_done(service_env: Any, examples: Path
 
 
 def test_an_output_folder_in_use_is_refused(service_env: Any, examples: Path, tmp_path: Path) -> None:
-    from imagebatch.run.preflight import UsageError
+    from imagebatch.errors import UsageError
     from imagebatch.work.store import OutputStore
 
     out = tmp_path / "out"

@@ -16,8 +16,9 @@ import pytest
 from helpers.images import png
 from helpers.runs import cli
 
-from imagebatch.cli.main import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, build_parser
+from imagebatch.cli.main import build_parser
 from imagebatch.emulator.render import Renderer, RenderSpec, images_pixel_size
+from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 
 REF_A = png(48, 48, (200, 30, 30))
 REF_B = png(48, 48, (30, 30, 200))
@@ -98,6 +99,7 @@ def test_a_reference_changed_between_check_and_send_fails_only_its_request(
 def test_deploy_checks_the_manifest_in_the_bucket_and_its_objects_before_deploying(
     s3: Any, bucket: str, capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    from imagebatch.cli.deploy import request_of
     from imagebatch.platform.deploy import check
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # reached only after the checks
@@ -119,7 +121,7 @@ def test_deploy_checks_the_manifest_in_the_bucket_and_its_objects_before_deployi
     args = build_parser().parse_args(
         ["deploy", f"s3://{bucket}/cat/m.csv", *argv, "--files-root", f"s3://{bucket}/shared"]
     )
-    parameters = check(args)
+    parameters = check(request_of(args))
     assert parameters["manifest"] == f"s3://{bucket}/cat/m.csv"
     assert parameters["options"]["inputs"]["files_root"] == [f"s3://{bucket}/shared"]
 

@@ -13,7 +13,7 @@ import pytest
 from helpers.browser import dom
 from helpers.runs import cli
 
-from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
 from imagebatch.run.report_artifact import console_url
 
 LINK = re.compile(r'(?:href|src)="([^"]+)"')

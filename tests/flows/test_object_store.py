@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from helpers.runs import cli, summary_counts
 
-from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
 from imagebatch.work.store import OutputStore
 
 
@@ -247,20 +247,21 @@ def test_serve_and_deploy_keep_a_buckets_url_as_the_out_parameter(
 ) -> None:
     """Issue 19, item 1: `serve` (its runs run in this process, with this process's key and store
     credentials) and `deploy` check the bucket and keep `--out` as its URL, never a local path."""
+    from imagebatch.cli.deploy import request_of
     from imagebatch.cli.main import build_parser
+    from imagebatch.errors import UsageError
     from imagebatch.platform.deploy import check, describe
-    from imagebatch.run.preflight import UsageError
 
     url = f"s3://{s3.bucket()}/served"
     manifest = str(examples / "catalog.csv")
     args = build_parser().parse_args(["serve", manifest, "--out", url + "/", "--name", "s"])
-    parameters = check(args, serve=True)
+    parameters = check(request_of(args))
     assert parameters["out"] == url and parameters["manifest"] == manifest
-    lines = describe(args, "http://127.0.0.1:9/api", parameters, None, "pool", "id").splitlines()
+    lines = describe(request_of(args), "http://127.0.0.1:9/api", parameters, None, "pool", "id").splitlines()
     assert f"  out: {url} (a run sends only new and changed rows)" in lines
     assert "  store credentials: each worker's own (environment, profile or role; never a parameter)" in lines
     assert s3.secret_key not in repr(parameters)
     args = build_parser().parse_args(["serve", manifest, "--out", "s3://no-such-bucket-ib/x", "--name", "s"])
     with pytest.raises(UsageError, match="the bucket 'no-such-bucket-ib' does not exist"):
-        check(args, serve=True)
+        check(request_of(args))
     assert service_env.requests() == []

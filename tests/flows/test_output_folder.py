@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from helpers.runs import cli, read_results, summary_counts, write_jsonl
 
-from imagebatch.cli.main import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
+from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 from imagebatch.work.store import OutputStore
 
 

@@ -16,6 +16,7 @@ import pytest
 from helpers.images import png
 from helpers.runs import cli, read_results, run_flow, write_jsonl
 
+from imagebatch.cli.deploy import request_of
 from imagebatch.cli.main import build_parser
 from imagebatch.flows.batch import generate_from_manifest
 from imagebatch.manifest import PlannedRequest, load_manifest, plan, variant_of
@@ -321,7 +322,7 @@ def test_redo_options_are_checked_before_anything_starts(
         ["deploy", str(manifest), "--out", out, "--name", "redo", "--base-url", "embedded",
          "--redo", "rejected", "--edit"]
     )  # fmt: skip
-    resend = deploy_check(args)["options"]["resend"]
+    resend = deploy_check(request_of(args))["options"]["resend"]
     assert {k: v for k, v in resend.items() if k in ("redo", "edit")} == {"redo": "rejected", "edit": True}
     form = generate_from_manifest.parameters.definitions["Resend"]["properties"]
     assert {"redo", "edit"} <= set(form)  # the flow's own options

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from helpers.runs import cli
 
-from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
 from imagebatch.manifest import ManifestError, load_manifest, plan
 from imagebatch.manifest.fields import edit_distance, looks_like_field
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
 
 MISSPELT = "id,prompt,aspect_ration,image_sise\na,a mug,4:5,2K\nb,a cup,4:5,2K\n"
 EXPECTED = [

@@ -14,9 +14,9 @@ import pytest
 from helpers.images import mask, png
 
 from imagebatch.cli.main import build_parser
+from imagebatch.cli.validate import validate_command
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.manifest.files import InputFileError, read_reference
-from imagebatch.manifest.validate import validate_main
 
 REF_A = png(32, 32, (200, 10, 10))
 REF_B = png(32, 32, (10, 200, 10))
@@ -25,7 +25,7 @@ MASK = mask(32, 32)
 
 def validate(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
-    code = validate_main(build_parser().parse_args(["validate", *argv]), out=out)
+    code = validate_command(build_parser().parse_args(["validate", *argv]), out=out)
     return code, out.getvalue()
 
 

@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from imagebatch.cli.main import EXIT_OK, EXIT_USAGE, main
+from imagebatch.cli.main import main
 from imagebatch.manifest import ManifestError, load_manifest, plan
 from imagebatch.manifest.tables import MAX_TABLE_BYTES, cell_text, read_table
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
 
 CELLS = "a manifest column holds text, numbers, true/false or dates"
 HEADER = ["id", "prompt", "sku", "count", "image_size", "launch"]

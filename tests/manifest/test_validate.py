@@ -1,4 +1,4 @@
-"""`imagebatch validate`: exit codes and output, called through `validate_main`; the examples validate."""
+"""`imagebatch validate`: exit codes and output, called through `validate_command`; the examples validate."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from imagebatch.cli.main import build_parser, main
+from imagebatch.cli.validate import validate_command
 from imagebatch.manifest import ManifestError, load_manifest, plan, summarise
-from imagebatch.manifest.validate import validate_main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 
 
 def run(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
-    code = validate_main(build_parser().parse_args(["validate", *argv]), out=out)
+    code = validate_command(build_parser().parse_args(["validate", *argv]), out=out)
     return code, out.getvalue()
 
 

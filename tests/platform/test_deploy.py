@@ -403,7 +403,8 @@ def test_deploy_into_a_bucket_refuses_a_missing_bucket_and_a_url_with_a_secret_b
 def test_the_emulator_is_used_in_a_deployment_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 20, item 6: outside a deployment no address means the emulator (the quick start); in one,
     only `embedded` (option or IMAGEBATCH_BASE_URL) does, and no address is refused with one line."""
-    from imagebatch.run.preflight import UsageError, resolve_base_url
+    from imagebatch.errors import UsageError
+    from imagebatch.run.preflight import resolve_base_url
 
     monkeypatch.delenv("IMAGEBATCH_BASE_URL", raising=False)
     assert resolve_base_url(None) is None

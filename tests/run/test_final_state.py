@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from helpers.runs import cli, read_results, run_flow, write_jsonl
 
+from imagebatch.errors import UsageError
 from imagebatch.run.dispatch import RunControl
 from imagebatch.run.final_state import TaskRunNoise, final_state, ran_to_end
 from imagebatch.run.graceful_stop import SafeStream, Stopper, safe_output
 from imagebatch.run.hooks import RunHooks, run_hooks
-from imagebatch.run.preflight import UsageError
 from imagebatch.run.verdict import Allowance, parse_allowance
 
 ALL_DONE = {"succeeded": 4, "skipped": 2}

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from helpers.runs import Rendezvous, catalog, cli, peak_in_flight, run_now
 
+from imagebatch.errors import UsageError
 from imagebatch.platform.limits import set_limits
 from imagebatch.run.limits import (
     LINGER_SECONDS,
@@ -23,7 +24,6 @@ from imagebatch.run.limits import (
     SlotBroker,
     rate_limit_name,
 )
-from imagebatch.run.preflight import UsageError
 
 
 def read_limit(name: str) -> Any:

@@ -11,7 +11,7 @@ import openpyxl
 import pytest
 from helpers.runs import cli, kill_mid_run, write_jsonl
 
-from imagebatch.cli.main import EXIT_OK, EXIT_USAGE
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
 from imagebatch.storage.csvcells import read_csv
 from imagebatch.storage.kinds import open_location
 from imagebatch.work.decisions import Decision, record_decision

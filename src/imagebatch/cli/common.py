@@ -13,29 +13,77 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
-EXIT_CODES = {
-    "init": "0 written (or already there), 2 a different file in the way or a usage error (nothing written)",
-    "run": "0 done, 1 some requests did not succeed, 2 an invalid manifest or a usage error (nothing sent), "
-    "130 stopped with Ctrl-C, 143 with SIGTERM",
-    "validate": "0 valid (the plan printed), 2 problems found or a usage error; nothing is ever sent",
-    "emulator": "0 stopped with Ctrl-C or SIGTERM, 1 it could not listen or stopped unexpectedly, 2 a usage "
-    "error (an option out of range: nothing served)",
-    "report": "0 written, 2 not an output folder of a finished run, or a usage error",
-    "review": "0 stopped with Ctrl-C, 2 not an output location or a usage error",
-    "export": "0 exported, 1 a read or write failed midway (what was written is whole: run it again), "
-    "2 refused, the rows named (nothing written), 130 stopped with Ctrl-C",
-    "deploy": "0 deployed (or checked), 2 an invalid manifest, a usage error or a refusal of the Prefect "
-    "server (nothing deployed)",
-    "serve": "0 served until stopped, 2 an invalid manifest or a usage error (nothing served), 130 stopped "
-    "with Ctrl-C",
-    "limits": "0 created or updated, 2 a usage error or a refusal of the Prefect server",
-    "worker": "the Prefect worker's own, 2 a usage error, 130 stopped with Ctrl-C, 143 with SIGTERM",
+from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
+
+EXIT_CODES: dict[str, tuple[tuple[int | None, str], ...]] = {
+    "init": (
+        (EXIT_OK, "written (or already there)"),
+        (EXIT_USAGE, "a different file in the way or a usage error (nothing written)"),
+    ),
+    "run": (
+        (EXIT_OK, "done"),
+        (EXIT_INCOMPLETE, "some requests did not succeed"),
+        (EXIT_USAGE, "an invalid manifest or a usage error (nothing sent)"),
+        (EXIT_INTERRUPTED, "stopped with Ctrl-C"),
+        (EXIT_TERMINATED, "with SIGTERM"),
+    ),
+    "validate": (
+        (EXIT_OK, "valid (the plan printed)"),
+        (EXIT_USAGE, "problems found or a usage error; nothing is ever sent"),
+    ),
+    "emulator": (
+        (EXIT_OK, "stopped with Ctrl-C or SIGTERM"),
+        (EXIT_INCOMPLETE, "it could not listen or stopped unexpectedly"),
+        (EXIT_USAGE, "a usage error (an option out of range: nothing served)"),
+    ),
+    "report": (
+        (EXIT_OK, "written"),
+        (EXIT_USAGE, "not an output folder of a finished run, or a usage error"),
+    ),
+    "review": ((EXIT_OK, "stopped with Ctrl-C"), (EXIT_USAGE, "not an output location or a usage error")),
+    "export": (
+        (EXIT_OK, "exported"),
+        (EXIT_INCOMPLETE, "a read or write failed midway (what was written is whole: run it again)"),
+        (EXIT_USAGE, "refused, the rows named (nothing written)"),
+        (EXIT_INTERRUPTED, "stopped with Ctrl-C"),
+    ),
+    "deploy": (
+        (EXIT_OK, "deployed (or checked)"),
+        (
+            EXIT_USAGE,
+            "an invalid manifest, a usage error or a refusal of the Prefect server (nothing deployed)",
+        ),
+    ),
+    "serve": (
+        (EXIT_OK, "served until stopped"),
+        (EXIT_USAGE, "an invalid manifest or a usage error (nothing served)"),
+        (EXIT_INTERRUPTED, "stopped with Ctrl-C"),
+    ),
+    "limits": (
+        (EXIT_OK, "created or updated"),
+        (EXIT_USAGE, "a usage error or a refusal of the Prefect server"),
+    ),
+    "worker": (
+        (None, "the Prefect worker's own"),
+        (EXIT_USAGE, "a usage error"),
+        (EXIT_INTERRUPTED, "stopped with Ctrl-C"),
+        (EXIT_TERMINATED, "with SIGTERM"),
+    ),
 }
-"""Each command's exit codes, the last line of its help."""
+"""Each command's exit codes (`run.exit_codes`' names) and what each means: the last line of its help
+(`exit_codes_of`); None stands for codes that are not imagebatch's own."""
 TOP_EXIT_CODES = (
-    "exit codes: 0 done, 2 a usage error, nothing done (a bare `imagebatch` prints the help and exits 2); "
-    "each command's own are at the end of its --help"
+    f"exit codes: {EXIT_OK} done, {EXIT_USAGE} a usage error, nothing done (a bare `imagebatch` prints the "
+    f"help and exits {EXIT_USAGE}); each command's own are at the end of its --help"
 )
+
+
+def exit_codes_of(name: str) -> str:
+    """The last line of command `name`'s help: `exit codes: 0 ..., 2 ...`, from `EXIT_CODES`."""
+    return "exit codes: " + ", ".join(
+        text if code is None else f"{code} {text}" for code, text in EXIT_CODES[name]
+    )
+
 
 MANIFEST_HELP = (
     "CSV, JSON, JSON Lines, XLSX (FILE.xlsx#SHEET for a sheet) or Parquet manifest; a CSV or JSON one may "
@@ -83,7 +131,7 @@ def command(sub: Any, name: str, summary: str, details: str = "") -> argparse.Ar
         name,
         help=summary,
         description=f"{summary[0].upper()}{summary[1:]}." + (f" {details}" if details else ""),
-        epilog=f"exit codes: {EXIT_CODES[name]}",
+        epilog=exit_codes_of(name),
     )
 
 

@@ -2,7 +2,7 @@
 field, its type, choices and help from the field, so that `run`, `deploy`, `serve` and `validate` never
 list an option by hand. A flag's default is None, meaning "the model's default" (or its environment
 variable's), so that the model stays the one place a default is written; the flags given make the
-run's options in `run.preflight.options_from`.
+run's options in `options_from`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
+from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from imagebatch.cli.common import with_default
-from imagebatch.options import OWNER, RunOptions, cli_of, fields, flag_of
+from imagebatch.errors import UsageError
+from imagebatch.options import OWNER, RunOptions, cli_of, fields, flag_of, problem
 
 
 def add_option_flags(
@@ -78,3 +80,17 @@ def _without_none(annotation: Any) -> Any:
         kept = [a for a in typing.get_args(annotation) if a is not type(None)]
         return kept[0] if len(kept) == 1 else annotation
     return annotation
+
+
+def options_from(args: argparse.Namespace, command: str) -> RunOptions:
+    """The run's options from a command's parsed flags (`cli.flags`: an absent flag is None, leaving the
+    model's default); a value out of its bounds is `UsageError`, one line naming the flag."""
+    given = {
+        name: getattr(args, name)
+        for name in fields()
+        if getattr(args, name, None) is not None  # a flag `command` has (cli.flags made it), given
+    }
+    try:
+        return RunOptions.from_flat(**given)
+    except ValidationError as exc:
+        raise UsageError(problem(exc)) from None

@@ -23,10 +23,11 @@ from imagebatch.cli.outputs import add_report, add_review
 from imagebatch.cli.prefect_commands import add_limits, add_worker
 from imagebatch.cli.run import add_run
 from imagebatch.cli.validate import add_validate
+from imagebatch.errors import UsageError
 from imagebatch.extras import MissingExtra
-from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from imagebatch.run.exit_codes import EXIT_USAGE, code_of
 
-__all__ = ["EXIT_INCOMPLETE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
+__all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,9 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.manifest = type(args.manifest)(f"{args.manifest}#{args.sheet}")  # what a reload reads again
     try:
         return int(args.handler(args))
-    except MissingExtra as exc:  # raised while the manifest or a location is checked: nothing sent yet
+    except (MissingExtra, UsageError) as exc:  # raised while the manifest or a location is checked
         print(f"imagebatch {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return code_of(exc)
 
 
 def _workbook(manifest: str | Path, format: str | None) -> bool:

@@ -92,7 +92,8 @@ def report_command(out: str, to: str | None = None) -> int:
     """A local folder, or an object store's `s3://bucket/prefix` (the report is built from its records and
     thumbnails, fetched, and uploaded next to them). `to`: a bucket's report copied into that folder
     instead, nothing written to the bucket (`report.download`)."""
-    from imagebatch.run.preflight import UsageError, check_output_store, output_location
+    from imagebatch.errors import UsageError
+    from imagebatch.run.preflight import check_output_store, output_location
     from imagebatch.work.store import OutputStore
 
     where = output_location(out)
@@ -134,8 +135,10 @@ def _download(store: Any, to: str) -> Path:
 def review_command(args: argparse.Namespace) -> int:
     """A local folder, or a bucket's `s3://bucket/prefix` (checked first, as for `report`); serves until
     Ctrl-C (`report.review`)."""
-    from imagebatch.report.review import default_reviewer, serve_review
-    from imagebatch.run.preflight import UsageError, check_output_store, output_location
+    from imagebatch.errors import UsageError
+    from imagebatch.report.review import ReviewError, default_reviewer, serve_review
+    from imagebatch.run.preflight import check_output_store, output_location
+    from imagebatch.storage.bounded import RecordError
     from imagebatch.storage.kinds import open_location
 
     where = output_location(args.out)
@@ -150,9 +153,19 @@ def review_command(args: argparse.Namespace) -> int:
     settings = _team(args, where)
     if settings is None:
         return EXIT_USAGE
-    return serve_review(
-        location, default_reviewer(args.reviewer), args.port, show=show, group_by=args.group_by, **settings
-    )
+    try:
+        serve_review(
+            location,
+            default_reviewer(args.reviewer),
+            args.port,
+            show=show,
+            group_by=args.group_by,
+            **settings,
+        )
+    except (ReviewError, RecordError) as exc:
+        print(f"imagebatch review: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 def _team(args: argparse.Namespace, where: Any) -> dict[str, Any] | None:

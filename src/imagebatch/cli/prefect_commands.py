@@ -4,10 +4,14 @@ Prefect's process worker stopped gracefully."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
 
 from imagebatch.cli.common import command
+from imagebatch.errors import UsageError
 from imagebatch.platform.worker import GRACE as WORKER_GRACE
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE, code_of, exit_code_for
 from imagebatch.run.limits import DEFAULT_LIMIT
 
 
@@ -63,18 +67,31 @@ def add_worker(sub: Any) -> None:
 
 
 def limits_command(args: argparse.Namespace) -> int:
-    from imagebatch.platform.limits import limits_main
+    """`imagebatch limits`: create or update the account-wide limits on the configured Prefect server."""
+    from imagebatch.platform.deploy import require_prefect_server
+    from imagebatch.platform.limits import set_limits
 
-    return limits_main(args)
+    try:
+        if args.concurrency < 1:
+            raise UsageError(f"--concurrency must be at least 1, not {args.concurrency}")
+        if args.per_minute is not None and args.per_minute < 0:
+            raise UsageError(f"--per-minute must be 0 (remove) or more, not {args.per_minute}")
+        api_url = require_prefect_server()
+    except UsageError as exc:
+        print(f"imagebatch limits: {exc}", file=sys.stderr)
+        return code_of(exc)
+    for limit in set_limits(args.name, args.concurrency, args.per_minute):
+        decay = limit["slot_decay_per_second"]
+        what = f"{limit['limit']} a minute" if decay else f"{limit['limit']} requests on the wire at once"
+        print(f"{limit['name']}: {what} (on {api_url})")
+    print(f"runs take it with --global-limit {args.name} (deploy and serve too)")
+    return EXIT_OK
 
 
 def worker_command(args: argparse.Namespace) -> int:
-    """The worker, its allow-lists (`run.trust`) put in the environment its flow runs inherit."""
-    import os
-    import sys
-
-    from imagebatch.platform.worker import worker_main
-    from imagebatch.run.exit_codes import EXIT_USAGE
+    """The worker, its allow-lists (`run.trust`) put in the environment its flow runs inherit; its own exit
+    code, or 128 + the signal that stopped it."""
+    from imagebatch.platform.worker import run_worker
     from imagebatch.run.trust import ENV_ALLOWED_BASE_URLS, ENV_ALLOWED_OUT, check_entry
 
     lists = {
@@ -92,4 +109,10 @@ def worker_command(args: argparse.Namespace) -> int:
                 return EXIT_USAGE
         if entries:
             os.environ[variable] = ",".join(entries)  # what its flow runs inherit
-    return worker_main(args)
+    if args.grace < 0:
+        print("imagebatch worker: --grace must be 0 or more", file=sys.stderr)
+        return EXIT_USAGE
+    end = run_worker(args.pool, args.limit, args.grace, [a for a in args.extra if a != "--"])
+    if end.received is not None and end.returncode < 0:
+        return exit_code_for(end.received)
+    return end.returncode

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import shlex
 
+from imagebatch.run.exit_codes import EXIT_OK
+
 
 def check(args: str) -> dict[str, str]:
     """Run `imagebatch deploy ARGS --check`; leave with its exit code unless it passed."""
     from imagebatch.cli.main import main
 
     code = main(["deploy", *shlex.split(args), "--check"])
-    if code != 0:
+    if code != EXIT_OK:
         raise SystemExit(code)
     return {}

@@ -224,7 +224,7 @@ def run_main(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, server: TemporaryServer | None) -> int:
-    from imagebatch.run.preflight import UsageError
+    from imagebatch.errors import UsageError
 
     err = Console(stderr=True, soft_wrap=True)
     out = Console(soft_wrap=True)
@@ -294,7 +294,7 @@ def _refused(err: Console, exc: Exception, server: TemporaryServer | None) -> in
 
 class _NotUsageErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        from imagebatch.run.preflight import UsageError
+        from imagebatch.errors import UsageError
 
         return not (record.exc_info and isinstance(record.exc_info[1], UsageError))
 
@@ -345,7 +345,7 @@ def _raise_if_unreachable(exc: Exception) -> None:
     import httpx
     from prefect.settings import PREFECT_API_URL
 
-    from imagebatch.run.preflight import UsageError
+    from imagebatch.errors import UsageError
 
     if isinstance(exc, RuntimeError) and isinstance(exc.__cause__, httpx.TransportError):
         raise UsageError(
@@ -370,10 +370,12 @@ def _settled(checked: Preflight, options: RunOptions) -> dict[str, Any] | None:
 
 def _preflight(args: argparse.Namespace, err: Console) -> tuple[Preflight, RunOptions] | None:
     """Everything that can be checked without Prefect, checked first (a mistake costs no start-up): the
-    run's checks and its options (`run.preflight.options_from`); None, the problems printed, when the
+    run's checks and its options (`cli.flags.options_from`); None, the problems printed, when the
     run cannot start."""
+    from imagebatch.cli.flags import options_from
+    from imagebatch.errors import UsageError
     from imagebatch.manifest import ManifestError
-    from imagebatch.run.preflight import UsageError, options_from, preflight
+    from imagebatch.run.preflight import preflight
     from imagebatch.run.verdict import parse_allowance
 
     try:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from imagebatch.cli.common import MANIFEST_HELP, command, sheet_argument
-from imagebatch.cli.flags import add_option_flags
+from imagebatch.cli.flags import add_option_flags, options_from
 from imagebatch.manifest.formats import FORMAT_NAMES
-from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
+from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE, code_of
 
 if TYPE_CHECKING:
     from imagebatch.manifest import Manifest
@@ -61,32 +61,58 @@ def add_validate(sub: Any) -> None:
     parser.set_defaults(handler=validate_command)
 
 
-def validate_command(args: argparse.Namespace) -> int:
-    """The manifest's problems or its plan; with --out, what a run into OUT would send now
-    (`work.forecast`); with --prices, the most that (or the whole manifest) can cost."""
-    from imagebatch.manifest.validate import check_manifest
+def validate_command(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+    """The manifest's problems or its plan on `out` (standard output by default: the command's report,
+    meant to be read, piped or grepped); with --out, what a run into OUT would send now (`work.forecast`);
+    with --prices, the most that (or the whole manifest) can cost. No request is sent, no key needed."""
+    from imagebatch.manifest import ManifestError, load_manifest
+    from imagebatch.manifest.validate import plan_lines, problem_lines
 
+    out = out if out is not None else sys.stdout
     if args.redo is not None and args.out is None:
         print(
             "imagebatch validate: --redo needs --out OUT, the output whose results it redoes", file=sys.stderr
         )
         return EXIT_USAGE
-    code, manifest = check_manifest(args, keys=args.keys and args.out is None)
-    if manifest is None:
-        return code
-    if args.name is not None:
-        from imagebatch.delivery.manifestnames import print_name_check
-
-        if (code := print_name_check(manifest, args.name, slugged=args.slug, out=sys.stdout)) != EXIT_OK:
-            return code
+    try:
+        manifest = load_manifest(args.manifest, format=args.format, files_root=args.files_root)
+    except ManifestError as exc:
+        print("\n".join(problem_lines(args.manifest, exc)), file=out)
+        return code_of(exc)
+    print("\n".join(plan_lines(args.manifest, manifest, keys=args.keys and args.out is None)), file=out)
+    if args.name is not None and not _names_checked(manifest, args.name, slugged=args.slug, out=out):
+        return EXIT_USAGE
     if args.out is not None:
-        return _forecast(manifest, args)
+        return _forecast(manifest, args, out)
     if args.prices:
-        return _estimate(manifest, args.prices)
-    return code
+        return _estimate(manifest, args.prices, out)
+    return EXIT_OK
 
 
-def _estimate(manifest: Manifest, prices: str) -> int:
+def _names_checked(manifest: Manifest, text: str, *, slugged: bool, out: TextIO) -> bool:
+    """`validate --name`: each problem on its own line, then one line of counts; False when a name would be
+    refused (exit 2, as for a manifest's problems)."""
+    from imagebatch.delivery.manifestnames import ASSUMED_EXT, name_problems
+    from imagebatch.delivery.naming import TemplateError
+
+    try:
+        checked, problems = name_problems(manifest, text, slugged=slugged)
+    except TemplateError as exc:
+        print(exc, file=out)
+        return False
+    for problem in problems:
+        print(problem, file=out)
+    if problems:
+        n = len(problems)
+        print(f"--name {text!r}: {n} problem{'s' if n != 1 else ''}; nothing was sent", file=out)
+        return False
+    print(
+        f"--name {text!r}: {checked} names, each safe and unique ({{ext}} taken as {ASSUMED_EXT})", file=out
+    )
+    return True
+
+
+def _estimate(manifest: Manifest, prices: str, out: TextIO) -> int:
     """`validate --prices`: the most the manifest can cost, by model (images at most x price)."""
     from imagebatch.manifest import plan
     from imagebatch.work.prices import PriceError, PriceTable, estimate_lines
@@ -96,19 +122,18 @@ def _estimate(manifest: Manifest, prices: str) -> int:
     except PriceError as exc:
         print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print("\nmost it can cost (images at most x price):")
-    print("\n".join(estimate_lines(plan(manifest), table)))
+    print("\nmost it can cost (images at most x price):", file=out)
+    print("\n".join(estimate_lines(plan(manifest), table)), file=out)
     return EXIT_OK
 
 
-def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
+def _forecast(manifest: Manifest, args: argparse.Namespace, out: TextIO) -> int:
     """`validate --out OUT`: what a run into OUT would do now (read only: no lock taken, nothing written;
     a folder that does not exist is not made)."""
+    from imagebatch.errors import UsageError
     from imagebatch.run.preflight import (
-        UsageError,
         check_output_store,
         check_redo,
-        options_from,
         output_location,
     )
     from imagebatch.work.forecast import forecast, print_forecast
@@ -138,5 +163,5 @@ def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
     except (UsageError, PriceError, OSError) as exc:
         print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print_forecast(result, manifest, sys.stdout, keys=args.keys, prices=table)
+    print_forecast(result, manifest, out, keys=args.keys, prices=table)
     return EXIT_OK

@@ -11,13 +11,10 @@ same one, so collisions are found all the same), and results.csv's columns that 
 
 from __future__ import annotations
 
-from typing import TextIO
-
 from imagebatch.delivery.exportplan import name_values
 from imagebatch.delivery.naming import NameTemplate, TemplateError, clashes, name_for
 from imagebatch.manifest import Manifest, PlannedRequest, plan
 from imagebatch.manifest.models import location_text
-from imagebatch.manifest.validate import EXIT_INVALID, EXIT_VALID
 from imagebatch.work.store import RESULT_COLUMNS
 
 ASSUMED_EXT = "png"
@@ -77,23 +74,3 @@ def name_problems(manifest: Manifest, text: str, *, slugged: bool = False) -> tu
             f"{first} and {second}: both would be named {name!r} (or one is a folder of the other)"
         )
     return checked, problems
-
-
-def print_name_check(manifest: Manifest, text: str, *, slugged: bool, out: TextIO) -> int:
-    """`validate --name`: each problem on its own line, then one line of counts; the exit code (2 when a
-    name would be refused, as for a manifest's problems)."""
-    try:
-        checked, problems = name_problems(manifest, text, slugged=slugged)
-    except TemplateError as exc:
-        print(exc, file=out)
-        return EXIT_INVALID
-    for problem in problems:
-        print(problem, file=out)
-    if problems:
-        n = len(problems)
-        print(f"--name {text!r}: {n} problem{'s' if n != 1 else ''}; nothing was sent", file=out)
-        return EXIT_INVALID
-    print(
-        f"--name {text!r}: {checked} names, each safe and unique ({{ext}} taken as {ASSUMED_EXT})", file=out
-    )
-    return EXIT_VALID

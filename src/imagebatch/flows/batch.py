@@ -24,6 +24,7 @@ from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic.json_schema import SkipJsonSchema
 
+from imagebatch.errors import UsageError
 from imagebatch.flows.compat import EARLIER_RUN, EarlierShapeFlow, run_options_of
 from imagebatch.manifest import plan
 from imagebatch.options import MAX_CONCURRENCY, RunOptions, ShardRole
@@ -34,7 +35,7 @@ from imagebatch.run.hooks import RunHooks, current_hooks
 from imagebatch.run.limits import rate_limit_of
 from imagebatch.run.modes import Run, run_here, run_parent, run_shard
 from imagebatch.run.outputs import run_info
-from imagebatch.run.preflight import UsageError, preflight
+from imagebatch.run.preflight import preflight
 from imagebatch.work.context import group_units
 
 

@@ -4,10 +4,10 @@ spec and the files it names before anything is sent, and plan it into requests w
 The user's manual is docs/manifests.md; each field's type, default and rules are written once, in
 `reference.FIELDS` (rendered into docs/reference/manifest-fields.md). `load_manifest` checks everything
 and raises `ManifestError` listing every problem; `plan` expands a manifest into `PlannedRequest`s (their
-key recipe: docs/manifests.md, "Idempotency keys"); `validate_main` is `imagebatch validate`. The work is
-done in `formats` (the table of formats: suffixes, readers, extras), `read` and `tables` (formats to raw
-rows), `check` with `fields` and `inputs` (the checker), `template`, `files`, `models`, `load`, `plan` and
-`validate`.
+key recipe: docs/manifests.md, "Idempotency keys"); `validate` writes what `imagebatch validate` prints.
+The work is done in `formats` (the table of formats: suffixes, readers, extras), `read` and `tables`
+(formats to raw rows), `check` with `fields` and `inputs` (the checker), `template`, `files`, `models`,
+`load`, `plan` and `validate`.
 
 One CSV reader, the csv module, which also finds each record's physical line (pandas cannot report it and
 costs 60 MB to import); openpyxl and pyarrow are imported only for an XLSX or Parquet file.
@@ -50,7 +50,6 @@ from .plan import (
     variant_of,
 )
 from .template import TemplateError, render_prompt
-from .validate import validate_main
 
 __all__ = [
     "FORMATS",
@@ -86,6 +85,5 @@ __all__ = [
     "request_parameters",
     "summarise",
     "summarise_jobs",
-    "validate_main",
     "variant_of",
 ]

@@ -13,9 +13,9 @@ import os
 from datetime import timedelta
 from typing import Any
 
+from imagebatch.errors import UsageError
 from imagebatch.gateway.constants import ENV_HEARTBEAT_WINDOW as ENV_WINDOW
 from imagebatch.run.constants import FINAL_STATE_NAMES
-from imagebatch.run.preflight import UsageError
 from imagebatch.run.shards import NEVER_STARTED
 
 TAG = "imagebatch"

@@ -56,17 +56,15 @@ deployment; the automations it keeps are in `platform.automations`.
 
 from __future__ import annotations
 
-import argparse
-import sys
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from imagebatch.errors import UsageError
 from imagebatch.gateway.constants import ENV_API_KEY
 from imagebatch.gateway.environment import base_url_or_environment
-from imagebatch.manifest import ManifestError
 from imagebatch.manifest.load import absolute
 from imagebatch.options import RunOptions, ShardRole
 from imagebatch.platform.automations import (
@@ -78,21 +76,18 @@ from imagebatch.platform.automations import (
     ensure,
     heartbeat_window,
 )
-from imagebatch.platform.deploy_metadata import DeploymentMetadata, block_ids, metadata_of, notify
+from imagebatch.platform.deploy_metadata import DeploymentMetadata, block_ids, notify
 from imagebatch.platform.deploy_metadata import apply as apply_metadata
 from imagebatch.run.constants import FLOW_NAME
-from imagebatch.run.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from imagebatch.run.preflight import (
     EMBEDDED,
-    UsageError,
     locked,
-    options_from,
     out_text,
     output_location,
     preflight,
 )
 from imagebatch.run.verdict import parse_allowance
-from imagebatch.storage.location import is_object_url, shown_url
+from imagebatch.storage.location import is_object_url
 from imagebatch.work.store import OutputLockedError, OutputStore
 
 if TYPE_CHECKING:
@@ -110,63 +105,71 @@ START_SERVER_HINT = (
 _KEY_AT_RUN_TIME = "<the key where the runs read it>"
 
 
-def deploy_main(args: argparse.Namespace) -> int:
-    """`imagebatch deploy`: create or update the deployment on the server; runs go to `--work-pool`."""
-    return _main(args, serve=False)
+@dataclass(frozen=True)
+class DeployRequest:
+    """What `imagebatch deploy` (or `serve`, which runs the deployment's runs from this process) asks for:
+    the manifest, the output and the run's options every run of the deployment takes, its name and
+    schedule, the work pool its runs go to, and its metadata."""
+
+    manifest: str
+    out: str
+    name: str
+    options: RunOptions
+    serve: bool = False
+    cron: str | None = None
+    interval: float | None = None
+    timezone: str | None = None
+    work_pool: str | None = None
+    check_only: bool = False
+    """Make every check and set up the heartbeat automation, but deploy nothing."""
+    metadata: DeploymentMetadata = field(default_factory=DeploymentMetadata)
 
 
-def serve_main(args: argparse.Namespace) -> int:
-    """`imagebatch serve`: create or update the deployment and run its runs from this process until Ctrl-C."""
-    return _main(args, serve=True)
+@dataclass(frozen=True)
+class Deployed:
+    """What `deploy` did, in the lines the command prints, and the deployment `serve_runs` is to serve
+    (None when it was deployed to a work pool, or only checked)."""
+
+    lines: list[str]
+    serving: RunnerDeployment | None = None
 
 
-def _main(args: argparse.Namespace, *, serve: bool) -> int:
-    command = "serve" if serve else "deploy"
-    try:
-        parameters = check(args, serve=serve)
-        schedule = schedule_of(args)
-        api_url = require_prefect_server()
-        pool = None if serve else work_pool_of(args)
-        metadata = metadata_of(args)
-    except UsageError as exc:
-        print(f"imagebatch {command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ManifestError as exc:  # every problem, as `run` prints them
-        for problem in exc.problems:
-            print(str(problem), file=sys.stderr)
-        where, n = shown_url(args.manifest), len(exc.problems)
-        print(
-            f"{where}: {n} problem{'s' if n != 1 else ''}; nothing was deployed.",
-            file=sys.stderr,
+def deploy(request: DeployRequest) -> Deployed:
+    """Create or update the deployment on the server (its runs go to the work pool, or to this process
+    for `serve`). `ManifestError` for an invalid manifest, `UsageError` for anything else the checks or
+    the server refuse; nothing is deployed then."""
+    parameters = check(request)
+    schedule = schedule_of(request.cron, request.interval, request.timezone)
+    api_url = require_prefect_server()
+    pool = None if request.serve else work_pool_of(request.work_pool)
+    metadata = request.metadata
+    model = RunOptions.model_validate(parameters["options"])
+    blocks = _server_checks(model, pool, metadata.notify, serve=request.serve)
+    window = heartbeat_window()
+    for automation in dead_run_automations(window):
+        ensure(automation)  # created once, updated only when it differs (platform.automations)
+    if request.check_only:
+        return Deployed(
+            [f"checked; runs tagged {TAG!r} without a heartbeat for {window:g} s are marked Crashed"]
         )
-        return EXIT_USAGE
-    try:
-        model = RunOptions.model_validate(parameters["options"])
-        blocks = _server_checks(model, pool, metadata.notify, serve=serve)
-        window = heartbeat_window()
-        for automation in dead_run_automations(window):
-            ensure(automation)  # created once, updated only when it differs (platform.automations)
-        if getattr(args, "check", False):
-            print(f"checked; runs tagged {TAG!r} without a heartbeat for {window:g} s are marked Crashed")
-            return EXIT_OK
-        deployment = _apply(args.name, parameters, schedule, pool, metadata)
-        deployment_id = None if serve else deployment.apply(work_pool_name=pool)
-        if deployment_id is not None:
-            notify(str(deployment_id), f"{FLOW_NAME}/{args.name}", blocks)
-    except UsageError as exc:
-        print(f"imagebatch {command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print(describe(args, api_url, parameters, schedule, pool, None if serve else str(deployment_id)))
-    print(f"  a run without a heartbeat for {window:g} s is marked Crashed (automation {AUTOMATION_NAME!r})")
-    if not serve:
-        return EXIT_OK
+    deployment = _apply(request.name, parameters, schedule, pool, metadata)
+    deployment_id = None if request.serve else deployment.apply(work_pool_name=pool)
+    if deployment_id is not None:
+        notify(str(deployment_id), f"{FLOW_NAME}/{request.name}", blocks)
+    shown_id = None if deployment_id is None else str(deployment_id)
+    lines = [
+        describe(request, api_url, parameters, schedule, pool, shown_id),
+        f"  a run without a heartbeat for {window:g} s is marked Crashed (automation {AUTOMATION_NAME!r})",
+    ]
+    return Deployed(lines, deployment if request.serve else None)
+
+
+def serve_runs(deployment: RunnerDeployment) -> None:
+    """Run the deployment's runs from this process until Ctrl-C (KeyboardInterrupt), with the heartbeat
+    the dead-run automation watches."""
     from prefect import serve as prefect_serve
 
-    try:
-        prefect_serve(deployment, print_starting_message=False, heartbeat_seconds=HEARTBEAT_SECONDS)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    return EXIT_OK
+    prefect_serve(deployment, print_starting_message=False, heartbeat_seconds=HEARTBEAT_SECONDS)
 
 
 def _server_checks(
@@ -209,21 +212,23 @@ def _apply(
     return deployment
 
 
-def check(args: argparse.Namespace, *, serve: bool = False) -> dict[str, Any]:
+def check(request: DeployRequest) -> dict[str, Any]:
     """`run`'s checks (`preflight`), then the deployment's parameters: the manifest, the output and the
     options (`imagebatch.options`, whole: the form Prefect's UI shows), paths made absolute, the service's
     address from here, never the key.
 
     Served runs run here, so `serve` checks for the key here too, as `run` does."""
-    if "{" in str(args.out):
+    serve = request.serve
+    if "{" in request.out:
         raise UsageError(
-            f"--out {args.out}: placeholders such as {{date}} are not supported (a deployment's parameters "
-            "are fixed when it is deployed); use one folder: a rerun sends only new and changed rows"
+            f"--out {request.out}: placeholders such as {{date}} are not supported (a deployment's "
+            "parameters are fixed when it is deployed); use one folder: a rerun sends only new and "
+            "changed rows"
         )
-    manifest = absolute(args.manifest)  # a path made absolute, or an object's URL as it is
-    where = output_location(args.out)
+    manifest = absolute(request.manifest)  # a path made absolute, or an object's URL as it is
+    where = output_location(request.out)
     out = where if isinstance(where, str) else where.expanduser().resolve()
-    options = _absolute(options_from(args, "serve" if serve else "deploy"))
+    options = _absolute(request.options)
     service = options.service
     block = service.api_key_secret_block if serve else service.api_key_secret_block or _KEY_AT_RUN_TIME
     parse_allowance(options.outcome.allow_failures)
@@ -266,35 +271,39 @@ def _held_message(out: Path | str) -> str | None:
         return None
 
 
-def schedule_of(args: argparse.Namespace) -> Any:
-    """The Prefect schedule asked for (`prefect.schedules.Schedule`), or None (runs started by hand)."""
-    if args.timezone:
+def schedule_of(cron: str | None, interval: float | None, timezone: str | None) -> Any:
+    """The Prefect schedule asked for (`prefect.schedules.Schedule`: `cron` or every `interval` seconds,
+    in `timezone`, UTC by default), or None (runs started by hand)."""
+    if timezone:
         try:
-            ZoneInfo(args.timezone)
+            ZoneInfo(timezone)
         except (ZoneInfoNotFoundError, ValueError):
             raise UsageError(
-                f"--timezone {args.timezone!r} is not an IANA time zone (e.g. Europe/Paris)"
+                f"--timezone {timezone!r} is not an IANA time zone (e.g. Europe/Paris)"
             ) from None
-    if args.cron is None and args.interval is None:
-        if args.timezone:
+    if interval is not None:
+        from prefect.schedules import Interval
+
+        if interval < 1:
+            raise UsageError(f"--interval must be at least 1 second, not {interval:g}")
+        return Interval(timedelta(seconds=interval), timezone=timezone or "UTC")
+    if cron is None:
+        if timezone:
             raise UsageError("--timezone needs --cron or --interval")
         return None
-    from prefect.schedules import Cron, Interval
+    from prefect.schedules import Cron
 
-    if args.interval is not None:
-        if args.interval < 1:
-            raise UsageError(f"--interval must be at least 1 second, not {args.interval:g}")
-        return Interval(timedelta(seconds=args.interval), timezone=args.timezone or "UTC")
     try:
-        return Cron(args.cron, timezone=args.timezone or "UTC")  # stored: what `describe` prints
+        return Cron(cron, timezone=timezone or "UTC")  # stored: what `describe` prints
     except ValueError as exc:
-        raise UsageError(f"--cron {args.cron!r} is not a cron expression: {exc}") from None
+        raise UsageError(f"--cron {cron!r} is not a cron expression: {exc}") from None
 
 
-def work_pool_of(args: argparse.Namespace) -> str:
+def work_pool_of(work_pool: str | None) -> str:
+    """The pool given, else Prefect's default pool; UsageError pointing to `serve` when there is none."""
     from prefect.settings import PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME
 
-    pool = args.work_pool or PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME.value()
+    pool = work_pool or PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME.value()
     if not pool:
         raise UsageError(
             "name the work pool whose workers will run it (--work-pool POOL), or serve it from this "
@@ -421,14 +430,15 @@ def closed_schema(schema: ParameterSchema) -> ParameterSchema:
 
 
 def describe(
-    args: argparse.Namespace,
+    request: DeployRequest,
     api_url: str,
     parameters: dict[str, Any],
     schedule: Any,
     pool: str | None,
     deployment_id: str | None,
 ) -> str:
-    full_name = f"{FLOW_NAME}/{args.name}"
+    """What was deployed (or is served) and how its runs will run, in the lines the command prints."""
+    full_name = f"{FLOW_NAME}/{request.name}"
     verb = "deployed" if deployment_id else "serving"
     lines = [f"{verb} {full_name} on {api_url}" + (f" (id {deployment_id})" if deployment_id else "")]
     if schedule is None:
@@ -437,7 +447,9 @@ def describe(
         when = (
             f"cron {schedule.cron!r}" if schedule.cron else f"every {schedule.interval.total_seconds():g} s"
         )
-        lines.append(f"  schedule: {when} ({schedule.timezone})" + (", paused" if args.paused else ""))
+        lines.append(
+            f"  schedule: {when} ({schedule.timezone})" + (", paused" if request.metadata.paused else "")
+        )
     lines.append(f"  manifest: {parameters['manifest']}")
     lines.append(f"  out: {parameters['out']} (a run sends only new and changed rows)")
     if is_object_url(parameters["out"]):

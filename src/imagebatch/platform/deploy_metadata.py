@@ -4,8 +4,9 @@ version, the work queue, job variables, a schedule created paused, and who is to
     imagebatch deploy ... [--tag T]... [--description TEXT] [--version V] [--paused]
                           [--work-queue Q] [--job-variable KEY=VALUE]... [--notify BLOCK]...
 
-`add_arguments` puts them on `deploy`'s (and `serve`'s) parser, `metadata_of` reads and checks them (bad
-input: one line naming the option, exit 2), `apply` sets them on the deployment before it is applied,
+`cli.deploy` puts them on `deploy`'s (and `serve`'s) parser and reads them into a `DeploymentMetadata`,
+which checks them (bad input: one line naming the option, exit 2), `apply` sets them on the deployment
+before it is applied,
 and `notify` keeps one automation per deployment that sends each BLOCK (a Prefect notification block:
 Slack, email, a webhook) the run's name, state, counts and reason when a run fails or crashes.
 
@@ -15,15 +16,13 @@ refused, as they would be stored in Prefect's database (the key stays in the wor
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from imagebatch.errors import UsageError
 from imagebatch.gateway.constants import ENV_API_KEY, STORE_SECRETS
 from imagebatch.platform.automations import HEARTBEAT_ENV, TAG, ensure
-from imagebatch.run.preflight import UsageError
 
 NOTIFY_BODY = (
     "Flow run {{ flow_run.name }} of {{ deployment.name }} ended {{ flow_run.state.name }}: "
@@ -35,7 +34,8 @@ stop's reason first when it stopped: `run.final_state`)."""
 
 @dataclass(frozen=True)
 class DeploymentMetadata:
-    """What `add_arguments`'s options asked for, checked."""
+    """What the metadata options asked for, checked when made: `UsageError` naming the option otherwise
+    (`job_variables` values already read from their JSON)."""
 
     tags: tuple[str, ...] = ()
     description: str | None = None
@@ -45,62 +45,20 @@ class DeploymentMetadata:
     paused: bool = False
     notify: tuple[str, ...] = ()
 
-
-def add_arguments(parser: argparse.ArgumentParser, *, work_pool: bool = True) -> None:
-    """The metadata options, on `deploy`'s parser (`work_pool`) or `serve`'s (no queue, job variables nor
-    notifications: its runs run in its own process, watched by the person who started it)."""
-    group = parser.add_argument_group("deployment metadata")
-    tag_help = f"a tag of the deployment and its runs (repeatable; {TAG!r} is always there)"
-    group.add_argument("--tag", action="append", default=[], metavar="TAG", help=tag_help)
-    group.add_argument("--description", default=None, help="the deployment's description (shown in the UI)")
-    group.add_argument("--version", default=None, help="the deployment's version (e.g. a release or commit)")
-    group.add_argument("--paused", action="store_true", help="create or update it with its schedule paused")
-    if work_pool:
-        group.add_argument("--notify", action="append", default=[], metavar="BLOCK",
-                           help="a Prefect notification block (TYPE/NAME, e.g. slack-webhook/ops) told when "
-                           "a run of this deployment fails or crashes (repeatable)")  # fmt: skip
-        group.add_argument(
-            "--work-queue", default=None, metavar="QUEUE", help="the pool's queue its runs go to"
-        )
-        group.add_argument("--job-variable", action="append", default=[], metavar="KEY=VALUE",
-                           help="a job variable of the work pool (VALUE as JSON where it parses, else "
-                           "text; repeatable), e.g. working_dir=/srv/imagebatch")  # fmt: skip
-
-
-def metadata_of(args: argparse.Namespace) -> DeploymentMetadata:
-    """The options `add_arguments` added, checked: UsageError naming the option otherwise."""
-    variables: dict[str, Any] = {}
-    for item in getattr(args, "job_variable", None) or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--job-variable {item!r}: give KEY=VALUE, e.g. working_dir=/srv/imagebatch")
-        try:
-            value: Any = json.loads(raw)
-        except ValueError:
-            value = raw
-        variables[key.strip()] = value
-    env = variables.get("env", {})
-    if not isinstance(env, dict):
-        raise UsageError('--job-variable env=...: give a JSON object, e.g. env={"TZ": "UTC"}')
-    if secret := sorted({ENV_API_KEY, *STORE_SECRETS} & set(env)):
-        raise UsageError(
-            f"--job-variable env: {secret[0]} would be stored in Prefect's database; "
-            "keep it in the worker's environment"
-        )
-    for name in getattr(args, "notify", None) or []:
-        if name.count("/") != 1 or not all(name.split("/")):
+    def __post_init__(self) -> None:
+        env = self.job_variables.get("env", {})
+        if not isinstance(env, dict):
+            raise UsageError('--job-variable env=...: give a JSON object, e.g. env={"TZ": "UTC"}')
+        if secret := sorted({ENV_API_KEY, *STORE_SECRETS} & set(env)):
             raise UsageError(
-                f"--notify {name!r}: name a notification block TYPE/NAME, e.g. slack-webhook/ops"
+                f"--job-variable env: {secret[0]} would be stored in Prefect's database; "
+                "keep it in the worker's environment"
             )
-    return DeploymentMetadata(
-        tags=tuple(t for t in dict.fromkeys(getattr(args, "tag", None) or []) if t != TAG),
-        description=getattr(args, "description", None),
-        version=getattr(args, "version", None),
-        work_queue=getattr(args, "work_queue", None),
-        job_variables=variables,
-        paused=bool(getattr(args, "paused", False)),
-        notify=tuple(getattr(args, "notify", None) or ()),
-    )
+        for name in self.notify:
+            if name.count("/") != 1 or not all(name.split("/")):
+                raise UsageError(
+                    f"--notify {name!r}: name a notification block TYPE/NAME, e.g. slack-webhook/ops"
+                )
 
 
 def apply(deployment: Any, metadata: DeploymentMetadata) -> Any:

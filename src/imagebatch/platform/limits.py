@@ -1,16 +1,11 @@
-"""`imagebatch limits`: create or update the account-wide limits (a Prefect global concurrency limit and its
-rate limit) that runs take with `--global-limit`; `run.limits` holds them while a run sends."""
+"""The account-wide limits (a Prefect global concurrency limit and its rate limit) that runs take with
+`--global-limit`, created or updated (`imagebatch limits`); `run.limits` holds them while a run sends."""
 
 from __future__ import annotations
 
-import argparse
-import sys
 from typing import Any
 
-from imagebatch.platform.deploy import require_prefect_server
-from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
 from imagebatch.run.limits import rate_limit_name
-from imagebatch.run.preflight import UsageError
 
 
 def set_limits(name: str, concurrency: int, per_minute: int | None) -> list[dict[str, Any]]:
@@ -45,22 +40,3 @@ def set_limits(name: str, concurrency: int, per_minute: int | None) -> list[dict
                 }
             )
     return held
-
-
-def limits_main(args: argparse.Namespace) -> int:
-    """`imagebatch limits`: create or update the account-wide limits on the configured Prefect server."""
-    try:
-        if args.concurrency < 1:
-            raise UsageError(f"--concurrency must be at least 1, not {args.concurrency}")
-        if args.per_minute is not None and args.per_minute < 0:
-            raise UsageError(f"--per-minute must be 0 (remove) or more, not {args.per_minute}")
-        api_url = require_prefect_server()
-    except UsageError as exc:
-        print(f"imagebatch limits: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    for limit in set_limits(args.name, args.concurrency, args.per_minute):
-        decay = limit["slot_decay_per_second"]
-        what = f"{limit['limit']} a minute" if decay else f"{limit['limit']} requests on the wire at once"
-        print(f"{limit['name']}: {what} (on {api_url})")
-    print(f"runs take it with --global-limit {args.name} (deploy and serve too)")
-    return EXIT_OK

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from imagebatch.platform.prefect_template import seed_database
+from imagebatch.run.exit_codes import EXIT_OK
 
 # What the server process is given of our environment: Prefect's settings and what Python itself needs.
 _PASSED_ON = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TEMP", "TMP",
@@ -205,7 +206,7 @@ def watch_parent(parent_pid: int, interval: float = 0.5) -> threading.Thread:
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(interval)
-        os._exit(0)  # SQLite rolls back a write this cuts short
+        os._exit(EXIT_OK)  # SQLite rolls back a write this cuts short
 
     thread = threading.Thread(target=watch, name="imagebatch-parent-watchdog", daemon=True)
     thread.start()
@@ -224,7 +225,7 @@ def die_with_parent(parent_pid: int) -> bool:
     except (OSError, AttributeError):
         return False
     if os.getppid() != parent_pid:  # it died before we asked
-        os._exit(0)
+        os._exit(EXIT_OK)
     return done
 
 

@@ -32,18 +32,17 @@ drain the worker still polls: a run it picks up then is stopped the Prefect way 
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from imagebatch.run.constants import WORKER_GRACE
-from imagebatch.run.exit_codes import EXIT_USAGE, exit_code_for
 
 GRACE = WORKER_GRACE
 """Seconds to wait for the flow runs to end after their SIGTERM (`run.constants.WORKER_GRACE`)."""
@@ -53,18 +52,25 @@ STOP_BOUND = 10.0
 when its server answers)."""
 
 
-def worker_main(args: argparse.Namespace) -> int:
-    extra = [a for a in args.extra if a != "--"]
-    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool, "--type", "process"]
-    command += ["--limit", str(args.limit)] if args.limit is not None else []
-    if args.grace < 0:
-        print("imagebatch worker: --grace must be 0 or more", file=sys.stderr)
-        return EXIT_USAGE
+@dataclass(frozen=True)
+class WorkerEnd:
+    """How the worker ended: its exit status (negative: killed by that signal) and the first stop signal
+    this process received, if any."""
+
+    returncode: int
+    received: int | None = None
+
+
+def run_worker(pool: str, limit: int | None, grace: float, extra: Sequence[str] = ()) -> WorkerEnd:
+    """Run `prefect worker start` for `pool` (`limit` flow runs at once, `extra` more options of its own)
+    until it exits; a SIGTERM or SIGINT here drains its flow runs first (`Drain`, `grace` seconds)."""
+    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"]
+    command += ["--limit", str(limit)] if limit is not None else []
     early: list[int] = []
     previous = {sig: signal.signal(sig, _keep(early)) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         worker = subprocess.Popen([*command, *extra], start_new_session=True)
-        drain = Drain(worker, args.grace)
+        drain = Drain(worker, grace)
         for sig in previous:
             signal.signal(sig, drain.on_signal)
         for signum in early:  # received while the worker was being started
@@ -75,7 +81,7 @@ def worker_main(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return exit_code_for(drain.received[0]) if drain.received and code < 0 else code
+    return WorkerEnd(code, drain.received[0] if drain.received else None)
 
 
 def _keep(received: list[int]) -> Callable[[int, Any], None]:

@@ -59,7 +59,6 @@ import getpass
 import os
 import secrets
 import signal
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
@@ -84,7 +83,6 @@ from imagebatch.report.review_http import LISTEN_BACKLOG, ReviewHTTPServer
 from imagebatch.report.review_page import inline_json, render_page
 from imagebatch.report.review_report import REPORT_INTERVAL, ReportKeeper
 from imagebatch.storage import layout
-from imagebatch.storage.bounded import RecordError
 from imagebatch.storage.location import LocalFolder, Location
 from imagebatch.work.decisions import DECISIONS, RATED, STARS, Decision
 from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail, thumb_name
@@ -382,20 +380,16 @@ def serve_review(
     show: Sequence[str] | None = None,
     group_by: str | None = None,
     **settings: Any,
-) -> int:
-    """`imagebatch review`: serve until SIGINT or SIGTERM; 0 then, 2 if there is nothing to review, a
-    column to show or group by is not results.csv's, an address beyond loopback has no reviewers, or the
-    port cannot be had. `settings`: `ReviewServer`'s host, reviewers, origins, rebuild, report_interval."""
+) -> None:
+    """`imagebatch review`: serve until SIGINT or SIGTERM. `ReviewError` (or `RecordError`) before
+    serving if there is nothing to review, a column to show or group by is not results.csv's, an address
+    beyond loopback has no reviewers, or the port cannot be had. `settings`: `ReviewServer`'s host,
+    reviewers, origins, rebuild, report_interval."""
     host = settings.get("host", HOST)
     try:
         server = ReviewServer(location, reviewer, port, show=show, group_by=group_by, **settings)
-    except (ReviewError, RecordError) as exc:
-        print(f"imagebatch review: {exc}", file=sys.stderr)
-        return 2
     except OSError as exc:
-        where = url_host(host, port)
-        print(f"imagebatch review: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        raise ReviewError(f"cannot listen on {url_host(host, port)}: {exc.strerror or exc}") from None
     stop = threading.Event()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -414,4 +408,3 @@ def serve_review(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return 0

@@ -10,6 +10,9 @@ FLOW_NAME = "generate_from_manifest"
 EXPORT_FLOW_NAME = "export-deliverables"
 """The export flow's name on Prefect's server."""
 
+INTERRUPTED = "interrupted"
+"""How the stop reason of a run stopped by a signal begins (`interrupted (SIGTERM)`)."""
+
 FINAL_STATE_NAMES = ("Completed", "Failed", "Cancelled", "Crashed")
 """Prefect's final states, by the names its events carry (`prefect.flow-run.Failed`): a run (flow or task)
 never leaves one."""

@@ -41,9 +41,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
-from imagebatch.run.constants import STOP_GRACE
+from imagebatch.run.constants import INTERRUPTED, STOP_GRACE
 from imagebatch.run.dispatch import RunControl
-from imagebatch.run.exit_codes import INTERRUPTED, exit_code_for
+from imagebatch.run.exit_codes import exit_code_for
 
 GRACE = STOP_GRACE
 SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}

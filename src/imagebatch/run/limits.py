@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from imagebatch.run.preflight import UsageError
+from imagebatch.errors import UsageError
 
 logger = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from prefect.logging import get_run_logger
 
+from imagebatch.errors import UsageError
 from imagebatch.gateway import GatewayClient
 from imagebatch.options import RunOptions, ShardRole
 from imagebatch.run import api_guard as prefect_guard
@@ -29,7 +30,7 @@ from imagebatch.run.hooks import RunHooks
 from imagebatch.run.limits import SlotBroker
 from imagebatch.run.log_forwarding import forward_logs_to_prefect
 from imagebatch.run.outputs import write_records
-from imagebatch.run.preflight import Preflight, UsageError, key_source, locked, out_text
+from imagebatch.run.preflight import Preflight, key_source, locked, out_text
 from imagebatch.run.service import service
 from imagebatch.run.shards import (
     records_after,

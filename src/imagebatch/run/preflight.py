@@ -12,14 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
+from imagebatch.errors import UsageError
 from imagebatch.gateway.client import normalise_base_url
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_PRICES
 from imagebatch.gateway.environment import api_key_from_environment, base_url_or_environment
 from imagebatch.gateway.errors import ConfigurationError
 from imagebatch.manifest import Manifest, load_manifest
-from imagebatch.options import RunOptions, fields, problem
+from imagebatch.options import RunOptions
 from imagebatch.storage.bounded import RecordError, check_records
 from imagebatch.storage.location import is_object_url, shown_url
 from imagebatch.work.prices import PriceError, PriceTable
@@ -32,10 +31,6 @@ NO_SERVICE = (
     "no service address for a deployment's runs: deploy with --base-url URL (or set IMAGEBATCH_BASE_URL "
     "where it runs); the embedded emulator only when named: --base-url embedded"
 )
-
-
-class UsageError(Exception):
-    """The run cannot start as asked (configuration, options); nothing was sent."""
 
 
 def check_api_key(key: str) -> str:
@@ -165,20 +160,6 @@ class Preflight:
     """The output folder, or an object store's URL (`s3://bucket/prefix`)."""
     base_url: str | None
     prices: PriceTable | None = None
-
-
-def options_from(args: Any, command: str) -> RunOptions:
-    """The run's options from a command's parsed flags (`cli.flags`: an absent flag is None, leaving the
-    model's default); a value out of its bounds is `UsageError`, one line naming the flag."""
-    given = {
-        name: getattr(args, name)
-        for name in fields()
-        if getattr(args, name, None) is not None  # a flag `command` has (cli.flags made it), given
-    }
-    try:
-        return RunOptions.from_flat(**given)
-    except ValidationError as exc:
-        raise UsageError(problem(exc)) from None
 
 
 def check_redo(options: RunOptions) -> None:

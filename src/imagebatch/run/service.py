@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 from prefect.logging import get_run_logger
 
+from imagebatch.errors import UsageError
 from imagebatch.run.hooks import RunHooks
-from imagebatch.run.preflight import UsageError, key_source, resolve_api_key
+from imagebatch.run.preflight import key_source, resolve_api_key
 
 
 @contextlib.contextmanager

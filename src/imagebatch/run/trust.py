@@ -25,10 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from imagebatch.errors import UsageError
 from imagebatch.gateway.client import normalise_base_url
 from imagebatch.gateway.errors import ConfigurationError
 from imagebatch.options import RunOptions, ShardRole, cli_of, fields
-from imagebatch.run.preflight import EMBEDDED, UsageError, output_location
+from imagebatch.run.preflight import EMBEDDED, output_location
 from imagebatch.storage.location import is_object_url
 from imagebatch.storage.objectstore import split_url
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from imagebatch.run.exit_codes import INTERRUPTED
-from imagebatch.run.preflight import UsageError
+from imagebatch.errors import UsageError
+from imagebatch.run.constants import INTERRUPTED
 from imagebatch.storage.layout import UNKNOWN_HINT
 from imagebatch.work.outcome import not_done, total
 
