@@ -6,6 +6,8 @@ import csv
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -470,3 +472,23 @@ def test_deploy_passes_the_files_root_as_an_absolute_parameter(
         check(request_of(build_parser().parse_args(argv)))
     parameters = check(request_of(build_parser().parse_args([*argv, "--files-root", "shared"])))
     assert parameters["options"]["inputs"]["files_root"] == [str((tmp_path / "shared").resolve())]
+
+
+def test_a_reader_that_stops_early_ends_validate_quietly(examples: Path) -> None:
+    """`imagebatch validate M.csv | head -1`, made certain: the pipe's reading end is closed before the
+    command writes, so its first line meets a broken pipe. It ends as a process stopped by SIGPIPE ends
+    (141), and says nothing on stderr: no traceback, no "Exception ignored" at exit."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "imagebatch.cli.main", "validate", str(examples / "catalog.csv")],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")

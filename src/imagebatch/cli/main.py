@@ -9,6 +9,8 @@ Prefect already costs seconds), and the flags of a run's options are derived fro
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +27,7 @@ from imagebatch.cli.run import add_run
 from imagebatch.cli.validate import add_validate
 from imagebatch.errors import UsageError
 from imagebatch.extras import MissingExtra
-from imagebatch.run.exit_codes import EXIT_USAGE, code_of
+from imagebatch.run.exit_codes import EXIT_USAGE, code_of, exit_code_for
 
 __all__ = ["build_parser", "main"]
 
@@ -57,7 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command: a bare `imagebatch` prints the help on stdout and exits 2, as a usage error does."""
+    """The command: a bare `imagebatch` prints the help on stdout and exits 2, as a usage error does.
+
+    A reader that stops reading early (`imagebatch validate M.csv | head -3`) ends the command quietly,
+    with the code of a process stopped by SIGPIPE (141), as `cat` or `grep` would end: no traceback."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # What is still buffered for stdout would raise again as Python exits: send it nowhere instead.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return exit_code_for(signal.SIGPIPE)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
