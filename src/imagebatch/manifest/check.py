@@ -336,6 +336,15 @@ class JobChecker:
         self._check_mask(mask_facts, self.files.check(refs[0]) if refs else None, r.add)
         return mask_facts.path, mask_facts.sha256
 
+    def claim_id(self, job_id: str, location: str) -> bool:
+        """Take `job_id` for the row at `location` when no earlier row has it in any case; False (and
+        nothing taken) when one has: `check` then says which."""
+        key = job_id.casefold()
+        if key in self._ids:
+            return False
+        self._ids[key] = (job_id, location)
+        return True
+
     def _check_unique(self, job_id: str, location: str, add: Callable[..., None]) -> None:
         key = job_id.casefold()
         first = self._ids.get(key)

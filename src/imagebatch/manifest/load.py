@@ -12,6 +12,7 @@ from .check import JobChecker
 from .formats import FORMATS, detect_format
 from .models import FileRef, Manifest, ManifestError, ManifestFormat, Problem
 from .read import RawManifest, split_sheet
+from .shapes import ShapeChecker
 
 
 def read_raw(path: Path | str, format: str | None = None, sheet: str | None = None) -> RawManifest:
@@ -110,7 +111,8 @@ def load_manifest(
     with _no_cycle_collection():
         raw = read_raw(where, format, sheet if sheet is not None else named)
         checker = JobChecker(raw, base, roots)
-        jobs = [job for row in raw.rows if (job := checker.check(row)) is not None]
+        shapes = ShapeChecker(checker, raw)
+        jobs = [job for row in raw.rows if (job := shapes.check(row)) is not None]
     problems = raw.problems + checker.problems
     if not raw.rows and not problems:
         problems.append(Problem(None, None, None, "the manifest has no jobs"))
