@@ -114,7 +114,7 @@ def load_manifest(
         shapes = ShapeChecker(checker, raw)
         jobs = [job for row in raw.rows if (job := shapes.check(row)) is not None]
     problems = raw.problems + checker.problems
-    if not raw.rows and not problems:
+    if not shapes.rows and not problems:
         problems.append(Problem(None, None, None, "the manifest has no jobs"))
     if problems:
         raise ManifestError(problems, where)

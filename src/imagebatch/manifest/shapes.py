@@ -36,12 +36,15 @@ class ShapeChecker:
         metadata = set(checker.metadata_columns)
         self._metadata = [c for c in columns if c in metadata]
         self._shapes: dict[Any, dict[str, Any]] = {}
+        self.rows = 0
+        """The rows checked so far."""
         # Only a table with both columns, no defaults and no NUL byte in it takes the short path: anything
         # else is rare enough to be checked in full.
         self._fast = checker.tabular and not raw.may_hold_nul and "id" in columns and "prompt" in columns
 
     def check(self, row: RawRow) -> Job | None:
         """The row's Job when it is clean, else None with its problems added to the checker's."""
+        self.rows += 1
         if not self._fast:
             return self.checker.check(row)
         shape = self._shape_of(row.values)
