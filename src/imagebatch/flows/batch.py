@@ -55,6 +55,7 @@ from imagebatch.run.shards import (
     records_after,
     requests_to_send,
     run_shards,
+    shard_keeps,
     shard_name,
     shard_of,
     shard_parameters,
@@ -267,8 +268,9 @@ def start(manifest: str, out: str, options: RunOptions, role: ShardRole) -> Run:
     """The run checked (`preflight`, unless the command made it) and planned, its run.json begun."""
     hooks = current_hooks() or RunHooks()
     shard, shards = role.shard, options.sharding.shards
+    keep = shard_keeps(shard, shards) if shard is not None else None  # a shard holds only its own jobs
     checked = hooks.checked or preflight(
-        manifest, out, options, shard=shard is not None, deployed=deployment.id is not None
+        manifest, out, options, shard=shard is not None, deployed=deployment.id is not None, keep=keep
     )
     if shard is not None and not 0 <= shard < shards:
         raise UsageError(f"shard {shard} of {shards}: a shard is 0 to shards - 1")
