@@ -72,13 +72,12 @@ class ShapeChecker:
         if "\r" in prompt:
             return None
         prompt = prompt.strip()
-        location = location_text(row.unit, row.line)
-        if not prompt or not self.checker.claim_id(job_id, location):
+        if not prompt or not self.checker.claim_id(job_id, row.line):
             return None
         fields = known.copy()  # in Job's order of fields, which the replaced ones keep
         fields["id"] = job_id
         fields["line"] = row.line
-        fields["location"] = location
+        fields["location"] = location_text(row.unit, row.line)
         fields["prompt"] = prompt
         fields["metadata"] = {c: values[c] for c in self._metadata}
         return checked_job(fields)
