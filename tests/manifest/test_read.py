@@ -369,3 +369,14 @@ def test_duplicate_column_and_ragged_rows_reported_together(tmp_path: Path) -> N
     path = write(tmp_path / "m.csv", "id;x,prompt,prompt\na,x,y\nb\n")
     problems = problems_of(path)
     assert [(p.line, p.field) for p in problems] == [(1, "prompt"), (3, None)]
+
+
+@pytest.mark.parametrize(
+    "text", ["id,prompt\r\na,x\r\n", "id,prompt\ra,x\rb,y", "id,prompt\na,\"two\r\nlines\"\n\nb,y", "id\n"]
+)
+def test_csv_lines_split_as_the_csv_module_reads_a_file(text: str) -> None:
+    import io
+
+    from imagebatch.manifest.read import _lines
+
+    assert list(_lines(text)) == list(io.StringIO(text, newline=""))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -170,13 +169,22 @@ def _decode(data: bytes, path: Path | str) -> str:
 # --- CSV -------------------------------------------------------------------------------------------
 
 
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+
+def _lines(text: str) -> Iterator[str]:
+    """`text`'s lines with their endings, as `io.StringIO(text, newline="")` gives them (a line ends at
+    `\r\n`, `\r` or `\n`), one at a time: a StringIO holds a copy of the text at 4 bytes a character."""
+    return (match.group() for match in _LINE.finditer(text))
+
+
 def _csv_records(text: str, path: Path | str) -> Iterator[tuple[int, list[str]]]:
     """Each non-blank record with the physical line it starts on, as the csv module reads them.
 
     pandas pads short rows silently and reports only the first long one, and it does not know physical
     line numbers once a quoted cell spans lines; the csv module, walked once, knows all of that.
     """
-    reader = csv.reader(io.StringIO(text, newline=""))
+    reader = csv.reader(_lines(text))
     end = 0
     try:
         for record in reader:
