@@ -372,7 +372,7 @@ def test_duplicate_column_and_ragged_rows_reported_together(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
-    "text", ["id,prompt\r\na,x\r\n", "id,prompt\ra,x\rb,y", "id,prompt\na,\"two\r\nlines\"\n\nb,y", "id\n"]
+    "text", ["id,prompt\r\na,x\r\n", "id,prompt\ra,x\rb,y", 'id,prompt\na,"two\r\nlines"\n\nb,y', "id\n"]
 )
 def test_csv_lines_split_as_the_csv_module_reads_a_file(text: str) -> None:
     import io
