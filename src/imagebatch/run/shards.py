@@ -3,16 +3,16 @@
 The parent run (`shards=N`) plans once, starts a run of the shard deployment (`NAME-shards`, made by
 `imagebatch deploy --shards N`) with Prefect's `run_deployment` for each of the N shards that has something
 to send, runs the first itself (and any shard no worker takes within a minute: `run_shards`), so that it
-never holds a worker's slot only to wait, waits
-for the others, merges what they wrote and writes the run's records. Shard `I` sends the units whose
-request's first sample's idempotency key falls to it (`shard_of`), so no two machines ever send one
-request; a chain's turns and a request's later samples stay together, and a shard keeps only its own jobs
-as it reads the manifest (`shard_keeps`). Every shard writes into the one output folder (a network file system in production), each into
-its own journal and usage file (`journal.shard-I-of-N.jsonl`), holding the folder's lock shared and its
-own shard lock alone. Into an object store's prefix (a bucket: the machines share nothing else), each
-writes its own journal segments (`journal/<run>-I-of-N-<seq>.jsonl`) under a lease of its own, while the
-parent holds the prefix's lease for the whole run (`OutputStore.hold_sharded`, `shard_hold`); the parent
-compacts the segments into one object once every shard has ended.
+never holds a worker's slot only to wait, waits for the others, merges what they wrote and writes the run's
+records. Shard `I` sends the units whose request's first sample's idempotency key falls to it (`shard_of`),
+so no two machines ever send one request; a chain's turns and a request's later samples stay together, and a
+shard keeps only its own jobs as it reads the manifest (`shard_keeps`). Every shard writes into the one
+output folder (a network file system in production), each into its own journal and usage file
+(`journal.shard-I-of-N.jsonl`), holding the folder's lock shared and its own shard lock alone. Into an
+object store's prefix (a bucket: the machines share nothing else), each writes its own journal segments
+(`journal/<run>-I-of-N-<seq>.jsonl`) under a lease of its own, while the parent holds the prefix's lease for
+the whole run (`OutputStore.hold_sharded`, `shard_hold`); the parent compacts the segments into one object
+once every shard has ended.
 
 What the folder must give across machines (NFSv4 does): a file renamed into place is seen whole
 (`rename` is atomic within a directory), an `fsync` is durable on the server, and `flock` locks are seen
