@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 from PIL import Image
@@ -66,6 +67,15 @@ def make_folder(root: Path, rows: int) -> Path:
                 row.update(aspect_ratio=RATIOS[i % len(RATIOS)], image_size="1K", count=str(1 + i % 2))
             writer.writerow([row[h] for h in header])
     return path
+
+
+def manifests(sizes: list[int]) -> Iterator[tuple[int, Path]]:
+    """Each size and a manifest of that many rows (`make_folder`), in a temporary folder removed after."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for rows in sizes:
+            folder = Path(tmp, str(rows))
+            folder.mkdir()
+            yield rows, make_folder(folder, rows)
 
 
 def convert(path: Path, fmt: str) -> Path:

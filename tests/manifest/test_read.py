@@ -346,3 +346,37 @@ def test_leading_and_whitespace_only_lines_are_skipped(tmp_path: Path) -> None:
     path = write(tmp_path / "m.csv", "\n\nid,prompt,image_size\na,x,1K\n   \nb,y,1k\n")
     problem = only_problem(path)
     assert (problem.line, problem.job_id) == (6, "b")
+
+
+def test_ragged_rows_hide_the_rows_problems_and_stop_the_load(tmp_path: Path) -> None:
+    # A CSV's rows are checked as they are read; a row of the wrong length found after rows with problems
+    # of their own still makes the file's only problems the wrong lengths, as a file that cannot be read
+    # as a table.
+    path = write(tmp_path / "m.csv", "id,prompt,model,\na,x,nope,\nb,y,,v\nc,z\nd,w,,,9\n")
+    assert [(p.line, p.message) for p in problems_of(path)] == [
+        (4, "the row has 2 cells but the header has 4 columns"),
+        (5, "the row has 5 cells but the header has 4 columns"),
+    ]
+
+
+def test_a_nameless_column_found_after_a_rows_problem(tmp_path: Path) -> None:
+    # The nameless column's values are found only as the rows are read: reported all the same.
+    path = write(tmp_path / "m.csv", "id,prompt,\na,x,\nb,{nope},\nc,y,value\n")
+    assert [(p.line, p.field) for p in problems_of(path)] == [(3, "prompt"), (4, None)]
+
+
+def test_duplicate_column_and_ragged_rows_reported_together(tmp_path: Path) -> None:
+    path = write(tmp_path / "m.csv", "id;x,prompt,prompt\na,x,y\nb\n")
+    problems = problems_of(path)
+    assert [(p.line, p.field) for p in problems] == [(1, "prompt"), (3, None)]
+
+
+@pytest.mark.parametrize(
+    "text", ["id,prompt\r\na,x\r\n", "id,prompt\ra,x\rb,y", 'id,prompt\na,"two\r\nlines"\n\nb,y', "id\n"]
+)
+def test_csv_lines_split_as_the_csv_module_reads_a_file(text: str) -> None:
+    import io
+
+    from imagebatch.manifest.read import _lines
+
+    assert list(_lines(text)) == list(io.StringIO(text, newline=""))

@@ -36,6 +36,7 @@ from imagebatch.run.limits import rate_limit_of
 from imagebatch.run.modes import Run, run_here, run_parent, run_shard
 from imagebatch.run.outputs import run_info
 from imagebatch.run.preflight import preflight
+from imagebatch.run.shards import shard_keeps
 from imagebatch.work.context import group_units
 
 
@@ -85,8 +86,9 @@ def start(manifest: str, out: str, options: RunOptions, role: ShardRole) -> Run:
     """The run checked (`preflight`, unless the command made it) and planned, its run.json begun."""
     hooks = current_hooks() or RunHooks()
     shard, shards = role.shard, options.sharding.shards
+    keep = shard_keeps(shard, shards) if shard is not None else None  # a shard holds only its own jobs
     checked = hooks.checked or preflight(
-        manifest, out, options, shard=shard is not None, deployed=deployment.id is not None
+        manifest, out, options, shard=shard is not None, deployed=deployment.id is not None, keep=keep
     )
     if shard is not None and not 0 <= shard < shards:
         raise UsageError(f"shard {shard} of {shards}: a shard is 0 to shards - 1")

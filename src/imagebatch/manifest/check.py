@@ -78,7 +78,9 @@ class JobChecker:
         self.files = FileChecker(base_dir, roots)
         if declared is not None:
             self.files.outside_hint = "the manifest's defaults.files_root allows only these folders"
-        self._ids: dict[str, tuple[str, str]] = {}  # casefolded id -> (id, location)
+        self._ids: dict[str, int | tuple[str, int]] = {}
+        """Casefolded id -> the line of its first row, with the id as written when that differs: one entry
+        per row of the manifest, held while it is read (a shard's too), so kept small."""
         self._metadata_columns: dict[str, None] = {}  # an ordered set
         self._reported_keys: set[str] = set()
         self._absent_columns: set[str] = set()
@@ -258,7 +260,7 @@ class JobChecker:
         if job_id is None and "id" not in r.bad and "id" not in self._absent_columns:
             r.add("id", "id is required: every job needs a unique id")
         elif job_id is not None:
-            self._check_unique(job_id, r.location, r.add)
+            self._check_unique(job_id, r.row, r.add)
         return job_id
 
     def _route_and_model(self, r: _Row) -> tuple[str | None, str | None]:
@@ -336,17 +338,27 @@ class JobChecker:
         self._check_mask(mask_facts, self.files.check(refs[0]) if refs else None, r.add)
         return mask_facts.path, mask_facts.sha256
 
-    def _check_unique(self, job_id: str, location: str, add: Callable[..., None]) -> None:
+    def claim_id(self, job_id: str, line: int) -> bool:
+        """Take `job_id` for the row on `line` when no earlier row has it in any case; False (and nothing
+        taken) when one has: `check` then says which."""
         key = job_id.casefold()
-        first = self._ids.get(key)
-        if first is None:
-            self._ids[key] = (job_id, location)
-        elif first[0] == job_id:
-            add("id", f"duplicate id {job_id!r}: also used on {first[1]}")
+        if key in self._ids:
+            return False
+        self._ids[key] = line if key == job_id else (job_id, line)
+        return True
+
+    def _check_unique(self, job_id: str, row: RawRow, add: Callable[..., None]) -> None:
+        if self.claim_id(job_id, row.line):
+            return
+        first = self._ids[job_id.casefold()]
+        first_id, line = (job_id.casefold(), first) if isinstance(first, int) else first
+        where = location_text(row.unit, line)
+        if first_id == job_id:
+            add("id", f"duplicate id {job_id!r}: also used on {where}")
         else:
             add(
                 "id",
-                f"id {job_id!r} differs from {first[0]!r} ({first[1]}) only by case",
+                f"id {job_id!r} differs from {first_id!r} ({where}) only by case",
                 "their file names would collide on case-insensitive file systems",
             )
 

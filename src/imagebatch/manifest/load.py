@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from . import sources
 from .check import JobChecker
 from .formats import FORMATS, detect_format
-from .models import FileRef, Manifest, ManifestError, ManifestFormat, Problem
+from .models import FileRef, Job, Manifest, ManifestError, ManifestFormat, Problem
 from .read import RawManifest, split_sheet
+from .shapes import ShapeChecker
 
 
 def read_raw(path: Path | str, format: str | None = None, sheet: str | None = None) -> RawManifest:
@@ -79,6 +80,7 @@ def load_manifest(
     format: ManifestFormat | None = None,
     files_root: Sequence[str | Path] | None = None,
     sheet: str | None = None,
+    keep: Callable[[Job], bool] | None = None,
 ) -> Manifest:
     """Read and check a manifest; raise ManifestError with every problem found, or return it.
 
@@ -91,6 +93,10 @@ def load_manifest(
 
     A workbook's sheet is `sheet`, or named after `#` in `path` (`catalog.xlsx#Products`), else its first
     visible sheet (`manifest.tables`).
+
+    `keep` (a shard's share: `run.shards.shard_keeps`) chooses the jobs the manifest holds: every row is
+    still checked, and the manifest refused for any row's problem, but a job not kept is dropped as soon
+    as it is made, so a shard never holds the others' jobs.
     """
     where: FileRef
     named: str | None = None
@@ -110,9 +116,11 @@ def load_manifest(
     with _no_cycle_collection():
         raw = read_raw(where, format, sheet if sheet is not None else named)
         checker = JobChecker(raw, base, roots)
-        jobs = [job for row in raw.rows if (job := checker.check(row)) is not None]
+        shapes = ShapeChecker(checker, raw)
+        made = (job for row in raw.rows if (job := shapes.check(row)) is not None)
+        jobs = list(made) if keep is None else [job for job in made if keep(job)]
     problems = raw.problems + checker.problems
-    if not raw.rows and not problems:
+    if not shapes.rows and not problems:
         problems.append(Problem(None, None, None, "the manifest has no jobs"))
     if problems:
         raise ManifestError(problems, where)

@@ -278,13 +278,20 @@ def summarise_jobs(jobs: Iterable[Job]) -> PlanSummary:
     """`summarise(plan(jobs))` counted from the jobs, without making their requests and keys: what
     `imagebatch validate` prints (a 100,000-job manifest's keys cost more than checking it)."""
     groups: dict[tuple[Route, str], list[int]] = {}
+    # A catalog's jobs come in a few kinds (route, model, references or not, max_images): each kind's
+    # wire route and images a request are worked out once.
+    kinds: dict[tuple[str, str, bool, int | None], tuple[list[int], int]] = {}
     n = 0
     for job in jobs:
+        kind = (job.route, job.model, bool(job.reference_images), job.max_images)
+        if (known := kinds.get(kind)) is None:
+            counts = groups.setdefault((job.wire_route, job.model), [0, 0, 0])
+            known = kinds[kind] = (counts, job.images_per_request)
+        counts, images = known
         requests = job.count * (len(job.turns) + 1)
-        counts = groups.setdefault((job.wire_route, job.model), [0, 0, 0])
         counts[0] += 1
         counts[1] += requests
-        counts[2] += requests * job.images_per_request
+        counts[2] += requests * images
         n += 1
     return _summary(groups, n)
 

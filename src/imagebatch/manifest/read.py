@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,10 @@ class RawManifest:
     """The file, or the object's URL."""
     format: ManifestFormat
     sha256: str
-    rows: list[RawRow]
+    rows: Iterable[RawRow]
+    """The rows, in order. A CSV's are read as they are iterated, once (`_csv_rows`): its whole-file
+    problems (a row of the wrong length) are raised at the end of the iteration, and a column with no name
+    that holds values is added to `problems` then."""
     columns: list[str] | None = None
     """Tables only (CSV, XLSX, Parquet): the header's column names (stripped), in order."""
     header_line: int | None = 1
@@ -166,33 +169,43 @@ def _decode(data: bytes, path: Path | str) -> str:
 # --- CSV -------------------------------------------------------------------------------------------
 
 
-def _scan_csv(text: str, path: Path | str) -> tuple[int, list[str], list[tuple[int, list[str]]]]:
-    """The header's line, the header and each non-blank record with the physical line it starts on.
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+
+def _lines(text: str) -> Iterator[str]:
+    """`text`'s lines with their endings, as `io.StringIO(text, newline="")` gives them (a line ends at
+    `\r\n`, `\r` or `\n`), one at a time: a StringIO holds a copy of the text at 4 bytes a character."""
+    return (match.group() for match in _LINE.finditer(text))
+
+
+def _csv_records(text: str, path: Path | str) -> Iterator[tuple[int, list[str]]]:
+    """Each non-blank record with the physical line it starts on, as the csv module reads them.
 
     pandas pads short rows silently and reports only the first long one, and it does not know physical
     line numbers once a quoted cell spans lines; the csv module, walked once, knows all of that.
     """
-    reader = csv.reader(io.StringIO(text, newline=""))
-    records: list[tuple[int, list[str]]] = []
+    reader = csv.reader(_lines(text))
     end = 0
     try:
         for record in reader:
             start, end = end + 1, reader.line_num
             # Blank and whitespace-only lines are not rows (pandas skips them too).
             if record and not (len(record) == 1 and not record[0].strip()):
-                records.append((start, record))
+                yield start, record
     except csv.Error as exc:
         raise ManifestError(
             [Problem(reader.line_num, None, None, f"the CSV cannot be read: {exc}")], path
         ) from None
-    if not records:
-        raise ManifestError([Problem(None, None, None, "the manifest is empty")], path)
-    header_line, header = records[0]
-    return header_line, [h.strip() for h in header], records[1:]
 
 
 def _read_csv(text: str, raw: RawManifest) -> None:
-    header_line, header, records = _scan_csv(text, raw.path)
+    """The header read now; the rows as they are iterated (`RawManifest.rows`), unless the header is
+    refused: then every record is read now, for every problem of the file at once."""
+    records = _csv_records(text, raw.path)
+    first = next(records, None)
+    if first is None:
+        raise ManifestError([Problem(None, None, None, "the manifest is empty")], raw.path)
+    header_line, header = first[0], [h.strip() for h in first[1]]
     fatal: list[Problem] = []
     if len(header) == 1 and ";" in header[0]:
         fatal.append(
@@ -204,21 +217,45 @@ def _read_csv(text: str, raw: RawManifest) -> None:
                 "the file looks separated by ';'; save it with ',' as the separator",
             )
         )
+    twice = _named_twice(raw, header_line, header)
+    if fatal or twice:
+        for _ in _of_length(records, len(header), fatal):
+            pass
+        raise ManifestError(fatal + twice, raw.path)
+    raw.columns = [name for name in header if name]
+    raw.header_line = header_line
+    raw.rows = _csv_rows(raw, header, records)
+
+
+def _csv_rows(
+    raw: RawManifest, header: list[str], records: Iterator[tuple[int, list[str]]]
+) -> Iterator[RawRow]:
+    wrong: list[Problem] = []
+    yield from _table_records(raw, header, _of_length(records, len(header), wrong))
+    if wrong:
+        raise ManifestError(wrong, raw.path)
+
+
+def _of_length(
+    records: Iterable[tuple[int, list[str]]], width: int, wrong: list[Problem]
+) -> Iterator[tuple[int, list[str]]]:
+    """The records with `width` cells; a problem in `wrong` for each of the others."""
     for line, record in records:
-        if len(record) != len(header):
-            multiline = any("\n" in cell for cell in record)
-            fatal.append(
-                Problem(
-                    line,
-                    None,
-                    None,
-                    f"the row has {len(record)} cells but the header has {len(header)} columns",
-                    "is a quote left open?"
-                    if multiline
-                    else "quote cells that contain commas, and give every row as many cells as the header",
-                )
+        if len(record) == width:
+            yield line, record
+            continue
+        multiline = any("\n" in cell for cell in record)
+        wrong.append(
+            Problem(
+                line,
+                None,
+                None,
+                f"the row has {len(record)} cells but the header has {width} columns",
+                "is a quote left open?"
+                if multiline
+                else "quote cells that contain commas, and give every row as many cells as the header",
             )
-    table_rows(raw, header_line, header, records, fatal)
+        )
 
 
 def table_rows(
@@ -232,53 +269,60 @@ def table_rows(
     twice is refused, a nameless column is dropped unless it holds values (reported), and a row of empty
     cells is not a job. Each record has as many cells as the header (strings); `fatal` problems found by
     the caller are raised with the header's. Rows are named in `raw.unit`, on `raw.sheet`."""
-    fatal = list(fatal or ())
-    unit, sheet = raw.unit, raw.sheet
+    fatal = list(fatal or ()) + _named_twice(raw, header_line, header)
+    if fatal:
+        raise ManifestError(fatal, raw.path)
+    raw.columns = [name for name in header if name]
+    raw.header_line = header_line
+    raw.rows = list(_table_records(raw, header, records))
+
+
+def _named_twice(raw: RawManifest, header_line: int | None, header: list[str]) -> list[Problem]:
+    """A problem for each column named as an earlier one."""
     seen: dict[str, int] = {}
+    problems = []
     for i, name in enumerate(header):
         if name and name in seen:
-            fatal.append(
+            problems.append(
                 Problem(
                     header_line,
                     None,
                     name,
                     f"column {name!r} appears twice (columns {seen[name] + 1} and {i + 1})",
-                    unit=unit,
-                    sheet=sheet,
+                    unit=raw.unit,
+                    sheet=raw.sheet,
                 )
             )
         seen.setdefault(name, i)
-    if fatal:
-        raise ManifestError(fatal, raw.path)
+    return problems
 
+
+def _table_records(
+    raw: RawManifest, header: list[str], records: Iterable[tuple[int, list[str]]]
+) -> Iterator[RawRow]:
+    """The rows of `records` that hold a value; once they are all read, a problem in `raw.problems` for
+    each column with no name that holds values (at its first)."""
+    unit, sheet = raw.unit, raw.sheet
     unnamed = [i for i, name in enumerate(header) if not name]
-    for i in unnamed:
-        # Spreadsheets often export trailing empty columns; only a nameless column with data is a mistake.
-        first = next((line for (line, rec) in records if rec[i].strip()), None)
-        if first is not None:
-            raw.problems.append(
-                Problem(
-                    first,
-                    None,
-                    None,
-                    f"column {i + 1} has no name in the header but holds values",
-                    unit=unit,
-                    sheet=sheet,
-                )
-            )
-    raw.columns = [name for name in header if name]
-    raw.header_line = header_line
-    append = raw.rows.append
+    first: dict[int, int] = {}
     named = [(i, name) for i, name in enumerate(header) if name]
     for line, record in records:
         # A row of empty cells (`,,,`) is what spreadsheets leave below the data: not a job. (One join and
         # strip per row: a cell holds more than whitespace exactly when the joined cells do.)
         if unnamed:
+            for i in unnamed:
+                if i not in first and record[i].strip():
+                    first[i] = line
             values = {name: record[i] for i, name in named}
             if "".join(values.values()).strip():
-                append(RawRow(line, unit, values))
+                yield RawRow(line, unit, values)
         elif "".join(record).strip():
-            append(RawRow(line, unit, dict(zip(header, record, strict=True))))
+            yield RawRow(line, unit, dict(zip(header, record, strict=True)))
+    # Spreadsheets often export trailing empty columns; only a nameless column with data is a mistake.
+    for i in unnamed:
+        if i in first:
+            message = f"column {i + 1} has no name in the header but holds values"
+            raw.problems.append(Problem(first[i], None, None, message, unit=unit, sheet=sheet))
 
 
 # --- JSON and JSON Lines ------------------------------------------------------------------------------
@@ -388,14 +432,18 @@ def _read_json(text: str, raw: RawManifest) -> None:
     raw.unit = "job"
     if not isinstance(jobs, list):
         raise ManifestError([Problem(None, None, "jobs", "'jobs' must be a list of objects")], raw.path)
+    rows: list[RawRow] = []
+    raw.rows = rows
     for i, job in enumerate(jobs):
         if isinstance(job, dict):
-            raw.rows.append(RawRow(i, "job", job))
+            rows.append(RawRow(i, "job", job))
         else:
             raw.problems.append(Problem(i, None, None, "a job must be an object", unit="job"))
 
 
 def _read_jsonl(text: str, raw: RawManifest) -> None:
+    rows: list[RawRow] = []
+    raw.rows = rows
     # split on "\n" only: str.splitlines would also split inside strings holding U+2028 and friends.
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
@@ -409,6 +457,6 @@ def _read_jsonl(text: str, raw: RawManifest) -> None:
             raw.problems.append(_depth_problem(exc, number))
             continue
         if isinstance(job, dict):
-            raw.rows.append(RawRow(number, "line", job))
+            rows.append(RawRow(number, "line", job))
         else:
             raw.problems.append(Problem(number, None, None, "each line must be a JSON object (one job)"))

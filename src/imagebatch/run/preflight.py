@@ -8,6 +8,7 @@ only when one is named) so that the command can refuse a bad configuration at on
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from imagebatch.gateway.client import normalise_base_url
 from imagebatch.gateway.constants import ENV_API_KEY, ENV_PRICES
 from imagebatch.gateway.environment import api_key_from_environment, base_url_or_environment
 from imagebatch.gateway.errors import ConfigurationError
-from imagebatch.manifest import Manifest, load_manifest
+from imagebatch.manifest import Job, Manifest, load_manifest
 from imagebatch.options import RunOptions
 from imagebatch.storage.bounded import RecordError, check_records
 from imagebatch.storage.location import is_object_url, shown_url
@@ -179,12 +180,15 @@ def preflight(
     *,
     shard: bool = False,
     deployed: bool = False,
+    keep: Callable[[Job], bool] | None = None,
 ) -> Preflight:
     """Every check that needs neither Prefect nor the service: the manifest and its files (inside the
     manifest's folder or `files_root`), the options beyond their own bounds (the model's), the output
     folder, the base URL and the key's presence and form. Raises `ManifestError` or `UsageError`.
-    `deployed`: a deployment's run (or the deploying command), which needs an address (`resolve_base_url`)."""
-    loaded = load_manifest(manifest, files_root=options.inputs.files_root)  # a path, or an object's URL
+    `deployed`: a deployment's run (or the deploying command), which needs an address (`resolve_base_url`).
+    `keep`: the jobs the run holds (a shard's: `run.shards.shard_keeps`), every row checked all the same."""
+    roots = options.inputs.files_root
+    loaded = load_manifest(manifest, files_root=roots, keep=keep)  # a path, or an object's URL
     check_redo(options)
     budgets, block = options.budgets, options.service.api_key_secret_block
     try:

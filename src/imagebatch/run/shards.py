@@ -3,15 +3,16 @@
 The parent run (`shards=N`) plans once, starts a run of the shard deployment (`NAME-shards`, made by
 `imagebatch deploy --shards N`) with Prefect's `run_deployment` for each of the N shards that has something
 to send, runs the first itself (and any shard no worker takes within a minute: `run_shards`), so that it
-never holds a worker's slot only to wait, waits
-for the others, merges what they wrote and writes the run's records. Shard `I` sends the units whose first
-idempotency key falls to it (`shard_of`), so no two machines ever send one request; a chain's turns stay
-together. Every shard writes into the one output folder (a network file system in production), each into
-its own journal and usage file (`journal.shard-I-of-N.jsonl`), holding the folder's lock shared and its
-own shard lock alone. Into an object store's prefix (a bucket: the machines share nothing else), each
-writes its own journal segments (`journal/<run>-I-of-N-<seq>.jsonl`) under a lease of its own, while the
-parent holds the prefix's lease for the whole run (`OutputStore.hold_sharded`, `shard_hold`); the parent
-compacts the segments into one object once every shard has ended.
+never holds a worker's slot only to wait, waits for the others, merges what they wrote and writes the run's
+records. Shard `I` sends the units whose request's first sample's idempotency key falls to it (`shard_of`),
+so no two machines ever send one request; a chain's turns and a request's later samples stay together, and a
+shard keeps only its own jobs as it reads the manifest (`shard_keeps`). Every shard writes into the one
+output folder (a network file system in production), each into its own journal and usage file
+(`journal.shard-I-of-N.jsonl`), holding the folder's lock shared and its own shard lock alone. Into an
+object store's prefix (a bucket: the machines share nothing else), each writes its own journal segments
+(`journal/<run>-I-of-N-<seq>.jsonl`) under a lease of its own, while the parent holds the prefix's lease for
+the whole run (`OutputStore.hold_sharded`, `shard_hold`); the parent compacts the segments into one object
+once every shard has ended.
 
 What the folder must give across machines (NFSv4 does): a file renamed into place is seen whole
 (`rename` is atomic within a directory), an `fsync` is durable on the server, and `flock` locks are seen
@@ -32,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from imagebatch.gateway.constants import ENV_API_KEY, STORE_SECRETS
-from imagebatch.manifest.plan import key_digits
+from imagebatch.manifest import Job
+from imagebatch.manifest.plan import idempotency_key, key_digits
 from imagebatch.options import START_TIMEOUT, RunOptions, ShardRole, split_budgets
 from imagebatch.run.constants import SHARD_GRACE, TERMINAL_STATES
 from imagebatch.work.context import Unit, decide
@@ -44,9 +46,28 @@ NEVER_STARTED = 300.0
 
 
 def shard_of(unit: Unit, shards: int) -> int:
-    """Which shard sends `unit`: by its first idempotency key, so the split is the same on every machine
-    and every rerun (a key's hex digits are uniform)."""
-    return int(key_digits(unit.requests[0].idempotency_key)[:8], 16) % shards
+    """Which shard sends `unit`: by the idempotency key of its request's first sample (turn 0, variant 1),
+    so the split is the same on every machine and every rerun (a key's hex digits are uniform), a chain's
+    turns and every later sample of a request go to one shard, and a shard knows its jobs from the
+    manifest's rows alone (`shard_keeps`)."""
+    first = unit.requests[0]
+    if first.variant == 1 and first.turn_index == 0:
+        return _shard_of_key(first.idempotency_key, shards)
+    return _shard_of_key(idempotency_key(first.job, first.request_index), shards)
+
+
+def _shard_of_key(key: str, shards: int) -> int:
+    return int(key_digits(key)[:8], 16) % shards
+
+
+def shard_keeps(shard: int, shards: int) -> Callable[[Job], bool]:
+    """Whether a job has a unit that shard `shard` sends (`shard_of`): what a shard keeps of the manifest
+    as it reads it (`manifest.load_manifest`'s `keep`), so that it never holds the others' jobs."""
+
+    def keeps(job: Job) -> bool:
+        return any(_shard_of_key(idempotency_key(job, i), shards) == shard for i in range(job.count))
+
+    return keeps
 
 
 def shard_name(shard: int, shards: int) -> str:
