@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from imagebatch.errors import Refusal
+
 EXTRAS = {"xlsx": "openpyxl", "parquet": "pyarrow", "s3": "obstore", "notebook": "pandas"}
 """Each extra and the module whose absence means it is not installed."""
 
 
-class MissingExtra(ValueError):
+class MissingExtra(ValueError, Refusal):
     """A manifest or a location needs an extra that is not installed; the message is the whole line. A
     ValueError, as a location's other refusals are, so that a check that names the location says it too."""
 

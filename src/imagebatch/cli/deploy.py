@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from imagebatch.cli.common import MANIFEST_HELP, command, sheet_argument
 from imagebatch.cli.flags import add_option_flags, options_from
 from imagebatch.errors import UsageError
-from imagebatch.manifest.models import ManifestError
 from imagebatch.platform.automations import TAG
 from imagebatch.platform.deploy_metadata import DeploymentMetadata
 from imagebatch.run.constants import FLOW_NAME
@@ -150,6 +149,7 @@ def request_of(args: argparse.Namespace) -> DeployRequest:
 def deploy_command(args: argparse.Namespace) -> int:
     """`imagebatch deploy` (create or update the deployment; runs go to --work-pool) and `imagebatch
     serve` (the same, then its runs run from this process until Ctrl-C)."""
+    from imagebatch.manifest.models import ManifestError
     from imagebatch.platform.deploy import deploy, serve_runs
 
     try:

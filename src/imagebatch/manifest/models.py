@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from imagebatch.errors import Refusal
 from imagebatch.gateway.constants import (
     IMAGE_ROUTES,
     MAX_UPLOAD_BYTES,
@@ -151,7 +152,7 @@ class Problem:
         return redact_urls(text)  # a reference cell may hold `s3://KEY:SECRET@bucket/x.png?sig=...`
 
 
-class ManifestError(Exception):
+class ManifestError(Refusal):
     """A manifest that cannot be run; `problems` holds every problem found, not only the first."""
 
     def __init__(self, problems: list[Problem], path: Path | str | None = None) -> None:

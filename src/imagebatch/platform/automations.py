@@ -15,8 +15,7 @@ from typing import Any
 
 from imagebatch.errors import UsageError
 from imagebatch.gateway.constants import ENV_HEARTBEAT_WINDOW as ENV_WINDOW
-from imagebatch.run.constants import FINAL_STATE_NAMES
-from imagebatch.run.shards import NEVER_STARTED
+from imagebatch.run.constants import FINAL_STATE_NAMES, NEVER_STARTED
 
 TAG = "imagebatch"
 """Every deployment's tag, which its runs carry: the dead-run automations watch the runs with it."""
@@ -92,7 +91,7 @@ def heartbeat_automation(window: float) -> Any:
 
 def pending_automation(window: float = NEVER_STARTED) -> Any:
     """A run claimed (Pending) and not Running `window` seconds later: its claimer died before it started
-    (the sharded parent's own timeout for its shards, `run.shards.NEVER_STARTED`, kept by the server)."""
+    (the sharded parent's own timeout for its shards, `run.constants.NEVER_STARTED`, kept by the server)."""
     why = f"claimed but not started {window:g} s later: whoever claimed it (a worker, a sharded parent) died"
     expect = {"prefect.flow-run.Running", "prefect.flow-run.Scheduled"}
     return _crash_when_silent(PENDING_NAME, "prefect.flow-run.Pending", expect, window, why)

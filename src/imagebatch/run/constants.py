@@ -35,3 +35,5 @@ records) before it gives up on them."""
 WORKER_GRACE = SHARDED_STOP_GRACE + RECORDING
 """Seconds `imagebatch worker` waits for its flow runs to stop before it stops Prefect's worker: the
 longest of its runs' graces (a sharded parent's), and the parent's own records."""
+NEVER_STARTED = 300.0
+"""Seconds a shard a worker claimed may take to start before it counts as crashed."""

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import signal
 
-from imagebatch.errors import UsageError
-from imagebatch.extras import MissingExtra
-from imagebatch.manifest.models import ManifestError
+from imagebatch.errors import Refusal
 
 
 def exit_code_for(signum: int) -> int:
@@ -33,9 +31,9 @@ EXIT_INTERRUPTED = exit_code_for(signal.SIGINT)
 EXIT_TERMINATED = exit_code_for(signal.SIGTERM)
 """Stopped with SIGTERM (128 + SIGTERM)."""
 
-USAGE_ERRORS: tuple[type[Exception], ...] = (UsageError, ManifestError, MissingExtra)
-"""The errors that refuse a command before it does anything: a usage error, an invalid manifest, a missing
-extra."""
+USAGE_ERRORS: tuple[type[Exception], ...] = (Refusal,)
+"""The errors that refuse a command before it does anything (`errors.Refusal`): a usage error, an invalid
+manifest, a missing extra."""
 
 
 def code_of(exc: BaseException) -> int:

@@ -36,13 +36,10 @@ from imagebatch.gateway.constants import ENV_API_KEY, STORE_SECRETS
 from imagebatch.manifest import Job
 from imagebatch.manifest.plan import idempotency_key, key_digits
 from imagebatch.options import START_TIMEOUT, RunOptions, ShardRole, split_budgets
-from imagebatch.run.constants import SHARD_GRACE, TERMINAL_STATES
+from imagebatch.run.constants import NEVER_STARTED, SHARD_GRACE, TERMINAL_STATES
 from imagebatch.work.context import Unit, decide
 from imagebatch.work.records import carried, not_attempted
 from imagebatch.work.store import KeyState, OutputLockedError, OutputStore, RequestRecord
-
-NEVER_STARTED = 300.0
-"""Seconds a shard a worker claimed may take to start before it counts as crashed."""
 
 
 def shard_of(unit: Unit, shards: int) -> int:
