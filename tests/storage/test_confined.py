@@ -172,5 +172,5 @@ def test_a_run_writes_no_image_nor_journal_line_through_a_link_out_of_out(
         store.journal("attempt_started", key="ib1-x")
     with pytest.raises(OutsideRootError):
         store.write_run({"state": "running"})
-    assert isinstance(store.write_error, OutsideRootError)  # the run stops as on a failed disk
+    assert isinstance(store.backend.watch.error, OutsideRootError)  # the run stops as on a failed disk
     assert tree(outside) == {}

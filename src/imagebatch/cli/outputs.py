@@ -104,7 +104,7 @@ def report_command(out: str, to: str | None = None) -> int:
         if isinstance(where, str):
             check_output_store(where, lock=False)
         store = OutputStore(where)
-        if not store.location.exists(RESULTS_CSV):
+        if not store.backend.exists(RESULTS_CSV):
             why = f"has no {RESULTS_CSV} (not an output folder of a finished run)"
             print(f"imagebatch report: {store.where} {why}", file=sys.stderr)
             return EXIT_USAGE
@@ -125,10 +125,10 @@ def _build(store: Any) -> Any:
 
 def _download(store: Any, to: str) -> Path:
     from imagebatch.report.download import download_report
-    from imagebatch.storage.objectstore import ObjectLocation
+    from imagebatch.storage.bucket import BucketBackend
 
-    assert isinstance(store.location, ObjectLocation)
-    return download_report(store.location, Path(to).expanduser()).resolve()
+    assert isinstance(store.backend, BucketBackend)  # --to is refused for a folder before
+    return download_report(store.backend, Path(to).expanduser()).resolve()
 
 
 def review_command(args: argparse.Namespace) -> int:

@@ -126,7 +126,7 @@ def check_output_store(url: str, lock: bool = True) -> None:
         raise UsageError(str(exc)) from None
     if lock:
         try:
-            with OutputStore(url).hold_and_merge():
+            with OutputStore(url).backend.hold():
                 pass
         except OutputLockedError as exc:
             raise locked(exc) from None
@@ -146,7 +146,7 @@ def check_output_folder(out: Path, lock: bool = True) -> None:
         check_records(out)
         OutputStore(out).read_run()  # a run.json its model refuses: refused here, before Prefect starts
         if lock:
-            with OutputStore(out).hold_and_merge():
+            with OutputStore(out).backend.hold():
                 pass
     except OutputLockedError as exc:
         raise locked(exc) from None

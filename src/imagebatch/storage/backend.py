@@ -1,0 +1,115 @@
+"""The one interface of an output location's record (`Backend`): what the layers above ask of a place
+that keeps a run's record, whatever kind of place it is. A local folder (`storage.folder.FolderBackend`)
+and an object store's prefix (`storage.bucket.BucketBackend`) implement it; `storage.kinds.open_location`
+picks one from `--out`, once. Every way the two differ (a lock or a lease, appended files or segments, a
+rename or a multipart upload) is a method here, so nothing above storage/ asks which kind it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from imagebatch.storage.appendlog import WriteWatch
+from imagebatch.storage.bounded import BadLine
+from imagebatch.storage.location import Location
+
+
+class LocalCopy(Protocol):
+    """A local folder holding a location's files for a reader that needs paths (the report): a folder is
+    its own copy; a bucket's is a staging folder, its files fetched in, what is built uploaded back."""
+
+    folder: Path
+
+    def fetch(self, names: Iterable[str], placeholders: Iterable[str] = ()) -> None:
+        """Have the files `names` in the folder, and `placeholders` as empty files dated 1970 where they
+        are not there (an image whose thumbnail is: the report keeps the thumbnail)."""
+
+    def publish(self, names: Iterable[str]) -> None:
+        """Have the files `names` written in the folder in the location too."""
+
+    def remove(self, names: Iterable[str]) -> None:
+        """Remove `names` from the location."""
+
+    def top_names(self) -> list[str]:
+        """The names of the location's files at its top (not in a sub-folder), sorted."""
+
+
+class Backend(Location, Protocol):
+    """An output location: named objects (`Location`), append-only records, and the hold a run takes."""
+
+    watch: WriteWatch
+    """Told of the first write that failed (a full disk, a lost lease): the run stops dispatching at it."""
+    shard: str | None
+    """`I-of-N` for one shard of a sharded run (its own records and hold), else None."""
+    spool_folder: Path
+    """Where a run keeps its records on disk until results.csv is written (the folder itself, or the
+    machine's temporary folder for a place that has no local disk)."""
+    release_wait: float
+    """How long a sharded run's parent waits, at most, for a shard that still holds its own hold after
+    its process was ended (a lock is let go with its process; a lease only when it expires)."""
+
+    # -- the hold: who may write --
+
+    def hold(self) -> AbstractContextManager[None]:
+        """Hold the location for one run alone (refused with `OutputLockedError` while another holds it);
+        what killed shards left is merged first. Holding it already (`hold_sharded`) goes on holding it."""
+
+    def hold_sharded(self, shards: int) -> AbstractContextManager[None]:
+        """Hold the location for the parent of a sharded run, from its start to its end."""
+
+    def shard_hold(self) -> AbstractContextManager[None]:
+        """Hold the location as shard `shard`: shared with the other shards, alone for this shard."""
+
+    def in_use(self) -> str | None:
+        """Who is sending into the location now (a run, a shard of one), or None; holds nothing."""
+
+    def shard_held(self, shard: str) -> bool:
+        """Whether shard `shard` holds its own hold now."""
+
+    # -- append-only records --
+
+    def append(self, kind: str, record: dict[str, Any], *, sync: bool) -> None:
+        """Append one record to `kind` (`layout.JOURNAL` or `layout.USAGE_LEDGER`); with `sync`, return
+        once it is durable (with every record appended before it)."""
+
+    def sync(self) -> None:
+        """Make every record appended so far durable; a run holding the location alone also compacts
+        what a rerun reads (the end of a run is the one caller)."""
+
+    def records(self, kind: str, bad: BadLine | None = None) -> Iterator[dict[str, Any]]:
+        """The records of `kind`, in the order they were appended, across every run into the location.
+        `bad` is told of each line skipped as bad (`storage.bounded`)."""
+
+    def has_records(self) -> bool:
+        """Whether a run has journaled anything here (one cheap look)."""
+
+    def keep_conversation(self, stem: str, key: str, record: dict[str, Any]) -> None:
+        """Keep the conversation behind the answer whose files are `images/<stem>...` (its key `key`),
+        without a sync of its own: a lost one only makes a later edit a new sample."""
+
+    def kept_conversation(self, stem: str, key: str) -> bytes | None:
+        """The bytes `keep_conversation` kept for `stem` and `key`, or None."""
+
+    # -- whole objects --
+
+    def prepare(self) -> None:
+        """Make what a run writes into exist (a folder's sub-folders); nothing for a bucket."""
+
+    def files_exist(self, names: list[str], settled: bool) -> bool:
+        """Whether the output files `names` are all there; `settled`: their outcome was journaled after
+        they were written (a place whose look-up costs a request per file trusts that)."""
+
+    def replacing(self, name: str) -> AbstractContextManager[BinaryIO]:
+        """A binary file to write `name` into, row by row, never whole in memory: it replaces `name`
+        whole when the block ends, or not at all if the block raises."""
+
+    def put_derived(self, name: str, data: bytes) -> None:
+        """Write a file made from others (a thumbnail), best effort: not synced, a failure ignored (its
+        reader makes any that is missing)."""
+
+    def local_copy(self, folder: Path | None = None) -> AbstractContextManager[LocalCopy]:
+        """A local folder holding this location's files, fetched on demand (`LocalCopy.fetch`) into
+        `folder` when given and the location is not local, else into a temporary folder removed after."""
