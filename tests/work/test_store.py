@@ -129,7 +129,7 @@ def test_files_and_chains(store: OutputStore) -> None:
     assert leftovers(store.backend.root / "images") == [] and leftovers(store.backend.root / "chains") == []
 
 
-def test_hold_and_merge_refuses_a_second_holder_and_releases_after_the_block(tmp_path: Path) -> None:
+def test_hold_refuses_a_second_holder_and_releases_after_the_block(tmp_path: Path) -> None:
     from imagebatch.work.store import OutputLockedError
 
     first, second = OutputStore(tmp_path / "out"), OutputStore(tmp_path / "out")
@@ -152,7 +152,7 @@ def test_hold_and_merge_refuses_a_second_holder_and_releases_after_the_block(tmp
     assert (tmp_path / "out" / ".imagebatch.lock").is_file()
 
 
-def test_hold_and_merge_creates_the_folder(tmp_path: Path) -> None:
+def test_hold_creates_the_folder(tmp_path: Path) -> None:
     store = OutputStore(tmp_path / "new" / "out")
     with store.backend.hold():
         assert store.backend.root.is_dir()
