@@ -13,7 +13,8 @@ from helpers.exports import OutMaker, tree
 from helpers.runs import cli
 from PIL import Image
 
-from imagebatch.storage.location import LocalFolder, OutsideRootError, confined
+from imagebatch.storage.folder import FolderBackend
+from imagebatch.storage.location import OutsideRootError, confined
 from imagebatch.work.decisions import REVIEW_FILE, Decision, record_decision
 
 
@@ -52,9 +53,9 @@ def test_confined_follows_links_that_stay_inside_and_refuses_those_that_leave(
         with pytest.raises(OutsideRootError, match="leads out of"):
             confined(root, name)
     with pytest.raises(OutsideRootError):
-        LocalFolder(root).put("away/run.json", b"{}")
+        FolderBackend(root).put("away/run.json", b"{}")
     with pytest.raises(OutsideRootError):
-        LocalFolder(root).put_new("file.txt", b"x")
+        FolderBackend(root).put_new("file.txt", b"x")
     assert tree(outside) == {}
 
 
@@ -90,7 +91,7 @@ def test_a_decision_is_not_appended_to_a_review_file_linked_out_of_out(out: OutM
     (outside / "victim.jsonl").write_bytes(b"")
     (out.root / REVIEW_FILE).symlink_to(outside / "victim.jsonl")
     with pytest.raises(OutsideRootError, match=REVIEW_FILE):
-        record_decision(LocalFolder(out.root), Decision("ib1-a", 1, "approved"))
+        record_decision(FolderBackend(out.root), Decision("ib1-a", 1, "approved"))
     assert (outside / "victim.jsonl").read_bytes() == b""
 
 

@@ -69,8 +69,9 @@ from imagebatch.delivery.options import ExportOptions
 from imagebatch.delivery.publish import compare, leaving, publish, read_outside, sha256, staging
 from imagebatch.delivery.summary import ExportSummary
 from imagebatch.storage import layout
+from imagebatch.storage.backend import Backend
 from imagebatch.storage.kinds import open_location
-from imagebatch.storage.location import LocalFolder, Location, is_object_url, local_path, shown_url
+from imagebatch.storage.location import LocalFolder, is_object_url, local_path, shown_url
 from imagebatch.work.decisions import decided
 
 Pool = Literal["process", "thread"]
@@ -86,8 +87,8 @@ def default_workers() -> int:
 
 
 def reuse(
-    source: Location,
-    dest: Location,
+    source: Backend,
+    dest: Backend,
     deliverables: list[Deliverable],
     existing: set[str],
     previous: dict[str, dict[str, str]],
@@ -148,7 +149,7 @@ def _executor(pool: Pool, workers: int) -> Iterator[Executor | None]:
         executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _jobs(source: Location, todo: list[tuple[int, Deliverable]], staging: Path) -> Iterator[StageJob]:
+def _jobs(source: Backend, todo: list[tuple[int, Deliverable]], staging: Path) -> Iterator[StageJob]:
     """One job per deliverable: a local source by its path (the worker reads it), a bucket's by its
     bytes, fetched `IO_THREADS` at a time just ahead of the converters."""
     if isinstance(source, LocalFolder):
@@ -165,7 +166,7 @@ Progress = Callable[[int, int], None]
 
 
 def stage_all(
-    source: Location,
+    source: Backend,
     todo: list[tuple[int, Deliverable]],
     staging: Path,
     workers: int,
@@ -195,7 +196,7 @@ def _contains(outer: str, inner: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
-def _places(out: str, dest: str) -> tuple[Location, Location]:
+def _places(out: str, dest: str) -> tuple[Backend, Backend]:
     """OUT's and DEST's locations, checked: a bucket that answers, a DEST that can hold files and is
     not OUT nor inside the folders a run writes."""
     problems = []
@@ -236,8 +237,8 @@ class Made:
 
 
 def _make(
-    source: Location,
-    target: Location,
+    source: Backend,
+    target: Backend,
     deliverables: list[Deliverable],
     previous: dict[str, dict[str, str]],
     existing: set[str],
@@ -276,8 +277,8 @@ def _make(
 
 
 def _deliver(
-    source: Location,
-    target: Location,
+    source: Backend,
+    target: Backend,
     made: ExportPlan,
     columns: list[str],
     summary: ExportSummary,

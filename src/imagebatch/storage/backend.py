@@ -37,6 +37,18 @@ class LocalCopy(Protocol):
         """The names of the location's files at its top (not in a sub-folder), sorted."""
 
 
+class DecisionTail(Protocol):
+    """One reader's place in the review decisions, read again as reviewers add to them."""
+
+    def read(self) -> tuple[list[tuple[str, bytes]], bool]:
+        """The decision lines added since the last read, each with where it is as a message names it, and
+        whether they are the whole record read again from its start (the reader replays it anew)."""
+
+    def wrote(self, name: str, line: bytes) -> bool:
+        """Note the line this reader's process just added as `name` (`Backend.add_decision`): True if it
+        is taken as read (the reader applies it itself), False if the next `read` gives it."""
+
+
 class Backend(Location, Protocol):
     """An output location: named objects (`Location`), append-only records, and the hold a run takes."""
 
@@ -47,6 +59,8 @@ class Backend(Location, Protocol):
     spool_folder: Path
     """Where a run keeps its records on disk until results.csv is written (the folder itself, or the
     machine's temporary folder for a place that has no local disk)."""
+    title: str
+    """The location's short name, as a page's title shows it (a folder's name, a bucket's URL)."""
     release_wait: float
     """How long a sharded run's parent waits, at most, for a shard that still holds its own hold after
     its process was ended (a lock is let go with its process; a lease only when it expires)."""
@@ -102,6 +116,11 @@ class Backend(Location, Protocol):
         """Whether the output files `names` are all there; `settled`: their outcome was journaled after
         they were written (a place whose look-up costs a request per file trusts that)."""
 
+    def stamp(self, name: str) -> object:
+        """A cheap token that changes when `name` is replaced (a folder: its time, size and inode), for a
+        reader that reads it again only then; None when it cannot be told (read it again). A bucket's is
+        always the same: a request per look is not worth it, so its readers read it once."""
+
     def replacing(self, name: str) -> AbstractContextManager[BinaryIO]:
         """A binary file to write `name` into, row by row, never whole in memory: it replaces `name`
         whole when the block ends, or not at all if the block raises."""
@@ -113,3 +132,16 @@ class Backend(Location, Protocol):
     def local_copy(self, folder: Path | None = None) -> AbstractContextManager[LocalCopy]:
         """A local folder holding this location's files, fetched on demand (`LocalCopy.fetch`) into
         `folder` when given and the location is not local, else into a temporary folder removed after."""
+
+    # -- review decisions: one record many reviewers add to at once --
+
+    def add_decision(self, line: bytes, stamp: str) -> str:
+        """Add one decision line, durable before it returns, whatever other reviewers add meanwhile; the
+        name of the object made for it (`stamp` begins it), or "" where decisions share one file."""
+
+    def decision_lines(self, bad: BadLine | None = None) -> Iterator[tuple[int, str, bytes]]:
+        """Every decision line, oldest first: its number, where it is as a message names it, its bytes.
+        `bad` is told the number of a line over `storage.bounded`'s bound (without it, refused)."""
+
+    def decision_tail(self) -> DecisionTail:
+        """A reader's place in the decisions, from their start."""

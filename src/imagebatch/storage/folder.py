@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog, WriteWatch, append_synced, read_jsonl
-from imagebatch.storage.bounded import BadLine, record_lines
+from imagebatch.storage.bounded import BadLine, check_size, open_record, record_lines, split_lines
 from imagebatch.storage.location import LocalFolder, OutputLockedError, atomic_file, confined, write_atomic
 
 RUN = "another imagebatch run"
@@ -37,6 +37,7 @@ class FolderBackend(LocalFolder):
         self.watch = WriteWatch()
         self.log = AppendLog(self.watch)
         self.spool_folder = self.root
+        self.title = self.root.name
         self._conversations = _ConversationIndex(self.root)
 
     def path(self, kind: str) -> Path:
@@ -155,12 +156,48 @@ class FolderBackend(LocalFolder):
     def files_exist(self, names: list[str], settled: bool) -> bool:
         return all((self.root / p).is_file() for p in names)
 
+    def stamp(self, name: str) -> object:
+        try:
+            stat = (self.root / name).stat()
+        except OSError:
+            return None
+        return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
     def replacing(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
         return atomic_file(confined(self.root, name))
 
     def put_derived(self, name: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             write_atomic(confined(self.root, name), data, sync=False)  # a lost one is remade, never torn
+
+    # -- review decisions --
+
+    def add_decision(self, line: bytes, stamp: str) -> str:
+        """A line of review.jsonl, appended under the file's own lock and synced. review.jsonl linked out
+        of OUT must not receive the decisions: refused, and a link made in its place after the check
+        fails the open (`O_NOFOLLOW`)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = confined(self.root, layout.REVIEW_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # A line a crash cut short must not glue onto this one: start on a fresh line if needed.
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # releases the lock
+        return ""
+
+    def decision_lines(self, bad: BadLine | None = None) -> Iterator[tuple[int, str, bytes]]:
+        path = self.root / layout.REVIEW_FILE
+        for number, raw in split_lines(self.get(layout.REVIEW_FILE) or b"", path, bad):
+            yield number, f"{path} line {number}", raw
+
+    def decision_tail(self) -> _ReviewFileTail:
+        return _ReviewFileTail(self.root / layout.REVIEW_FILE)
 
     @contextlib.contextmanager
     def local_copy(self, folder: Path | None = None) -> Iterator[FolderCopy]:
@@ -186,6 +223,36 @@ class FolderCopy:
 
     def top_names(self) -> list[str]:
         return sorted(p.name for p in self.folder.iterdir() if p.is_file()) if self.folder.is_dir() else []
+
+
+class _ReviewFileTail:
+    """A reader's place in review.jsonl: the bytes and lines read so far (a line refused is named by
+    its number); a file that shrank was replaced, and is read whole again."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._lines = 0
+
+    def read(self) -> tuple[list[tuple[str, bytes]], bool]:
+        if (fh := open_record(self.path)) is None:  # never blocked by a FIFO, nor a device read
+            return [], False
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            start = self._offset if size >= self._offset else 0
+            check_size(self.path, size - start)
+            fh.seek(start)
+            chunk = fh.read(size - start)
+        complete = chunk.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offset = start + complete
+        first = 1 if start == 0 else self._lines + 1
+        lines = chunk[:complete].splitlines()
+        self._lines = first - 1 + len(lines)
+        return [(f"{self.path} line {n}", raw) for n, raw in enumerate(lines, first)], start == 0
+
+    def wrote(self, name: str, line: bytes) -> bool:
+        """False: the line is read back with any another reviewer appended before it."""
+        return False
 
 
 class _ConversationIndex:
