@@ -15,6 +15,10 @@ KIND_TESTS = {"is_object_url", "is_object_store"}
 """Functions and attributes that say which kind a location is."""
 NO_PLACE = {"root", "folder", "_folder"}
 """Attributes that are None for a bucket: `x.root is None` is a branch on the kind."""
+ONE_KIND = NO_PLACE | {"bucket", "prefix", "check"}
+"""Attributes only one kind has: `hasattr(loc, "root")`, `getattr(loc, "check", None)` ask the kind."""
+OUT_NAMES = {"out", "where", "dest", "location", "loc"}
+"""What the code calls `--out` and the like: `isinstance(where, str)` tells a URL from a path."""
 SCHEMES = ("s3://", "gs://", "az://", "file://")
 
 ALLOWED = {
@@ -22,20 +26,17 @@ ALLOWED = {
     # it is read is the manifest's concern.
     "manifest/sources.py": 2,
     "manifest/models.py": 2,
-    # What a person typed, told apart before any location is opened: the trusted-folder list's entries and
-    # a deployment's `out` parameter (a local path must be absolute on a worker), the run's --out as the
-    # preflight shows it, and `report --to` (which copies a bucket's report; a folder's opens in place).
-    "run/trust.py": 1,
-    "platform/deploy.py": 1,
-    "run/preflight.py": 1,
-    "cli/outputs.py": 1,
-    # Not yet behind the seam (to be moved into `Backend` methods): export's DEST and OUT (a folder's
-    # staging, its own lock, files set aside), the review serving a folder's images and references from
-    # their paths (thumbnails made in place), the report artifact's link.
-    "delivery/destlock.py": 1,
-    "delivery/publish.py": 5,
-    "delivery/export.py": 6,
-    "delivery/aside.py": 4,
+    # What a person typed, told apart before any location is opened: the trusted-folder list's entries,
+    # a deployment's `out` parameter (a local path must be absolute on a worker, and exist), the checks
+    # before a run, `validate --out` and `report` (a bucket's credentials and lease; a folder's records
+    # and disk), and `report --to` (which copies a bucket's report; a folder's opens in place).
+    "run/trust.py": 2,
+    "platform/deploy.py": 3,
+    "run/preflight.py": 3,
+    "cli/outputs.py": 4,
+    "cli/validate.py": 1,
+    # Not yet behind the seam (to be moved into `Backend` methods): the review serving a folder's images
+    # and references from their paths (thumbnails made in place), the report artifact's link.
     "report/review.py": 1,
     "report/review_data.py": 1,
     "run/report_artifact.py": 2,
@@ -49,9 +50,11 @@ def _is_kind_branch(node: ast.AST) -> bool:
             return True
         if node.func.id == "isinstance" and len(node.args) == 2:
             names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
-            return bool(names & KINDS)
-        if node.func.id == "hasattr" and len(node.args) == 2:
-            return isinstance(node.args[1], ast.Constant) and node.args[1].value in NO_PLACE
+            of_out = isinstance(node.args[0], ast.Name) and node.args[0].id in OUT_NAMES
+            return bool(names & KINDS) or (of_out and bool(names & {"str", "Path"}))
+        if node.func.id in ("hasattr", "getattr") and len(node.args) >= 2:
+            of_args = isinstance(node.args[0], ast.Name) and node.args[0].id == "args"  # argparse's
+            return not of_args and isinstance(node.args[1], ast.Constant) and node.args[1].value in ONE_KIND
     if isinstance(node, ast.Attribute) and node.attr in KIND_TESTS:
         return True
     if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr in NO_PLACE:
@@ -87,6 +90,8 @@ def test_the_scan_finds_each_form_of_branch() -> None:
         "x = loc.root if isinstance(loc, (LocalFolder, Path)) else None",
         "if self.folder is None: pass",
         "if hasattr(loc, 'root'): pass",
+        "check = getattr(loc, 'check', None)",
+        "text = where if isinstance(where, str) else str(where)",
         "if url.startswith('s3://'): pass",
     ]
     assert [kind_branches(ast.parse(f)) for f in forms] == [1] * len(forms)

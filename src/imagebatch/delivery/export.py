@@ -71,7 +71,7 @@ from imagebatch.delivery.summary import ExportSummary
 from imagebatch.storage import layout
 from imagebatch.storage.backend import Backend
 from imagebatch.storage.kinds import open_location
-from imagebatch.storage.location import LocalFolder, is_object_url, local_path, shown_url
+from imagebatch.storage.location import shown_url
 from imagebatch.work.decisions import decided
 
 Pool = Literal["process", "thread"]
@@ -152,12 +152,8 @@ def _executor(pool: Pool, workers: int) -> Iterator[Executor | None]:
 def _jobs(source: Backend, todo: list[tuple[int, Deliverable]], staging: Path) -> Iterator[StageJob]:
     """One job per deliverable: a local source by its path (the worker reads it), a bucket's by its
     bytes, fetched `IO_THREADS` at a time just ahead of the converters."""
-    if isinstance(source, LocalFolder):
-        for i, d in todo:
-            yield StageJob(i, str(source.root / d.source), str(staging / str(i)), d.conversion)
-        return
-    blobs = io_map(source.get, [d.source for _, d in todo])
-    for (i, d), data in zip(todo, blobs, strict=True):
+    sources = source.sources([d.source for _, d in todo])
+    for (i, d), data in zip(todo, sources, strict=True):
         yield StageJob(i, data, str(staging / str(i)), d.conversion)
 
 
@@ -206,21 +202,16 @@ def _places(out: str, dest: str) -> tuple[Backend, Backend]:
             loc = open_location(where)
         except ValueError as exc:
             raise ExportRefused([f"{option} {shown_url(where)}: {exc}"]) from None
-        check = getattr(loc, "check", None)
-        if check is not None and (why := check()):
+        if why := loc.check():
             problems.append(f"{option} {loc.url}: {why}")
         locations.append(loc)
     source, target = locations
-    if isinstance(target, LocalFolder) and target.root.exists() and not target.root.is_dir():
-        problems.append(f"--to {target.url} is a file, not a folder")
-    if is_object_url(out) == is_object_url(dest):
-        outer = source.url if is_object_url(out) else str(local_path(out).resolve())
-        inner = target.url if is_object_url(dest) else str(local_path(dest).resolve())
-        run_folders = (layout.IMAGES_DIR, layout.THUMBS_DIR, layout.CHAINS_DIR)
-        if inner == outer or any(_contains(f"{outer}/{f}", inner) for f in run_folders):
-            problems.append(
-                f"--to {shown_url(dest)} is OUT or one of its run's folders: choose a folder of its own"
-            )
+    outer, inner = source.identity, target.identity
+    run_folders = (layout.IMAGES_DIR, layout.THUMBS_DIR, layout.CHAINS_DIR)
+    if inner == outer or any(_contains(f"{outer}/{f}", inner) for f in run_folders):
+        problems.append(
+            f"--to {shown_url(dest)} is OUT or one of its run's folders: choose a folder of its own"
+        )
     if problems:
         raise ExportRefused(problems)
     return source, target

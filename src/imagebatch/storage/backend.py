@@ -145,3 +145,51 @@ class Backend(Location, Protocol):
 
     def decision_tail(self) -> DecisionTail:
         """A reader's place in the decisions, from their start."""
+
+    # -- files delivered into the location (an export's DEST) or read from it (its OUT) --
+
+    @property
+    def identity(self) -> str:
+        """The location's canonical name, to tell whether two are the same or one holds the other."""
+
+    write_threads: int
+    """How many files to place at once (a rename needs one thread; a PUT is a round trip)."""
+
+    def check(self) -> str | None:
+        """Why this place cannot be used (a bucket that does not answer, a folder that is a file), in a
+        few words; None if it can."""
+
+    def name_room(self, most: int, reserved: int) -> int:
+        """The bytes a file's name may take here, at most `most`, with `reserved` more for the folder a
+        file may be moved into (an object's key is bounded, prefix included)."""
+
+    def exclusive(self, name: str, what: str) -> AbstractContextManager[None]:
+        """Held by this process alone for the block (`name`: the lock object, where one is needed);
+        `OutputLockedError`, saying `what` is running and what to do, while another holds it."""
+
+    def staging(self, prefix: str) -> AbstractContextManager[Path]:
+        """A fresh local folder (named from `prefix`) to make files in before `place`, removed at the end
+        however the block ends: inside the folder where there is one (a rename on one file system)."""
+
+    def sources(self, names: list[str]) -> Iterator[str | bytes | None]:
+        """Each file of `names`, for a reader that may be another process: a local path, or its bytes
+        (None if not there), fetched just ahead of the reader."""
+
+    def leads_out(self, name: str) -> bool:
+        """Whether `name` leads out of the location through a symbolic link (never for an object)."""
+
+    def plain_file(self, name: str) -> bool:
+        """Whether `name` could be a file written here: inside, not a link, a regular file."""
+
+    def links(self, names: Iterable[str]) -> list[str]:
+        """Those of `names` that are symbolic links (none for objects)."""
+
+    def place(self, staged: Path, name: str, replace: bool) -> bool:
+        """Move the local file `staged` to `name`, whole; `replace` or only while the name is free
+        (False if another file took it meanwhile)."""
+
+    def keep_copy(self, name: str, kept: str) -> None:
+        """Keep a copy of `name` (if there) as `kept`, before `name` is replaced."""
+
+    def move(self, name: str, to: str | None) -> None:
+        """Move `name` to `to`, or remove it (None)."""

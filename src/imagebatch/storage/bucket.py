@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import WriteWatch, json_line
 from imagebatch.storage.bounded import BadLine
+from imagebatch.storage.bucketfiles import BucketFiles
 from imagebatch.storage.lease import LEASE_SECONDS, Lease, ParentLease, lease_holder, live_lease
 from imagebatch.storage.objectstore import READ_THREADS, ObjectLocation
 from imagebatch.storage.segments import JOURNAL, SegmentJournal, next_run, read_journal
@@ -29,7 +30,7 @@ USAGE_EVENT = "usage"
 """The `event` of a usage line among the journal's."""
 
 
-class BucketBackend(ObjectLocation):
+class BucketBackend(BucketFiles):
     """One `scheme://bucket/prefix`'s record; `shard` is `I-of-N` for a shard of a sharded run, else None.
     `clock`: the wall clock the lease is timed by (tests inject one)."""
 

@@ -16,7 +16,8 @@ from typing import Any, BinaryIO
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog, WriteWatch, append_synced, read_jsonl
 from imagebatch.storage.bounded import BadLine, check_size, open_record, record_lines, split_lines
-from imagebatch.storage.location import LocalFolder, OutputLockedError, atomic_file, confined, write_atomic
+from imagebatch.storage.folderfiles import FolderFiles
+from imagebatch.storage.location import OutputLockedError, atomic_file, confined, write_atomic
 
 RUN = "another imagebatch run"
 """Who holds a location held alone, as a refusal names it."""
@@ -26,7 +27,7 @@ whole."""
 _KEY_PREFIX = b'{"key":"'
 
 
-class FolderBackend(LocalFolder):
+class FolderBackend(FolderFiles):
     """One local folder's record; `shard` is `I-of-N` for a shard of a sharded run, else None."""
 
     release_wait = 0.0
