@@ -14,8 +14,9 @@ from helpers.runs import cli
 from PIL import Image
 
 from imagebatch.storage.folder import FolderBackend
+from imagebatch.storage.layout import REVIEW_FILE
 from imagebatch.storage.location import OutsideRootError, confined
-from imagebatch.work.decisions import REVIEW_FILE, Decision, record_decision
+from imagebatch.work.decisions import Decision, record_decision
 
 
 def png() -> bytes:

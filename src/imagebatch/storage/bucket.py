@@ -21,11 +21,10 @@ from imagebatch.storage.appendlog import WriteWatch, json_line
 from imagebatch.storage.bounded import BadLine
 from imagebatch.storage.bucketfiles import BucketFiles
 from imagebatch.storage.lease import LEASE_SECONDS, Lease, ParentLease, lease_holder, live_lease
+from imagebatch.storage.location import RUN
 from imagebatch.storage.objectstore import READ_THREADS, ObjectLocation
 from imagebatch.storage.segments import JOURNAL, SegmentJournal, next_run, read_journal
 
-RUN = "another imagebatch run"
-"""Who holds a location held alone, as a refusal names it."""
 USAGE_EVENT = "usage"
 """The `event` of a usage line among the journal's."""
 

@@ -17,10 +17,8 @@ from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog, WriteWatch, append_synced, read_jsonl
 from imagebatch.storage.bounded import BadLine, check_size, open_record, record_lines, split_lines
 from imagebatch.storage.folderfiles import FolderFiles
-from imagebatch.storage.location import OutputLockedError, atomic_file, confined, write_atomic
+from imagebatch.storage.location import RUN, OutputLockedError, atomic_file, confined, write_atomic
 
-RUN = "another imagebatch run"
-"""Who holds a location held alone, as a refusal names it."""
 MERGE_BATCH_BYTES = 4 << 20
 """A shard's lines appended to the folder's file this many bytes at a time: a shard's file is never read
 whole."""
