@@ -1,7 +1,7 @@
-"""The storage seam: where a run's record (journal, files, results, lease) lives, behind one small
-interface, `Location`, with two kinds: a local folder (`LocalFolder`: rename, fsync) and an object store
-(`storage.objectstore.ObjectLocation`: whole-object PUTs, create-only and compare-and-swap writes, listing
-for order). `storage.kinds.open_location` picks the kind from `--out`.
+"""The whole-object operations of an output location (`Location`: put, create-only put, get, list,
+delete), with the local folder's (`LocalFolder`: rename, fsync); an object store's are
+`storage.objectstore.ObjectLocation`'s (whole-object PUTs, create-only and compare-and-swap writes,
+listing for order). `storage.kinds.open_location` picks the kind from `--out`.
 
 Names are relative, `/`-separated (`images/job/0-abc.png`, `run.json`). The whole interface of an
 output location, records and holds included, is `storage.backend.Backend`, built on these whole-object
