@@ -92,7 +92,7 @@ def report_command(out: str, to: str | None = None) -> int:
     """A local folder, or an object store's `s3://bucket/prefix` (the report is built from its records and
     thumbnails, fetched, and uploaded next to them). `to`: a bucket's report copied into that folder
     instead, nothing written to the bucket (`report.download`)."""
-    from imagebatch.run.preflight import UsageError, check_output_store, output_location
+    from imagebatch.run.preflight import UsageError, check_output, output_location
     from imagebatch.work.store import OutputStore
 
     where = output_location(out)
@@ -102,7 +102,7 @@ def report_command(out: str, to: str | None = None) -> int:
         return EXIT_USAGE
     try:
         if isinstance(where, str):
-            check_output_store(where, lock=False)
+            check_output(where, lock=False)
         store = OutputStore(where)
         if not store.backend.exists(RESULTS_CSV):
             why = f"has no {RESULTS_CSV} (not an output folder of a finished run)"
@@ -135,13 +135,13 @@ def review_command(args: argparse.Namespace) -> int:
     """A local folder, or a bucket's `s3://bucket/prefix` (checked first, as for `report`); serves until
     Ctrl-C (`report.review`)."""
     from imagebatch.report.review import default_reviewer, serve_review
-    from imagebatch.run.preflight import UsageError, check_output_store, output_location
+    from imagebatch.run.preflight import UsageError, check_output, output_location
     from imagebatch.storage.kinds import open_location
 
     where = output_location(args.out)
     try:
         if isinstance(where, str):
-            check_output_store(where, lock=False)
+            check_output(where, lock=False)
         location = open_location(where)
     except (UsageError, OSError) as exc:
         print(f"imagebatch review: {exc}", file=sys.stderr)

@@ -106,7 +106,7 @@ def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
     a folder that does not exist is not made)."""
     from imagebatch.run.preflight import (
         UsageError,
-        check_output_store,
+        check_output,
         check_redo,
         options_from,
         output_location,
@@ -123,7 +123,7 @@ def _forecast(manifest: Manifest, args: argparse.Namespace) -> int:
         resend = options.resend
         table = PriceTable.load(args.prices) if args.prices else None
         if isinstance(where, str):
-            check_output_store(where, lock=False)
+            check_output(where, lock=False)
         elif where.exists() and not where.is_dir():
             raise UsageError(f"--out {where} is a file, not a folder")
         elif where.exists():

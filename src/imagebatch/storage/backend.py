@@ -109,6 +109,11 @@ class Backend(Location, Protocol):
 
     # -- whole objects --
 
+    def make_ready(self) -> None:
+        """Before a run: the location made and shown writable, and every record in it a file (a FIFO in
+        results.csv's place refused now, not when a replay reaches it); OSError, or `RecordError`, if
+        not. Nothing for a bucket: its lease, taken next, proves that it can be written."""
+
     def prepare(self) -> None:
         """Make what a run writes into exist (a folder's sub-folders); nothing for a bucket."""
 

@@ -155,6 +155,9 @@ class BucketBackend(BucketFiles):
 
     # -- whole objects --
 
+    def make_ready(self) -> None:
+        """Nothing: the lease, taken next, proves that the prefix can be written."""
+
     def prepare(self) -> None:
         """Nothing: an object store has no folders to make."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -15,7 +16,14 @@ from typing import Any, BinaryIO
 
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import AppendLog, WriteWatch, append_synced, read_jsonl
-from imagebatch.storage.bounded import BadLine, check_size, open_record, record_lines, split_lines
+from imagebatch.storage.bounded import (
+    BadLine,
+    check_records,
+    check_size,
+    open_record,
+    record_lines,
+    split_lines,
+)
 from imagebatch.storage.folderfiles import FolderFiles
 from imagebatch.storage.location import RUN, OutputLockedError, atomic_file, confined, write_atomic
 
@@ -147,6 +155,12 @@ class FolderBackend(FolderFiles):
         return self._conversations.find(key)
 
     # -- whole objects --
+
+    def make_ready(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=self.root):
+            pass
+        check_records(self.root)
 
     def prepare(self) -> None:
         for name in (layout.IMAGES_DIR, layout.CHAINS_DIR):
