@@ -51,7 +51,7 @@ def measure(size: str, answers: int, thought_rate: float, tmp: Path) -> dict[str
     ]
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
     store = OutputStore(tmp / f"out-{size}")
-    store.prepare()
+    store.backend.prepare()
     whole, kept, keep_s, inline_s = [], [], [], []
     settings = EmulatorSettings(api_key="bench", jpeg_rate=0.0, thought_image_rate=thought_rate)
     with EmulatorServer(settings) as server, GatewayClient(server.url, "bench") as client:

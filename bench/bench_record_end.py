@@ -39,10 +39,10 @@ from imagebatch.work.store import OutputStore
 from imagebatch.work.usage import summarise_usage, usage_csv
 from imagebatch.work.request_record import RequestRecord
 store = OutputStore(OUT)
-with store.hold_and_merge():
-    store.sync()
+with store.backend.hold():
+    store.backend.sync()
     summary = usage_csv(summarise_usage(store.usage_lines()))
-    store.write_top("usage-summary.csv", summary)
+    store.backend.put("usage-summary.csv", summary)
     rows = (RequestRecord(job_id=f"j{i}", request_index=0, turn_index=0, status="succeeded",
             model="native-image-2.1", route="native", idempotency_key=f"ib1-{i:032x}",
             paths=[f"images/j{i}/0-{i:012x}.png"], images=1, width=1024, height=1024,

@@ -33,7 +33,7 @@ def _out(tmp_path: Path) -> Path:
     record = RequestRecord("mug", 0, 0, "failed", "compat-image-2", "images", "key-0", error="503")
     store.write_results([record.to_row()], [])
     store.journal("outcome", **record.to_row())
-    store.sync()
+    store.backend.sync()
     store.write_run({"state": "finished"})
     return out
 

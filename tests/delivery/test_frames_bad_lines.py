@@ -41,7 +41,7 @@ def _out(tmp_path: Path, rows: list[dict[str, Any]], usage: list[dict[str, Any]]
     store.write_results(rows, ["sku"])
     for line in usage:
         store.append_usage(line)
-    store.sync()
+    store.backend.sync()
     return out
 
 

@@ -304,7 +304,7 @@ def test_an_output_folder_in_use_is_refused(service_env: Any, examples: Path, tm
     from imagebatch.work.store import OutputStore
 
     out = tmp_path / "out"
-    with OutputStore(out).hold_and_merge(), pytest.raises(UsageError, match="another imagebatch run"):
+    with OutputStore(out).backend.hold(), pytest.raises(UsageError, match="another imagebatch run"):
         run(examples / "catalog.csv", out)
     assert service_env.requests() == []
 

@@ -66,7 +66,7 @@ def test_a_second_live_run_on_one_prefix_exits_2(
     s3: Any, examples: Path, capsys: Any, service_env: Any
 ) -> None:
     url = f"s3://{s3.bucket()}/held"
-    with OutputStore(url).hold_and_merge():
+    with OutputStore(url).backend.hold():
         code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", url)
     assert code == EXIT_USAGE, err
     lines = err.strip().splitlines()

@@ -55,7 +55,7 @@ def test_a_read_only_out_exits_2_before_prefect_starts(
 
 
 def test_an_out_another_run_holds_exits_2(examples: Path, out: Path, capsys: Any, service_env: Any) -> None:
-    with OutputStore(out).hold_and_merge():
+    with OutputStore(out).backend.hold():
         code, _, err = cli(capsys, "run", str(examples / "catalog.csv"), "--out", str(out))
     assert code == EXIT_USAGE and "another imagebatch run is using" in err and "Traceback" not in err
     assert service_env.requests() == []

@@ -126,7 +126,7 @@ class Harness:
         )
         self.clients.append(client)
         store = OutputStore(self.out)
-        store.prepare()
+        store.backend.prepare()
         return RunContext(client, store, store.load_state(), **options)
 
     def events(self, key: str | None = None) -> list[dict[str, Any]]:

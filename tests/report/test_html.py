@@ -15,6 +15,8 @@ import pytest
 from helpers.browser import dom
 from helpers.runs import cli, read_results
 
+from imagebatch.storage.folder import FolderBackend
+
 pytestmark = pytest.mark.usefixtures("prefect_harness", "restore_logging")  # these tests run the flow
 
 
@@ -137,10 +139,11 @@ def test_thumbnails_asked_for_by_many_threads_are_decoded_in_two_threads_of_thei
                 now[0] -= 1
 
     monkeypatch.setattr(thumbnails, "save_thumbnail", watched)
+    folder = FolderBackend(tmp_path)
     with ThreadPoolExecutor(16, thread_name_prefix="request") as pool:
         list(
             pool.map(
-                lambda i: thumbnails.make_thumbnail(tmp_path, f"images/j/{i}.png", png.getvalue()), range(32)
+                lambda i: thumbnails.keep_thumbnail(folder, f"images/j/{i}.png", png.getvalue()), range(32)
             )
         )
     assert len(threads) <= thumbnails.THUMBNAIL_THREADS  # not the 16 request threads that asked

@@ -16,8 +16,9 @@ from helpers.browser import dom
 from helpers.images import blank_png
 
 from imagebatch.report import build_report
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.work import thumbnails
-from imagebatch.work.thumbnails import make_thumbnail
+from imagebatch.work.thumbnails import keep_thumbnail
 
 HEADER = "job_id,request_index,turn_index,status,paths,images,width,height,mime_type,model,route,"
 HEADER += "idempotency_key,attempts,finish_reason,error,request_id\n"
@@ -83,8 +84,8 @@ def test_a_huge_image_or_reference_is_a_placeholder_card_naming_its_size(tmp_pat
 
 
 def test_a_run_skips_the_thumbnail_of_a_huge_image_it_receives(tmp_path: Path) -> None:
-    make_thumbnail(tmp_path, "images/j/big.png", blank_png(13000, 13000))
-    make_thumbnail(tmp_path, "images/j/ok.png", blank_png(600, 500))
+    keep_thumbnail(FolderBackend(tmp_path), "images/j/big.png", blank_png(13000, 13000))
+    keep_thumbnail(FolderBackend(tmp_path), "images/j/ok.png", blank_png(600, 500))
     assert sorted(p.name for p in (tmp_path / "thumbs").iterdir()) == ["j__ok.png.jpg"]
     assert thumbnails.THUMB_MAX_PIXELS < 13000 * 13000
 

@@ -36,8 +36,8 @@ from helpers.runs import cli
 from imagebatch.report import build_report
 from imagebatch.report.review import TOKEN_HEADER, ReviewServer
 from imagebatch.report.review_data import load_cards
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.storage.kinds import open_location
-from imagebatch.storage.location import LocalFolder
 from imagebatch.work.decisions import Decision, decided, read_decisions, record_decision
 
 SCREENSHOT = os.environ.get("IMAGEBATCH_REVIEW_SCREENSHOT")
@@ -58,7 +58,7 @@ def out(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def server(out: Path) -> Iterator[ReviewServer]:
-    with ReviewServer(LocalFolder(out), "alice") as running:
+    with ReviewServer(FolderBackend(out), "alice") as running:
         yield running
 
 
@@ -113,7 +113,7 @@ def test_undo_records_the_cards_previous_decision_then_cleared(
     assert [(d[0], d[2]) for d in recorded(out)] == [
         (order[0], kind) for kind in ("approved", "rejected", "approved", "cleared")
     ]
-    assert decided(LocalFolder(out)) == {}
+    assert decided(FolderBackend(out)) == {}
     assert shown(browser)[order[0]] == ("", "unreviewed")
     assert browser.find_element("id", "count").text == "0 of 13 reviewed"
 
@@ -172,8 +172,8 @@ def test_two_browser_sessions_deciding_at_once_lose_nothing(
 def test_two_servers_on_one_folder_see_each_others_decisions(out: Path) -> None:
     """Two reviewers, each with `imagebatch review` on the same folder, deciding at once."""
     with (
-        ReviewServer(LocalFolder(out), "alice", refresh_interval=0) as a,
-        ReviewServer(LocalFolder(out), "bob", refresh_interval=0) as b,
+        ReviewServer(FolderBackend(out), "alice", refresh_interval=0) as a,
+        ReviewServer(FolderBackend(out), "bob", refresh_interval=0) as b,
     ):
         keys = list(a.cards)
 
@@ -193,7 +193,7 @@ def test_two_servers_on_one_folder_see_each_others_decisions(out: Path) -> None:
             assert status == 200 and seen == {
                 k: "approved" if i % 2 == 0 else "rejected" for i, k in enumerate(keys)
             }
-    assert {d.reviewer for d in read_decisions(LocalFolder(out)).values()} == {"alice", "bob"}
+    assert {d.reviewer for d in read_decisions(FolderBackend(out)).values()} == {"alice", "bob"}
     assert len(recorded(out)) == len(keys)
 
 
@@ -337,7 +337,7 @@ def test_nothing_outside_the_output_folder_is_served(server: ReviewServer, out: 
 
 
 def test_the_report_shows_the_decisions_read_only(browser: Any, out: Path) -> None:
-    folder = LocalFolder(out)
+    folder = FolderBackend(out)
     keys = [card.key for card in load_cards(folder).cards]  # p000, p001 variant 2, p001 variant 1, p002
     record_decision(folder, Decision(keys[0], 1, "rejected", "handle <missing>", "alice"))
     record_decision(folder, Decision(keys[1], 2, "approved", "", "bob"))
@@ -427,9 +427,9 @@ def test_the_runs_prefect_artifact_counts_the_review(out: Path) -> None:
         for r in read_csv(out / "results.csv")
     ]  # fmt: skip
     keys = [r.idempotency_key for r in records if r.paths]
-    record_decision(LocalFolder(out), Decision(keys[0], 1, "rejected", "too dark"))
-    record_decision(LocalFolder(out), Decision(keys[1], 2, "approved"))
-    record_decision(LocalFolder(out), Decision(keys[2], 3, "rejected", "wrong colour"))
+    record_decision(FolderBackend(out), Decision(keys[0], 1, "rejected", "too dark"))
+    record_decision(FolderBackend(out), Decision(keys[1], 2, "approved"))
+    record_decision(FolderBackend(out), Decision(keys[2], 3, "rejected", "wrong colour"))
     redone = next(r for r in records if r.idempotency_key == keys[2])
     records.append(dataclasses.replace(redone, variant=2, idempotency_key="ib1-" + "e" * 32))  # its redo
     line = review_line(str(out), records)

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from imagebatch.report.review_data import DecisionCache, load_cards, safe_name
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.storage.kinds import open_location
-from imagebatch.storage.location import LocalFolder
-from imagebatch.work.decisions import REVIEW_FILE, Decision, read_decisions, record_decision
+from imagebatch.storage.layout import REVIEW_FILE
+from imagebatch.work.decisions import Decision, read_decisions, record_decision
 
 
 class Clock:
@@ -23,7 +24,7 @@ class Clock:
 
 
 def test_a_folders_cache_reads_what_others_append_and_waits_for_a_whole_line(tmp_path: Path) -> None:
-    folder, clock = LocalFolder(tmp_path), Clock()
+    folder, clock = FolderBackend(tmp_path), Clock()
     record_decision(folder, Decision("ib1-a", 1, "approved"))
     cache = DecisionCache(folder, interval=1.0, clock=clock)
     version, now = cache.since(-1)
@@ -79,7 +80,7 @@ def test_cards_are_the_rows_with_images_each_requests_variants_newest_first(tmp_
         "d,0,0,succeeded,../d.png;/etc/x.png;images/../d.png;thumbs/x.png,1,m,native,ib1-d1,1",
     ]
     (tmp_path / "results.csv").write_text(header + "\n".join(rows) + "\n")
-    found = load_cards(LocalFolder(tmp_path))
+    found = load_cards(FolderBackend(tmp_path))
     cards = found.cards
     assert [(c.key, c.variant, c.shown["nv"]) for c in cards] == [
         ("ib1-a3", 3, 3), ("ib1-a2", 2, 3), ("ib1-a1", 1, 3), ("ib1-c1", 1, 1),
@@ -109,7 +110,7 @@ def test_cards_show_the_manifests_columns_and_sit_together_by_group(tmp_path: Pa
         "e,0,succeeded,images/e/0.png,1,m,native,ib1-e,1,SKU-2,black,ss27",
     ]
     (tmp_path / "results.csv").write_text(header + "\n".join(rows) + "\n")
-    folder = LocalFolder(tmp_path)
+    folder = FolderBackend(tmp_path)
     every = load_cards(folder)  # all the manifest's columns by default, results.csv's order
     assert every.columns == ["sku", "colour", "season"]
     assert [c.shown["m"] for c in every.cards][:2] == [["SKU-1", "black", "ss27"], ["SKU-2", "white", "ss27"]]
@@ -154,7 +155,7 @@ def test_the_pages_inline_data_cannot_end_its_script_element() -> None:
 def test_the_undo_stack_is_replayed_from_the_record_per_reviewer(tmp_path: Path) -> None:
     from imagebatch.work.decisions import History, iter_decisions
 
-    folder = LocalFolder(tmp_path)
+    folder = FolderBackend(tmp_path)
     for decision in (
         Decision("ib1-a", 1, "approved", reviewer="ann"),
         Decision("ib1-b", 1, "rejected", "dark", reviewer="ann"),

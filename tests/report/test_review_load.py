@@ -15,7 +15,7 @@ from helpers.review import request, review_folder
 from helpers.runs import read_jsonl
 
 from imagebatch.report.review import LISTEN_BACKLOG, MAX_BODY, TOKEN_HEADER, ReviewServer
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
 
 BOUND = 60.0
 """Seconds a client waits for the server (a loaded 2-core machine)."""
@@ -39,7 +39,7 @@ def out(tmp_path: Path) -> Path:
 def test_every_malformed_body_is_a_400_with_a_reason_and_nothing_is_written(
     out: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    with ReviewServer(LocalFolder(out), "alice") as server:
+    with ReviewServer(FolderBackend(out), "alice") as server:
         key = next(iter(server.cards))
         bodies = {
             "a lone surrogate in the note": b'{"key": "%s", "decision": "approved", "note": "\\ud800"}'
@@ -67,7 +67,7 @@ def test_every_malformed_body_is_a_400_with_a_reason_and_nothing_is_written(
 def test_a_crowd_of_connections_waits_in_the_listen_backlog(out: Path) -> None:
     """64 connections made while the server is not yet accepting: each completes at once (the kernel
     queues up to the backlog; with the default of 5 the seventh connect waited on SYN retries)."""
-    server = ReviewServer(LocalFolder(out), "alice")
+    server = ReviewServer(FolderBackend(out), "alice")
     crowd: list[socket.socket] = []
     try:
         for _ in range(64):
@@ -95,7 +95,7 @@ def test_a_crowd_of_connections_waits_in_the_listen_backlog(out: Path) -> None:
 
 def test_24_reviewers_deciding_at_once_get_every_decision_answered(out: Path) -> None:
     reviewers, each = 24, 20
-    with ReviewServer(LocalFolder(out), "alice") as server:
+    with ReviewServer(FolderBackend(out), "alice") as server:
         keys = list(server.cards)
         start = threading.Barrier(reviewers)
         answers: list[Any] = []

@@ -12,7 +12,7 @@ import pytest
 from helpers.review import chromium, open_page, press, recorded, review_folder, saved, shown, until
 
 from imagebatch.report.review import ReviewServer
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.work.decisions import Decision, History, decided, read_decisions, record_decision
 
 
@@ -35,7 +35,7 @@ def test_the_large_view_shows_the_reference_beside_the_image_at_its_size_zoomed_
     browser: Any, tmp_path: Path
 ) -> None:
     out = review_folder(tmp_path, requests=3, redone=None, references=True, side=1600)
-    with ReviewServer(LocalFolder(out), "alice") as server:
+    with ReviewServer(FolderBackend(out), "alice") as server:
         order = open_page(browser, server.url)
         # The card's reference thumbnail opens the large view, the reference beside the image
         browser.find_element("css selector", f".card[data-key='{order[1]}'] .refs img").click()
@@ -68,7 +68,7 @@ def test_a_note_stays_on_the_card_it_was_typed_on_whatever_the_order_of_keys(
     browser: Any, tmp_path: Path
 ) -> None:
     out = review_folder(tmp_path, requests=6, redone=None)
-    with ReviewServer(LocalFolder(out), "alice") as server:
+    with ReviewServer(FolderBackend(out), "alice") as server:
         order = open_page(browser, server.url)
         # r then n: the note is the rejected card's (the next one is selected by then), never the next's
         press(browser, "r")
@@ -109,8 +109,8 @@ def test_a_note_stays_on_the_card_it_was_typed_on_whatever_the_order_of_keys(
         assert cards[order[0]] == ("rejected", "rejected by alice: handle missing")
         assert browser.find_element("id", "count").text == "2 of 6 reviewed"
     # the comment is not a decision: nothing is redone or delivered for it
-    assert set(decided(LocalFolder(out))) == {order[0], order[1]}
-    assert read_decisions(LocalFolder(out))[order[2]].decision == "comment"
+    assert set(decided(FolderBackend(out))) == {order[0], order[1]}
+    assert read_decisions(FolderBackend(out))[order[2]].decision == "comment"
 
 
 def test_a_comment_never_changes_the_decision_in_force_and_comes_back_when_an_undo_empties_it() -> None:
@@ -131,7 +131,7 @@ def test_a_comment_never_changes_the_decision_in_force_and_comes_back_when_an_un
 
 
 def test_a_comment_on_a_decided_image_written_by_another_server_leaves_it_decided(tmp_path: Path) -> None:
-    folder = LocalFolder(tmp_path)
+    folder = FolderBackend(tmp_path)
     record_decision(folder, Decision("k1", 1, "rejected", "too dark", "alice"))
     record_decision(folder, Decision("k1", 1, "comment", "agreed", "bob"))
     assert (decided(folder)["k1"].decision, decided(folder)["k1"].note) == ("rejected", "too dark")
@@ -141,7 +141,7 @@ def test_search_and_column_filters_are_in_the_address_and_select_all_shown_appro
     browser: Any, tmp_path: Path
 ) -> None:
     out = review_folder(tmp_path, requests=36, redone=None)  # SKU-1000..1017, two colourways each
-    with ReviewServer(LocalFolder(out), "alice") as server:
+    with ReviewServer(FolderBackend(out), "alice") as server:
         order = open_page(browser, server.url)
         search = browser.find_element("id", "search")
         search.send_keys("sku-1013")  # any case; found in the page's data, not in the document
@@ -190,7 +190,7 @@ def test_compact_cards_fit_twenty_a_screen_and_show_every_shown_value_in_full(
     long = "Color Eggshell White with a brushed graphite handle and a matte glaze"
     results = out / "results.csv"
     results.write_text(results.read_text().replace("burgundy", long))
-    with ReviewServer(LocalFolder(out), "alice", show=["sku", "colour"]) as server:
+    with ReviewServer(FolderBackend(out), "alice", show=["sku", "colour"]) as server:
         order = open_page(browser, server.url)
         visible = (
             "[...document.querySelectorAll('.card')].filter(c => { const r = c.getBoundingClientRect();"
@@ -234,7 +234,7 @@ def test_another_scripts_news_of_a_decision_re_renders_the_card_and_the_counts(
     browser: Any, tmp_path: Path
 ) -> None:
     out = review_folder(tmp_path, requests=4, redone=None)
-    with ReviewServer(LocalFolder(out), "alice") as server:
+    with ReviewServer(FolderBackend(out), "alice") as server:
         order = open_page(browser, server.url)
         news = {"decision": "rejected", "note": "wrong colour", "reviewer": "bob", "at": ""}
         browser.execute_script("window.reviewApplyDecision(arguments[0], arguments[1])", order[1], news)
@@ -251,7 +251,7 @@ def test_a_pick_among_a_jobs_candidates_approves_one_and_export_delivers_only_it
     from imagebatch.delivery.options import ExportOptions
 
     out = review_folder(tmp_path, requests=2, redone=None, count=3)  # p000 and p001, three candidates each
-    with ReviewServer(LocalFolder(out), "alice") as server:
+    with ReviewServer(FolderBackend(out), "alice") as server:
         order = open_page(browser, server.url)
         title = "document.querySelector(`.card[data-key='${arguments[0]}'] .id .t`).textContent"
         assert [js(browser, title, k) for k in order[:3]] == [
@@ -289,7 +289,7 @@ def test_a_pick_among_a_jobs_candidates_approves_one_and_export_delivers_only_it
         and delivered[0].read_bytes()
         == next((out / "images" / "p000").glob(f"*{order[1][-12:]}.png")).read_bytes()
     )
-    with ReviewServer(LocalFolder(out), "alice") as server:  # and one u takes the pick back
+    with ReviewServer(FolderBackend(out), "alice") as server:  # and one u takes the pick back
         open_page(browser, server.url)
         press(browser, "u")
         saved(browser, 3)

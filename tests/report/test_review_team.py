@@ -22,7 +22,7 @@ from imagebatch.report.location import write_report
 from imagebatch.report.review import TOKEN_HEADER, ReviewServer
 from imagebatch.report.review_auth import load_reviewers
 from imagebatch.report.review_data import ReviewError, load_cards
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.work.decisions import Decision, record_decision
 from imagebatch.work.store import OutputStore
 
@@ -39,7 +39,7 @@ def out(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def team(out: Path) -> Iterator[ReviewServer]:
-    with ReviewServer(LocalFolder(out), "host", refresh_interval=0, host=HOST, reviewers=TEAM) as server:
+    with ReviewServer(FolderBackend(out), "host", refresh_interval=0, host=HOST, reviewers=TEAM) as server:
         yield server
 
 
@@ -157,7 +157,7 @@ def test_behind_a_tls_proxy_its_name_is_accepted_as_host_and_origin_and_the_cook
     import http.client
 
     proxy = "https://review.example.com"
-    with ReviewServer(LocalFolder(out), "host", reviewers=TEAM, origins=[proxy]) as server:
+    with ReviewServer(FolderBackend(out), "host", reviewers=TEAM, origins=[proxy]) as server:
         key = next(iter(server.cards))
         named = {"Host": "review.example.com", **bearer("alice")}
         assert call(server, "GET", "/api/changes", **named)[0] == 200
@@ -238,7 +238,7 @@ def test_report_html_is_rebuilt_after_decisions(out: Path) -> None:
         write_report(OutputStore(out))
         built.set()
 
-    folder = LocalFolder(out)
+    folder = FolderBackend(out)
     with ReviewServer(folder, "alice", refresh_interval=0, rebuild=rebuild, report_interval=0.05) as server:
         key = next(iter(server.cards))
         here = {"Host": f"127.0.0.1:{server.port}", "Origin": f"http://127.0.0.1:{server.port}"}
@@ -252,15 +252,17 @@ def test_report_html_is_rebuilt_after_decisions(out: Path) -> None:
 
 def test_a_report_older_than_the_record_is_rebuilt_when_the_review_starts(out: Path) -> None:
     write_report(OutputStore(out))
-    key = load_cards(LocalFolder(out)).cards[0].key
-    record_decision(LocalFolder(out), Decision(key, 1, "rejected", "too dark", "carol"))  # not in the report
+    key = load_cards(FolderBackend(out)).cards[0].key
+    record_decision(
+        FolderBackend(out), Decision(key, 1, "rejected", "too dark", "carol")
+    )  # not in the report
     built = threading.Event()
 
     def rebuild() -> None:
         write_report(OutputStore(out))
         built.set()
 
-    with ReviewServer(LocalFolder(out), "alice", rebuild=rebuild, report_interval=0.05):
+    with ReviewServer(FolderBackend(out), "alice", rebuild=rebuild, report_interval=0.05):
         assert built.wait(BOUND), "report.html was not rebuilt"
         assert "rejected by carol" in (out / "report.html").read_text()
 
@@ -284,7 +286,7 @@ def test_the_command_serves_the_team_says_no_token_and_leaves_the_report_true(
             url = line.split()[2]
             port = int(url.rstrip("/").rsplit(":", 1)[1])
             assert request(url)[0] == 401
-            key = load_cards(LocalFolder(out)).cards[0].key
+            key = load_cards(FolderBackend(out)).cards[0].key
             sent = {"Origin": f"http://{HOST}:{port}", "Content-Type": "application/json", **bearer("alice")}
             page = request(url, "GET", "/", None, bearer("alice"))[1].decode()
             sent[TOKEN_HEADER] = page.split('name="review-token" content="', 1)[1].split('"', 1)[0]

@@ -13,7 +13,7 @@ import pytest
 from helpers.review import chromium, open_page, press, recorded, review_folder, saved
 
 from imagebatch.report.review import ReviewServer
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
 
 pytestmark = pytest.mark.slow
 TEAM = {"alice": "alice-token-0123456789abcdef", "bob": "bob-token-0123456789abcdef"}
@@ -38,7 +38,7 @@ def browsers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
 def team(tmp_path: Path) -> Iterator[tuple[ReviewServer, Path]]:
     out = review_folder(tmp_path, requests=4, redone=None)
     with ReviewServer(
-        LocalFolder(out), "host", host="127.0.0.2", reviewers=TEAM, refresh_interval=0
+        FolderBackend(out), "host", host="127.0.0.2", reviewers=TEAM, refresh_interval=0
     ) as server:
         yield server, out
 

@@ -18,7 +18,7 @@ from helpers.runs import cli
 
 from imagebatch.report.review import TOKEN_HEADER, ReviewServer
 from imagebatch.storage.csvcells import read_csv
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.work.decisions import decided, read_decisions
 
 HANDLE = "handle missing: redo"
@@ -42,7 +42,7 @@ def out(tmp_path: Path) -> Path:
 def servers(out: Path) -> Iterator[dict[str, ReviewServer]]:
     """alice's, bob's and carol's `imagebatch review` on the same folder."""
     running = {
-        name: ReviewServer(LocalFolder(out), name, refresh_interval=0).start()
+        name: ReviewServer(FolderBackend(out), name, refresh_interval=0).start()
         for name in ("alice", "bob", "carol")
     }
     yield running
@@ -93,13 +93,13 @@ def test_an_undo_never_brings_back_a_decision_over_another_reviewers_later_one(
     status_is(browser, f"cannot undo: carol decided it since you did (rejected: {HANDLE}), and that stands")
     assert len(recorded(out)) == 3  # nothing written
     assert shown(browser)[order[0]] == ("rejected", f"rejected by carol: {HANDLE}")
-    (now,) = decided(LocalFolder(out)).values()
+    (now,) = decided(FolderBackend(out)).values()
     assert (now.decision, now.reviewer, now.note) == ("rejected", "carol", HANDLE)
 
     browser.switch_to.window(carol)
     press(browser, "u")  # carol takes hers back: bob's rejection is in force again...
     saved(browser, 2)
-    assert read_decisions(LocalFolder(out))[order[0]].reviewer == "bob"
+    assert read_decisions(FolderBackend(out))[order[0]].reviewer == "bob"
     browser.switch_to.window(bob)
     browser.refresh()
     open_page(browser, servers["bob"].url)
@@ -134,7 +134,7 @@ def test_a_bulk_approves_undo_takes_back_only_the_images_still_in_force(
         browser,
         "undid the approval of 2 images; 1 not: carol decided it since you did (rejected), and that stands",
     )
-    assert {k: (d.decision, d.reviewer) for k, d in decided(LocalFolder(out)).items()} == {
+    assert {k: (d.decision, d.reviewer) for k, d in decided(FolderBackend(out)).items()} == {
         order[1]: ("rejected", "carol")
     }
     assert [(r[0], r[2]) for r in recorded(out)[-2:]] == [(order[2], "cleared"), (order[0], "cleared")]
@@ -182,7 +182,7 @@ def test_the_api_refuses_an_undo_over_a_later_decision_with_409_and_the_reason(
     status, answer = api(server, "/api/undo", {"batch": "b1", "reviewer": "alice"})
     assert status == 200 and (answer["undone"], answer["refused"]) == (2, 1)
     assert answer["reason"].startswith("carol decided it since you did")
-    assert {k: d.decision for k, d in read_decisions(LocalFolder(out)).items()} == {
+    assert {k: d.decision for k, d in read_decisions(FolderBackend(out)).items()} == {
         k1: "cleared",
         k2: "rejected",
         k3: "cleared",
@@ -205,7 +205,7 @@ def raw(server: ReviewServer, head: bytes) -> bytes:
 def test_raw_bytes_in_an_images_path_are_a_404_not_a_traceback(
     out: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    with ReviewServer(LocalFolder(out), "alice") as server:
+    with ReviewServer(FolderBackend(out), "alice") as server:
         key = next(iter(server.cards)).encode()
         for route in (b"image", b"thumb", b"ref"):
             for path in (b"/%s/%s/\xb2" % (route, key), b"/%s/\xb2\xff/0" % route):

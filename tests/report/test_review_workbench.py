@@ -27,7 +27,7 @@ from helpers.runs import read_jsonl
 
 from imagebatch.report import build_report
 from imagebatch.report.review import ReviewServer
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.work.decisions import Decision, read_decisions, record_decision
 
 SCREENSHOTS = os.environ.get("IMAGEBATCH_REVIEW_SCREENSHOTS")
@@ -55,7 +55,7 @@ def test_the_large_view_fits_the_window_shows_100_percent_zooms_and_moves_by_key
     browser: Any, tmp_path: Path
 ) -> None:
     out = review_folder(tmp_path, requests=4, redone=None, side=1600)
-    with ReviewServer(LocalFolder(out), "alice") as server:
+    with ReviewServer(FolderBackend(out), "alice") as server:
         order = open_page(browser, server.url)
         press(browser, "v")
         until(browser, lambda d: js(d, "document.body.dataset.viewing") == order[0], "the large view")
@@ -91,10 +91,12 @@ def test_a_redone_image_is_shown_beside_the_versions_it_replaces_with_the_notes(
     browser: Any, tmp_path: Path
 ) -> None:
     out = review_folder(tmp_path, requests=6, redone=1, variants=3, references=True)
-    with ReviewServer(LocalFolder(out), "carol", refresh_interval=0) as server:
+    with ReviewServer(FolderBackend(out), "carol", refresh_interval=0) as server:
         v3, v2, v1 = (card.key for card in list(server.cards.values())[1:4])
-        record_decision(LocalFolder(out), Decision(v1, 1, "rejected", "handle missing on the left", "alice"))
-        record_decision(LocalFolder(out), Decision(v2, 2, "rejected", "too dark", "bob"))
+        record_decision(
+            FolderBackend(out), Decision(v1, 1, "rejected", "handle missing on the left", "alice")
+        )
+        record_decision(FolderBackend(out), Decision(v2, 2, "rejected", "too dark", "bob"))
         order = open_page(browser, server.url)
         assert order[1:4] == [v3, v2, v1]
         card = f".card[data-key='{v3}']"
@@ -125,14 +127,14 @@ def test_a_redone_image_is_shown_beside_the_versions_it_replaces_with_the_notes(
         assert len(browser.find_elements("css selector", "#vpanes .vpane")) == 4
         # Another reviewer's decision on it reaches the open large view: its caption changes, its images stay
         browser.execute_script("document.querySelector('#vpanes .now img').dataset.kept = '1'")
-        record_decision(LocalFolder(out), Decision(v3, 3, "approved", "at last", "dan"))
+        record_decision(FolderBackend(out), Decision(v3, 3, "approved", "at last", "dan"))
         browser.execute_script("window.dispatchEvent(new Event('focus'))")
         now = "document.querySelector('#vpanes .now .vcap').innerText"
         until(browser, lambda d: js(d, now).endswith("approved by dan: at last"), "dan's decision")
         assert js(browser, "document.querySelector('#vpanes .now img').dataset.kept") == "1"
         press(browser, "\ue00c")
     # A reference thumbnail is served only for a reference the request has
-    with ReviewServer(LocalFolder(out), "carol", refresh_interval=0) as server:
+    with ReviewServer(FolderBackend(out), "carol", refresh_interval=0) as server:
         status, body = request(server.url, path=f"/ref/{v3}/0")
         assert status == 200 and body.startswith(b"\xff\xd8")
         assert request(server.url, path=f"/ref/{v3}/1")[0] == 404
@@ -141,7 +143,7 @@ def test_a_redone_image_is_shown_beside_the_versions_it_replaces_with_the_notes(
 
 def test_cards_show_the_manifests_columns_and_group_by_a_column(browser: Any, tmp_path: Path) -> None:
     out = review_folder(tmp_path, requests=8)  # SKU-1000: p000, p001 (two variants); SKU-1001: p002, p003...
-    with ReviewServer(LocalFolder(out), "alice", group_by="sku", show=["sku", "colour"]) as server:
+    with ReviewServer(FolderBackend(out), "alice", group_by="sku", show=["sku", "colour"]) as server:
         order = open_page(browser, server.url)
         heads = [e.text for e in browser.find_elements("css selector", ".group")]
         assert heads[:2] == ["sku SKU-1000 3 shown · g marks them", "sku SKU-1001 2 shown · g marks them"]
@@ -154,7 +156,7 @@ def test_cards_show_the_manifests_columns_and_group_by_a_column(browser: Any, tm
         assert js(browser, f"{place}({json.dumps(order[3])})") == "translate(0px, 578px)"
         if SCREENSHOTS:
             browser.save_screenshot(str(Path(SCREENSHOTS) / "review-grouped-test.png"))
-    with ReviewServer(LocalFolder(out), "alice") as server:  # by default, every column of the manifest
+    with ReviewServer(FolderBackend(out), "alice") as server:  # by default, every column of the manifest
         open_page(browser, server.url)
         meta = browser.find_element("css selector", f".card[data-key='{order[0]}'] .cols").text
         assert meta == "sku SKU-1000 · product_name ceramic mug · colour cobalt blue"
@@ -165,7 +167,7 @@ def test_bulk_approve_records_each_marked_image_as_its_own_decision_and_one_undo
     browser: Any, tmp_path: Path
 ) -> None:
     out = review_folder(tmp_path, requests=8, redone=None)
-    with ReviewServer(LocalFolder(out), "alice", group_by="sku") as server:
+    with ReviewServer(FolderBackend(out), "alice", group_by="sku") as server:
         order = open_page(browser, server.url)
         press(browser, "g")  # the selected card's group: SKU-1000, two colourways
         assert browser.find_element("id", "nmarked").text == "2 marked"
@@ -208,7 +210,7 @@ def test_the_open_view_holds_what_still_needs_a_person(browser: Any, tmp_path: P
     from selenium.webdriver.support.ui import Select
 
     out = review_folder(tmp_path, requests=6)  # p001 redone: variant 2 beside variant 1
-    folder = LocalFolder(out)
+    folder = FolderBackend(out)
     with ReviewServer(folder, "alice", refresh_interval=0) as server:
         p000, v2, v1, p002 = list(server.cards)[:4]
         record_decision(folder, Decision(p000, 1, "approved", "", "alice"))
@@ -236,7 +238,7 @@ def test_the_open_view_holds_what_still_needs_a_person(browser: Any, tmp_path: P
 
 def test_undo_survives_a_reload(browser: Any, tmp_path: Path) -> None:
     out = review_folder(tmp_path, requests=4, redone=None)
-    folder = LocalFolder(out)
+    folder = FolderBackend(out)
     with ReviewServer(folder, "alice", refresh_interval=0) as server:
         order = open_page(browser, server.url)
         press(browser, "a")

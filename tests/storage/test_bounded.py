@@ -22,7 +22,7 @@ from imagebatch.storage.bounded import (
     record_lines,
     split_lines,
 )
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.storage.objectstore import ObjectLocation
 
 
@@ -50,9 +50,9 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
         got = _in_thread(lambda read=read: read(fifo))
         assert isinstance(got, RecordError)
         assert str(got) == f"{fifo} is a FIFO, not a file: not read"
-    got = _in_thread(lambda: LocalFolder(tmp_path).get("results.csv"))
+    got = _in_thread(lambda: FolderBackend(tmp_path).get("results.csv"))
     assert isinstance(got, RecordError) and "FIFO" in str(got)
-    got = _in_thread(lambda: LocalFolder(tmp_path).exists("results.csv"))
+    got = _in_thread(lambda: FolderBackend(tmp_path).exists("results.csv"))
     assert isinstance(got, RecordError)
 
 
@@ -61,7 +61,7 @@ def test_a_link_to_a_device_is_refused_before_a_byte_is_read(tmp_path: Path) -> 
     with pytest.raises(RecordError, match=r"usage\.jsonl is a character device, not a file: not read"):
         list(read_jsonl(tmp_path / "usage.jsonl"))
     with pytest.raises(RecordError, match="character device"):
-        LocalFolder(tmp_path).get("usage.jsonl")
+        FolderBackend(tmp_path).get("usage.jsonl")
 
 
 def test_a_fifo_swapped_in_after_the_check_is_caught_on_the_descriptor(

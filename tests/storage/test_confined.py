@@ -13,8 +13,10 @@ from helpers.exports import OutMaker, tree
 from helpers.runs import cli
 from PIL import Image
 
-from imagebatch.storage.location import LocalFolder, OutsideRootError, confined
-from imagebatch.work.decisions import REVIEW_FILE, Decision, record_decision
+from imagebatch.storage.folder import FolderBackend
+from imagebatch.storage.layout import REVIEW_FILE
+from imagebatch.storage.location import OutsideRootError, confined
+from imagebatch.work.decisions import Decision, record_decision
 
 
 def png() -> bytes:
@@ -52,9 +54,9 @@ def test_confined_follows_links_that_stay_inside_and_refuses_those_that_leave(
         with pytest.raises(OutsideRootError, match="leads out of"):
             confined(root, name)
     with pytest.raises(OutsideRootError):
-        LocalFolder(root).put("away/run.json", b"{}")
+        FolderBackend(root).put("away/run.json", b"{}")
     with pytest.raises(OutsideRootError):
-        LocalFolder(root).put_new("file.txt", b"x")
+        FolderBackend(root).put_new("file.txt", b"x")
     assert tree(outside) == {}
 
 
@@ -90,7 +92,7 @@ def test_a_decision_is_not_appended_to_a_review_file_linked_out_of_out(out: OutM
     (outside / "victim.jsonl").write_bytes(b"")
     (out.root / REVIEW_FILE).symlink_to(outside / "victim.jsonl")
     with pytest.raises(OutsideRootError, match=REVIEW_FILE):
-        record_decision(LocalFolder(out.root), Decision("ib1-a", 1, "approved"))
+        record_decision(FolderBackend(out.root), Decision("ib1-a", 1, "approved"))
     assert (outside / "victim.jsonl").read_bytes() == b""
 
 
@@ -172,5 +174,5 @@ def test_a_run_writes_no_image_nor_journal_line_through_a_link_out_of_out(
         store.journal("attempt_started", key="ib1-x")
     with pytest.raises(OutsideRootError):
         store.write_run({"state": "running"})
-    assert isinstance(store.write_error, OutsideRootError)  # the run stops as on a failed disk
+    assert isinstance(store.backend.watch.error, OutsideRootError)  # the run stops as on a failed disk
     assert tree(outside) == {}

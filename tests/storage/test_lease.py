@@ -43,12 +43,12 @@ def test_a_second_live_run_is_refused_and_a_dead_runs_lease_is_taken_over_after_
 def test_a_holder_stops_writing_once_its_lease_is_near_expiry(s3: Any) -> None:
     clock = Clock()
     store = OutputStore(f"s3://{s3.bucket()}/f", clock=clock)
-    with store.hold_and_merge():
+    with store.backend.hold():
         store.journal("attempt_started", idempotency_key="k1", attempt=1)
         clock.now += LEASE_SECONDS - SAFETY_SECONDS  # no renewal landed in that time (paused, cut off)
         with pytest.raises(OSError, match="could not be renewed"):
             store.journal("attempt_started", idempotency_key="k2", attempt=1)
-        assert store.write_error is not None
+        assert store.backend.watch.error is not None
     assert RENEW_SECONDS * 2 < LEASE_SECONDS - SAFETY_SECONDS  # two renewals may fail before it stops
 
 
@@ -67,52 +67,52 @@ def test_a_sharded_runs_shards_write_their_own_segments_under_the_parents_lease_
 ) -> None:
     url = f"s3://{s3.bucket()}/sharded"
     parent = OutputStore(url)
-    with parent.hold_sharded(2):
+    with parent.backend.hold_sharded(2):
         with pytest.raises(OutputLockedError, match=r"another imagebatch run \(.* pid \d+\) is using s3://"):
-            with OutputStore(url).hold_and_merge():  # a run that is not sharded, meanwhile
+            with OutputStore(url).backend.hold():  # a run that is not sharded, meanwhile
                 pass
         first, second = OutputStore(url, "0-of-2"), OutputStore(url, "1-of-2")
-        with first.shard_hold(), second.shard_hold():
-            assert parent.shard_held("0-of-2") and parent.shard_held("1-of-2")
+        with first.backend.shard_hold(), second.backend.shard_hold():
+            assert parent.backend.shard_held("0-of-2") and parent.backend.shard_held("1-of-2")
             with pytest.raises(OutputLockedError, match=r"shard 0-of-2 \(.* pid \d+\) is using s3://"):
-                with OutputStore(url, "0-of-2").shard_hold():  # the same shard twice
+                with OutputStore(url, "0-of-2").backend.shard_hold():  # the same shard twice
                     pass
             _sent(first, "a")
             _sent(second, "b")
-            first.sync()  # a shard's end: its lines committed, never compacted (the parent does)
-            second.sync()
-            segments = parent.location.list("journal/")  # type: ignore[attr-defined]
-        assert not parent.shard_held("0-of-2") and not parent.shard_held("1-of-2")  # released
+            first.backend.sync()  # a shard's end: its lines committed, never compacted (the parent does)
+            second.backend.sync()
+            segments = parent.backend.list("journal/")  # type: ignore[attr-defined]
+        assert not parent.backend.shard_held("0-of-2") and not parent.backend.shard_held("1-of-2")  # released
         assert {n.split("-", 1)[1].rsplit("-", 1)[0] for n in segments} == {"0-of-2", "1-of-2"}
-        with parent.hold_and_merge():  # the parent's end, under the same lease
+        with parent.backend.hold():  # the parent's end, under the same lease
             states = parent.load_state()
-            parent.sync()
-            compacted = parent.location.list("journal/")  # type: ignore[attr-defined]
+            parent.backend.sync()
+            compacted = parent.backend.list("journal/")  # type: ignore[attr-defined]
     assert states["a"].status == states["b"].status == "succeeded"
     # One object, named by the highest run it holds (the shards numbered theirs at their own start).
     assert compacted == [f"journal/{max(n[8:16] for n in segments)}-compact.jsonl"]
     replayed = OutputStore(url).load_state()
     assert replayed["a"].status == replayed["b"].status == "succeeded"
-    with OutputStore(url).hold_and_merge():  # released at the end: free at once
+    with OutputStore(url).backend.hold():  # released at the end: free at once
         pass
 
 
 def test_a_shard_is_refused_unless_its_sharded_run_holds_the_prefix(s3: Any) -> None:
     url = f"s3://{s3.bucket()}/alone"
     with pytest.raises(OutputLockedError, match="only while its sharded run holds it, and no run does"):
-        with OutputStore(url, "0-of-2").shard_hold():
+        with OutputStore(url, "0-of-2").backend.shard_hold():
             pass
-    with OutputStore(url).hold_and_merge():
+    with OutputStore(url).backend.hold():
         with pytest.raises(
             OutputLockedError, match=r"a run that is not sharded \(.* pid \d+\) is using s3://"
         ):
-            with OutputStore(url, "0-of-2").shard_hold():
+            with OutputStore(url, "0-of-2").backend.shard_hold():
                 pass
-    with OutputStore(url).hold_sharded(3):
+    with OutputStore(url).backend.hold_sharded(3):
         with pytest.raises(OutputLockedError, match="another sharded run"):
-            with OutputStore(url, "0-of-2").shard_hold():
+            with OutputStore(url, "0-of-2").backend.shard_hold():
                 pass
-    assert not OutputStore(url).shard_held("0-of-2")  # each refusal released its shard lease
+    assert not OutputStore(url).backend.shard_held("0-of-2")  # each refusal released its shard lease
 
 
 def test_a_shard_stops_writing_once_its_parent_stops_renewing_before_another_run_can_take_over(
@@ -121,22 +121,22 @@ def test_a_shard_stops_writing_once_its_parent_stops_renewing_before_another_run
     clock = Clock()
     url = f"s3://{s3.bucket()}/orphan"
     parent, shard = OutputStore(url, clock=clock), OutputStore(url, "0-of-1", clock=clock)
-    with parent.hold_sharded(1), shard.shard_hold():
-        assert parent.holds.lease is not None and shard.holds.lease is not None
+    with parent.backend.hold_sharded(1), shard.backend.shard_hold():
+        assert parent.backend.lease is not None and shard.backend.lease is not None
         shard.journal("attempt_started", idempotency_key="k1", attempt=1)
         clock.now += RENEW_SECONDS
-        parent.holds.lease.renew()  # the parent is alive: renewed (by hand; its thread waits real seconds)
-        shard.holds.lease.renew()
+        parent.backend.lease.renew()  # the parent is alive: renewed (by hand; its thread waits real seconds)
+        shard.backend.lease.renew()
         clock.now += LEASE_SECONDS - SAFETY_SECONDS - 1  # past the first expiry the shard saw
         shard.journal("attempt_started", idempotency_key="k2", attempt=1)  # read again: renewed, live
-        shard.holds.lease.renew()  # the shard's own lease stays live from here on: only the parent's lapses
+        shard.backend.lease.renew()  # the shard's own lease stays live from here on: only the parent's lapses
         clock.now += 2  # the parent's lease is now within its safety margin: its process died
         with pytest.raises(OSError, match="its sharded run no longer holds s3://"):
             shard.journal("attempt_started", idempotency_key="k3", attempt=1)
-        assert shard.write_error is not None
+        assert shard.backend.watch.error is not None
         clock.now += SAFETY_SECONDS  # the parent's lease expired: another run takes the prefix over
-        with OutputStore(url, clock=clock).hold_and_merge():
-            shard.holds.segments._failed.clear()  # type: ignore[union-attr]  # as if the shard tried again
+        with OutputStore(url, clock=clock).backend.hold():
+            shard.backend.segments._failed.clear()  # type: ignore[union-attr]  # as if the shard tried again
             with pytest.raises(OSError, match="its sharded run no longer holds"):
                 shard.journal("attempt_started", idempotency_key="k4", attempt=1)
     keys = set(OutputStore(url).load_state())

@@ -28,7 +28,7 @@ def test_the_server_honours_create_only_and_compare_and_swap(s3: Any) -> None:
 
 def test_an_unsettled_answer_counts_as_done_only_if_its_files_are_there(s3: Any) -> None:
     store = OutputStore(f"s3://{s3.bucket()}/u")
-    with store.hold_and_merge():
+    with store.backend.hold():
         for key in ("with", "without"):
             store.journal("attempt_started", idempotency_key=key, attempt=1)
             store.journal("attempt_finished", idempotency_key=key, outcome="ok")

@@ -25,7 +25,7 @@ def b64(data: bytes) -> str:
 @pytest.fixture
 def store(tmp_path: Path) -> OutputStore:
     store = OutputStore(tmp_path / "out")
-    store.prepare()
+    store.backend.prepare()
     store.write_file("job/0-abc.png", IMAGE)
     (tmp_path / "ref.jpg").write_bytes(INPUT)
     return store
@@ -82,10 +82,10 @@ def test_base64_that_reencoding_would_not_give_back_stays_inline(store: OutputSt
 
 def test_a_reference_whose_file_changed_or_went_is_refused(store: OutputStore, tmp_path: Path) -> None:
     kept = [compact_model(model_content(), FILES)]
-    (store.root / "images" / "job" / "0-abc.png").write_bytes(png(41, 30))
+    (store.backend.root / "images" / "job" / "0-abc.png").write_bytes(png(41, 30))
     with pytest.raises(HistoryError, match="changed"):
         inline(kept, store)
-    (store.root / "images" / "job" / "0-abc.png").unlink()
+    (store.backend.root / "images" / "job" / "0-abc.png").unlink()
     with pytest.raises(HistoryError, match="gone"):
         inline(kept, store)
     user = compact_user(

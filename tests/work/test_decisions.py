@@ -15,9 +15,10 @@ import pytest
 from helpers.runs import run_flow, write_jsonl
 
 from imagebatch.manifest import load_manifest, plan
+from imagebatch.storage.bucket import BucketBackend
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.storage.layout import REVIEW_FILE
-from imagebatch.storage.location import LocalFolder, Location
-from imagebatch.storage.objectstore import ObjectLocation
+from imagebatch.storage.location import Location
 from imagebatch.work.decisions import (
     MAX_NOTE,
     Decision,
@@ -53,7 +54,7 @@ def _check(location: Location) -> None:
 
 
 def test_the_last_decision_wins_in_a_folder(tmp_path: Path) -> None:
-    folder = LocalFolder(tmp_path)
+    folder = FolderBackend(tmp_path)
     _decide(folder)
     _check(folder)
     assert len((tmp_path / REVIEW_FILE).read_text().splitlines()) == 6
@@ -61,7 +62,7 @@ def test_the_last_decision_wins_in_a_folder(tmp_path: Path) -> None:
 
 def test_the_last_decision_wins_in_a_bucket(s3: Any) -> None:
     name = s3.bucket()
-    bucket = ObjectLocation(f"s3://{name}/run")
+    bucket = BucketBackend(f"s3://{name}/run")
     _decide(bucket)
     _check(bucket)
     names = sorted(s3.objects(name, "run/review/"))
@@ -69,7 +70,7 @@ def test_the_last_decision_wins_in_a_bucket(s3: Any) -> None:
 
 
 def test_a_torn_line_loses_only_itself(tmp_path: Path) -> None:
-    folder = LocalFolder(tmp_path)
+    folder = FolderBackend(tmp_path)
     record_decision(folder, Decision("ib1-a", 1, "approved"))
     with (tmp_path / REVIEW_FILE).open("ab") as fh:
         fh.write(b'{"key":"ib1-b","variant":1,"deci')  # a crash mid-write
@@ -81,12 +82,12 @@ def test_a_torn_line_loses_only_itself(tmp_path: Path) -> None:
 
 def test_an_unknown_decision_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="approved, rejected, cleared"):
-        record_decision(LocalFolder(tmp_path), Decision("ib1-a", 1, "maybe"))  # type: ignore[arg-type]
+        record_decision(FolderBackend(tmp_path), Decision("ib1-a", 1, "maybe"))  # type: ignore[arg-type]
     assert not (tmp_path / REVIEW_FILE).exists()
 
 
 def _writer(root: str, who: str, n: int) -> None:
-    folder = LocalFolder(Path(root))
+    folder = FolderBackend(Path(root))
     for i in range(n):
         record_decision(folder, Decision(f"ib1-{who}-{i}", 1, "approved", note="x" * MAX_NOTE, reviewer=who))
 
@@ -100,14 +101,14 @@ def test_two_writers_at_once_lose_nothing(tmp_path: Path) -> None:
     for proc in procs:
         proc.join(120)
         assert proc.exitcode == 0
-    decisions = read_decisions(LocalFolder(tmp_path))
+    decisions = read_decisions(FolderBackend(tmp_path))
     assert len(decisions) == 300 and all(len(d.note) == MAX_NOTE for d in decisions.values())
 
 
 def test_history_an_undo_takes_back_only_its_reviewers_decision_in_force(tmp_path: Path) -> None:
     """The issue's record: A approves, B rejects, C rejects with a note, then an undo of B's (as an older
     page wrote it: A's approval repeated, marked as an undo) is recorded after C's. It changes nothing."""
-    folder = LocalFolder(tmp_path)
+    folder = FolderBackend(tmp_path)
     for decision in (
         Decision("ib1-a", 1, "approved", reviewer="alice"),
         Decision("ib1-a", 1, "rejected", reviewer="bob"),
@@ -153,7 +154,7 @@ def _long_line(key: str, note: str) -> bytes:
 def test_a_note_longer_than_the_pages_cap_is_refused_with_the_file_and_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    folder = LocalFolder(tmp_path)
+    folder = FolderBackend(tmp_path)
     record_decision(folder, Decision("ib1-a", 1, "approved", reviewer="ann"))
     with (tmp_path / REVIEW_FILE).open("ab") as fh:
         fh.write(_long_line("ib1-a", "x" * (MAX_NOTE + 1)))
@@ -179,7 +180,7 @@ def test_a_redo_never_sends_a_note_longer_than_the_pages_cap(
     manifest = write_jsonl(tmp_path / "m.jsonl", [{"id": "a", "prompt": "a mug", "model": "native-image-2"}])
     run_flow(manifest=str(manifest), out=str(out))
     (first,) = plan(load_manifest(manifest))
-    record_decision(LocalFolder(out), Decision(first.idempotency_key, 1, "rejected", "too dark", "ann"))
+    record_decision(FolderBackend(out), Decision(first.idempotency_key, 1, "rejected", "too dark", "ann"))
     long = "make it brighter " * 60_000
     with (out / REVIEW_FILE).open("ab") as fh:
         fh.write(_long_line(first.idempotency_key, long))

@@ -181,14 +181,14 @@ def test_validate_out_names_a_live_run_and_holds_no_lock(
     code, _, err = cli(capsys, "run", str(manifest), "--out", str(out))
     assert code == EXIT_OK, err
     store = OutputStore(out)
-    assert store.in_use() is None
-    with store.hold_and_merge():  # a live run
+    assert store.backend.in_use() is None
+    with store.backend.hold():  # a live run
         _, _, text = validate(capsys, manifest, out)
         assert "another imagebatch run is sending into it now: these counts are a snapshot" in text
     shard = OutputStore(out, "0-of-2")
-    with shard.shard_hold():
-        assert store.in_use() == "a shard of a sharded run"
-    with store.hold_and_merge():  # validate took nothing: a run can hold the folder at once
+    with shard.backend.shard_hold():
+        assert store.backend.in_use() == "a shard of a sharded run"
+    with store.backend.hold():  # validate took nothing: a run can hold the folder at once
         pass
 
     (tmp_path / "file").write_text("x")
@@ -216,7 +216,7 @@ def test_validate_out_on_a_bucket(
     assert f"  {'total':<24} 0.75 USD" in text
     to_send = {k for k, r in keys.items() if r["sent"] == "yes"}
 
-    with OutputStore(url).hold_and_merge():  # a live run holds the lease
+    with OutputStore(url).backend.hold():  # a live run holds the lease
         _, _, text = validate(capsys, manifest, url)
         assert "is sending into it now" in text
 

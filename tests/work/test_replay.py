@@ -17,7 +17,7 @@ from imagebatch.work.store import OutputStore
 @pytest.fixture
 def store(tmp_path: Path) -> OutputStore:
     s = OutputStore(tmp_path / "out")
-    s.prepare()
+    s.backend.prepare()
     return s
 
 
@@ -130,7 +130,7 @@ def test_events_without_a_key_are_ignored(store: OutputStore) -> None:
 def test_a_torn_journal_line_is_ignored(store: OutputStore) -> None:
     started(store)
     finished(store, 200, "ok")
-    with store.journal_path.open("ab") as fh:
+    with store.backend.path("journal").open("ab") as fh:
         fh.write(
             json.dumps({"event": "outcome", **dataclasses.asdict(record())}).encode()[:40]
         )  # kill -9 mid-write
@@ -140,9 +140,9 @@ def test_a_torn_journal_line_is_ignored(store: OutputStore) -> None:
 def test_the_next_run_appends_after_a_torn_line_without_losing_its_events(tmp_path: Path) -> None:
     """A crash leaves a line with no newline; the next run's first event must not be glued onto it."""
     first = OutputStore(tmp_path / "out")
-    first.prepare()
+    first.backend.prepare()
     started(first, OTHER)
-    with first.journal_path.open("ab") as fh:
+    with first.backend.path("journal").open("ab") as fh:
         fh.write(b'{"event":"attempt_started","idempotency_key":"ib1-')  # kill -9 mid-write
 
     second = OutputStore(tmp_path / "out")  # the next run
@@ -153,11 +153,11 @@ def test_the_next_run_appends_after_a_torn_line_without_losing_its_events(tmp_pa
     assert states[KEY].status == "succeeded" and states[KEY].attempts == 1
     assert states[OTHER].status == "unknown"
     # usage.jsonl is healed the same way.
-    with second.usage_path.open("ab") as fh:
+    with second.backend.path("usage").open("ab") as fh:
         fh.write(b'{"attempt": 1, "http_st')
     third = OutputStore(tmp_path / "out")
     third.append_usage({"attempt": 2})
-    assert list(read_jsonl(third.usage_path)) == [{"attempt": 2}]
+    assert list(read_jsonl(third.backend.path("usage"))) == [{"attempt": 2}]
 
 
 def test_outcome_round_trips_every_field(store: OutputStore) -> None:
@@ -224,7 +224,7 @@ def test_a_succeeded_outcome_whose_file_was_deleted_is_made_again(store: OutputS
     store.record_outcome(record(paths=["images/mug/0-0123.png"]))
     assert store.load_state()[KEY].status == "succeeded"
 
-    (store.images_dir / "mug" / "0-0123.png").unlink()
+    ((store.backend.root / "images") / "mug" / "0-0123.png").unlink()
     st = store.load_state()[KEY]
     assert st.status is None and st.outcome is None and st.attempts == 0
 

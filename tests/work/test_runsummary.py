@@ -38,7 +38,7 @@ def _out(tmp_path: Path, run: dict[str, object]) -> Path:
     """An output folder as a finished run leaves it, with `run` as its run.json."""
     out = tmp_path / "out"
     store = OutputStore(out)
-    store.prepare()
+    store.backend.prepare()
     record = RequestRecord("mug", 0, 0, "failed", "compat-image-2", "images", "key-0", error="503")
     store.write_results([record.to_row()], [])
     (out / "run.json").write_text(json.dumps(run))
@@ -82,7 +82,7 @@ def test_a_dead_runs_run_json_is_marked_through_the_model(tmp_path: Path) -> Non
 
 def test_a_writer_cannot_write_a_field_of_the_wrong_type(tmp_path: Path) -> None:
     store = OutputStore(tmp_path / "out")
-    store.prepare()
+    store.backend.prepare()
     with pytest.raises(ValueError, match="requests"):
         store.write_run({"state": "running", "requests": "many"})
     assert not (tmp_path / "out" / "run.json").exists()
@@ -118,7 +118,7 @@ def test_review_refuses_a_run_json_the_model_refuses_in_one_line(
 
 def test_a_writer_may_give_a_path_or_a_counter(tmp_path: Path) -> None:
     store = OutputStore(tmp_path / "out")
-    store.prepare()
+    store.backend.prepare()
     report = tmp_path / "out" / "report.html"
     store.write_run({"state": "finished", "report": report, "counts": Counter(succeeded=2)})
     written = RunSummary.parse((tmp_path / "out" / "run.json").read_bytes(), "run.json")

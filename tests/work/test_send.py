@@ -191,9 +191,9 @@ def test_the_end_of_a_run_syncs_the_lines_that_rode_on_later_fsyncs(
     store.journal("outcome", sync=False, idempotency_key="k")
     calls: list[str] = []
     monkeypatch.setattr(appendlog.os, "fsync", lambda fd: calls.append(os.readlink(f"/proc/self/fd/{fd}")))
-    store.sync()
-    assert calls == [str(store.journal_path)]
-    store.sync()
+    store.backend.sync()
+    assert calls == [str(store.backend.path("journal"))]
+    store.backend.sync()
     assert len(calls) == 1  # nothing new to sync
 
 

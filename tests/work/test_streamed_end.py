@@ -12,8 +12,8 @@ from helpers.records import record
 
 from imagebatch.storage import layout
 from imagebatch.storage.appendlog import read_jsonl
+from imagebatch.storage.folder import MERGE_BATCH_BYTES
 from imagebatch.storage.objectstore import PART_BYTES
-from imagebatch.work.holds import MERGE_BATCH_BYTES
 from imagebatch.work.request_record import RESULT_COLUMNS
 from imagebatch.work.store import OutputStore
 
@@ -27,9 +27,9 @@ def test_a_shard_journal_larger_than_a_batch_is_merged_whole_in_order_after_the_
     shard = tmp_path / layout.jsonl(layout.JOURNAL, "0-of-2")
     shard.write_bytes(b"".join(json.dumps(line).encode() + b"\n" for line in lines) + b'{"cut')
     store = OutputStore(tmp_path)
-    with store.hold_and_merge():
+    with store.backend.hold():
         assert not shard.exists()
-    merged = [line["i"] for line in read_jsonl(store.journal_path)]
+    merged = [line["i"] for line in read_jsonl(store.backend.path("journal"))]
     assert merged == [-1, *range(len(lines))]  # the torn line ended, the shard's own cut line left out
 
 
@@ -38,7 +38,7 @@ def test_results_csv_larger_than_a_part_reaches_a_bucket_row_by_row_in_order(s3:
     note = "n" * 900
     count = PART_BYTES // 1000 + 100
     rows = ({"note": f"{i}-{note}", **record(key=f"k{i}").to_row()} for i in range(count))
-    with store.hold_and_merge():
+    with store.backend.hold():
         store.write_results(rows, ["note"])
     got = store.read_results()
     assert got is not None and len(got) == count

@@ -57,7 +57,7 @@ def test_the_summary_counts_requests_attempts_images_tokens_and_doubt() -> None:
 def write_usage_summary(out: Path) -> Path:
     """usage-summary.csv written as a run's end writes it (`run.outputs`): from the store's usage ledger."""
     store = OutputStore(out)
-    store.write_top(layout.USAGE_SUMMARY_CSV, usage_csv(summarise_usage(store.usage_lines())))
+    store.backend.put(layout.USAGE_SUMMARY_CSV, usage_csv(summarise_usage(store.usage_lines())))
     return out / layout.USAGE_SUMMARY_CSV
 
 

@@ -93,7 +93,7 @@ def report_command(out: str, to: str | None = None) -> int:
     thumbnails, fetched, and uploaded next to them). `to`: a bucket's report copied into that folder
     instead, nothing written to the bucket (`report.download`)."""
     from imagebatch.errors import UsageError
-    from imagebatch.run.preflight import check_output_store, output_location
+    from imagebatch.run.preflight import check_output, output_location
     from imagebatch.work.store import OutputStore
 
     where = output_location(out)
@@ -103,9 +103,9 @@ def report_command(out: str, to: str | None = None) -> int:
         return EXIT_USAGE
     try:
         if isinstance(where, str):
-            check_output_store(where, lock=False)
+            check_output(where, lock=False)
         store = OutputStore(where)
-        if not store.location.exists(RESULTS_CSV):
+        if not store.backend.exists(RESULTS_CSV):
             why = f"has no {RESULTS_CSV} (not an output folder of a finished run)"
             print(f"imagebatch report: {store.where} {why}", file=sys.stderr)
             return EXIT_USAGE
@@ -126,10 +126,10 @@ def _build(store: Any) -> Any:
 
 def _download(store: Any, to: str) -> Path:
     from imagebatch.report.download import download_report
-    from imagebatch.storage.objectstore import ObjectLocation
+    from imagebatch.storage.bucket import BucketBackend
 
-    assert isinstance(store.location, ObjectLocation)
-    return download_report(store.location, Path(to).expanduser()).resolve()
+    assert isinstance(store.backend, BucketBackend)  # --to is refused for a folder before
+    return download_report(store.backend, Path(to).expanduser()).resolve()
 
 
 def review_command(args: argparse.Namespace) -> int:
@@ -137,14 +137,14 @@ def review_command(args: argparse.Namespace) -> int:
     Ctrl-C (`report.review`)."""
     from imagebatch.errors import UsageError
     from imagebatch.report.review import ReviewError, default_reviewer, serve_review
-    from imagebatch.run.preflight import check_output_store, output_location
+    from imagebatch.run.preflight import check_output, output_location
     from imagebatch.storage.bounded import RecordError
     from imagebatch.storage.kinds import open_location
 
     where = output_location(args.out)
     try:
         if isinstance(where, str):
-            check_output_store(where, lock=False)
+            check_output(where, lock=False)
         location = open_location(where)
     except (UsageError, OSError) as exc:
         print(f"imagebatch review: {exc}", file=sys.stderr)

@@ -132,7 +132,7 @@ def _forecast(manifest: Manifest, args: argparse.Namespace, out: TextIO) -> int:
     a folder that does not exist is not made)."""
     from imagebatch.errors import UsageError
     from imagebatch.run.preflight import (
-        check_output_store,
+        check_output,
         check_redo,
         output_location,
     )
@@ -148,7 +148,7 @@ def _forecast(manifest: Manifest, args: argparse.Namespace, out: TextIO) -> int:
         resend = options.resend
         table = PriceTable.load(args.prices) if args.prices else None
         if isinstance(where, str):
-            check_output_store(where, lock=False)
+            check_output(where, lock=False)
         elif where.exists() and not where.is_dir():
             raise UsageError(f"--out {where} is a file, not a folder")
         elif where.exists():

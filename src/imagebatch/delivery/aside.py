@@ -10,7 +10,7 @@ is export's own only while DEST's file still has those bytes:
 - a path export.csv lists that export cannot have written is left alone, whatever the list says: one
   no deliverable's name could be (`naming.unsafe`, or not a .png/.jpg/.webp: `budget.xlsx`), a row
   without a sha256, or (a local DEST) a path that leads out of DEST through a symbolic link or is one;
-- a file `--overwrite` replaces (someone else's) is kept in the same dated folder first (`keep_path`).
+- a file `--overwrite` replaces (someone else's) is kept in the same dated folder first (`Backend.keep_copy`).
 Every write under `ASIDE_FOLDER` is confined: DEST's `.superseded`, or a folder under it, that is a
 symbolic link refuses the export (`aside_links`) rather than moving files wherever it leads.
 Whatever else DEST holds is not export's and is not touched.
@@ -18,28 +18,17 @@ Whatever else DEST holds is not export's and is not touched.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 from imagebatch.delivery.convert import EXTENSIONS
 from imagebatch.delivery.exportplan import ExportRefused
 from imagebatch.delivery.iomap import io_map
 from imagebatch.delivery.naming import unsafe
-from imagebatch.storage.location import (
-    MAX_OBJECT_KEY_BYTES,
-    LocalFolder,
-    Location,
-    OutsideRootError,
-    confined,
-    is_object_url,
-)
+from imagebatch.storage.backend import Backend
 
 ASIDE_FOLDER = ".superseded"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -65,61 +54,32 @@ def fresh(when: str, existing: set[str]) -> str:
     raise ExportRefused([f"DEST's {prefix}{when}-{MAX_SAME_SECOND} is taken: try again in a second"])
 
 
-def name_room(dest: Location, most: int) -> int:
+def name_room(dest: Backend, most: int) -> int:
     """The bytes a deliverable's name may take in DEST: `most` in a folder; in an object store's prefix,
     what an object key leaves (`MAX_OBJECT_KEY_BYTES`, in UTF-8) after the prefix and the folder a stale
     file is moved to (`ASIDE_FOLDER/<stamp>/`), so that no key is refused half-way through an export."""
-    if not is_object_url(dest.url):
-        return most
-    from imagebatch.storage.objectstore import split_url  # loaded already: DEST is an object store
-
-    prefix = split_url(dest.url)[2]
-    aside = len(f"{ASIDE_FOLDER}/{stamp()}-{MAX_SAME_SECOND}/")
-    return min(most, MAX_OBJECT_KEY_BYTES - len(prefix.encode()) - (1 if prefix else 0) - aside)
+    return dest.name_room(most, len(f"{ASIDE_FOLDER}/{stamp()}-{MAX_SAME_SECOND}/"))
 
 
-def aside_links(dest: Location, when: str) -> list[str]:
+def aside_links(dest: Backend, when: str) -> list[str]:
     """DEST's `ASIDE_FOLDER`, or its dated folder `when`, that is a symbolic link: refused before
     anything is written (a link to elsewhere would receive DEST's files). A link deeper in it is
-    refused when a file would be moved through it (`_aside_path`)."""
-    if not isinstance(dest, LocalFolder):
-        return []
-    top = dest.root / ASIDE_FOLDER
-    found = [p for p in (top, top / when) if p.is_symlink()][:1]
+    refused when a file would be moved through it (`Backend.move`)."""
+    found = dest.links([ASIDE_FOLDER, f"{ASIDE_FOLDER}/{when}"])[:1]
     return [
-        f"DEST's {p.relative_to(dest.root).as_posix()} is a symbolic link: export moves no file through "
-        "it (remove the link)"
-        for p in found
+        f"DEST's {name} is a symbolic link: export moves no file through it (remove the link)"
+        for name in found
     ]
 
 
-def _aside_path(dest: LocalFolder, rel: str) -> Path:
-    """The path `rel` under DEST for a write into `ASIDE_FOLDER`: no folder on its way a symbolic link
-    (`OutsideRootError` otherwise), its folders made."""
-    path = confined(dest.root, rel)
-    folder = dest.root
-    for part in Path(rel).parts[:-1]:
-        folder = folder / part
-        if folder.is_symlink():
-            raise OutsideRootError(f"{folder} is a symbolic link: nothing is moved through it")
-        folder.mkdir(exist_ok=True)
-    return path
-
-
-def _could_be_ours(dest: Location, name: str, row: dict[str, str]) -> bool:
+def _could_be_ours(dest: Backend, name: str, row: dict[str, str]) -> bool:
     """Whether export can have written `name` as export.csv's `row` says: a name a deliverable could
     have, a sha256 recorded, and (a local DEST) a regular file inside DEST."""
     if unsafe(name) or name.rsplit(".", 1)[-1].lower() not in EXTENSIONS.values():
         return False
     if not _SHA256.fullmatch(row.get("sha256", "")):
         return False
-    if isinstance(dest, LocalFolder):
-        try:
-            path = confined(dest.root, name)
-        except OutsideRootError:
-            return False
-        return not path.is_symlink() and path.is_file()
-    return True
+    return dest.plain_file(name)
 
 
 @dataclass
@@ -136,7 +96,7 @@ class Stale:
 
 
 def stale(
-    dest: Location, previous: dict[str, dict[str, str]], existing: set[str], delivered: set[str]
+    dest: Backend, previous: dict[str, dict[str, str]], existing: set[str], delivered: set[str]
 ) -> Stale:
     """The files an earlier export listed as delivered, still in DEST, that this export does not
     deliver, each hashed against its record; paths export cannot have written are left out."""
@@ -151,53 +111,17 @@ def stale(
     return found
 
 
-def _remove_empty_folders(root: Path, folder: Path) -> None:
-    """Remove `folder` and its parents up to `root` while they are empty (a product's folder whose
-    every file went aside)."""
-    while folder != root and root in folder.parents:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-        folder = folder.parent
-
-
-def aside_url(dest: Location, when: str) -> str:
+def aside_url(dest: Backend, when: str) -> str:
     """The dated folder under DEST, as messages name it."""
     return f"{dest.url.rstrip('/')}/{ASIDE_FOLDER}/{when}/"
 
 
-def keep_path(dest: LocalFolder, name: str, when: str) -> Path:
-    """Where DEST's file `name` is kept before `--overwrite` replaces it (its folders made)."""
-    return _aside_path(dest, f"{ASIDE_FOLDER}/{when}/{name}")
-
-
-def _move(dest: Location, name: str, folder: str | None) -> None:
-    """Move DEST's `name` into `folder` under DEST (its path kept below it), or remove it (None)."""
-    if isinstance(dest, LocalFolder):
-        path = confined(dest.root, name)
-        if folder is None:
-            path.unlink(missing_ok=True)
-        else:
-            target = _aside_path(dest, f"{folder}/{name}")
-            with contextlib.suppress(FileNotFoundError):  # gone meanwhile: nothing to set aside
-                try:
-                    os.replace(path, target)
-                except OSError:  # another file system under DEST
-                    shutil.move(path, target)
-        _remove_empty_folders(dest.root, path.parent)
-        return
-    if folder is not None and (data := dest.get(name)) is not None:
-        dest.put(f"{folder}/{name}", data)
-    dest.delete(name)
-
-
-def set_aside(dest: Location, files: Stale, *, prune: bool, when: str) -> str | None:
+def set_aside(dest: Backend, files: Stale, *, prune: bool, when: str) -> str | None:
     """Move each of `files` into `ASIDE_FOLDER/<when>/` under DEST, or remove export's own ones
     (`prune`); the folder they went to, as messages name it (None when nothing was moved)."""
     folder = f"{ASIDE_FOLDER}/{when}"
     for name in files.own:
-        _move(dest, name, None if prune else folder)
+        dest.move(name, None if prune else f"{folder}/{name}")
     for name in files.changed:
-        _move(dest, name, folder)
+        dest.move(name, f"{folder}/{name}")
     return aside_url(dest, when) if files.changed or not prune else None

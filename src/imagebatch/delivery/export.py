@@ -69,8 +69,9 @@ from imagebatch.delivery.options import ExportOptions
 from imagebatch.delivery.publish import compare, leaving, publish, read_outside, sha256, staging
 from imagebatch.delivery.summary import ExportSummary
 from imagebatch.storage import layout
+from imagebatch.storage.backend import Backend
 from imagebatch.storage.kinds import open_location
-from imagebatch.storage.location import LocalFolder, Location, is_object_url, local_path, shown_url
+from imagebatch.storage.location import shown_url
 from imagebatch.work.decisions import decided, read_stars
 
 Pool = Literal["process", "thread"]
@@ -86,8 +87,8 @@ def default_workers() -> int:
 
 
 def reuse(
-    source: Location,
-    dest: Location,
+    source: Backend,
+    dest: Backend,
     deliverables: list[Deliverable],
     existing: set[str],
     previous: dict[str, dict[str, str]],
@@ -148,15 +149,11 @@ def _executor(pool: Pool, workers: int) -> Iterator[Executor | None]:
         executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _jobs(source: Location, todo: list[tuple[int, Deliverable]], staging: Path) -> Iterator[StageJob]:
+def _jobs(source: Backend, todo: list[tuple[int, Deliverable]], staging: Path) -> Iterator[StageJob]:
     """One job per deliverable: a local source by its path (the worker reads it), a bucket's by its
     bytes, fetched `IO_THREADS` at a time just ahead of the converters."""
-    if isinstance(source, LocalFolder):
-        for i, d in todo:
-            yield StageJob(i, str(source.root / d.source), str(staging / str(i)), d.conversion)
-        return
-    blobs = io_map(source.get, [d.source for _, d in todo])
-    for (i, d), data in zip(todo, blobs, strict=True):
+    sources = source.sources([d.source for _, d in todo])
+    for (i, d), data in zip(todo, sources, strict=True):
         yield StageJob(i, data, str(staging / str(i)), d.conversion)
 
 
@@ -165,7 +162,7 @@ Progress = Callable[[int, int], None]
 
 
 def stage_all(
-    source: Location,
+    source: Backend,
     todo: list[tuple[int, Deliverable]],
     staging: Path,
     workers: int,
@@ -195,7 +192,7 @@ def _contains(outer: str, inner: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
-def _places(out: str, dest: str) -> tuple[Location, Location]:
+def _places(out: str, dest: str) -> tuple[Backend, Backend]:
     """OUT's and DEST's locations, checked: a bucket that answers, a DEST that can hold files and is
     not OUT nor inside the folders a run writes."""
     problems = []
@@ -205,21 +202,16 @@ def _places(out: str, dest: str) -> tuple[Location, Location]:
             loc = open_location(where)
         except ValueError as exc:
             raise ExportRefused([f"{option} {shown_url(where)}: {exc}"]) from None
-        check = getattr(loc, "check", None)
-        if check is not None and (why := check()):
+        if why := loc.check():
             problems.append(f"{option} {loc.url}: {why}")
         locations.append(loc)
     source, target = locations
-    if isinstance(target, LocalFolder) and target.root.exists() and not target.root.is_dir():
-        problems.append(f"--to {target.url} is a file, not a folder")
-    if is_object_url(out) == is_object_url(dest):
-        outer = source.url if is_object_url(out) else str(local_path(out).resolve())
-        inner = target.url if is_object_url(dest) else str(local_path(dest).resolve())
-        run_folders = (layout.IMAGES_DIR, layout.THUMBS_DIR, layout.CHAINS_DIR)
-        if inner == outer or any(_contains(f"{outer}/{f}", inner) for f in run_folders):
-            problems.append(
-                f"--to {shown_url(dest)} is OUT or one of its run's folders: choose a folder of its own"
-            )
+    outer, inner = source.identity, target.identity
+    run_folders = (layout.IMAGES_DIR, layout.THUMBS_DIR, layout.CHAINS_DIR)
+    if inner == outer or any(_contains(f"{outer}/{f}", inner) for f in run_folders):
+        problems.append(
+            f"--to {shown_url(dest)} is OUT or one of its run's folders: choose a folder of its own"
+        )
     if problems:
         raise ExportRefused(problems)
     return source, target
@@ -236,8 +228,8 @@ class Made:
 
 
 def _make(
-    source: Location,
-    target: Location,
+    source: Backend,
+    target: Backend,
     deliverables: list[Deliverable],
     previous: dict[str, dict[str, str]],
     existing: set[str],
@@ -276,8 +268,8 @@ def _make(
 
 
 def _deliver(
-    source: Location,
-    target: Location,
+    source: Backend,
+    target: Backend,
     made: ExportPlan,
     columns: list[str],
     summary: ExportSummary,

@@ -124,9 +124,9 @@ def results(out: str | os.PathLike[str]) -> Results:
     skipped: Counter[str] = Counter()
     rows = store.read_results(_counter(skipped, layout.RESULTS_CSV))
     usage = list(store.usage_lines(_counter(skipped, USAGE_FILE)))
-    if rows is None and not usage and not store.location.exists(layout.RUN_JSON):
+    if rows is None and not usage and not store.backend.exists(layout.RUN_JSON):
         raise FileNotFoundError(f"{store.where} holds no run of imagebatch (no {layout.RESULTS_CSV})")
-    decisions = list(iter_decisions(store.location, _counter(skipped, layout.REVIEW_FILE)))
+    decisions = list(iter_decisions(store.backend, _counter(skipped, layout.REVIEW_FILE)))
     try:
         run = store.read_run()
     except RunSummaryError:  # a record that is not a file is RecordError, and raised as the others

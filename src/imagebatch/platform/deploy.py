@@ -28,7 +28,7 @@ Choices (README "Scheduled runs"):
   another holds the slot is cancelled by the server ("Deployment concurrency limit reached"), visible as
   such in the UI. A run sends everything not yet done, so a skipped firing loses nothing: the next one
   does it all. ENQUEUE would instead pile waiting runs behind a long one (one per firing) that then start
-  back to back. The output folder's lock (`OutputStore.hold_and_merge`) stays the last guard.
+  back to back. The output folder's lock (`Backend.hold`) stays the last guard.
 - **`deploy` needs a work pool** (`--work-pool` or Prefect's `PREFECT_DEPLOYMENTS_DEFAULT_WORK_POOL_NAME`);
   without one it refuses and points to `imagebatch serve`, which takes the same options and serves the
   deployment from this process until Ctrl-C (Prefect's `serve`; the schedule is paused when it stops). A
@@ -263,7 +263,7 @@ def _held_message(out: Path | str) -> str | None:
     if isinstance(out, Path) and not out.is_dir():
         return None
     try:
-        with OutputStore(out).hold_and_merge():
+        with OutputStore(out).backend.hold():
             return None
     except OutputLockedError as exc:
         return str(locked(exc))

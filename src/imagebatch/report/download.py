@@ -15,11 +15,11 @@ from pathlib import Path
 from imagebatch.report.html import build_report
 from imagebatch.report.location import stage
 from imagebatch.storage import layout
+from imagebatch.storage.bucket import BucketBackend
 from imagebatch.storage.location import confined, write_atomic
-from imagebatch.storage.objectstore import ObjectLocation
 
 
-def download_report(loc: ObjectLocation, to: Path) -> Path:
+def download_report(loc: BucketBackend, to: Path) -> Path:
     """Copy what a reviewer needs of the run in `loc` into the folder `to` (created; files already there
     are replaced, report pages no longer in the bucket removed); the report's first page in it.
 
@@ -29,7 +29,8 @@ def download_report(loc: ObjectLocation, to: Path) -> Path:
     its prompts when the manifest run.json names can still be read.
     """
     to.mkdir(parents=True, exist_ok=True)
-    stage(loc, to, everything=True)
+    with loc.local_copy(to) as copy:
+        stage(loc, copy, everything=True)
     report, results = loc.modified(layout.REPORT_HTML), loc.modified(layout.RESULTS_CSV)
     if report is not None and results is not None and report >= results:
         pages = layout.report_pages(loc.list_top())

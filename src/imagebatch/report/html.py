@@ -26,7 +26,8 @@ from imagebatch.report.setstate import (
 from imagebatch.storage import layout
 from imagebatch.storage.bounded import read_record
 from imagebatch.storage.csvcells import read_csv
-from imagebatch.storage.location import LocalFolder, confined, write_atomic
+from imagebatch.storage.folder import FolderBackend
+from imagebatch.storage.location import confined, write_atomic
 from imagebatch.work.decisions import Decision, decided
 from imagebatch.work.runsummary import RunSummary
 from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail, thumb_name
@@ -271,7 +272,7 @@ def build_report(
     run_json = out / layout.RUN_JSON
     run = RunSummary.parse(raw, str(run_json)) if (raw := read_record(run_json)) else None
     details = manifest_details(run) if details is None else details
-    decisions = decided(LocalFolder(out)) if decisions is None else decisions
+    decisions = decided(FolderBackend(out)) if decisions is None else decisions
     summary, options, total, replaced = _summary(out, run, decisions)
     names = [layout.report_page(n) for n in range(1, max(1, math.ceil(total / page_size)) + 1)]
     nav = (

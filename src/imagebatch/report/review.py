@@ -83,7 +83,8 @@ from imagebatch.report.review_http import LISTEN_BACKLOG, ReviewHTTPServer
 from imagebatch.report.review_page import inline_json, render_page
 from imagebatch.report.review_report import REPORT_INTERVAL, ReportKeeper
 from imagebatch.storage import layout
-from imagebatch.storage.location import LocalFolder, Location
+from imagebatch.storage.backend import Backend
+from imagebatch.storage.location import LocalFolder
 from imagebatch.work.decisions import DECISIONS, RATED, STARS, Decision
 from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail, thumb_name
 
@@ -119,7 +120,7 @@ class ReviewServer:
 
     def __init__(
         self,
-        location: Location,
+        location: Backend,
         reviewer: str,
         port: int = 0,
         refresh_interval: float = 1.0,
@@ -186,13 +187,7 @@ class ReviewServer:
 
     def _load_cards(self) -> None:
         """Read results.csv again if it changed (a folder: its size and time; a bucket: at start only)."""
-        seen: object = "bucket"
-        if isinstance(self.location, LocalFolder):
-            try:
-                stat = (self.location.root / layout.RESULTS_CSV).stat()
-                seen = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-            except OSError:
-                seen = None
+        seen = self.location.stamp(layout.RESULTS_CSV)
         with self._cards_lock:
             if seen is not None and seen == self._cards_seen:
                 return
@@ -226,7 +221,7 @@ class ReviewServer:
             "columns": self.columns,
             "group": self.group_by or "",
         }
-        return render_page(f"imagebatch review: {_name(self.location)}", self.token, nonce, shown, data)
+        return render_page(f"imagebatch review: {self.location.title}", self.token, nonce, shown, data)
 
     def changes(self, since: int, views: bool = True) -> dict[str, Any]:
         """`GET /api/changes?since=VERSION`: the version now and the decisions in force that changed after
@@ -349,10 +344,6 @@ def _count(n: int, what: str) -> str:
     return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
-def _name(location: Location) -> str:
-    return location.root.name if isinstance(location, LocalFolder) else location.url
-
-
 def _local_image(root: Path, rel: str, thumbnail: bool) -> tuple[bytes, str] | None:
     source = local_file(root, rel)
     if source is None:
@@ -372,7 +363,7 @@ def _local_image(root: Path, rel: str, thumbnail: bool) -> tuple[bytes, str] | N
 
 
 def serve_review(
-    location: Location,
+    location: Backend,
     reviewer: str,
     port: int = 0,
     announce: Callable[[str], None] = lambda line: print(line, flush=True),

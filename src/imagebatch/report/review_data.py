@@ -15,7 +15,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -31,12 +30,11 @@ from imagebatch.report.html import (
 from imagebatch.report.review_history import Earlier, Request, earlier_approved
 from imagebatch.report.setstate import request_of, status_label, superseded, variant_number
 from imagebatch.storage import layout
-from imagebatch.storage.bounded import check_size, open_record
+from imagebatch.storage.backend import Backend
 from imagebatch.storage.csvcells import csv_value, read_csv
-from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
-from imagebatch.storage.location import LocalFolder, Location
+from imagebatch.storage.location import LocalFolder
 from imagebatch.storage.location import confined as storage_confined
-from imagebatch.work.decisions import Decision, History, parse_line, record_named
+from imagebatch.work.decisions import Decision, History, decision_line, parse_line, record_named
 from imagebatch.work.runsummary import read_summary
 from imagebatch.work.store import RESULT_COLUMNS
 from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail
@@ -143,7 +141,7 @@ _REFERENCES = threading.Lock()
 read it half written (`ensure_thumbnail` writes in place)."""
 
 
-def reference_thumbnail(location: Location, ref: str) -> bytes | None:
+def reference_thumbnail(location: Backend, ref: str) -> bytes | None:
     """The thumbnail of a request's reference image (or mask) `ref` as the report names it, in the output
     location's thumbs/; in a folder, made there from the manifest's file if missing (the reference itself
     is never served). None if there is none."""
@@ -163,7 +161,7 @@ def reference_thumbnail(location: Location, ref: str) -> bytes | None:
 
 
 def load_cards(
-    location: Location,
+    location: Backend,
     show: Sequence[str] | None = None,
     group_by: str | None = None,
     approved: Mapping[str, Decision] | None = None,
@@ -300,7 +298,7 @@ class DecisionCache:
     decision another server appended meanwhile is applied first, as every later reader will."""
 
     def __init__(
-        self, location: Location, interval: float = 1.0, clock: Callable[[], float] = time.monotonic
+        self, location: Backend, interval: float = 1.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.location = location
         self.interval = interval
@@ -313,9 +311,7 @@ class DecisionCache:
         self._ignored: set[Decision] = set()  # undos read that took nothing back (another's came first)
         self._changed: dict[str, int] = {}
         self._checked = float("-inf")
-        self._offset = 0  # a folder: the bytes of review.jsonl read so far
-        self._lines = 0  # ... and its lines (a refused line is named by its number)
-        self._objects: dict[str, Decision | None] = {}  # a bucket: every decision object read so far
+        self._tail = location.decision_tail()
         self.refresh(force=True)
 
     def record(self, decision: Decision) -> Decision:
@@ -324,12 +320,12 @@ class DecisionCache:
         (a listing per decision took 0.7 s at 2,000 decisions); one another server made meanwhile that
         sorts before it is then listed before an object already read, and the whole record replayed."""
         stored, name = record_named(self.location, decision)
-        if not name:
+        if self._tail.wrote(name, decision_line(stored)):
+            with self._lock:
+                self._apply([stored])
+        else:
             self.refresh(force=True)
         with self._lock:
-            if name:
-                self._objects[name] = stored
-                self._apply([stored])
             return self._replayed.in_force.get(stored.key, stored)
 
     def undo(self, reviewer: str, key: str = "", batch: str = "") -> tuple[dict[str, Decision], list[str]]:
@@ -405,10 +401,10 @@ class DecisionCache:
             return
         try:
             self._checked = self.clock()
-            if isinstance(self.location, LocalFolder):
-                self._read_file(self.location.root / REVIEW_FILE)
-            else:
-                self._read_objects()
+            lines, whole = self._tail.read()
+            decisions = [d for where, raw in lines if (d := parse_line(raw, where)) is not None]
+            with self._lock:
+                self._apply(decisions, whole=whole)
         finally:
             self._refreshing.release()
 
@@ -437,39 +433,3 @@ class DecisionCache:
     def _state(self, key: str) -> tuple[Decision | None, Decision | None]:
         """What the page shows of `key`'s record: its decision in force and its rating."""
         return self._replayed.in_force.get(key), self._replayed.stars.get(key)
-
-    def _read_file(self, path: Path) -> None:
-        if (fh := open_record(path)) is None:  # never blocked by a FIFO, nor a device read
-            return
-        with fh:
-            size = os.fstat(fh.fileno()).st_size
-            start = self._offset if size >= self._offset else 0  # shrank: replaced, read it whole
-            check_size(path, size - start)
-            fh.seek(start)
-            chunk = fh.read(size - start)
-        complete = chunk.rfind(b"\n") + 1  # a line still being written is read next time
-        self._offset = start + complete
-        first = 1 if start == 0 else self._lines + 1
-        lines = chunk[:complete].splitlines()
-        self._lines = first - 1 + len(lines)
-        where = f"{path} line "
-        decisions = [d for n, raw in enumerate(lines, first) if (d := parse_line(raw, f"{where}{n}"))]
-        with self._lock:
-            self._apply(decisions, whole=start == 0)
-
-    def _read_objects(self) -> None:
-        names = self.location.list(REVIEW_PREFIX)
-        new = [name for name in names if name not in self._objects]
-        if not new:
-            return
-        last_read = max(self._objects, default="")
-        with ThreadPoolExecutor(max_workers=min(16, len(new))) as pool:
-            for name, raw in zip(new, pool.map(self.location.get, new), strict=True):
-                where = f"{self.location.url}/{name}"
-                self._objects[name] = None if raw is None else parse_line(raw, where)
-        with self._lock:
-            if new[0] > last_read:  # the usual case: every new object sorts after those read before
-                self._apply([d for name in new if (d := self._objects[name]) is not None])
-            else:  # one listed among those read before (another server's clock): replay them all again
-                every = [d for name in names if (d := self._objects.get(name)) is not None]
-                self._apply(every, whole=True)

@@ -141,8 +141,7 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
         stopped=lambda: hooks.control.reason,  # a stop of the parent stops every shard
     )
     with held(store):  # every shard has ended: merge their journals, then the records
-        if store.is_object_store:
-            shards_released(store, shards, hooks.sleep)  # a killed shard's lease, until it expires
+        shards_released(store, shards, hooks.sleep)  # a killed shard's lease, until it expires
         after = store.load_state()
         failed = [
             f"shard {r['shard']}: {r['state']} ({r['message']})"
@@ -160,13 +159,13 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
 @contextlib.contextmanager
 def held(store: OutputStore, sharded: int = 0) -> Iterator[None]:
     """The output folder's lock for this run (a second run into it would send twice); `sharded`: for the
-    whole of a sharded run's parent (`OutputStore.hold_sharded`: an object store's lease, nothing more
+    whole of a sharded run's parent (`Backend.hold_sharded`: an object store's lease, nothing more
     for a folder)."""
     try:
         if sharded:
-            hold = store.hold_sharded(sharded)
+            hold = store.backend.hold_sharded(sharded)
         else:
-            hold = store.shard_hold() if store.shard else store.hold_and_merge()
+            hold = store.backend.shard_hold() if store.shard else store.backend.hold()
         with hold:
             yield
     except OutputLockedError as exc:
@@ -183,7 +182,7 @@ def _output(run: Run, store: OutputStore) -> Iterator[tuple[str, str]]:
         service(run.checked.base_url, run.options.service.api_key_secret_block, run.hooks) as (url, key),
         held(store),
     ):
-        store.prepare()
+        store.backend.prepare()
         yield url, key
 
 

@@ -21,7 +21,6 @@ from imagebatch.manifest import plan
 from imagebatch.options import RunOptions
 from imagebatch.run.outputs import run_info, write_files
 from imagebatch.run.preflight import Preflight, key_source
-from imagebatch.storage import layout
 from imagebatch.work.context import RunContext, group_units
 from imagebatch.work.redo import redo_kinds
 from imagebatch.work.store import OutputLockedError, OutputStore, RequestRecord
@@ -44,18 +43,15 @@ def settle_without_prefect(checked: Preflight, options: RunOptions) -> dict[str,
     if not _has_journal(store):
         return None
     try:
-        with store.hold_and_merge():
+        with store.backend.hold():
             return _settle(checked, store, options)
     except OutputLockedError:
         return None
 
 
 def _has_journal(store: OutputStore) -> bool:
-    """Whether a run was here before: the folder's journal file, or a bucket's journal objects (one
-    listing)."""
-    if store.is_object_store:
-        return bool(store.location.list(layout.JOURNAL_SEGMENTS))
-    return store.journal_path.is_file()
+    """Whether a run was here before (one look: a file, or a listing)."""
+    return store.backend.has_records()
 
 
 def _settle(checked: Preflight, store: OutputStore, options: RunOptions) -> dict[str, Any] | None:

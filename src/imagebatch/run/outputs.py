@@ -86,14 +86,14 @@ def write_files(
     rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
     unwritten: list[str] = []
     with contextlib.suppress(OSError):  # what a replay needs was synced as it was written; this is the rest
-        store.sync()
+        store.backend.sync()
     try:
         store.write_results(rows, list(checked.manifest.metadata_columns))
     except OSError as exc:
         unwritten.append(f"{layout.RESULTS_CSV} not written: {storage_message(store.where, exc)}")
     usage = summarise_usage(store.usage_lines(), records)
     try:
-        store.write_top(layout.USAGE_SUMMARY_CSV, usage_csv(usage))
+        store.backend.put(layout.USAGE_SUMMARY_CSV, usage_csv(usage))
     except OSError as exc:
         unwritten.append(f"{layout.USAGE_SUMMARY_CSV} not written: {storage_message(store.where, exc)}")
     counts, superseded = request_counts(records)  # an old no_image a redo replaced is not counted

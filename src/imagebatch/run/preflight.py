@@ -7,7 +7,6 @@ only when one is named) so that the command can refuse a bad configuration at on
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from imagebatch.gateway.environment import api_key_from_environment, base_url_or
 from imagebatch.gateway.errors import ConfigurationError
 from imagebatch.manifest import Job, Manifest, load_manifest
 from imagebatch.options import RunOptions
-from imagebatch.storage.bounded import RecordError, check_records
+from imagebatch.storage.bounded import RecordError
 from imagebatch.storage.location import is_object_url, shown_url
 from imagebatch.work.prices import PriceError, PriceTable
 from imagebatch.work.store import OutputLockedError, OutputStore
@@ -100,56 +99,33 @@ def output_location(out: str | Path) -> Path | str:
     return text.rstrip("/") if is_object_url(text) else Path(text.removeprefix("file://"))
 
 
-def check_output_store(url: str, lock: bool = True) -> None:
-    """The bucket exists and takes these credentials (a listing), and (`lock`) no live run holds the
-    prefix: its lease is taken and released, which also proves that it can be written. One line naming
-    the bucket and the cause, never a credential (they come from the store's standard chain)."""
-    from imagebatch.storage.objectstore import ObjectLocation
-
+def check_output(out: Path | str, lock: bool = True) -> None:
+    """The output location can be used: a bucket exists and takes these credentials (a listing), a
+    folder can be made and written and holds no record that is not a file, its run.json (if any) is one
+    its model reads, and (`lock`) no live run holds it: its hold is taken and let go (a shard's run does
+    not look: its parent and the other shards hold it). One line naming the place and the cause, never a
+    credential (they come from the store's standard chain)."""
     try:
-        loc = ObjectLocation(url)
+        store = OutputStore(out)
     except ValueError as exc:
-        raise UsageError(f"--out {shown_url(url)}: {exc}") from None
+        raise UsageError(f"--out {shown_url(str(out))}: {exc}") from None
     except Exception as exc:  # obstore refuses its configuration (an unknown region, a bad variable)
         cause = f"the store's configuration is refused ({type(exc).__name__})"
-        raise UsageError(f"--out {shown_url(url)}: {cause}") from None
-    why = loc.check()
-    if why:
-        raise UsageError(f"--out {loc.url}: {why}")
+        raise UsageError(f"--out {shown_url(str(out))}: {cause}") from None
+    if why := store.backend.check():
+        raise UsageError(f"--out {store.where}: {why}")
     try:
-        OutputStore(url).read_run()  # a run.json its model refuses: refused here, before Prefect starts
-    except RecordError as exc:
-        raise UsageError(str(exc)) from None
-    if lock:
-        try:
-            with OutputStore(url).hold_and_merge():
-                pass
-        except OutputLockedError as exc:
-            raise locked(exc) from None
-        except OSError as exc:
-            raise UsageError(f"--out {loc.url} cannot be written: {exc.strerror or exc}") from None
-
-
-def check_output_folder(out: Path, lock: bool = True) -> None:
-    """The folder can be created and written, and (`lock`) no other run holds it (the run takes the lock
-    itself; a shard's run does not look: its parent and the other shards hold it, shared)."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-        check_records(out)
-        OutputStore(out).read_run()  # a run.json its model refuses: refused here, before Prefect starts
+        store.backend.make_ready()
+        store.read_run()  # a run.json its model refuses: refused here, before Prefect starts
         if lock:
-            with OutputStore(out).hold_and_merge():
+            with store.backend.hold():
                 pass
     except OutputLockedError as exc:
         raise locked(exc) from None
     except RecordError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
-        raise UsageError(f"--out {out} cannot be written: {exc.strerror or exc}") from None
+        raise UsageError(f"--out {store.where} cannot be written: {exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True)
@@ -206,8 +182,5 @@ def preflight(
             raise UsageError(f"{url} needs an API key: set {ENV_API_KEY} (or --api-key-block NAME)")
         check_api_key(key)
     where = output_location(out)
-    if isinstance(where, str):
-        check_output_store(where, lock=not shard)
-    else:
-        check_output_folder(where, lock=not shard)
+    check_output(where, lock=not shard)
     return Preflight(loaded, where, url, table)

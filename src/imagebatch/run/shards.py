@@ -11,7 +11,7 @@ output folder (a network file system in production), each into its own journal a
 (`journal.shard-I-of-N.jsonl`), holding the folder's lock shared and its own shard lock alone. Into an
 object store's prefix (a bucket: the machines share nothing else), each writes its own journal segments
 (`journal/<run>-I-of-N-<seq>.jsonl`) under a lease of its own, while the parent holds the prefix's lease for
-the whole run (`OutputStore.hold_sharded`, `shard_hold`); the parent compacts the segments into one object
+the whole run (`Backend.hold_sharded`, `shard_hold`); the parent compacts the segments into one object
 once every shard has ended.
 
 What the folder must give across machines (NFSv4 does): a file renamed into place is seen whole
@@ -323,7 +323,7 @@ def _crash_dead(
         gone = None
         if shard.pending_since is not None and clock() - shard.pending_since > never_started:
             gone = f"shard {name}: a worker claimed it but it had not started {never_started:g} s later"
-        if shard.state != "RUNNING" or store.shard_held(name):
+        if shard.state != "RUNNING" or store.backend.shard_held(name):
             shard.unheld_since = None
         elif shard.unheld_since is None:
             shard.unheld_since = clock()
@@ -340,15 +340,13 @@ def shards_released(
     clock: Callable[[], float] = time.monotonic,
     poll: float = 2.0,
 ) -> None:
-    """Return once no shard of the run holds its shard lease in an object store; `OutputLockedError`
-    naming the shard otherwise, after a lease's lifetime (and a little): a shard killed (the parent's own
-    child, its run marked Crashed at once) leaves its lease live until it expires, and one that still
-    holds it then is alive and writing (its run marked ended meanwhile), and the parent must not compact
-    the journal under it."""
-    from imagebatch.storage.lease import LEASE_SECONDS
-
-    deadline = clock() + LEASE_SECONDS + 5.0
-    while held := [n for i in range(shards) if store.shard_held(n := shard_name(i, shards))]:
+    """Return once no shard of the run holds its own hold; `OutputLockedError` naming the shard otherwise,
+    after the location's `release_wait`: a shard killed (the parent's own child, its run marked Crashed at
+    once) leaves an object store's lease live until it expires, and one that still holds it then is alive
+    and writing (its run marked ended meanwhile), and the parent must not compact the journal under it.
+    A folder's lock goes with its process: none is waited for."""
+    deadline = clock() + store.backend.release_wait
+    while held := [n for i in range(shards) if store.backend.shard_held(n := shard_name(i, shards))]:
         if clock() > deadline:
             raise OutputLockedError(f"shard {held[0]} (still writing) is using {store.where}")
         sleep(poll)

@@ -1,12 +1,12 @@
-"""The storage seam: where a run's record (journal, files, results, lease) lives, behind one small
-interface, `Location`, with two kinds: a local folder (`LocalFolder`: rename, fsync) and an object store
-(`storage.objectstore.ObjectLocation`: whole-object PUTs, create-only and compare-and-swap writes, listing
-for order). `storage.kinds.open_location` picks the kind from `--out`.
+"""The whole-object operations of an output location (`Location`: put, create-only put, get, list,
+delete), with the local folder's (`LocalFolder`: rename, fsync); an object store's are
+`storage.objectstore.ObjectLocation`'s (whole-object PUTs, create-only and compare-and-swap writes,
+listing for order). `storage.kinds.open_location` picks the kind from `--out`.
 
-`OutputStore` (work/store.py) speaks of records and asks a `Location` for bytes by name; names are
-relative, `/`-separated (`images/job/0-abc.png`, `run.json`). A new backend is one more class with these
-methods (and a scheme in `storage.kinds.open_location`); the journal's segments and the lease are
-built from them.
+Names are relative, `/`-separated (`images/job/0-abc.png`, `run.json`). The whole interface of an
+output location, records and holds included, is `storage.backend.Backend`, built on these whole-object
+operations: a new kind of store is one more class with its methods (and a scheme in
+`storage.kinds.open_location`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ OBJECT_SCHEMES = ("s3", "gs", "az")
 
 class OutputLockedError(RuntimeError):
     """The output location is held by another run."""
+
+
+RUN = "another imagebatch run"
+"""Who holds a location held alone, as a refusal names it."""
 
 
 class OutsideRootError(PermissionError):

@@ -280,13 +280,13 @@ class RunContext:
         """Make each image's report thumbnail as it arrives."""
         self.halt = threading.Event()
         self.halt_reason: str | None = None
-        self.reserve = DiskReserve(store.spool_folder, reserve_size(requests))
+        self.reserve = DiskReserve(store.backend.spool_folder, reserve_size(requests))
         """Room for the run's end on a full disk: `end_dispatch` gives it back."""
-        self.results = RecordSpool(store.spool_folder)
+        self.results = RecordSpool(store.backend.spool_folder)
         """Records of each finished unit, by unit index (tasks return nothing: Prefect keeps results)."""
         self.started_keys: set[str] = set()
         """Keys with an attempt started in this run."""
-        store.on_write_error = self._write_failed  # the next request's writes would fail too
+        store.backend.watch.on_error = self._write_failed  # the next request's writes would fail too
         self.rate_limited = 0
         """HTTP 429 answers seen so far (every attempt): dispatch narrows its window on a new one."""
         self.pacer: Pacer | None = None

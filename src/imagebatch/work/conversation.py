@@ -139,7 +139,7 @@ def _read(ref: Mapping[str, Any], store: OutputStore) -> bytes:
     sha = ref.get("sha256")
     if isinstance(ref.get("file"), str):
         name = ref["file"]
-        data = store.location.get(name)
+        data = store.backend.get(name)
         if data is None:
             raise HistoryError(f"{name}, an image of the kept conversation, is gone")
         if hashlib.sha256(data).hexdigest() != sha:

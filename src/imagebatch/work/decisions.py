@@ -14,20 +14,16 @@ Where they live: on `record_decision`.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
-import secrets
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Final, Literal, get_args
 
-from imagebatch.storage.bounded import BadLine, split_lines
-from imagebatch.storage.layout import REVIEW_FILE, REVIEW_PREFIX
-from imagebatch.storage.location import LocalFolder, Location, confined, json_object
+from imagebatch.storage.backend import Backend
+from imagebatch.storage.bounded import BadLine
+from imagebatch.storage.location import json_object
 
 DecisionKind = Literal["approved", "rejected", "cleared", "comment", "not_chosen", "rated"]
 DECISIONS: tuple[str, ...] = get_args(DecisionKind)
@@ -103,7 +99,7 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def record_decision(location: Location, decision: Decision) -> Decision:
+def record_decision(location: Backend, decision: Decision) -> Decision:
     """Append `decision` to the location's review record (durable when this returns); returns it as
     stored (with its time filled in).
 
@@ -116,7 +112,7 @@ def record_decision(location: Location, decision: Decision) -> Decision:
     return record_named(location, decision)[0]
 
 
-def record_named(location: Location, decision: Decision) -> tuple[Decision, str]:
+def record_named(location: Backend, decision: Decision) -> tuple[Decision, str]:
     """`record_decision`, and the name of the object it made ("" in a folder), so that a reader that
     keeps the objects it has read (`report.review_data.DecisionCache`) need not list them to find it."""
     if decision.decision not in DECISIONS:
@@ -127,17 +123,12 @@ def record_named(location: Location, decision: Decision) -> tuple[Decision, str]
         raise ValueError(f"a note is at most {MAX_NOTE:,} characters, not {len(decision.note):,}")
     if not decision.at:
         decision = Decision(**{**asdict(decision), "at": now()})
-    line = _line(decision)
-    if isinstance(location, LocalFolder):
-        _append(location, line)
-        return decision, ""
     stamp = decision.at.replace(":", "").replace("-", "")
-    while not location.put_new(name := f"{REVIEW_PREFIX}{stamp}-{secrets.token_hex(6)}.json", line):
-        pass  # a name already taken (vanishingly rare): draw another random part
-    return decision, name
+    return decision, location.add_decision(decision_line(decision), stamp)
 
 
-def _line(decision: Decision) -> bytes:
+def decision_line(decision: Decision) -> bytes:
+    """A decision as the line (or object) that records it."""
     data = asdict(decision)
     if not decision.undo:
         del data["undo"]  # the usual line stays as it was
@@ -146,24 +137,6 @@ def _line(decision: Decision) -> bytes:
     if not decision.stars:
         del data["stars"]
     return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-
-
-def _append(folder: LocalFolder, line: bytes) -> None:
-    folder.root.mkdir(parents=True, exist_ok=True)
-    # review.jsonl linked out of OUT must not receive the decisions: refused, and a link
-    # made in its place after the check fails the open (O_NOFOLLOW).
-    path = confined(folder.root, REVIEW_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        # A line a crash cut short must not glue onto this one: start on a fresh line if needed.
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            line = b"\n" + line
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)  # releases the lock
 
 
 _REFUSED: set[tuple[str, int]] = set()
@@ -194,38 +167,29 @@ def parse_line(raw: bytes, where: str) -> Decision | None:
     return decision
 
 
-def iter_decisions(location: Location, bad: BadLine | None = None) -> Iterator[Decision]:
+def iter_decisions(location: Backend, bad: BadLine | None = None) -> Iterator[Decision]:
     """Every decision recorded in `location`, oldest first (lines that are not decisions skipped, those
     with an over-long note refused: `parse_line`; with `bad`, told the number of each line skipped, one
     over `storage.bounded`'s line bound too, which without `bad` is refused: `RecordError`)."""
-    if isinstance(location, LocalFolder):
-        path = location.root / REVIEW_FILE
-        lines = split_lines(location.get(REVIEW_FILE) or b"", path, bad)
-        chunks: Iterable[tuple[int, str, bytes | None]] = ((n, f"{path} line {n}", r) for n, r in lines)
-    else:  # one object per decision, read a few at a time, in the listing's order
-        names = location.list(REVIEW_PREFIX)
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            got = zip(names, pool.map(location.get, names), strict=True)
-            chunks = [(n, f"{location.url}/{name}", raw) for n, (name, raw) in enumerate(got, 1)]
-    for number, where, chunk in chunks:
-        if chunk is not None and (decision := parse_line(chunk, where)) is not None:
+    for number, where, chunk in location.decision_lines(bad):
+        if (decision := parse_line(chunk, where)) is not None:
             yield decision
-        elif bad is not None and chunk is not None:
+        elif bad is not None:
             bad(number)
 
 
-def read_decisions(location: Location) -> dict[str, Decision]:
+def read_decisions(location: Backend) -> dict[str, Decision]:
     """The decision in force for each image key, the record replayed (`History`): a `cleared` one
     included, so a caller sees that an image was reviewed then undone; `decided()` drops those."""
     return dict(replayed(location).in_force)
 
 
-def read_stars(location: Location) -> dict[str, int]:
+def read_stars(location: Backend) -> dict[str, int]:
     """The stars each rated image has now (the latest rating, whoever gave it: `History.stars`)."""
     return {key: rating.stars for key, rating in replayed(location).stars.items()}
 
 
-def replayed(location: Location) -> History:
+def replayed(location: Backend) -> History:
     """The location's whole record replayed (`History`)."""
     history = History()
     for decision in iter_decisions(location):
@@ -233,7 +197,7 @@ def replayed(location: Location) -> History:
     return history
 
 
-def decided(location: Location) -> dict[str, Decision]:
+def decided(location: Backend) -> dict[str, Decision]:
     """The images approved or rejected now (the last decision, unless it was `cleared` or a comment)."""
     return {key: d for key, d in read_decisions(location).items() if d.decision not in NOT_DECIDED}
 

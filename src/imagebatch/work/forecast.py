@@ -112,7 +112,7 @@ def forecast(
     """What `imagebatch run MANIFEST --out OUT [--retry-unknown] [--redo KINDS [--edit]]` would send now,
     request by request."""
     store = OutputStore(out)
-    in_use = store.in_use()
+    in_use = store.backend.in_use()
     last_key: dict[tuple[Any, Any, Any], str] = {}
 
     def note(ev: dict[str, Any]) -> None:

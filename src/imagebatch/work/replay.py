@@ -1,7 +1,7 @@
 """The replay: what the journal says of each idempotency key (`KeyState`), read event by event. A rerun
 starts from it, so the output location, not Prefect's database, is the record of what has been done.
 
-Kept apart from the writing side (`work.journal`) so that the rules of reading back (a new attempt
+Kept apart from the writing side (`work.store`) so that the rules of reading back (a new attempt
 supersedes an outcome, an answer whose files are all there is done) are read in one screen.
 """
 

@@ -1,37 +1,32 @@
-"""The output location (a local folder, or an object store's prefix): the source of truth for what has
-been done, as one facade, `OutputStore`, over its parts: who holds it (`work.holds`), the write-ahead
-journal and usage ledger (`work.journal`), their replay into each key's state (`work.replay`) and the
-files (`work.outputfiles`). Its bytes go through the storage seam (`storage.location.Location`); the
-files' names are `storage.layout`'s, and README "The output folder" describes them.
+"""A run's record in its output location (a local folder, or an object store's prefix), as the run speaks
+of it: the journal's events and outcomes, the usage ledger, each key's state replayed from them
+(`work.replay`), the output files, chains and conversations, results.csv and run.json. Where and how the
+bytes are kept, and who may write them, is the location's own business (`storage.backend.Backend`,
+`backend`); the names are `storage.layout`'s, and README "The output folder" describes them.
 
 A rerun reads the journal, not Prefect's database, so a copied output location resumes correctly.
 """
 
 from __future__ import annotations
 
-import tempfile
+import io
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from imagebatch.storage import layout
-from imagebatch.storage.appendlog import AppendLog, WriteWatch, read_jsonl
+from imagebatch.storage.appendlog import read_jsonl
+from imagebatch.storage.backend import Backend
 from imagebatch.storage.bounded import BadLine
+from imagebatch.storage.csvcells import read_csv, write_csv
 from imagebatch.storage.kinds import open_location
-from imagebatch.storage.location import (
-    LocalFolder,
-    Location,
-    OutputLockedError,
-    atomic_file,
-    write_atomic,
-)
-from imagebatch.work.holds import Holds
-from imagebatch.work.journal import Journal
-from imagebatch.work.outputfiles import OutputFiles
+from imagebatch.storage.location import OutputLockedError, atomic_file, json_object, write_atomic
 from imagebatch.work.replay import KeyState, replay
 from imagebatch.work.request_record import RESULT_COLUMNS, STATUSES, RequestRecord, Status, file_stem
 from imagebatch.work.runsummary import RunSummary, read_summary
+from imagebatch.work.thumbnails import keep_thumbnail
 
 if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
@@ -52,7 +47,7 @@ __all__ = [
 
 
 class OutputStore:
-    """Reads and writes one output location. Safe to share between the threads of one run.
+    """One output location's record. Safe to share between the threads of one run.
 
     `shard`: `I-of-N` for one shard of a sharded run (its own journal and usage file), else None.
     `clock`: the wall clock an object store's lease is timed by (tests inject one)."""
@@ -60,132 +55,110 @@ class OutputStore:
     def __init__(
         self, root: Path | str, shard: str | None = None, *, clock: Callable[[], float] | None = None
     ) -> None:
-        self.location: Location = open_location(root)
-        self.where = self.location.url
+        self.backend: Backend = open_location(root, shard, clock=clock)
+        """Where the bytes are, and who holds the place (`hold`, `shard_hold`, `in_use`, `sync`)."""
+        self.shard = shard
+        self.where = self.backend.url
         """The location as messages name it: a folder's path, or `s3://bucket/prefix` (no credential)."""
-        self._folder = self.location.root if isinstance(self.location, LocalFolder) else None
-        self.clock, self.shard = clock, shard
-        self._watch = WriteWatch()
-        self.log = AppendLog(self._watch)
-        self.holds = Holds(self.location, self._folder, shard, self._watch, clock)
-        self.wal = Journal(self.holds, self.log, shard)
-        self.journal_path, self.usage_path = self.wal.journal_path, self.wal.usage_path
-        self.files = OutputFiles(self.holds, self.log, shard)
-        self.images_dir, self.chains_dir = self.files.images_dir, self.files.chains_dir
-        self.conversations_path = self.files.conversations_path
-        self.results_path, self.run_path = self.files.results_path, self.files.run_path
 
-    @property
-    def root(self) -> Path:
-        """The local folder (an object store has none: what needs one asks the store instead)."""
-        return self.holds.root
-
-    @property
-    def is_object_store(self) -> bool:
-        return self._folder is None
-
-    @property
-    def spool_folder(self) -> Path:
-        """Where the run keeps its records until results.csv is written: the folder, or the machine's
-        temporary folder for an object store."""
-        return self._folder or Path(tempfile.gettempdir())
-
-    @property
-    def write_error(self) -> OSError | None:
-        """The first write that failed (a full disk, ...): the run stops dispatching at it."""
-        return self._watch.error
-
-    @property
-    def on_write_error(self) -> Callable[[OSError], None] | None:
-        return self._watch.on_error
-
-    @on_write_error.setter
-    def on_write_error(self, callback: Callable[[OSError], None] | None) -> None:
-        self._watch.on_error = callback
-
-    # -- holds (work.holds) --
-
-    def hold_and_merge(self) -> AbstractContextManager[None]:
-        return self.holds.hold_and_merge()
-
-    def hold_sharded(self, shards: int) -> AbstractContextManager[None]:
-        return self.holds.hold_sharded(shards)
-
-    def shard_hold(self) -> AbstractContextManager[None]:
-        return self.holds.shard_hold()
-
-    def in_use(self) -> str | None:
-        return self.holds.in_use()
-
-    def shard_held(self, shard: str) -> bool:
-        return self.holds.shard_held(shard)
-
-    def merge_shards(self) -> int:
-        return self.holds.merge_shards()
-
-    # -- journal, usage and replay (work.journal, work.replay) --
+    # -- the journal, the usage ledger and their replay --
 
     def journal(self, event: str, *, sync: bool = True, **fields: Any) -> None:
-        self.wal.write(event, sync=sync, **fields)
+        """Append an event to the write-ahead journal and make it durable before returning.
+
+        `sync=False` for a line a synced one will cover before it matters: the next sync of the journal
+        (any thread's) covers every line written before it, and `backend.sync` at the end of a run covers
+        the rest. A success's `attempt_finished` is followed by its synced `answered`, and its `outcome`
+        only repeats what `answered` and the files already say; each fsync saved is 1-4 ms of a request
+        thread's time between answer and next send (bench/README.md "Throughput")."""
+        self.backend.append(layout.JOURNAL, {"event": event, **fields}, sync=sync)
 
     def record_outcome(self, record: RequestRecord) -> None:
-        self.wal.record_outcome(record)
+        """Journal a request's outcome; a success's needs no sync of its own (its synced `answered` and
+        its files already make it done on replay, see `work.replay`)."""
+        self.journal("outcome", sync=record.status != "succeeded", **asdict(record))
 
     def append_usage(self, record: dict[str, Any]) -> None:
-        self.wal.append_usage(record)
-
-    def sync(self) -> None:
-        self.wal.sync()
+        """One usage line (an HTTP attempt), not synced: the next synced journal line covers it."""
+        self.backend.append(layout.USAGE_LEDGER, record, sync=False)
 
     def usage_lines(self, bad: BadLine | None = None) -> Iterator[dict[str, Any]]:
-        return self.wal.usage_lines(bad)
+        """The usage ledger: one line per HTTP attempt, every run into the location. With `bad`, told of
+        each line skipped as bad (`storage.bounded`); without, a line over the bound is refused."""
+        return self.backend.records(layout.USAGE_LEDGER, bad)
 
     def load_state(self, seen: Callable[[dict[str, Any]], None] | None = None) -> dict[str, KeyState]:
         """Replay the journal into the state of every idempotency key it names (`work.replay.replay`)."""
-        return replay(self.wal.events(), self.files.files_exist, seen)
 
-    # -- files (work.outputfiles) --
+        def files_exist(record: RequestRecord, settled: bool) -> bool:
+            return self.backend.files_exist(list(record.paths), settled)
 
-    def prepare(self) -> None:
-        self.files.prepare()
+        return replay(self.backend.records(layout.JOURNAL), files_exist, seen)
+
+    # -- files --
 
     def write_file(self, name: str, data: bytes) -> str:
-        return self.files.write_file(name, data)
+        """Write an output file under images/ whole; return its name relative to the location (a folder
+        refuses a path that a link leads out of OUT)."""
+        with self.backend.watch.writing():
+            self.backend.put(f"{layout.IMAGES_DIR}/{name}", data)
+        return f"{layout.IMAGES_DIR}/{name}"
 
     def thumbnail(self, rel: str, data: bytes) -> None:
-        self.files.thumbnail(rel, data)
+        """The report's thumbnail of the image `rel`, from its bytes still in memory (best effort)."""
+        keep_thumbnail(self.backend, rel, data)
 
     def chain_name(self, job_id: str, request_index: int) -> str:
-        return self.files.chain_name(job_id, request_index)
-
-    def chain_path(self, job_id: str, request_index: int) -> Path:
-        return self.files.chain_path(job_id, request_index)
+        """A chain's history, named relative to the output location."""
+        return f"{layout.CHAINS_DIR}/{job_id}/{request_index}.json"
 
     def save_chain(self, job_id: str, request_index: int, history: dict[str, Any]) -> None:
-        self.files.save_chain(job_id, request_index, history)
+        with self.backend.watch.writing():
+            self.backend.put(self.chain_name(job_id, request_index), json.dumps(history).encode())
 
     def load_chain(self, job_id: str, request_index: int) -> dict[str, Any] | None:
-        return self.files.load_chain(job_id, request_index)
+        data = self.backend.get(self.chain_name(job_id, request_index))
+        return None if data is None else json.loads(data)
 
     def save_conversation(self, req: PlannedRequest, conversation: dict[str, Any]) -> None:
-        self.files.save_conversation(req, conversation)
+        """Keep the conversation behind one native answer (`work.conversation`), not synced: one more sync
+        per request would cost a request thread 1-4 ms, and a conversation a power cut loses only makes
+        that image's later `--edit` a new sample (counted as "no kept history"), never a wrong request."""
+        stem = file_stem(req, bool(req.job.turns))
+        self.backend.keep_conversation(stem, req.idempotency_key, conversation)
 
     def load_conversation(self, req: PlannedRequest) -> dict[str, Any] | None:
-        return self.files.load_conversation(req)
+        """The conversation kept for `req`'s answer by an earlier run, or None (never kept, or unreadable)."""
+        data = self.backend.kept_conversation(file_stem(req, bool(req.job.turns)), req.idempotency_key)
+        loaded = None if data is None else json_object(data)
+        return loaded if loaded is not None and loaded.get("key") == req.idempotency_key else None
 
     def write_results(self, rows: Iterable[dict[str, Any]], metadata_columns: list[str]) -> None:
-        self.files.write_results(rows, metadata_columns)
+        """Write results.csv whole, row by row (no copy of the whole table in memory); cells that a
+        spreadsheet would run as a formula are neutralised (`csv_cell`; `read_csv` reads them back)."""
+        columns = list(RESULT_COLUMNS) + [c for c in metadata_columns if c not in RESULT_COLUMNS]
+        with self.backend.replacing(layout.RESULTS_CSV) as fh:
+            _write_csv_bytes(fh, columns, rows)
 
     def read_results(self, bad: BadLine | None = None) -> list[dict[str, str]] | None:
-        return self.files.read_results(bad)
+        """results.csv's rows, every cell as it was before the writer neutralised formulas (`csvcells`);
+        None when the location has none (no run has ended there). `bad`: as `csvcells.read_csv`'s."""
+        data = self.backend.get(layout.RESULTS_CSV)
+        if data is None:
+            return None
+        return list(read_csv(io.StringIO(data.decode("utf-8"), newline=""), bad=bad))
+
+    # -- run.json --
 
     def write_run(self, info: Mapping[str, Any] | RunSummary) -> None:
-        self.files.write_run(info)
+        """Write run.json, built as the model (`work.runsummary`) from what the run says of itself."""
+        summary = info if isinstance(info, RunSummary) else RunSummary.of(info)
+        self.backend.put(layout.RUN_JSON, summary.record())
 
     def read_run(self) -> RunSummary | None:
         """run.json through its model, or None when the location has none; `RunSummaryError` (one line
         naming the file and the field) for one the model refuses."""
-        return read_summary(self.location.get(layout.RUN_JSON), f"{self.where}/{layout.RUN_JSON}")
+        return read_summary(self.backend.get(layout.RUN_JSON), f"{self.where}/{layout.RUN_JSON}")
 
     def settle_dead_run(self, now: str) -> RunSummary | None:
         """A run.json that still says `running` while no run holds the location is a run whose process died
@@ -193,12 +166,17 @@ class OutputStore:
         time), and return what it says now; None when there was nothing to correct. A reader that may
         write (`imagebatch report`, the next run) calls it; one that may not (`validate --out`) does not."""
         info = self.read_run()
-        if info is None or info.state != "running" or self.in_use() is not None:
+        if info is None or info.state != "running" or self.backend.in_use() is not None:
             return None
         why = "its process ended without recording its end (killed, or its machine lost); a rerun resumes it"
         info = info.changed(state="crashed", stopped=why, noticed_at=now)
         self.write_run(info)
         return info
 
-    def write_top(self, name: str, data: bytes) -> None:
-        self.files.write_top(name, data)
+
+def _write_csv_bytes(fh: BinaryIO, columns: list[str], rows: Iterable[dict[str, Any]]) -> None:
+    """`write_csv` into a binary file, UTF-8, leaving it open (its owner syncs and closes it)."""
+    text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
+    write_csv(text, columns, rows)
+    text.flush()
+    text.detach()

@@ -1,9 +1,8 @@
 """The report's thumbnails: made as each image arrives (from its bytes still in memory), on two threads of
-their own, bounded in the pixels they decode; in a folder or uploaded to an object store."""
+their own, bounded in the pixels they decode; kept where the run's record is."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -15,8 +14,8 @@ from PIL import Image, ImageFile, JpegImagePlugin, PngImagePlugin
 from imagebatch.storage import layout
 from imagebatch.storage.location import OutsideRootError, confined, write_atomic
 
-if TYPE_CHECKING:  # obstore is imported only for a bucket (start-up)
-    from imagebatch.storage.objectstore import ObjectLocation
+if TYPE_CHECKING:
+    from imagebatch.storage.backend import Backend
 
 THUMB_SIDE = 256
 """The longest side of a thumbnail, in pixels."""
@@ -43,18 +42,6 @@ def thumbnailer() -> ThreadPoolExecutor:
         if _thumbnailer is None:
             _thumbnailer = ThreadPoolExecutor(THUMBNAIL_THREADS, thread_name_prefix="imagebatch-thumbnail")
         return _thumbnailer
-
-
-def make_thumbnail(out: Path, rel: str, data: bytes) -> None:
-    """Make the thumbnail of an image just written to `out/rel` from its bytes, still in memory: a run
-    makes each one as its image arrives (while the service works on the next), so the report at the end
-    reads no image again. Best effort: the report makes any that is missing."""
-    try:
-        thumbnailer().submit(
-            save_thumbnail, io.BytesIO(data), confined(out, f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg")
-        ).result()
-    except (OSError, ValueError, Image.DecompressionBombError):
-        pass
 
 
 THUMB_MAX_PIXELS = 24_000_000
@@ -146,14 +133,13 @@ def ensure_thumbnail(out: Path, source: Path, name: str) -> str | None:
     return target.relative_to(out).as_posix()
 
 
-def put_thumbnail(loc: ObjectLocation, rel: str, data: bytes) -> None:
-    """Make the thumbnail of the image `rel` from its bytes and upload it (best effort, as in a folder: the
-    report makes any that is missing)."""
-    name = f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg"
+def keep_thumbnail(place: Backend, rel: str, data: bytes) -> None:
+    """Make the thumbnail of the image `rel` from its bytes, still in memory, and keep it in `place`: a
+    run makes each one as its image arrives (while the service works on the next), so the report at the
+    end reads no image again. Best effort: the report makes any that is missing."""
     buf = io.BytesIO()
     try:
         thumbnailer().submit(save_thumbnail, io.BytesIO(data), buf).result()
     except (OSError, ValueError, Image.DecompressionBombError):
         return
-    with contextlib.suppress(OSError):
-        loc.put(name, buf.getvalue())
+    place.put_derived(f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg", buf.getvalue())

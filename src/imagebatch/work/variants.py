@@ -118,7 +118,7 @@ def with_variants(
     newest = _newest(states)
     if not newest and not redo:
         return units, frozenset(), None
-    decisions = decided(store.location) if redo else {}
+    decisions = decided(store.backend) if redo else {}
     summary = RedoSummary() if redo else None
     held: set[str] = set()
     out: list[Unit] = []
@@ -175,7 +175,7 @@ def rejected_requests(units: list[Unit], states: Mapping[str, KeyState], store: 
     """The planned keys (first samples) of the requests whose newest variant the journal knows has
     `rejected` as its decision in force: those `--redo rejected` makes a new variant of (`validate --out`
     counts them by this same rule)."""
-    decisions = decided(store.location)
+    decisions = decided(store.backend)
     if not any(d.decision == "rejected" for d in decisions.values()):
         return set()
     newest = _newest(states)
