@@ -237,7 +237,7 @@ def approved_before(root: Path, out: Path, job: str, reviewer: str = "alice") ->
     row with another prompt, so another key) made and approved, its image in `out` under the name a run
     gives it and its outcome in the journal, written by the project's own writers (`OutputStore`,
     `record_decision`). Returns the earlier key."""
-    from imagebatch.storage.location import LocalFolder
+    from imagebatch.storage.folder import FolderBackend
     from imagebatch.work.decisions import Decision, record_decision
     from imagebatch.work.store import OutputStore, RequestRecord, file_stem
 
@@ -248,12 +248,12 @@ def approved_before(root: Path, out: Path, job: str, reviewer: str = "alice") ->
     rel = f"images/{file_stem(req, False)}.png"
     (out / rel).write_bytes(product_png(2, (30, 140, 60)))
     store = OutputStore(out)
-    with store.hold_and_merge():
+    with store.backend.hold():
         record = RequestRecord(job, req.request_index, req.turn_index, "succeeded", req.model, "native",
                                req.idempotency_key, paths=[rel], images=1)  # fmt: skip
         store.record_outcome(record)
-        store.sync()
-    record_decision(LocalFolder(out), Decision(req.idempotency_key, 1, "approved", "", reviewer))
+        store.backend.sync()
+    record_decision(FolderBackend(out), Decision(req.idempotency_key, 1, "approved", "", reviewer))
     return req.idempotency_key
 
 

@@ -37,7 +37,7 @@ from imagebatch.delivery.export import export
 from imagebatch.delivery.options import ExportOptions
 from imagebatch.report import build_report
 from imagebatch.report.review import ReviewServer
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.work.decisions import decided
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(big: Path) -> Iterator[ReviewServer]:
-    with ReviewServer(LocalFolder(big), "carol", refresh_interval=0) as running:
+    with ReviewServer(FolderBackend(big), "carol", refresh_interval=0) as running:
         yield running
 
 
@@ -151,7 +151,7 @@ def test_a_sku_is_found_in_under_200_ms(browser: Any, server: ReviewServer) -> N
 def test_a_column_filter_and_mark_all_shown_approve_exactly_what_is_shown(
     browser: Any, server: ReviewServer
 ) -> None:
-    folder = LocalFolder(server.location.root)
+    folder = FolderBackend(server.location.root)
     before = {k for k, d in decided(folder).items() if d.decision == "approved"}
     keys = show(browser, server.url, "q=SKU-1001&c.colour=sand")  # SKU-10010 to SKU-10019, sand only
     assert 3 <= len(keys) <= 10
@@ -170,7 +170,7 @@ def test_two_reviewers_with_their_own_tokens_see_each_others_decisions_within_5_
 ) -> None:
     bob = chromium(tmp_path / "chromium-bob", 1440, 900)
     try:
-        with ReviewServer(LocalFolder(big), "host", host="127.0.0.2", reviewers=TEAM) as team:
+        with ReviewServer(FolderBackend(big), "host", host="127.0.0.2", reviewers=TEAM) as team:
             status, body = request(team.url, path="/api/changes?since=-1", headers={"Host": team.url[7:-1]})
             assert status == 401 and b"decisions" not in body  # no token: refused, nothing of the review
             browser.delete_all_cookies()
@@ -208,7 +208,7 @@ def test_a_3_candidate_job_is_picked_in_one_key_and_export_delivers_the_pick_onl
     assert titles(browser) == [f"{CANDIDATES} request {n}" for n in (1, 2, 3)]
     press(browser, "jp")  # the second candidate: picked, the two others not chosen
     saved(browser, 3)
-    folder = LocalFolder(server.location.root)
+    folder = FolderBackend(server.location.root)
     assert {k: decided(folder)[k].decision for k in keys} == {
         keys[0]: "not_chosen",
         keys[1]: "approved",
@@ -226,7 +226,7 @@ def test_a_3_candidate_job_is_picked_in_one_key_and_export_delivers_the_pick_onl
 
 def test_report_html_reflects_a_decision_within_a_minute(browser: Any, big: Path) -> None:
     with ReviewServer(
-        LocalFolder(big), "dana", refresh_interval=0, rebuild=lambda: build_report(big), report_interval=1.0
+        FolderBackend(big), "dana", refresh_interval=0, rebuild=lambda: build_report(big), report_interval=1.0
     ) as keeper:
         open_page(browser, f"{keeper.url}#q=p09876")
         press(browser, "a")

@@ -12,15 +12,15 @@ from helpers.runs import read_jsonl
 
 from imagebatch.report.review import ReviewServer
 from imagebatch.report.review_data import load_cards
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.storage.kinds import open_location
-from imagebatch.storage.location import LocalFolder
 from imagebatch.work.decisions import Decision, read_decisions, record_decision
 from imagebatch.work.store import OutputStore, RequestRecord
 
 
 def test_a_changed_rows_cards_carry_the_image_approved_for_its_earlier_prompt(tmp_path: Path) -> None:
     out = review_folder(tmp_path, requests=6, redone=2, variants=2)
-    folder = LocalFolder(out)
+    folder = FolderBackend(out)
     earlier = approved_before(tmp_path, out, "p002", reviewer="maria")
     found = load_cards(folder, approved=read_decisions(folder))
     with_history = {c.key: c.shown["h"] for c in found.cards if "h" in c.shown}
@@ -37,7 +37,7 @@ def test_a_changed_rows_cards_carry_the_image_approved_for_its_earlier_prompt(tm
 
 def test_only_an_approved_earlier_key_of_a_row_is_shown_the_latest_one(tmp_path: Path) -> None:
     out = review_folder(tmp_path, requests=4, redone=None)
-    folder = LocalFolder(out)
+    folder = FolderBackend(out)
     first = approved_before(tmp_path, out, "p001")
     current = {c.shown["t"]: c.key for c in load_cards(folder).cards}
     # An approval of a key results.csv still names is no history; nor is one the journal never named
@@ -57,8 +57,8 @@ def test_the_server_serves_the_earlier_image_and_nothing_else_by_an_old_key(tmp_
     out = review_folder(tmp_path, requests=4, redone=None)
     earlier = approved_before(tmp_path, out, "p001")
     rejected = approved_before(tmp_path, out, "p002")
-    record_decision(LocalFolder(out), Decision(rejected, 1, "rejected", "", "bob"))
-    with ReviewServer(LocalFolder(out), "alice") as server:
+    record_decision(FolderBackend(out), Decision(rejected, 1, "rejected", "", "bob"))
+    with ReviewServer(FolderBackend(out), "alice") as server:
         (rel,) = server.earlier[earlier]
         assert request(server.url, path=f"/image/{earlier}/0") == (200, (out / rel).read_bytes())
         assert request(server.url, path=f"/thumb/{earlier}/0")[0] == 200
@@ -80,11 +80,11 @@ def test_a_buckets_changed_row_shows_its_earlier_approved_image_from_the_journal
         if path.is_file() and path.name not in ("journal.jsonl", "review.jsonl", ".imagebatch.lock"):
             bucket.put(path.relative_to(out).as_posix(), path.read_bytes())
     store = OutputStore(url)
-    with store.hold_and_merge():
+    with store.backend.hold():
         for line in read_jsonl(out / "journal.jsonl"):
             if line.pop("event") == "outcome":
                 store.record_outcome(RequestRecord.from_json(line))
-        store.sync()
+        store.backend.sync()
     record_decision(bucket, Decision(earlier, 1, "approved", "", "maria"))
     found = load_cards(bucket, approved=read_decisions(bucket))
     assert [c.shown["h"] for c in found.cards if "h" in c.shown] == [[earlier, 1, "maria"]]

@@ -16,10 +16,10 @@ import imagebatch
 from imagebatch.delivery.export import export
 from imagebatch.report.review import ReviewServer
 from imagebatch.report.review_data import DecisionCache
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
+from imagebatch.storage.layout import REVIEW_FILE
 from imagebatch.work.decisions import (
     RATED,
-    REVIEW_FILE,
     Decision,
     History,
     decided,
@@ -52,7 +52,7 @@ def test_a_rating_reads_back_and_old_lines_without_stars_still_read() -> None:
 
 
 def test_ratings_stand_apart_from_decisions_and_the_latest_one_counts(tmp_path: Path) -> None:
-    folder = LocalFolder(tmp_path)
+    folder = FolderBackend(tmp_path)
     record_decision(folder, Decision("ib1-a", 1, "approved", "", "alice"))
     record_decision(folder, Decision("ib1-a", 1, RATED, "", "alice", stars=5))
     record_decision(folder, Decision("ib1-b", 1, RATED, "", "alice", stars=2))
@@ -76,7 +76,7 @@ def test_ratings_stand_apart_from_decisions_and_the_latest_one_counts(tmp_path: 
 
 
 def test_the_cache_tells_a_page_of_a_rating_changed_by_another_server(tmp_path: Path) -> None:
-    folder = LocalFolder(tmp_path)
+    folder = FolderBackend(tmp_path)
     cache = DecisionCache(folder, interval=0)
     version, changed, stars = cache.changes(-1)
     assert (changed, stars) == ({}, {})
@@ -89,7 +89,7 @@ def test_the_cache_tells_a_page_of_a_rating_changed_by_another_server(tmp_path: 
 
 def test_the_server_records_a_rating_and_refuses_a_hostile_one(tmp_path: Path) -> None:
     out = review_folder(tmp_path, requests=3, redone=None)
-    with ReviewServer(LocalFolder(out), "alice") as server:
+    with ReviewServer(FolderBackend(out), "alice") as server:
         key = next(iter(server.cards))
         for stars in (0, 6, "5", 1e9, 4.5, True, None):
             status, answer = server.decide({"key": key, "decision": RATED, "stars": stars})
@@ -107,7 +107,7 @@ def test_export_csv_and_results_carry_the_stars(tmp_path: Path) -> None:
     out = review_folder(tmp_path, requests=3, redone=None)
     with (out / "results.csv").open(newline="") as fh:
         keys = [row["idempotency_key"] for row in csv.DictReader(fh) if row["status"] == "succeeded"]
-    folder = LocalFolder(out)
+    folder = FolderBackend(out)
     record_decision(folder, Decision(keys[0], 1, "approved", "", "alice"))
     record_decision(folder, Decision(keys[0], 1, RATED, "", "alice", stars=5))
     record_decision(folder, Decision(keys[0], 1, RATED, "", "bob", stars=2))

@@ -24,7 +24,7 @@ from helpers.runs import read_jsonl
 from selenium.webdriver.support.ui import Select
 
 from imagebatch.report.review import ReviewServer
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.work.decisions import RATED, Decision, record_decision
 
 BEFORE = "approved before, for the earlier prompt"
@@ -40,7 +40,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def test_a_changed_row_shows_the_image_approved_for_its_earlier_prompt(browser: Any, tmp_path: Path) -> None:
     out = review_folder(tmp_path, requests=6, redone=None)
     earlier = approved_before(tmp_path, out, "p002", reviewer="maria")
-    with ReviewServer(LocalFolder(out), "carol") as server:
+    with ReviewServer(FolderBackend(out), "carol") as server:
         order = open_page(browser, server.url)
         key = next(k for k, card in server.cards.items() if card.shown["t"] == "p002")
         card = f".card[data-key='{key}']"
@@ -82,7 +82,7 @@ def test_stars_by_key_shown_filtered_in_the_address_and_the_latest_rating_counts
     browser: Any, tmp_path: Path
 ) -> None:
     out = review_folder(tmp_path, requests=6, redone=None)
-    with ReviewServer(LocalFolder(out), "carol", refresh_interval=0) as server:
+    with ReviewServer(FolderBackend(out), "carol", refresh_interval=0) as server:
         order = open_page(browser, server.url)
         for n, keys in enumerate(("5", "j3", "j4", "j1")):
             press(browser, keys)
@@ -107,7 +107,7 @@ def test_stars_by_key_shown_filtered_in_the_address_and_the_latest_rating_counts
         until(browser, lambda d: js(d, "document.body.dataset.ready") == "1", "reloaded")
         assert view_keys(browser) == [order[0], order[2]]
         # Another reviewer's later rating counts (the last, as for decisions), and reaches this page
-        record_decision(LocalFolder(out), Decision(order[0], 1, RATED, "", "bob", stars=2))
+        record_decision(FolderBackend(out), Decision(order[0], 1, RATED, "", "bob", stars=2))
         browser.execute_script("window.dispatchEvent(new Event('focus'))")
         until(browser, lambda d: view_keys(d) == [order[2]], "bob's rating")
         Select(browser.find_element("id", "starfilter")).select_by_value("none")

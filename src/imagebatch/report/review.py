@@ -84,6 +84,7 @@ from imagebatch.report.review_page import inline_json, render_page
 from imagebatch.report.review_report import REPORT_INTERVAL, ReportKeeper
 from imagebatch.storage import layout
 from imagebatch.storage.backend import Backend
+from imagebatch.storage.bounded import RecordError
 from imagebatch.storage.location import LocalFolder
 from imagebatch.work.decisions import DECISIONS, RATED, STARS, Decision
 from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail, thumb_name
@@ -379,6 +380,8 @@ def serve_review(
     host = settings.get("host", HOST)
     try:
         server = ReviewServer(location, reviewer, port, show=show, group_by=group_by, **settings)
+    except RecordError:  # an OSError too, but about a record, not the address
+        raise
     except OSError as exc:
         raise ReviewError(f"cannot listen on {url_host(host, port)}: {exc.strerror or exc}") from None
     stop = threading.Event()
