@@ -204,6 +204,10 @@ class Backend(Location, Protocol):
         None if it cannot. A bucket only reads the one a run made, else the source itself if it is the
         location's (the name says which), else None: nothing is fetched to be made there."""
 
+    def link(self, name: str) -> str | None:
+        """Where a person on another machine opens `name`: an object's URL (a bucket is reached from
+        anywhere its credentials are); None for a folder's file, which is on this machine's disk only."""
+
     def links(self, names: Iterable[str]) -> list[str]:
         """Those of `names` that are symbolic links (none for objects)."""
 

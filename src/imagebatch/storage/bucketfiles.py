@@ -81,6 +81,9 @@ class BucketFiles(ObjectLocation):
     def plain_file(self, name: str) -> bool:
         return True
 
+    def link(self, name: str) -> str | None:
+        return f"{self.url}/{name}"
+
     def image(self, name: str) -> bytes | None:
         return self.get(name)
 

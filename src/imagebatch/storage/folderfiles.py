@@ -91,6 +91,9 @@ class FolderFiles(LocalFolder):
     def links(self, names: Iterable[str]) -> list[str]:
         return [name for name in names if (self.root / name).is_symlink()]
 
+    def link(self, name: str) -> str | None:
+        return None
+
     def image(self, name: str) -> bytes | None:
         source = served_file(self.root, name)
         return None if source is None else source.read_bytes()
