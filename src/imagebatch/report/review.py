@@ -83,6 +83,7 @@ from imagebatch.report.review_report import REPORT_INTERVAL, ReportKeeper
 from imagebatch.storage import layout
 from imagebatch.storage.backend import Backend
 from imagebatch.storage.bounded import RecordError
+from imagebatch.words import counted
 from imagebatch.work.decisions import DECISIONS, RATED, STARS, Decision
 from imagebatch.work.thumbnails import save_thumbnail, thumb_name
 
@@ -196,10 +197,10 @@ class ReviewServer:
             self._cards_json = inline_json([card.shown for card in found.cards])
             without, refused = found.without, found.refused
             aside = (
-                [f"{_count(without, 'request')} without an image not shown (report.html)"] if without else []
+                [f"{counted(without, 'request')} without an image not shown (report.html)"] if without else []
             )
             if refused:
-                aside.append(f"{_count(refused, 'image name')} outside images/ not served")
+                aside.append(f"{counted(refused, 'image name')} outside images/ not served")
             self.aside = "; ".join(aside)
             self._cards_seen = seen
 
@@ -338,10 +339,6 @@ def _who(server: ReviewServer) -> str:
     if not names:
         return f"reviewer {server.reviewer}"
     return f"reviewers {', '.join(names)}, each signing in at {server.url}?token=THEIR-TOKEN"
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
 def serve_review(
