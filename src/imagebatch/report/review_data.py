@@ -110,18 +110,12 @@ def _chosen(header: list[str], show: Sequence[str] | None, group_by: str | None)
     return list(show) if show is not None else metadata_columns(header)
 
 
-_REFERENCES = threading.Lock()
-"""Many cards share a reference image: one thread makes its thumbnail while the others wait, rather than
-read it half written (`ensure_thumbnail` writes in place)."""
-
-
 def reference_thumbnail(location: Backend, ref: str) -> bytes | None:
     """The thumbnail of a request's reference image (or mask) `ref` as the report names it, in the output
     location's thumbs/; in a folder, made there from the manifest's file if missing (the reference itself
     is never served). None if there is none."""
     name = f"{layout.THUMBS_DIR}/{ref_thumb_name(ref)}.jpg"
-    with _REFERENCES:
-        made = location.thumbnail(name, None if is_url(ref) else Path(ref), save_thumbnail)
+    made = location.thumbnail(name, None if is_url(ref) else Path(ref), save_thumbnail)
     return None if made is None else made[0]
 
 

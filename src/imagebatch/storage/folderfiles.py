@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -20,6 +21,11 @@ from imagebatch.storage.location import LocalFolder, OutputLockedError, OutsideR
 
 if TYPE_CHECKING:
     from imagebatch.storage.backend import MakeThumbnail, Served
+
+
+_SHARED_SOURCE = threading.Lock()
+"""Many cards share a reference image (a source outside the folder): one thread makes its thumbnail while
+the others wait, rather than each make it again."""
 
 
 class FolderFiles(LocalFolder):
@@ -106,8 +112,9 @@ class FolderFiles(LocalFolder):
             return None
         target = confined(self.root, name)
         try:
-            if not target.exists() or target.stat().st_mtime < real.stat().st_mtime:
-                make(real, target)
+            with _SHARED_SOURCE if isinstance(source, Path) else contextlib.nullcontext():
+                if not target.exists() or target.stat().st_mtime < real.stat().st_mtime:
+                    make(real, target)
         except (OSError, ValueError):  # not a readable image, or too large to thumbnail
             return None
         thumb = served_file(self.root, name)
