@@ -30,7 +30,7 @@ def test_init_writes_the_examples_and_says_what_next(tmp_path: Path, capsys: Any
     assert _tree(target) == expected()
     assert {"catalog.csv", "mixed.json", "social.jsonl", "images/product.png"} <= set(expected())
     assert out.splitlines() == [
-        f"{len(expected())} example file(s) written to {target} (0 already there)",
+        f"{len(expected())} example files written to {target} (0 already there)",
         f"next: imagebatch run {target / 'catalog.csv'} --out {target / 'out'}",
     ]
 
@@ -40,7 +40,7 @@ def test_init_again_leaves_identical_files_and_a_users_own(tmp_path: Path, capsy
     (tmp_path / "notes.txt").write_text("mine")
     code, out, _ = cli(capsys, "init", str(tmp_path))
     assert code == EXIT_OK
-    assert out.splitlines()[0] == f"0 example file(s) written to {tmp_path} ({len(expected())} already there)"
+    assert out.splitlines()[0] == f"0 example files written to {tmp_path} ({len(expected())} already there)"
     assert _tree(tmp_path) == expected() | {"notes.txt": b"mine"}
 
 
@@ -51,7 +51,7 @@ def test_init_over_a_different_file_writes_nothing_and_exits_2(tmp_path: Path, c
     assert (code, out) == (EXIT_USAGE, "")
     assert err.splitlines() == [
         f"imagebatch init: {tmp_path / 'images' / 'logo.png'} exists and is not the example's; nothing was "
-        "written (choose another DIR, or move 1 file(s) away)"
+        "written (choose another DIR, or move 1 file away)"
     ]
     assert _tree(tmp_path) == {"images/logo.png": b"my logo"}
 

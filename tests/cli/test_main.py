@@ -131,7 +131,7 @@ def test_run_prints_a_summary_keeps_the_key_out_and_a_rerun_skips_everything(
     out_dir = tmp_path / "out"
     code, out, err = cli(capsys, "run", manifest, "--out", str(out_dir))
     assert code == EXIT_OK, err
-    assert f"imagebatch: 6 request(s) -> {out_dir.resolve()}" in out
+    assert f"imagebatch: 6 requests -> {out_dir.resolve()}" in out
     assert summary_counts(out) == {"succeeded": 6}, out
     assert "embedded emulator" not in err  # an address is configured
     rows = read_results(out_dir)
@@ -208,7 +208,7 @@ def test_run_with_a_dropped_answer_reports_unknown(
     assert code == EXIT_INCOMPLETE
     assert summary_counts(out) == {"succeeded": 5, "unknown": 1}, out
     assert [r["status"] for r in read_results(out_dir)][3] == "unknown"
-    assert "1 request(s) have an unknown outcome" in err and "--retry-unknown" in err
+    assert "1 request ended with an unknown outcome" in err and "--retry-unknown" in err
 
 
 def test_run_on_the_embedded_emulator_says_so(
@@ -222,7 +222,7 @@ def test_run_on_the_embedded_emulator_says_so(
     notices = [line for line in err.splitlines() if "embedded emulator" in line]
     assert len(notices) == 1 and "placeholders" in notices[0]
     assert [r["status"] for r in read_results(out_dir)] == ["succeeded"] * 6
-    assert "imagebatch: 6 request(s)" in out
+    assert "imagebatch: 6 requests" in out
 
 
 # --- emulator --------------------------------------------------------------------------------------------

@@ -104,5 +104,5 @@ def test_a_run_refused_by_its_flow_says_so_in_one_line(
     assert second.returncode == 2 and stdout == "", err
     assert err.strip().splitlines() == [refusal]
     assert first.returncode == 0, first_err
-    assert f"{ROWS} request(s)" in first_out
+    assert f"{ROWS} requests" in first_out
     assert len(service_env.requests()) == ROWS  # the first run's, each once

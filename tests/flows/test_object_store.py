@@ -41,7 +41,7 @@ def test_a_run_into_a_bucket_writes_every_record_and_its_rerun_sends_nothing(
     assert run["state"] == "finished" and run["out"] == url
     assert "report.html" in objects and any(n.startswith("thumbs/") for n in objects)
     assert "usage-summary.csv" in objects and ".imagebatch.lease" in objects
-    assert f"imagebatch: {len(rows)} request(s) -> {url}" in out
+    assert f"imagebatch: {len(rows)} requests -> {url}" in out
     # The API key and the store's secret are in no object.
     for name, data in objects.items():
         assert service_env.api_key.encode() not in data, name

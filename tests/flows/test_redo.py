@@ -344,7 +344,7 @@ def test_an_edit_redo_into_a_bucket_from_the_command_line(
 
     code, out, err = cli(capsys, "run", str(manifest), "--out", url, "--redo", "rejected", "--edit")
     assert code == 0, err
-    assert "redo: 1 variant(s) to send (1 rejected), 1 as edits with the reviewer's note" in out
+    assert "redo: 1 variant to send (1 rejected), 1 as edits with the reviewer's note" in out
     v2 = variant_of(reqs["s0", 0], 2)
     assert sent_keys(service_env, before) == Counter([v2.idempotency_key])
     sent = log_of(service_env, v2.idempotency_key)
@@ -382,13 +382,13 @@ def test_redo_no_image_sends_exactly_those_requests(
     code, text, err = cli(capsys, *argv, "--redo", "no_image")
     assert code == 0, err  # each request is what its newest variant is: done (issue 32 #5)
     assert sent_keys(service_env, before) == Counter(variant_of(r, 2).idempotency_key for r in blank)
-    assert "redo: 2 variant(s) to send (2 no_image)" in text, text + err
+    assert "redo: 2 variants to send (2 no_image)" in text, text + err
     assert rows_of(tmp_path / "out", "n0") == [("0", "2", "succeeded"), ("0", "1", "no_image")]
     assert rows_of(tmp_path / "out", "n1") == [("0", "1", "skipped")]
 
     sent = len(service_env.requests())
     code, text, _ = cli(capsys, *argv, "--redo", "no_image,rejected")  # their newest variant succeeded
-    assert len(service_env.requests()) == sent and "redo: 0 variant(s) to send" in text
+    assert len(service_env.requests()) == sent and "redo: 0 variants to send" in text
     code, _, err = cli(capsys, *argv)  # the nightly rerun: nothing sent, and no longer failed by n0, n2
     assert code == 0 and len(service_env.requests()) == sent, err
     assert json.loads((tmp_path / "out" / "run.json").read_text())["superseded"] == 2

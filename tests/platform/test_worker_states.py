@@ -191,7 +191,7 @@ def test_one_no_image_ends_failed_and_allow_failures_makes_it_completed(scene: C
         run["state"]["message"]
         == f"imagebatch: 1 of {ROWS} requests not done ({ROWS - 1} succeeded, 1 no_image)"
     )
-    logs = here.wait_log(run["id"], 30, "1 request(s) were answered without an image (no_image)")
+    logs = here.wait_log(run["id"], 30, "1 request came back without an image (no_image)")
     assert any(log["level"] == 40 and log["message"].startswith(f"Failed: 1 of {ROWS}") for log in logs)
     assert not [log for log in logs if log["task_run_id"] and log["message"].startswith("Finished in state")]
     _quiet_and_true(logs, here.worker_log.read_text(errors="replace"))

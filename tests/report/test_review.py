@@ -378,6 +378,12 @@ def test_a_bucket_is_reviewed_through_its_location(s3: Any, tmp_path: Path) -> N
         thumb = location.get(f"thumbs/{card.images[0].removeprefix('images/').replace('/', '__')}.jpg")
         assert request(server.url, path=f"/thumb/{key}/0") == (200, thumb)
         assert request(server.url, path=f"/image/{key}/0") == (200, location.get(card.images[0]))
+        # A thumbnail the run did not make: the image itself, and none is made in the bucket.
+        last = list(server.cards.values())[-1]
+        made = f"thumbs/{last.images[0].removeprefix('images/').replace('/', '__')}.jpg"
+        location.delete(made)
+        assert request(server.url, path=f"/thumb/{last.key}/0") == (200, location.get(last.images[0]))
+        assert location.get(made) is None
         # Another reviewer's decision, recorded straight into the bucket, reaches the page.
         other = list(server.cards)[1]
         record_decision(location, Decision(other, 1, "rejected", "", "bob"))

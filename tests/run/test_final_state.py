@@ -208,7 +208,7 @@ def test_a_run_with_one_no_image_ends_failed_with_its_counts_and_a_warning(
     assert state.message == "imagebatch: 1 of 4 requests not done (3 succeeded, 1 no_image)"
     logs, tasks = _server_logs_and_task_states(summary["prefect"]["flow_run_id"], "without an image")
     warnings = [log["message"] for log in logs if log["level"] == logging.WARNING]
-    assert any("1 request(s) were answered without an image" in w for w in warnings), warnings
+    assert any("1 request came back without an image" in w for w in warnings), warnings
     assert any(log["level"] == logging.ERROR and log["message"].startswith("Failed: 1 of 4") for log in logs)
     assert [log["level"] for log in logs if log["level"] >= logging.ERROR] == [logging.ERROR]  # the verdict
     assert not [log for log in logs if "NoneType: None" in log["message"] or "Traceback" in log["message"]]
@@ -309,8 +309,8 @@ def test_the_terminal_says_each_kind_of_problem_once_without_errors(
     assert code == 1
     for noise in ("ERROR", "NoneType: None", "Traceback", "Task run failed"):
         assert noise not in err, err
-    assert err.count("6 request(s) were answered without an image") == 1, err
-    assert err.count("1 request(s) failed on HTTP 429") == 1, err
+    assert err.count("6 requests came back without an image") == 1, err
+    assert err.count("1 request failed on HTTP 429") == 1, err
 
 
 @pytest.mark.parametrize("ends", ["summary", "refused", "no summary"])

@@ -152,7 +152,7 @@ def test_a_loop_of_links_is_refused_as_leaving_not_a_traceback(tmp_path: Path) -
     (root / "b").symlink_to(root / "a")
     with pytest.raises(OutsideRootError):
         confined(root, "a/x.png")
-    from imagebatch.report.review_data import confined as served
+    from imagebatch.storage.folderfiles import served_path as served
 
     assert served(root, "a/x.png") is None
 

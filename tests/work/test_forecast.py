@@ -320,7 +320,7 @@ def test_validate_plans_and_prices_a_redo_and_sends_nothing(
     assert len(service_env.requests()) == sent and snapshot(out) == before  # nothing sent, nothing written
     assert table == {"redo": (3, 3), "rejected": (3, 0), "done": (2, 0), "total": (8, 3)}
     assert (
-        "redo: 3 variant(s) to send (3 rejected), 1 as edits with the reviewer's note; 2 made as new samples "
+        "redo: 3 variants to send (3 rejected), 1 as edits with the reviewer's note; 2 made as new samples "
         "instead of edits (1 no note, 1 not the native route)"
     ) in text
     assert f"  {'native-image-2':<24} 0.08 EUR" in text and f"  {'total':<24} 0.33 EUR" in text

@@ -114,7 +114,7 @@ def test_edit_falls_back_to_a_new_sample_where_there_is_no_image_to_edit(
     assert summary is not None and summary.edits == 0
     assert summary.fallback == {"no image to edit": 2}
     line = describe(summary.info())
-    assert line.startswith("redo: 2 variant(s) to send (1 failed, 1 no_image)")
+    assert line.startswith("redo: 2 variants to send (1 failed, 1 no_image)")
     assert "2 made as new samples instead of edits (2 no image to edit)" in line
 
 

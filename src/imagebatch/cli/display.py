@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from imagebatch.run.exit_codes import EXIT_INCOMPLETE, EXIT_OK, exit_code_for
+from imagebatch.words import counted
 from imagebatch.work.prices import money
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def print_usage(console: Console, usage: list[dict[str, Any]]) -> None:
 
 
 def print_summary(console: Console, info: dict[str, Any]) -> None:
-    console.print(f"imagebatch: {info['requests']} request(s) -> {info['out']}", markup=False)
+    console.print(f"imagebatch: {counted(info['requests'], 'request')} -> {info['out']}", markup=False)
     table = Table()
     table.add_column("status")
     table.add_column("requests", justify="right")

@@ -22,6 +22,7 @@ from typing import Any
 
 from imagebatch.cli.common import command
 from imagebatch.run.exit_codes import EXIT_OK, EXIT_USAGE
+from imagebatch.words import counted
 
 NOT_WRITTEN = frozenset({"README.md", "make_images.py"})
 """The examples folder's files that are about the repository, not examples."""
@@ -66,7 +67,7 @@ def init_command(args: argparse.Namespace) -> int:
     if clashes:
         print(
             f"imagebatch init: {target / clashes[0]} exists and is not the example's; nothing was written "
-            f"(choose another DIR, or move {len(clashes)} file(s) away)",
+            f"(choose another DIR, or move {counted(len(clashes), 'file')} away)",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -78,7 +79,7 @@ def init_command(args: argparse.Namespace) -> int:
     except OSError as exc:  # a folder that cannot be written: what was written is whole, and the example's
         print(f"imagebatch init: cannot write into {target}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"{written} example file(s) written to {target} ({len(wanted) - written} already there)")
+    print(f"{counted(written, 'example file')} written to {target} ({len(wanted) - written} already there)")
     print(f"next: imagebatch run {target / 'catalog.csv'} --out {target / 'out'}")
     return EXIT_OK
 

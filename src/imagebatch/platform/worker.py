@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from imagebatch.run.constants import WORKER_GRACE
+from imagebatch.words import counted
 
 GRACE = WORKER_GRACE
 """Seconds to wait for the flow runs to end after their SIGTERM (`run.constants.WORKER_GRACE`)."""
@@ -123,7 +124,7 @@ class Drain:
                 self._send(pid, signal.SIGTERM)
             self.deadline = self.clock() + self.grace
             print(
-                f"imagebatch worker: stopping {len(self.draining)} flow run(s) gracefully (up to "
+                f"imagebatch worker: stopping {counted(len(self.draining), 'flow run')} gracefully (up to "
                 f"{self.grace:g} s), then the worker",
                 file=sys.stderr,
                 flush=True,

@@ -75,9 +75,7 @@ from imagebatch.report.review_data import (
     ReviewError,
     decision_json,
     load_cards,
-    local_file,
     reference_thumbnail,
-    thumbs_confined,
 )
 from imagebatch.report.review_http import LISTEN_BACKLOG, ReviewHTTPServer
 from imagebatch.report.review_page import inline_json, render_page
@@ -85,9 +83,9 @@ from imagebatch.report.review_report import REPORT_INTERVAL, ReportKeeper
 from imagebatch.storage import layout
 from imagebatch.storage.backend import Backend
 from imagebatch.storage.bounded import RecordError
-from imagebatch.storage.location import LocalFolder
+from imagebatch.words import counted
 from imagebatch.work.decisions import DECISIONS, RATED, STARS, Decision
-from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail, thumb_name
+from imagebatch.work.thumbnails import save_thumbnail, thumb_name
 
 HOST = "127.0.0.1"
 CONTENT_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
@@ -199,10 +197,10 @@ class ReviewServer:
             self._cards_json = inline_json([card.shown for card in found.cards])
             without, refused = found.without, found.refused
             aside = (
-                [f"{_count(without, 'request')} without an image not shown (report.html)"] if without else []
+                [f"{counted(without, 'request')} without an image not shown (report.html)"] if without else []
             )
             if refused:
-                aside.append(f"{_count(refused, 'image name')} outside images/ not served")
+                aside.append(f"{counted(refused, 'image name')} outside images/ not served")
             self.aside = "; ".join(aside)
             self._cards_seen = seen
 
@@ -295,12 +293,14 @@ class ReviewServer:
         if (n := ascii_number(number)) is None or n >= len(images):
             return None
         rel = images[n]
-        if isinstance(self.location, LocalFolder):
-            return _local_image(self.location.root, rel, thumbnail)
-        if thumbnail and (data := self.location.get(f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg")):
-            return data, "image/jpeg"
-        data = self.location.get(rel)
-        return None if data is None else (data, CONTENT_TYPES[Path(rel).suffix])
+        if not thumbnail:
+            data = self.location.image(rel)
+            return None if data is None else (data, CONTENT_TYPES[Path(rel).suffix])
+        # The report's own thumbnail (made in place if missing, where OUT is a folder; never a file that
+        # leads out of OUT), or where none can be made, the image itself.
+        name = f"{layout.THUMBS_DIR}/{thumb_name(rel)}.jpg"
+        served = self.location.thumbnail(name, rel, save_thumbnail)
+        return None if served is None else (served[0], CONTENT_TYPES[Path(served[1]).suffix])
 
     def undo_stack(self, reviewer: str) -> list[dict[str, Any]]:
         """What `reviewer` (or, if empty, this server's reviewer) can still undo, oldest first: each card's
@@ -339,28 +339,6 @@ def _who(server: ReviewServer) -> str:
     if not names:
         return f"reviewer {server.reviewer}"
     return f"reviewers {', '.join(names)}, each signing in at {server.url}?token=THEIR-TOKEN"
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n:,} {what}{'' if n == 1 else 's'}"
-
-
-def _local_image(root: Path, rel: str, thumbnail: bool) -> tuple[bytes, str] | None:
-    source = local_file(root, rel)
-    if source is None:
-        return None
-    if thumbnail:
-        # The report's own thumbnail, made once into thumbs/ if missing; never through a symlink out of OUT.
-        name = thumb_name(rel)
-        if not thumbs_confined(root, f"{layout.THUMBS_DIR}/{name}.jpg"):
-            return None
-        try:
-            made = ensure_thumbnail(root, source, name)
-        except TooLarge:
-            return None
-        thumb = local_file(root, made) if made else None
-        return None if thumb is None else (thumb.read_bytes(), "image/jpeg")
-    return source.read_bytes(), CONTENT_TYPES[Path(rel).suffix]
 
 
 def serve_review(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,12 +31,10 @@ from imagebatch.report.setstate import request_of, status_label, superseded, var
 from imagebatch.storage import layout
 from imagebatch.storage.backend import Backend
 from imagebatch.storage.csvcells import csv_value, read_csv
-from imagebatch.storage.location import LocalFolder
-from imagebatch.storage.location import confined as storage_confined
 from imagebatch.work.decisions import Decision, History, decision_line, parse_line, record_named
 from imagebatch.work.runsummary import read_summary
 from imagebatch.work.store import RESULT_COLUMNS
-from imagebatch.work.thumbnails import TooLarge, ensure_thumbnail
+from imagebatch.work.thumbnails import save_thumbnail
 
 PROMPT_SHOWN = 400
 """A card shows at most this many characters of its prompt (the page holds every card's data)."""
@@ -68,7 +65,7 @@ class ReviewCard:
 def safe_name(rel: str) -> bool:
     """Whether an image name from results.csv may be served: relative, under `images/`, plain parts
     (no `..`, `.`, empty part, backslash or control character). A local file is also checked for where
-    it really is (`local_file`)."""
+    it really is (`Backend.image`: never a file that leads out)."""
     path = PurePosixPath(rel)
     return (
         path.as_posix() == rel
@@ -79,21 +76,6 @@ def safe_name(rel: str) -> bool:
         and "\\" not in rel
         and all(ch >= " " and ch != "\x7f" for ch in rel)
     )
-
-
-def confined(root: Path, rel: str) -> Path | None:
-    """What `root/rel` really is (symlinks resolved), or None if it is missing or lies outside `root` (a
-    symlink out of the output folder is refused)."""
-    try:  # the rule every write into OUT follows too (`storage.confined`), then the file must exist
-        return storage_confined(root, rel).resolve(strict=True)
-    except (OSError, RuntimeError):  # outside, missing, or a symlink loop
-        return None
-
-
-def local_file(root: Path, rel: str) -> Path | None:
-    """The regular file `root/rel` really is, if it is one and inside `root` (`confined`)."""
-    real = confined(root, rel)
-    return real if real is not None and real.is_file() else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,36 +110,13 @@ def _chosen(header: list[str], show: Sequence[str] | None, group_by: str | None)
     return list(show) if show is not None else metadata_columns(header)
 
 
-def thumbs_confined(root: Path, place: str) -> bool:
-    """Whether thumbs/ and the thumbnail `place` in it, where they exist, lie inside `root` (no symlink
-    out of the output folder)."""
-    return not any(
-        os.path.lexists(root / p) and confined(root, p) is None for p in (layout.THUMBS_DIR, place)
-    )
-
-
-_REFERENCES = threading.Lock()
-"""Many cards share a reference image: one thread makes its thumbnail while the others wait, rather than
-read it half written (`ensure_thumbnail` writes in place)."""
-
-
 def reference_thumbnail(location: Backend, ref: str) -> bytes | None:
     """The thumbnail of a request's reference image (or mask) `ref` as the report names it, in the output
     location's thumbs/; in a folder, made there from the manifest's file if missing (the reference itself
     is never served). None if there is none."""
     name = f"{layout.THUMBS_DIR}/{ref_thumb_name(ref)}.jpg"
-    if not isinstance(location, LocalFolder):
-        return location.get(name)
-    root = location.root
-    if is_url(ref) or not thumbs_confined(root, name):
-        return None
-    with _REFERENCES:
-        try:
-            made = ensure_thumbnail(root, Path(ref), ref_thumb_name(ref))
-        except TooLarge:
-            return None
-        thumb = local_file(root, made) if made else None
-        return None if thumb is None else thumb.read_bytes()
+    made = location.thumbnail(name, None if is_url(ref) else Path(ref), save_thumbnail)
+    return None if made is None else made[0]
 
 
 def load_cards(

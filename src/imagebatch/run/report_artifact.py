@@ -33,7 +33,7 @@ from typing import Any
 
 from imagebatch.gateway.constants import AWS_ENDPOINT_URL, AWS_REGIONS
 from imagebatch.storage import layout
-from imagebatch.storage.location import confined, is_object_url, write_atomic
+from imagebatch.storage.location import confined, write_atomic
 from imagebatch.work.outcome import DONE, tally
 from imagebatch.work.store import STATUSES, RequestRecord
 
@@ -114,10 +114,15 @@ def review_line(out: str, records: Iterable[RequestRecord]) -> str:
 
 
 def report_markdown(
-    info: dict[str, Any], where: str | None, short: list[RequestRecord], review: str | None = None
+    info: dict[str, Any],
+    where: str | None,
+    short: list[RequestRecord],
+    review: str | None = None,
+    link: str | None = None,
 ) -> str:
     """The artifact: counts, stop reason, the review's counts, the first requests not done, and where
-    the report is."""
+    the report is: `link`, where a person elsewhere opens it (`Backend.link`), else `where` on this
+    machine."""
     counts = info["counts"]
     lines = [f"# imagebatch report: {Path(info['out']).name}", "", tally(counts), ""]
     if review:
@@ -129,8 +134,8 @@ def report_markdown(
         lines += ["", f"## Not done (the first {len(short)})", "", "| request | status | why |", "|-|-|-|"]
         lines += [f"| {r.job_id}#{r.request_index} | {r.status} | {_cell(r.error or '')} |" for r in short]
     lines += [""]
-    if where and is_object_url(where):
-        lines += bucket_lines(where)
+    if link:
+        lines += bucket_lines(link)
     elif where:
         lines += [
             f"The contact sheet: `{where}` on `{socket.gethostname()}` (this run's; `report.html` beside",
@@ -155,15 +160,15 @@ def publish_report(
     lost). Never fails the run: the records are written already."""
     from prefect.artifacts import create_markdown_artifact
 
-    where = None
-    if info.get("report") and is_object_url(str(info["report"])):
-        where = info["run_report"] = str(info["report"])
-    elif info.get("report"):
-        try:
-            where = str(keep_run_report(Path(info["report"]).resolve(), run_stamp(info)))
-            info["run_report"] = where
-        except OSError:
-            where = str(Path(info["report"]).resolve())
+    from imagebatch.storage.kinds import open_location
+
+    where = link = None
+    if info.get("report"):
+        # Where a person elsewhere opens it names the newest report; a folder keeps this run's own copy.
+        link = open_location(str(info["out"])).link(layout.REPORT_HTML)
+        with contextlib.suppress(OSError):
+            info["run_report"] = link or str(keep_run_report(Path(info["report"]).resolve(), run_stamp(info)))
+        where = info.get("run_report") or str(Path(info["report"]).resolve())
     short = []
     for record in records:
         if record.status not in DONE:
@@ -173,7 +178,7 @@ def publish_report(
     review = None
     with contextlib.suppress(Exception):  # an unreadable review record costs the artifact its line only
         review = review_line(str(info["out"]), records)
-    markdown = report_markdown(info, where, short, review)
+    markdown = report_markdown(info, where, short, review, link)
     with contextlib.suppress(Exception):
         call(lambda: create_markdown_artifact(
             key="imagebatch-report", markdown=markdown,

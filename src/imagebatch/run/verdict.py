@@ -15,6 +15,7 @@ from typing import Any, Literal
 from imagebatch.errors import UsageError
 from imagebatch.run.constants import INTERRUPTED
 from imagebatch.storage.layout import UNKNOWN_HINT
+from imagebatch.words import counted
 from imagebatch.work.outcome import not_done, total
 
 ALLOW_HELP = "N (requests) or P% (of the run's requests)"
@@ -76,19 +77,22 @@ def warnings(info: dict[str, Any]) -> Iterator[str]:
     counts: Mapping[str, int] = info["counts"]
     if stopped := info.get("stopped"):
         left = counts.get("not_attempted", 0)
-        rest = f"{left} request(s) not attempted. A rerun picks up where this one stopped."
+        rest = f"{counted(left, 'request')} not attempted. A rerun picks up where this one stopped."
         yield f"Stopped early: {stopped}. {rest}"
     if limited := info.get("rate_limited"):
         yield (
-            f"{limited} request(s) failed on HTTP 429 (the service's rate limit; the native and chat routes "
-            "are never retried): a rerun sends them; a lower rpm or concurrency (or a --global-limit shared "
-            "by every run) avoids it."
+            f"{counted(limited, 'request')} failed on HTTP 429 (the service's rate limit; the native and "
+            "chat routes are never retried): a rerun sends them; a lower rpm or concurrency (or a "
+            "--global-limit shared by every run) avoids it."
         )
     if unknown := counts.get("unknown"):
-        yield f"{unknown} request(s) have an unknown outcome (sent, no answer); for each, {UNKNOWN_HINT}."
+        what = "ended with an unknown outcome (sent, no answer)"
+        yield f"{counted(unknown, 'request')} {what}; for each, {UNKNOWN_HINT}."
     failed = counts.get("failed", 0) - (info.get("rate_limited") or 0)
     if failed > 0:
-        yield f"{failed} request(s) failed: the error column of results.csv (and report.html) says why."
+        why = "the error column of results.csv (and report.html) says why"
+        yield f"{counted(failed, 'request')} failed: {why}."
     if no_image := counts.get("no_image"):
-        yield f"{no_image} request(s) were answered without an image (no_image): results.csv has the text."
+        what = "came back without an image (no_image): results.csv has the text"
+        yield f"{counted(no_image, 'request')} {what}."
     yield from info.get("unwritten") or []

@@ -7,7 +7,7 @@ rename or a multipart upload) is a method here, so nothing above storage/ asks w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -15,6 +15,13 @@ from typing import Any, BinaryIO, Protocol
 from imagebatch.storage.appendlog import WriteWatch
 from imagebatch.storage.bounded import BadLine
 from imagebatch.storage.location import Location
+
+MakeThumbnail = Callable[[Path, Path], None]
+"""Writes the thumbnail of the local image file (first) to the local file (second): `work.thumbnails`'
+`save_thumbnail`; OSError or ValueError if it cannot."""
+
+Served = tuple[bytes, str]
+"""A file's bytes, to serve, and the name of the file they are (its suffix tells their type)."""
 
 
 class LocalCopy(Protocol):
@@ -185,6 +192,21 @@ class Backend(Location, Protocol):
 
     def plain_file(self, name: str) -> bool:
         """Whether `name` could be a file written here: inside, not a link, a regular file."""
+
+    def image(self, name: str) -> bytes | None:
+        """The bytes of the file `name`, to serve a reader of the location (a review's browser); None if
+        it is not there, or (a folder) is not a regular file inside it: a link out is never followed."""
+
+    def thumbnail(self, name: str, source: str | Path | None, make: MakeThumbnail) -> Served | None:
+        """The thumbnail `name` (under thumbs/) of `source`, a file of the location by its name or a local
+        path (a reference image the manifest names), and the name of what the bytes are. A folder makes it
+        in place with `make` where it is missing or older than its source, never through a link out, and
+        None if it cannot. A bucket only reads the one a run made, else the source itself if it is the
+        location's (the name says which), else None: nothing is fetched to be made there."""
+
+    def link(self, name: str) -> str | None:
+        """Where a person on another machine opens `name`: an object's URL (a bucket is reached from
+        anywhere its credentials are); None for a folder's file, which is on this machine's disk only."""
 
     def links(self, names: Iterable[str]) -> list[str]:
         """Those of `names` that are symbolic links (none for objects)."""

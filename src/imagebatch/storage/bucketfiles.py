@@ -15,9 +15,13 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imagebatch.storage.location import OutputLockedError
 from imagebatch.storage.objectstore import READ_THREADS, ObjectLocation
+
+if TYPE_CHECKING:
+    from imagebatch.storage.backend import MakeThumbnail, Served
 
 
 class BucketFiles(ObjectLocation):
@@ -76,6 +80,19 @@ class BucketFiles(ObjectLocation):
 
     def plain_file(self, name: str) -> bool:
         return True
+
+    def link(self, name: str) -> str | None:
+        return f"{self.url}/{name}"
+
+    def image(self, name: str) -> bytes | None:
+        return self.get(name)
+
+    def thumbnail(self, name: str, source: str | Path | None, make: MakeThumbnail) -> Served | None:
+        """The one a run made as each image arrived; else the image itself, never fetched to be made here."""
+        for served in (name, source if isinstance(source, str) else None):
+            if served is not None and (data := self.get(served)) is not None:
+                return data, served
+        return None
 
     def links(self, names: Iterable[str]) -> list[str]:
         return []

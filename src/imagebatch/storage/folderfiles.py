@@ -10,11 +10,22 @@ import contextlib
 import fcntl
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from imagebatch.storage import layout
 from imagebatch.storage.location import LocalFolder, OutputLockedError, OutsideRootError, confined
+
+if TYPE_CHECKING:
+    from imagebatch.storage.backend import MakeThumbnail, Served
+
+
+_SHARED_SOURCE = threading.Lock()
+"""Many cards share a reference image (a source outside the folder): one thread makes its thumbnail while
+the others wait, rather than each make it again."""
 
 
 class FolderFiles(LocalFolder):
@@ -86,6 +97,33 @@ class FolderFiles(LocalFolder):
     def links(self, names: Iterable[str]) -> list[str]:
         return [name for name in names if (self.root / name).is_symlink()]
 
+    def link(self, name: str) -> str | None:
+        return None
+
+    def image(self, name: str) -> bytes | None:
+        source = served_file(self.root, name)
+        return None if source is None else source.read_bytes()
+
+    def thumbnail(self, name: str, source: str | Path | None, make: MakeThumbnail) -> Served | None:
+        """Made once into thumbs/, remade if its source is newer; neither thumbs/ nor the thumbnail may
+        lead out of the folder, nor may a source named in it."""
+        real = served_file(self.root, source) if isinstance(source, str) else source
+        if real is None or not all(self._not_out(p) for p in (layout.THUMBS_DIR, name)):
+            return None
+        target = confined(self.root, name)
+        try:
+            with _SHARED_SOURCE if isinstance(source, Path) else contextlib.nullcontext():
+                if not target.exists() or target.stat().st_mtime < real.stat().st_mtime:
+                    make(real, target)
+        except (OSError, ValueError):  # not a readable image, or too large to thumbnail
+            return None
+        thumb = served_file(self.root, name)
+        return None if thumb is None else (thumb.read_bytes(), name)
+
+    def _not_out(self, name: str) -> bool:
+        """Whether `name`, where it exists, lies inside the folder (no link out of it)."""
+        return not os.path.lexists(self.root / name) or served_path(self.root, name) is not None
+
     def place(self, staged: Path, name: str, replace: bool) -> bool:
         """A rename; a new name by a hard link, which fails if the name was taken meanwhile."""
         target = confined(self.root, name)
@@ -144,3 +182,18 @@ class FolderFiles(LocalFolder):
                 raise OutsideRootError(f"{folder} is a symbolic link: nothing is moved through it")
             folder.mkdir(exist_ok=True)
         return path
+
+
+def served_path(root: Path, name: str) -> Path | None:
+    """What `root/name` really is (links resolved), or None if it is missing or lies outside `root`: the
+    rule every write into OUT follows too (`confined`), then the file must exist."""
+    try:
+        return confined(root, name).resolve(strict=True)
+    except (OSError, RuntimeError):  # outside, missing, or a loop of links
+        return None
+
+
+def served_file(root: Path, name: str) -> Path | None:
+    """The regular file `root/name` really is, if it is one and inside `root` (`served_path`)."""
+    real = served_path(root, name)
+    return real if real is not None and real.is_file() else None

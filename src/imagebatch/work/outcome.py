@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from imagebatch.words import counted
 from imagebatch.work.store import STATUSES, RequestRecord
 
 if TYPE_CHECKING:  # Prefect is imported only to make a state: a rerun settled without it never does
@@ -55,8 +56,7 @@ def describe(counts: Mapping[str, int]) -> str:
 def tally(counts: Mapping[str, int]) -> str:
     """`1 of 6 requests not done (4 succeeded, 1 skipped, 1 no_image)`, or `6 requests done (...)`."""
     n, missing = total(counts), not_done(counts)
-    noun = "request" if n == 1 else "requests"
-    head = f"{missing} of {n} {noun} not done" if missing else f"{n} {noun} done"
+    head = f"{missing:,} of {counted(n, 'request')} not done" if missing else f"{counted(n, 'request')} done"
     return f"{head} ({describe(counts)})"
 
 

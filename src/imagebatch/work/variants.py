@@ -37,6 +37,7 @@ from typing import Any
 
 from imagebatch.gateway.constants import Route
 from imagebatch.manifest import EditOf, PlannedRequest, variant_of
+from imagebatch.words import counted
 from imagebatch.work import conversation
 from imagebatch.work.context import Unit, decide
 from imagebatch.work.decisions import Decision, decided
@@ -89,7 +90,7 @@ class RedoSummary:
 
 def describe(redo: Mapping[str, Any]) -> str:
     """What a `--redo` run was to send (run.json's `redo`, `RedoSummary.info`), in one line."""
-    line = f"redo: {redo['variants']} variant(s) to send"
+    line = f"redo: {counted(redo['variants'], 'variant')} to send"
     if kinds := redo.get("kinds"):
         line += " (" + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) + ")"
     if redo["edits"]:
