@@ -6,7 +6,9 @@ import argparse
 import re
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,13 +17,16 @@ from imagebatch.cli.common import EXIT_CODES, default_of, exit_codes_of, parsers
 from imagebatch.cli.main import build_parser, main
 from imagebatch.run.exit_codes import EXIT_USAGE
 
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PROJECT_VERSION = tomllib.loads(PYPROJECT.read_text())["project"]["version"]
+
 
 def test_version_prints_the_installed_version(capsys: Any) -> None:
     with pytest.raises(SystemExit) as exit:
         main(["--version"])
     assert exit.value.code == 0
     assert capsys.readouterr().out == f"imagebatch {version('imagebatch')}\n"
-    assert version("imagebatch") == "1.0.0"
+    assert version("imagebatch") == PROJECT_VERSION  # pyproject.toml, the one place it is written
 
 
 def test_the_installed_command_prints_its_version() -> None:

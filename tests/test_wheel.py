@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 UV = shutil.which("uv")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(UV is None, reason="uv is not on PATH")]
 
@@ -58,7 +60,7 @@ def test_the_wheel_names_its_licence_and_its_addresses(dist: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         metadata = email.parser.Parser().parsestr(archive.read(name).decode())
-        assert "imagebatch-1.0.0.dist-info/licenses/LICENSE" in archive.namelist()
+        assert f"imagebatch-{PROJECT_VERSION}.dist-info/licenses/LICENSE" in archive.namelist()
     assert metadata["License-Expression"] == "Apache-2.0"
     urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL"))
     assert {"Homepage", "Documentation", "Repository", "Issues", "Changelog"} <= set(urls)
@@ -94,7 +96,7 @@ def test_the_wheel_runs_the_quick_start_outside_the_repository(dist: Path, tmp_p
             [str(command), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
         )
 
-    assert run("--version").stdout == "imagebatch 1.0.0\n"
+    assert run("--version").stdout == f"imagebatch {PROJECT_VERSION}\n"
     assert run("init", "demo").returncode == 0
     done = run("run", "demo/catalog.csv", "--out", "demo/out")
     assert done.returncode == 0, done.stderr
