@@ -89,7 +89,7 @@ class RequestPool(Protocol):
     `send` runs `settle(ctx, unit)` on one of them, in `context`, and tells the flow's dispatcher once the
     unit has finished: it is the one call from a task back up into the flow."""
 
-    def send(self, unit: Unit, context: contextvars.Context | None = None) -> Future[None]: ...
+    def send(self, unit: Unit, context: contextvars.Context | None = None) -> Future[list[RequestRecord]]: ...
 
     def records(self, unit: Unit) -> list[RequestRecord]:
         """The records of a unit that has finished."""
@@ -109,7 +109,7 @@ def generate(batch: Batch, pool: RequestPool) -> Any:
     are the task's. Returns the task run's state: Failed with the counts when a request is not done
     (`outcome.batch_state`), else None (Completed)."""
     ran: list[Unit] = []
-    futures: list[Future[None]] = []
+    futures: list[Future[list[RequestRecord]]] = []
     for unit in batch:
         ran.append(unit)
         futures.append(pool.send(unit, contextvars.copy_context()))

@@ -49,7 +49,7 @@ from prefect.futures import PrefectFuture
 from imagebatch.run.batches import Batch, generate, group_batches
 from imagebatch.work.context import RunContext, Unit
 from imagebatch.work.store import RequestRecord
-from imagebatch.work.unit import run_unit, run_unit_safely, settle
+from imagebatch.work.unit import run_unit, settle
 
 
 @dataclass(frozen=True)
@@ -213,19 +213,6 @@ class Progress:
         self.report()
 
 
-def dispatch(
-    ctx: RunContext,
-    units: list[Unit],
-    concurrency: int,
-    control: RunControl,
-    on_progress: Callable[[ProgressSnapshot], None] | None = None,
-    adaptive: bool = True,
-    budgets: Sequence[Budget] = (),
-) -> int:
-    """Run every unit (see `Dispatcher`); return the number of Prefect task runs (batches) started."""
-    return Dispatcher(ctx, units, concurrency, control, on_progress, adaptive, budgets).run()
-
-
 class RequestThreads:
     """The run's request threads (`concurrency` of them, shared by every batch): `run.batches.RequestPool`.
 
@@ -235,7 +222,7 @@ class RequestThreads:
     def __init__(self, ctx: RunContext, pool: Executor, finished: queue.Queue[Unit | Batch | None]) -> None:
         self.ctx, self.pool, self.finished = ctx, pool, finished
 
-    def send(self, unit: Unit, context: contextvars.Context | None = None) -> Future[None]:
+    def send(self, unit: Unit, context: contextvars.Context | None = None) -> Future[list[RequestRecord]]:
         if context is None:
             future = self.pool.submit(settle, self.ctx, unit)
         else:  # the task run's: the unit's log lines are the task's
@@ -383,7 +370,7 @@ class Dispatcher:
             return
         self.progress.in_flight -= 1
         if finished.index not in self.ctx.state.results:  # the unit's thread died outside our code
-            self.ctx.state.results[finished.index] = run_unit_safely(self.ctx, finished)
+            settle(self.ctx, finished)
         records = self.ctx.state.results[finished.index]  # read back once (the spool keeps them on disk)
         for budget in self.budgets:
             budget.finished(finished, records)

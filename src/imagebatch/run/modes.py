@@ -24,7 +24,7 @@ from imagebatch.gateway import GatewayClient
 from imagebatch.options import RunOptions, ShardRole
 from imagebatch.run import api_guard as prefect_guard
 from imagebatch.run.artifacts import ProgressArtifact, budgets
-from imagebatch.run.dispatch import dispatch
+from imagebatch.run.dispatch import Dispatcher
 from imagebatch.run.final_state import ran_to_end
 from imagebatch.run.hooks import RunHooks
 from imagebatch.run.limits import SlotBroker
@@ -219,9 +219,9 @@ def _send(
     states: dict[str, KeyState],
     held_keys: frozenset[str],
 ) -> tuple[RunContext, int]:
-    """Send `units` (`run.dispatch`) with the run's client, limit, pacing, caps and signal handling;
-    `states` is the folder's state as the run found it; return the run context (its records) and the
-    number of Prefect task runs started."""
+    """Send `units` (`run.dispatch.Dispatcher`) with the run's client, limit, pacing, caps and signal
+    handling; `states` is the folder's state as the run found it; return the run context (its records)
+    and the number of Prefect task runs started."""
     options, hooks, pacing = run.options, run.hooks, run.options.pacing
     limit = pacing.global_limit
     slots = SlotBroker(limit, run.rate_limit) if limit else None
@@ -246,7 +246,10 @@ def _send(
     ):
         progress = ProgressArtifact(hooks.on_progress)
         caps = budgets(options.budgets.max_images, options.budgets.max_spend, run.checked.prices)
-        tasks = dispatch(ctx, units, pacing.concurrency, hooks.control, progress, pacing.adaptive, caps)
+        dispatcher = Dispatcher(
+            ctx, units, pacing.concurrency, hooks.control, progress, pacing.adaptive, caps
+        )
+        tasks = dispatcher.run()
         progress.close()
     reserve.release()
     return ctx, tasks
