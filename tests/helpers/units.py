@@ -25,7 +25,14 @@ from helpers.images import b64, png
 from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.storage import appendlog
-from imagebatch.work.context import RunContext, Unit, group_units
+from imagebatch.work.context import (
+    RecordSpool,
+    RunContext,
+    RunState,
+    Unit,
+    group_units,
+    stop_on_write_failure,
+)
 from imagebatch.work.store import OutputStore, RequestRecord, read_jsonl
 
 API_KEY = "secret-key"
@@ -127,7 +134,9 @@ class Harness:
         self.clients.append(client)
         store = OutputStore(self.out)
         store.backend.prepare()
-        return RunContext(client, store, store.load_state(), **options)
+        state = RunState(RecordSpool(store.backend.spool_folder))
+        stop_on_write_failure(store, state)
+        return RunContext(client, store, store.load_state(), state, **options)
 
     def events(self, key: str | None = None) -> list[dict[str, Any]]:
         events = read_jsonl(self.out / "journal.jsonl")

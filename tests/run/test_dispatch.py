@@ -12,8 +12,9 @@ from typing import Any
 
 from helpers.runs import Rendezvous, catalog, peak_in_flight, read_jsonl, read_results, run_now
 
+from imagebatch.run.batches import Batch, batch_size, group_batches
 from imagebatch.run.dispatch import Window
-from imagebatch.work.context import Batch, Unit, batch_size, group_batches
+from imagebatch.work.context import Unit
 
 
 def task_run_names(flow_run_id: str) -> list[str]:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from imagebatch.work.context import DiskReserve, Pacer, RecordSpool, reserve_size
+from imagebatch.run.pacing import Pacer
+from imagebatch.work.context import DiskReserve, RecordSpool, reserve_size
 from imagebatch.work.store import RequestRecord
 
 

@@ -57,11 +57,11 @@ def test_account_and_address_errors_stop_the_run(h: Harness, reply: Any, reason:
     ctx = h.context()
     (rec,) = run_unit(ctx, first)
     assert rec.status == "failed"
-    assert ctx.halt.is_set() and reason in (ctx.halt_reason or "")
+    assert ctx.state.halt.is_set() and reason in (ctx.state.halt_reason or "")
     assert h.service.count == 1
 
     (other,) = run_unit(ctx, second)
-    assert other.status == "not_attempted" and other.error == ctx.halt_reason
+    assert other.status == "not_attempted" and other.error == ctx.state.halt_reason
     assert [r.status for r in run_unit(ctx, chain)] == ["not_attempted"] * 3
     assert h.service.count == 1  # nothing sent after the halt
 
@@ -71,7 +71,7 @@ def test_a_404_for_an_unknown_model_does_not_stop_the_run(h: Harness) -> None:
     h.service.reply(error(404, "model_not_found"))
     ctx = h.context()
     assert run_unit(ctx, first)[0].status == "failed"
-    assert not ctx.halt.is_set()
+    assert not ctx.state.halt.is_set()
     assert run_unit(ctx, second)[0].status == "succeeded"
     assert h.service.count == 2
 
@@ -86,9 +86,9 @@ def test_an_unanswered_attempt_ends_its_request_and_does_not_stop_the_run(h: Har
     ctx = h.context()
     (rec,) = run_unit(ctx, first)
     assert rec.status == "unknown" and h.service.count == 1
-    assert not ctx.halt.is_set()
+    assert not ctx.state.halt.is_set()
     assert run_unit(ctx, second)[0].status == "failed"
-    assert ctx.halt.is_set() and "IMAGEBATCH_API_KEY" in (ctx.halt_reason or "")
+    assert ctx.state.halt.is_set() and "IMAGEBATCH_API_KEY" in (ctx.state.halt_reason or "")
     assert run_unit(ctx, third)[0].status == "not_attempted"
 
 
@@ -98,7 +98,7 @@ def test_a_401_names_where_the_key_came_from(h: Harness) -> None:
     h.service.reply(error(401, "invalid_api_key"))
     ctx = h.context(key_source="the Prefect Secret block 'team-key'")
     run_unit(ctx, unit)
-    assert ctx.halt_reason == (
+    assert ctx.state.halt_reason == (
         "the service refused the API key (HTTP 401): set the Prefect Secret block 'team-key' to a valid key"
     )
 

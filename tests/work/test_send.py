@@ -86,7 +86,7 @@ def test_success_writes_files_and_journals_in_the_crash_safe_order(
     values = asdict(rec).values()
     assert not any(isinstance(v, bytes | bytearray) for v in values)
     assert b64(answer_png(9))[:40] not in json.dumps(asdict(rec))
-    assert ctx.results == {} and not ctx.halt.is_set()
+    assert ctx.state.results == {} and not ctx.state.halt.is_set()
 
 
 def test_an_image_gets_its_report_thumbnail_as_it_arrives(h: Harness) -> None:
@@ -264,7 +264,7 @@ def test_native_500_is_unknown_and_not_resent(h: Harness) -> None:
     ctx = h.context()
     (rec,) = run_unit(ctx, unit)
     assert rec.status == "unknown" and UNKNOWN_HINT in (rec.error or "")
-    assert not ctx.halt.is_set()
+    assert not ctx.state.halt.is_set()
     assert run_unit(h.context(), unit)[0].status == "unknown"
     assert h.service.count == 1
 
@@ -275,7 +275,7 @@ def test_native_503_is_failed_and_resent_next_run(h: Harness) -> None:
     ctx = h.context()
     (rec,) = run_unit(ctx, unit)
     assert rec.status == "failed" and "HTTP 503" in (rec.error or "")
-    assert not ctx.halt.is_set()
+    assert not ctx.state.halt.is_set()
     (again,) = run_unit(h.context(), unit)
     assert h.service.count == 2 and again.status == "succeeded"
     # Attempts are counted across runs, in results and in the usage ledger alike.
@@ -331,7 +331,7 @@ def test_a_request_that_waited_for_its_slot_while_the_run_stopped_is_not_sent(h:
         @contextlib.contextmanager
         def slot() -> Iterator[None]:
             if next(waits) == wait:
-                ctx.stop_dispatch("stopped by Ctrl-C")
+                ctx.state.stop("stopped by Ctrl-C")
             yield
 
         return slot
@@ -344,7 +344,9 @@ def test_a_request_that_waited_for_its_slot_while_the_run_stopped_is_not_sent(h:
     h.service.reply(error(503, "service_unavailable"))
     ctx = h.context(slot=stopping_at(2))  # the run stops while the retry waits for its slot
     (rec,) = run_unit(ctx, retried)
-    assert ctx.halt.is_set() and rec.status == "succeeded" and rec.attempts == 2 and h.service.count == 2
+    assert (
+        ctx.state.halt.is_set() and rec.status == "succeeded" and rec.attempts == 2 and h.service.count == 2
+    )
 
 
 def test_a_journal_that_cannot_be_written_sends_nothing_and_stops_the_run(
@@ -358,7 +360,9 @@ def test_a_journal_that_cannot_be_written_sends_nothing_and_stops_the_run(
     (rec,) = run_unit(ctx, units[0])
     assert h.service.requests == []  # nothing sent: nothing can have been billed
     assert rec.status == "not_attempted" and "disk full at" in (rec.error or "")
-    assert ctx.halt.is_set() and ctx.halt_reason == f"disk full at {h.out}: free space, then rerun"
+    assert (
+        ctx.state.halt.is_set() and ctx.state.halt_reason == f"disk full at {h.out}: free space, then rerun"
+    )
     (second,) = run_unit(ctx, units[1])
     assert second.status == "not_attempted" and h.service.requests == []
 
@@ -381,7 +385,7 @@ def test_an_answer_whose_journal_line_fails_is_unknown_and_not_resent(
     (rec,) = run_unit(ctx, unit)
     assert len(h.service.requests) == 1
     assert rec.status == "unknown" and "could not be saved" in (rec.error or "")
-    assert ctx.halt_reason and ctx.halt_reason.startswith("disk full at")
+    assert ctx.state.halt_reason and ctx.state.halt_reason.startswith("disk full at")
     assert not list((h.out / "images").rglob("*.png"))
 
     disk.free()

@@ -1,5 +1,5 @@
 """One unit of work (`work.unit`) against the fake service: `--force` and `--retry-unknown`, and
-`run_unit_safely`, which turns an internal error into a record that says what was sent.
+`settle`, which turns an internal error into a record that says what was sent.
 
 The service is the shared fake (tests/helpers/units.py: the `h` fixture, tests/work/conftest.py).
 """
@@ -20,7 +20,7 @@ from helpers.units import (
 from imagebatch.work import records
 from imagebatch.work import unit as unit_module
 from imagebatch.work.records import UNKNOWN_HINT
-from imagebatch.work.unit import run_unit, run_unit_safely
+from imagebatch.work.unit import run_unit, settle
 
 
 def test_force_resends_a_succeeded_request(h: Harness) -> None:
@@ -56,7 +56,9 @@ def test_an_internal_error_after_the_attempt_started_is_unknown(
         raise RuntimeError("bug in plan_files")
 
     monkeypatch.setattr(records, "plan_files", broken)
-    (rec,) = run_unit_safely(h.context(), unit)
+    ctx = h.context()
+    (rec,) = settle(ctx, unit)
+    assert ctx.state.results[unit.index] == [rec]  # kept for results.csv as well as returned
     assert h.service.count == 1
     assert rec.status == "unknown"
     assert "internal error: RuntimeError: bug in plan_files" in (rec.error or "")
@@ -78,7 +80,7 @@ def test_an_internal_error_before_any_attempt_is_not_attempted(
         raise RuntimeError("bug before sending")
 
     monkeypatch.setattr(unit_module, "build_request", broken)
-    (rec,) = run_unit_safely(h.context(), unit)
+    (rec,) = settle(h.context(), unit)
     assert h.service.count == 0
     assert rec.status == "not_attempted" and "bug before sending" in (rec.error or "")
 
@@ -95,6 +97,6 @@ def test_an_internal_error_in_a_later_turn_keeps_the_earlier_turns_records(
         return real(req, result, chain)
 
     monkeypatch.setattr(records, "plan_files", broken_on_turn_1)
-    out = run_unit_safely(h.context(), unit)
+    out = settle(h.context(), unit)
     assert h.service.count == 2
     assert [r.status for r in out] == ["succeeded", "unknown", "not_attempted"]

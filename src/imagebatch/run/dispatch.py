@@ -6,7 +6,7 @@ before the rest is sent. Units are sent in batches, one Prefect task run each (n
 server's cost per task run capped a run near 50 requests a second); units this run sends nothing for
 never reach a task.
 
-How a unit is sent: the flow's part (`Dispatcher`, here) and the task's part (`work.generate.generate`)::
+How a unit is sent: the flow's part (`Dispatcher`, here) and the task's part (`run.batches.generate`)::
 
     flow thread: Dispatcher.run         task run: generate(batch, pool)       request threads: RequestThreads
     ---------------------------         -------------------------------       -------------------------------
@@ -15,7 +15,7 @@ How a unit is sent: the flow's part (`Dispatcher`, here) and the task's part (`w
       _start_task(batch) --submit-->    for unit in batch:  (waits for each
       batch.admit(unit) ---queue--->      admitted unit; ends once closed)
                                           pool.send(unit, task's context) --> settle(ctx, unit): send it,
-                                        wait for its units                      ctx.results[unit] = records
+                                        wait for its units                      keeps its records
     finished.get() <--------------------------------------------- unit done ---+
       _take: window, budgets, progress
     finished.get() <-- task run ended --+
@@ -25,8 +25,8 @@ The dispatcher alone decides what is sent and when; the task only takes what was
 hands each unit to the run's request threads (`concurrency` of them, shared by every batch, so a batch's
 tail never idles a slot) in the task run's context, so that the unit's log lines are the task's.
 `RequestThreads.send` is the one call from the task back up into the flow, named as such by the
-`RequestPool` protocol of `work.generate`. Records never pass through Prefect: they go to `ctx.results`
-(`work.context.RecordSpool`), and the dispatcher learns that a unit finished from its `finished` queue.
+`RequestPool` protocol of `run.batches`. Records never pass through Prefect: they go to `ctx.state.results`
+(a `work.context.RecordSpool`), and the dispatcher learns that a unit finished from its `finished` queue.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from functools import partial
 
 from prefect.futures import PrefectFuture
 
-from imagebatch.work.context import Batch, RunContext, Unit, group_batches
-from imagebatch.work.generate import generate
+from imagebatch.run.batches import Batch, generate, group_batches
+from imagebatch.work.context import RunContext, Unit
 from imagebatch.work.store import RequestRecord
-from imagebatch.work.unit import run_unit, run_unit_safely, settle
+from imagebatch.work.unit import run_unit, settle
 
 
 @dataclass(frozen=True)
@@ -213,21 +213,8 @@ class Progress:
         self.report()
 
 
-def dispatch(
-    ctx: RunContext,
-    units: list[Unit],
-    concurrency: int,
-    control: RunControl,
-    on_progress: Callable[[ProgressSnapshot], None] | None = None,
-    adaptive: bool = True,
-    budgets: Sequence[Budget] = (),
-) -> int:
-    """Run every unit (see `Dispatcher`); return the number of Prefect task runs (batches) started."""
-    return Dispatcher(ctx, units, concurrency, control, on_progress, adaptive, budgets).run()
-
-
 class RequestThreads:
-    """The run's request threads (`concurrency` of them, shared by every batch): `work.generate.RequestPool`.
+    """The run's request threads (`concurrency` of them, shared by every batch): `run.batches.RequestPool`.
 
     `send` runs `settle(ctx, unit)` on one of them and puts the unit on the dispatcher's `finished` queue
     once it is done; the task calls it for each unit it takes, the dispatcher for the units no task took."""
@@ -235,7 +222,7 @@ class RequestThreads:
     def __init__(self, ctx: RunContext, pool: Executor, finished: queue.Queue[Unit | Batch | None]) -> None:
         self.ctx, self.pool, self.finished = ctx, pool, finished
 
-    def send(self, unit: Unit, context: contextvars.Context | None = None) -> Future[None]:
+    def send(self, unit: Unit, context: contextvars.Context | None = None) -> Future[list[RequestRecord]]:
         if context is None:
             future = self.pool.submit(settle, self.ctx, unit)
         else:  # the task run's: the unit's log lines are the task's
@@ -244,14 +231,14 @@ class RequestThreads:
         return future
 
     def records(self, unit: Unit) -> list[RequestRecord]:
-        return self.ctx.results.get(unit.index, [])
+        return self.ctx.state.results.get(unit.index, [])
 
 
 class Dispatcher:
     """Runs every unit, admitted in manifest order, at most `window.size` (at most `concurrency`) at once;
     after a halt, the units not yet admitted are recorded without sending (see the module's picture).
 
-    The units to send are cut into consecutive batches (`work.context.Batch`), one Prefect task run each.
+    The units to send are cut into consecutive batches (`run.batches.Batch`), one Prefect task run each.
     This thread alone admits units: a unit takes one of the run's slots when the window has room, its batch's
     task is started with its first unit and closed after its last, and the unit is sent on the run's
     `RequestThreads`. So the window, the budgets, a halt and Ctrl-C act on single requests, while Prefect's
@@ -305,7 +292,7 @@ class Dispatcher:
                 self._admit_while_room()
                 if self.progress.in_flight == 0:
                     if self.capped is not None:
-                        self.ctx.stop_dispatch(
+                        self.ctx.state.stop(
                             self.capped
                         )  # only now: the rest are recorded not_attempted below
                     break
@@ -321,7 +308,7 @@ class Dispatcher:
 
     def _record_here(self, unit: Unit) -> None:
         """Record a unit this run sends nothing for, in this thread, without a task or a request."""
-        self.ctx.results[unit.index] = records = run_unit(self.ctx, unit)
+        self.ctx.state.results[unit.index] = records = run_unit(self.ctx, unit)
         self.progress.finished(records)
 
     def _admit_while_room(self) -> None:
@@ -329,9 +316,9 @@ class Dispatcher:
         batches (admitted units are sent, the rest are recorded at the end)."""
         ctx, progress = self.ctx, self.progress
         if self.control.reason:
-            ctx.stop_dispatch(self.control.reason)
-        progress.window, progress.rate_limited = self.window.size, ctx.rate_limited
-        while progress.in_flight < self.window.size and not ctx.halt.is_set() and self.capped is None:
+            ctx.state.stop(self.control.reason)
+        progress.window, progress.rate_limited = self.window.size, ctx.state.rate_limited
+        while progress.in_flight < self.window.size and not ctx.state.halt.is_set() and self.capped is None:
             nxt = next(self.pending, None)
             if nxt is None:
                 break
@@ -341,7 +328,7 @@ class Dispatcher:
                 break
             self._admit(nxt)
             progress.in_flight += 1
-        if ctx.halt.is_set() or self.capped is not None:
+        if ctx.state.halt.is_set() or self.capped is not None:
             for batch in self.open_batches.values():
                 batch.close()
         progress.report()
@@ -382,13 +369,13 @@ class Dispatcher:
                 self.threads.send(unit)
             return
         self.progress.in_flight -= 1
-        if finished.index not in self.ctx.results:  # the unit's thread died outside our code
-            self.ctx.results[finished.index] = run_unit_safely(self.ctx, finished)
-        records = self.ctx.results[finished.index]  # read back once (the spool keeps them on disk)
+        if finished.index not in self.ctx.state.results:  # the unit's thread died outside our code
+            settle(self.ctx, finished)
+        records = self.ctx.state.results[finished.index]  # read back once (the spool keeps them on disk)
         for budget in self.budgets:
             budget.finished(finished, records)
-        self.window.finished(rate_limited=self.ctx.rate_limited > self.seen_429)
-        self.seen_429 = self.ctx.rate_limited
+        self.window.finished(rate_limited=self.ctx.state.rate_limited > self.seen_429)
+        self.seen_429 = self.ctx.state.rate_limited
         self.progress.finished(records)
 
 

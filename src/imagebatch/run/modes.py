@@ -3,7 +3,7 @@ sharded run (`run_shard`); or as the shards' parent (`run_parent`), which sends 
 shards' runs (`run.shards`) and writes the records once they have ended. Each returns the run summary
 that `run.final_state.concluding` turns into the flow run's final state.
 
-Dispatch is `run.dispatch` (with the `generate` task of `imagebatch.work.generate`), the end of the run
+Dispatch is `run.dispatch` (with the `generate` task of `run.batches`), the end of the run
 (its records and Prefect artifacts) `run.outputs`, the files are kept by `imagebatch.work.store`. Tasks
 return nothing (their records go to the run context), so Prefect keeps no per-task results in memory.
 """
@@ -24,12 +24,13 @@ from imagebatch.gateway import GatewayClient
 from imagebatch.options import RunOptions, ShardRole
 from imagebatch.run import api_guard as prefect_guard
 from imagebatch.run.artifacts import ProgressArtifact, budgets
-from imagebatch.run.dispatch import dispatch
+from imagebatch.run.dispatch import Dispatcher
 from imagebatch.run.final_state import ran_to_end
 from imagebatch.run.hooks import RunHooks
 from imagebatch.run.limits import SlotBroker
 from imagebatch.run.log_forwarding import forward_logs_to_prefect
 from imagebatch.run.outputs import write_records
+from imagebatch.run.pacing import Pacer
 from imagebatch.run.preflight import Preflight, key_source, locked, out_text
 from imagebatch.run.service import service
 from imagebatch.run.shards import (
@@ -41,7 +42,15 @@ from imagebatch.run.shards import (
     shard_parameters,
     shards_released,
 )
-from imagebatch.work.context import Pacer, RunContext, Unit
+from imagebatch.work.context import (
+    DiskReserve,
+    RecordSpool,
+    RunContext,
+    RunState,
+    Unit,
+    reserve_size,
+    stop_on_write_failure,
+)
 from imagebatch.work.redo import redo_kinds
 from imagebatch.work.store import KeyState, OutputLockedError, OutputStore
 from imagebatch.work.variants import with_variants
@@ -75,13 +84,13 @@ def run_here(run: Run) -> dict[str, Any]:
             run.info["previous"] = dead.as_previous()
         store.write_run(run.info)  # a crash leaves a run.json that says the run never ended
         ctx, tasks = _send(run, store, run.units, url, key, states, held_keys)
-        run.info["sent"] = len(ctx.started_keys)
+        run.info["sent"] = len(ctx.state.started_keys)
         try:
             return write_records(
-                checked, store, run.units, ctx.results, run.info, ctx.halt_reason, tasks, report
+                checked, store, run.units, ctx.state.results, run.info, ctx.state.halt_reason, tasks, report
             )
         finally:
-            ctx.results.close()
+            ctx.state.results.close()
 
 
 def run_shard(run: Run) -> dict[str, Any]:
@@ -97,12 +106,12 @@ def run_shard(run: Run) -> dict[str, Any]:
         info["requests"] = sum(len(unit.requests) for unit in units)
         ctx, _tasks = _send(run, store, units, url, key, states, held_keys)
         try:
-            counts = Counter(r.status for unit in units for r in ctx.results[unit.index])
+            counts = Counter(r.status for unit in units for r in ctx.state.results[unit.index])
             ended = datetime.now(UTC).isoformat()
-            info |= {"ended_at": ended, "stopped": ctx.halt_reason, "counts": counts}
+            info |= {"ended_at": ended, "stopped": ctx.state.halt_reason, "counts": counts}
             return info
         finally:
-            ctx.results.close()
+            ctx.state.results.close()
 
 
 def run_parent(run: Run) -> dict[str, Any]:
@@ -210,31 +219,37 @@ def _send(
     states: dict[str, KeyState],
     held_keys: frozenset[str],
 ) -> tuple[RunContext, int]:
-    """Send `units` (`run.dispatch`) with the run's client, limit, pacing, caps and signal handling;
-    `states` is the folder's state as the run found it; return the run context (its records) and the
-    number of Prefect task runs started."""
+    """Send `units` (`run.dispatch.Dispatcher`) with the run's client, limit, pacing, caps and signal
+    handling; `states` is the folder's state as the run found it; return the run context (its records)
+    and the number of Prefect task runs started."""
     options, hooks, pacing = run.options, run.hooks, run.options.pacing
     limit = pacing.global_limit
     slots = SlotBroker(limit, run.rate_limit) if limit else None
     client = GatewayClient(
         url, key, sleep=hooks.sleep, transport=hooks.transport, slot=slots or contextlib.nullcontext
     )
+    pacer = Pacer(60.0 / pacing.rpm, sleep=hooks.sleep, clock=hooks.clock) if pacing.rpm else None
+    state = RunState(RecordSpool(store.backend.spool_folder), pace=pacer.wait if pacer else None)
+    stop_on_write_failure(store, state)
     ctx = RunContext(
-        client, store, states,
+        client, store, states, state,
         force=options.resend.force, retry_unknown=options.resend.retry_unknown,
         key_source=key_source(options.service.api_key_secret_block), thumbnails=options.outcome.report,
-        requests=sum(len(unit.requests) for unit in units), held=held_keys,
+        held=held_keys,
     )  # fmt: skip
+    # Room for the run's end on a full disk, given back once nothing more is sent or saved.
+    reserve = DiskReserve(store.backend.spool_folder, reserve_size(sum(len(u.requests) for u in units)))
     with (
         client,
         slots or contextlib.nullcontext(),
         hooks.signals() if hooks.signals else contextlib.nullcontext(),
     ):
-        if pacing.rpm:
-            ctx.pacer = Pacer(60.0 / pacing.rpm, sleep=hooks.sleep, clock=hooks.clock)
         progress = ProgressArtifact(hooks.on_progress)
         caps = budgets(options.budgets.max_images, options.budgets.max_spend, run.checked.prices)
-        tasks = dispatch(ctx, units, pacing.concurrency, hooks.control, progress, pacing.adaptive, caps)
+        dispatcher = Dispatcher(
+            ctx, units, pacing.concurrency, hooks.control, progress, pacing.adaptive, caps
+        )
+        tasks = dispatcher.run()
         progress.close()
-    ctx.end_dispatch()
+    reserve.release()
     return ctx, tasks

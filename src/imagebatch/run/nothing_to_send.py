@@ -21,7 +21,7 @@ from imagebatch.manifest import plan
 from imagebatch.options import RunOptions
 from imagebatch.run.outputs import run_info, write_files
 from imagebatch.run.preflight import Preflight, key_source
-from imagebatch.work.context import RunContext, group_units
+from imagebatch.work.context import RecordSpool, RunContext, RunState, group_units
 from imagebatch.work.redo import redo_kinds
 from imagebatch.work.store import OutputLockedError, OutputStore, RequestRecord
 from imagebatch.work.unit import run_unit
@@ -61,7 +61,7 @@ def _settle(checked: Preflight, store: OutputStore, options: RunOptions) -> dict
         group_units(plan(checked.manifest)), states, store, redo=redo_kinds(resend.redo),
         edit=resend.edit, retry_unknown=resend.retry_unknown,
     )  # fmt: skip
-    ctx = RunContext(None, store, states, retry_unknown=resend.retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
+    ctx = RunContext(None, store, states, RunState(RecordSpool()), retry_unknown=resend.retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
                      key_source=key_source(options.service.api_key_secret_block), thumbnails=report,
                      held=held)  # fmt: skip
     try:
@@ -69,8 +69,7 @@ def _settle(checked: Preflight, store: OutputStore, options: RunOptions) -> dict
             return None
         results: dict[int, list[RequestRecord]] = {unit.index: run_unit(ctx, unit) for unit in units}
     finally:
-        ctx.end_dispatch()
-        ctx.results.close()
+        ctx.state.results.close()
     planned = sum(len(unit.requests) for unit in units)
     info = run_info(checked, planned, options)  # as the flow records them (flows.batch)
     info["sent"] = 0

@@ -33,8 +33,8 @@ def run_chain(ctx: RunContext, unit: Unit, out: list[RequestRecord]) -> list[Req
             if decision == "carry":
                 blocked = f"turn {req.turn_index} of this chain is {out[-1].status}"
             continue
-        if ctx.halt.is_set():
-            out.append(records.not_attempted(req, ctx.halt_reason or "the run was stopped"))
+        if ctx.state.halt.is_set():
+            out.append(records.not_attempted(req, ctx.state.halt_reason or "the run was stopped"))
             blocked = out[-1].error
             continue
         if len(history) < req.turn_index:

@@ -4,16 +4,13 @@ what earlier runs left, the halt flag, and each unit's records."""
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import pickle
-import queue
 import tempfile
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -57,65 +54,6 @@ def group_units(requests: list[PlannedRequest]) -> list[Unit]:
             units[key] = Unit(len(units), req.job, [])
         units[key].requests.append(req)
     return list(units.values())
-
-
-class Batch:
-    """Consecutive units that one Prefect task run sends: Prefect's server records a task run per batch,
-    not per request (each costs it ~30 ms of CPU and ~24 KB of database). The dispatcher admits the
-    batch's units one by one, in order, as the run's shared slots free up (`admit`), and closes it when
-    it has admitted the last, or when the run stops; the task iterates over what is admitted.
-
-    A plain class (not a dataclass), so Prefect does not walk its units as task inputs."""
-
-    def __init__(self, index: int, units: list[Unit]) -> None:
-        self.index = index
-        self.units = units
-        self._admitted: queue.SimpleQueue[Unit | None] = queue.SimpleQueue()
-        self.closed = False
-
-    @property
-    def name(self) -> str:
-        """The task run's name: its one unit (`job#request`), or the range of units it holds."""
-        if len(self.units) == 1:
-            return self.units[0].name
-        return f"{self.units[0].name} .. {self.units[-1].name} ({len(self.units)})"
-
-    def admit(self, unit: Unit) -> None:
-        self._admitted.put(unit)
-
-    def close(self) -> None:
-        """No more units will be admitted (the last one was, or the run stopped)."""
-        if not self.closed:
-            self.closed = True
-            self._admitted.put(None)
-
-    def __iter__(self) -> Iterator[Unit]:
-        """The admitted units, in order, as they are admitted; ends when the batch is closed."""
-        while (unit := self._admitted.get()) is not None:
-            yield unit
-
-    def untaken(self) -> list[Unit]:
-        """Admitted units nobody took (the task never ran them): the dispatcher sends them itself."""
-        left: list[Unit] = []
-        while True:
-            try:
-                unit = self._admitted.get_nowait()
-            except queue.Empty:
-                return left
-            if unit is not None:
-                left.append(unit)
-
-
-def batch_size(units: int) -> int:
-    """Units per batch: one task run per unit up to 100 units (every request visible in Prefect's UI), then
-    about 100 task runs per run, up to 1,000 units each. Past 100 units the server's cost per request
-    falls with the batch: ~30 ms / size of CPU and ~24 KB / size of database (bench/README.md)."""
-    return max(1, min(1000, math.ceil(units / 100)))
-
-
-def group_batches(units: list[Unit]) -> list[Batch]:
-    size = batch_size(len(units))
-    return [Batch(i, units[start : start + size]) for i, start in enumerate(range(0, len(units), size))]
 
 
 class RecordSpool(Mapping[int, list[RequestRecord]]):
@@ -251,69 +189,62 @@ def _close(fd: int | None) -> None:
         os.close(fd)
 
 
-class RunContext:
-    """What every task of one run shares. A plain class, so Prefect does not walk it as task input."""
+@dataclass(eq=False)
+class RunState:
+    """What a run's threads change as it sends: the halt, the keys attempted, the 429s seen, each unit's
+    records, and `--rpm`'s pacing. Thread-safe where threads share it (`halt`, `saw_429`, `results`)."""
 
-    def __init__(
-        self,
-        client: GatewayClient,
-        store: OutputStore,
-        states: dict[str, KeyState],
-        *,
-        force: bool = False,
-        retry_unknown: bool = False,
-        key_source: str = ENV_API_KEY,
-        thumbnails: bool = True,
-        requests: int = 0,
-        held: frozenset[str] = frozenset(),
-    ) -> None:
-        self.client = client
-        self.store = store
-        self.states = states
-        self.force = force
-        self.retry_unknown = retry_unknown
-        self.held = held
-        """Keys this run carries as they stand, whatever their state: variants, outside a `--redo` run."""
-        self.key_source = key_source
-        """Where the API key came from, for the message of a 401."""
-        self.thumbnails = thumbnails
-        """Make each image's report thumbnail as it arrives."""
-        self.halt = threading.Event()
-        self.halt_reason: str | None = None
-        self.reserve = DiskReserve(store.backend.spool_folder, reserve_size(requests))
-        """Room for the run's end on a full disk: `end_dispatch` gives it back."""
-        self.results = RecordSpool(store.backend.spool_folder)
-        """Records of each finished unit, by unit index (tasks return nothing: Prefect keeps results)."""
-        self.started_keys: set[str] = set()
-        """Keys with an attempt started in this run."""
-        store.backend.watch.on_error = self._write_failed  # the next request's writes would fail too
-        self.rate_limited = 0
-        """HTTP 429 answers seen so far (every attempt): dispatch narrows its window on a new one."""
-        self.pacer: Pacer | None = None
-        """Spaces request starts for `--rpm`."""
-        self._count_lock = threading.Lock()
-
-    def end_dispatch(self) -> None:
-        """Dispatch has ended (nothing more is sent or saved): give back the space kept for the records
-        written next."""
-        self.reserve.release()
+    results: RecordSpool
+    """Records of each finished unit, by unit index (tasks return nothing: Prefect keeps results)."""
+    pace: Callable[[], object] | None = None
+    """Waits for this request's start under `--rpm` (`run.pacing.Pacer.wait`); None: no pacing."""
+    halt: threading.Event = field(default_factory=threading.Event)
+    halt_reason: str | None = None
+    started_keys: set[str] = field(default_factory=set)
+    """Keys with an attempt started in this run."""
+    rate_limited: int = 0
+    """HTTP 429 answers seen so far (every attempt): dispatch narrows its window on a new one."""
+    _count_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def saw_429(self) -> None:
         with self._count_lock:
             self.rate_limited += 1
 
-    def _write_failed(self, exc: OSError) -> None:
-        self.stop_dispatch(storage_message(self.store.where, exc))
-
-    def stop_dispatch(self, reason: str) -> None:
+    def stop(self, reason: str) -> None:
+        """Send nothing more; the first reason given is the run's."""
         if not self.halt.is_set():
             self.halt_reason = reason
             self.halt.set()
+
+
+@dataclass(frozen=True, eq=False)
+class RunContext:
+    """What every task of one run shares: its configuration, fixed for the run, and its `state`. Not passed
+    to Prefect as a task input (the dispatcher's `RequestThreads` carries it), so Prefect never walks it."""
+
+    client: GatewayClient
+    store: OutputStore
+    states: Mapping[str, KeyState]
+    """The folder's state as the run found it."""
+    state: RunState
+    force: bool = False
+    retry_unknown: bool = False
+    held: frozenset[str] = frozenset()
+    """Keys this run carries as they stand, whatever their state: variants, outside a `--redo` run."""
+    key_source: str = ENV_API_KEY
+    """Where the API key came from, for the message of a 401."""
+    thumbnails: bool = True
+    """Make each image's report thumbnail as it arrives."""
 
     def decision(self, key: str) -> Decision:
         """`send` it, `skip` it (succeeded before), or `carry` its last status (no_image, unknown)."""
         return decide(self.states.get(key), force=self.force, retry_unknown=self.retry_unknown,
                       held=key in self.held)  # fmt: skip
+
+
+def stop_on_write_failure(store: OutputStore, state: RunState) -> None:
+    """A failed write to the output location stops the run: the next request's writes would fail too."""
+    store.backend.watch.on_error = lambda exc: state.stop(storage_message(store.where, exc))
 
 
 def decide(
@@ -334,30 +265,3 @@ def decide(
     if status == "no_image" or (status == "unknown" and not retry_unknown):
         return "carry"
     return "send"
-
-
-class Pacer:
-    """Spaces request starts `interval` seconds apart across every thread of a run (`--rpm N`: 60 / N)."""
-
-    def __init__(
-        self,
-        interval: float,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.interval = interval
-        self._sleep = sleep
-        self._clock = clock
-        self._next = -math.inf
-        self._lock = threading.Lock()
-
-    def wait(self) -> float:
-        """Wait for this start's slot; return the wait."""
-        with self._lock:
-            now = self._clock()
-            slot = max(now, self._next)
-            self._next = slot + self.interval
-        wait = slot - now
-        if wait > 0:
-            self._sleep(wait)
-        return wait

@@ -44,22 +44,22 @@ def send_and_record(
     """
     state = ctx.states.get(req.idempotency_key)
     earlier = state.attempts if state else 0  # results.csv and usage.jsonl count attempts across runs
-    observe = _observer(ctx, AttemptJournal(ctx.store, req, ctx.started_keys, earlier))
-    if ctx.pacer is not None:
-        ctx.pacer.wait()
+    observe = _observer(ctx, AttemptJournal(ctx.store, req, ctx.state.started_keys, earlier))
+    if ctx.state.pace is not None:
+        ctx.state.pace()
     try:
         result = ctx.client.send(request, idempotency_key=req.idempotency_key, observer=observe)
     except _StoppedBeforeSending:
-        return records.not_attempted(req, ctx.halt_reason or "the run was stopped"), None
+        return records.not_attempted(req, ctx.state.halt_reason or "the run was stopped"), None
     except NotJournaledError as exc:  # a failed write stopped it before (this) attempt was sent
-        record = records.not_journaled(req, exc.attempt, ctx.halt_reason or str(exc))
+        record = records.not_journaled(req, exc.attempt, ctx.state.halt_reason or str(exc))
         record.attempts += earlier if record.attempts else 0
         _record_outcome(ctx, record)
         return record, None
     except GatewayError as exc:
         reason = records.halt_reason(exc, ctx.key_source)
         if reason:
-            ctx.stop_dispatch(reason)
+            ctx.state.stop(reason)
         record = records.failure(req, exc)
         record.attempts += earlier
         _record_outcome(ctx, record)
@@ -71,14 +71,14 @@ def _observer(ctx: RunContext, journal: AttemptJournal) -> Callable[[AttemptEven
     """The client's observer of each attempt: journals it, notes a 429, and sends nothing once stopped."""
 
     def observe(event: AttemptEvent) -> None:
-        if isinstance(event, AttemptStarted) and event.attempt == 1 and ctx.halt.is_set():
+        if isinstance(event, AttemptStarted) and event.attempt == 1 and ctx.state.halt.is_set():
             # It waited (for a slot of the account's limit, or for --rpm's pacing) while the run stopped:
             # a request not yet sent is not sent. (A retry of one sent before the stop still is: the
             # requests in flight finish.)
             raise _StoppedBeforeSending
         journal(event)
         if isinstance(event, AttemptFinished) and event.status == 429:
-            ctx.saw_429()
+            ctx.state.saw_429()
 
     return observe
 

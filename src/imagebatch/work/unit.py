@@ -1,5 +1,5 @@
 """One unit of work, sent and recorded, with no Prefect in sight: the plain functions the `generate` task
-(`work.generate`) runs on the run's request threads, also used where Prefect is not started
+(`run.batches`) runs on the run's request threads, also used where Prefect is not started
 (`run.nothing_to_send`: a rerun with nothing to send).
 
 A unit is one request, or for an edit chain the ordered turns of one request (each turn is its own billed
@@ -35,8 +35,8 @@ def run_unit(ctx: RunContext, unit: Unit, out: list[RequestRecord] | None = None
     req = unit.requests[0]
     if ctx.decision(req.idempotency_key) != "send":
         out.append(records.carried(req, ctx.states.get(req.idempotency_key)))
-    elif ctx.halt.is_set():
-        out.append(records.not_attempted(req, ctx.halt_reason or "the run was stopped"))
+    elif ctx.state.halt.is_set():
+        out.append(records.not_attempted(req, ctx.state.halt_reason or "the run was stopped"))
     else:
         out.append(send_one(ctx, req))
     return out
@@ -62,24 +62,21 @@ def send_one(ctx: RunContext, req: PlannedRequest) -> RequestRecord:
     return send_and_record(ctx, req, request, chain, on_answer=keep)[0]
 
 
-def run_unit_safely(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
-    """`run_unit`, but a bug in it must not lose the other requests' records or misreport this unit's:
-    requests settled before the error keep their records; of the rest, one with an attempt started in
-    this run is `unknown`, the others `not_attempted`."""
+def settle(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
+    """`run_unit`, its records kept in `ctx.state.results` and returned; a bug in it must not lose the other
+    requests' records or misreport this unit's: requests settled before the error keep their records; of
+    the rest, one with an attempt started in this run is `unknown`, the others `not_attempted`."""
     out: list[RequestRecord] = []
     try:
-        return run_unit(ctx, unit, out)
+        run_unit(ctx, unit, out)
     except Exception as exc:
         logger.exception("%s: internal error", unit.name)
         why = f"internal error: {type(exc).__name__}: {exc}"
-        return out + [
+        out += [
             records.record(req, "unknown", error=f"{why}; {UNKNOWN_HINT}")
-            if req.idempotency_key in ctx.started_keys
+            if req.idempotency_key in ctx.state.started_keys
             else records.not_attempted(req, why)
             for req in unit.requests[len(out) :]
         ]
-
-
-def settle(ctx: RunContext, unit: Unit) -> None:
-    """Send one unit and keep its records in `ctx.results` (never raises for our own errors)."""
-    ctx.results[unit.index] = run_unit_safely(ctx, unit)
+    ctx.state.results[unit.index] = out
+    return out
