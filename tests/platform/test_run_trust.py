@@ -97,7 +97,7 @@ class Scene:
             return found if any(log["message"].startswith("Refused: ") for log in found) else None
 
         text = "\n".join(
-            log["message"] for log in wait_for("the refusal's log line", logs, 60, self.worker_log)
+            log["message"] for log in wait_for("the refusal's log line", logs, 180, self.worker_log)
         )
         assert "Traceback" not in text and "unexpected exception" not in text, text
 

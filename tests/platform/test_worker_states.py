@@ -136,7 +136,7 @@ class Scene:
             logs = self.logs(flow_run_id)
             return logs if any(log["level"] == level and text in log["message"] for log in logs) else None
 
-        return list(wait_for(f"a log line {text!r}", found, 60, self.worker_log))
+        return list(wait_for(f"a log line {text!r}", found, 180, self.worker_log))
 
     def close(self) -> None:
         if self.worker is not None:
