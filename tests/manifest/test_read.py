@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -374,9 +375,19 @@ def test_duplicate_column_and_ragged_rows_reported_together(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     "text", ["id,prompt\r\na,x\r\n", "id,prompt\ra,x\rb,y", 'id,prompt\na,"two\r\nlines"\n\nb,y', "id\n"]
 )
-def test_csv_lines_split_as_the_csv_module_reads_a_file(text: str) -> None:
+@pytest.mark.parametrize("block", [3, 1 << 20])
+def test_csv_lines_split_as_the_csv_module_reads_a_file(
+    text: str, block: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read in blocks of `block` bytes (a line longer than a block is read whole)."""
     import io
 
+    from imagebatch.manifest import textfile
     from imagebatch.manifest.read import _lines
 
-    assert list(_lines(text)) == list(io.StringIO(text, newline=""))
+    monkeypatch.setattr(textfile, "BLOCK", block)
+    path = tmp_path / "m.csv"
+    path.write_bytes(text.encode())
+    blocks = textfile.TextBlocks(path, escapes=False)
+    assert list(_lines(blocks)) == list(io.StringIO(text, newline=""))
+    assert blocks.sha256 == hashlib.sha256(text.encode()).hexdigest()

@@ -163,5 +163,5 @@ def _forecast(manifest: Manifest, args: argparse.Namespace, out: TextIO) -> int:
     except (UsageError, PriceError, OSError) as exc:
         print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print_forecast(result, manifest, out, keys=args.keys, prices=table)
+    print_forecast(result, out, keys=args.keys, prices=table)
     return EXIT_OK

@@ -8,7 +8,7 @@ it uses are in their own modules."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic_core import PydanticCustomError
@@ -33,6 +33,7 @@ from .fields import (
     shown,
 )
 from .files import SIZE_HINT, FileChecker, FileFacts, base_root, declared_roots, size_fault
+from .ids import IdHashes
 from .inputs import JobInput, clean_text, validate_input
 from .models import (
     FileRef,
@@ -62,15 +63,23 @@ class JobChecker:
     Every problem of every row is collected in `problems`; `check` returns a Job only for a clean row.
     """
 
-    def __init__(self, raw: RawManifest, base_dir: FileRef, roots: Sequence[FileRef] = ()) -> None:
+    def __init__(
+        self,
+        raw: RawManifest,
+        base_dir: FileRef,
+        roots: Sequence[FileRef] = (),
+        repeated: Collection[int] = frozenset(),
+    ) -> None:
         """`roots`: the resolved folders (or URL prefixes) the operator allows files in besides `base_dir`
-        (--files-root); `base_dir` is the manifest's folder, or its prefix in a store."""
+        (--files-root); `base_dir` is the manifest's folder, or its prefix in a store. `repeated`: the id
+        hashes an earlier reading of the manifest found taken twice (`ids`), whose ids are compared
+        exactly."""
         self.format = raw.format
         self.tabular = raw.columns is not None
         """A table (CSV, XLSX, Parquet): a header of columns, every value text."""
         self.sheet = raw.sheet
         self.problems: list[Problem] = []
-        self._nul = raw.may_hold_nul
+        self._raw = raw
         allowed = (base_root(base_dir), *roots)
         declared = raw.defaults.get("files_root")
         roots, faults = declared_roots(declared, base_dir, allowed)
@@ -78,9 +87,12 @@ class JobChecker:
         self.files = FileChecker(base_dir, roots)
         if declared is not None:
             self.files.outside_hint = "the manifest's defaults.files_root allows only these folders"
+        self._seen = IdHashes()
+        """The hash of each casefolded id: 8 to 16 bytes a row of the manifest (a shard's too)."""
+        self._exact = frozenset(repeated)
         self._ids: dict[str, int | tuple[str, int]] = {}
-        """Casefolded id -> the line of its first row, with the id as written when that differs: one entry
-        per row of the manifest, held while it is read (a shard's too), so kept small."""
+        """Casefolded id -> the line of its first row, with the id as written when that differs: only the
+        ids whose hash is in `repeated`."""
         self._metadata_columns: dict[str, None] = {}  # an ordered set
         self._reported_keys: set[str] = set()
         self._absent_columns: set[str] = set()
@@ -91,6 +103,12 @@ class JobChecker:
             self._check_header(raw)
         else:
             self._check_defaults(raw.defaults)
+
+    @property
+    def repeated(self) -> set[int]:
+        """The id hashes taken twice in this reading (outside `repeated`): its duplicates are named by
+        reading the manifest again with them."""
+        return self._seen.repeated
 
     @property
     def metadata_columns(self) -> list[str]:
@@ -131,7 +149,7 @@ class JobChecker:
         for key, value in defaults.items():
             if key in SETTINGS:
                 faulty.add(key)  # a setting of the manifest (`files.declared_roots`), not a field
-            elif self._nul and (has_nul(key) or has_nul(value)):
+            elif self._raw.may_hold_nul and (has_nul(key) or has_nul(value)):
                 add(key, "the name " + NUL_MESSAGE if has_nul(key) else NUL_MESSAGE, NUL_HINT)
                 faulty.add(key)
         defaults = {k: v for k, v in defaults.items() if k not in faulty}
@@ -233,7 +251,7 @@ class JobChecker:
         """The row's state, its known fields split from its metadata (look-alike names reported once)."""
         r = _Row(self, row)
         for key, value in row.values.items():
-            if self._nul and has_nul(value) and not has_nul(key):
+            if self._raw.may_hold_nul and has_nul(value) and not has_nul(key):
                 r.add(key, NUL_MESSAGE, NUL_HINT)
                 r.bad.add(key)  # not checked further, nor kept as metadata
                 continue
@@ -340,8 +358,13 @@ class JobChecker:
 
     def claim_id(self, job_id: str, line: int) -> bool:
         """Take `job_id` for the row on `line` when no earlier row has it in any case; False (and nothing
-        taken) when one has: `check` then says which."""
+        taken) when one has: `check` then says which. Known only for an id whose hash is `repeated`; any
+        other is taken, its hash noted (`IdHashes`)."""
         key = job_id.casefold()
+        value = hash(key) or 1
+        if value not in self._exact:
+            self._seen.add(value)  # a repeat is only noted: the manifest is read again, knowing it
+            return True
         if key in self._ids:
             return False
         self._ids[key] = line if key == job_id else (job_id, line)

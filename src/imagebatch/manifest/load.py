@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,6 +13,7 @@ from .formats import FORMATS, detect_format
 from .models import FileRef, Job, Manifest, ManifestError, ManifestFormat, Problem
 from .read import RawManifest, split_sheet
 from .shapes import ShapeChecker
+from .spool import JobSpool
 
 
 def read_raw(path: Path | str, format: str | None = None, sheet: str | None = None) -> RawManifest:
@@ -97,7 +98,43 @@ def load_manifest(
     `keep` (a shard's share: `run.shards.shard_keeps`) chooses the jobs the manifest holds: every row is
     still checked, and the manifest refused for any row's problem, but a job not kept is dropped as soon
     as it is made, so a shard never holds the others' jobs.
+
+    What is held stays small whatever the manifest's size: a CSV or JSON Lines file is read as its rows
+    are checked (`textfile`), each job kept is written to a temporary file as it is made (`spool`), and
+    each id is remembered by its hash (`ids`; a manifest where two rows' ids share one is read twice).
     """
+    where, named, base = _located(path, format)
+    roots = files_roots(files_root, where)
+    with _no_cycle_collection():
+        reading = _Reading(where, format, sheet if sheet is not None else named, base, roots, keep)
+        if reading.checker.repeated:  # an id taken twice (or two ids of one hash): named on a second look
+            if reading.spool is not None:
+                reading.spool.discard()
+            again = _Reading(where, format, reading.sheet, base, roots, keep, reading.checker.repeated)
+            if again.raw.sha256 != reading.raw.sha256:
+                why = "the manifest changed while it was read; check it again"
+                raise ManifestError([Problem(None, None, None, why)], where)
+            reading = again
+    raw, checker = reading.raw, reading.checker
+    problems = raw.problems + checker.problems
+    if not reading.shapes.rows and not problems:
+        problems.append(Problem(None, None, None, "the manifest has no jobs"))
+    if problems:
+        raise ManifestError(problems, where)
+    assert reading.spool is not None
+    return Manifest.model_construct(
+        path=where,
+        sha256=raw.sha256,
+        format=raw.format,
+        jobs=reading.spool.jobs(),
+        metadata_columns=checker.metadata_columns,
+        sheet=raw.sheet,
+    )
+
+
+def _located(path: FileRef, format: ManifestFormat | None) -> tuple[FileRef, str | None, FileRef]:
+    """The manifest's file (absolute) or object's URL (normalised), the sheet its name gives after `#`,
+    and the folder or prefix its references resolve against."""
     where: FileRef
     named: str | None = None
     if sources.is_url(path):
@@ -112,23 +149,35 @@ def load_manifest(
     else:
         where, named = split_sheet(Path(path).absolute(), format)
         base = where.parent
-    roots = files_roots(files_root, where)
-    with _no_cycle_collection():
-        raw = read_raw(where, format, sheet if sheet is not None else named)
-        checker = JobChecker(raw, base, roots)
-        shapes = ShapeChecker(checker, raw)
-        made = (job for row in raw.rows if (job := shapes.check(row)) is not None)
-        jobs = list(made) if keep is None else [job for job in made if keep(job)]
-    problems = raw.problems + checker.problems
-    if not shapes.rows and not problems:
-        problems.append(Problem(None, None, None, "the manifest has no jobs"))
-    if problems:
-        raise ManifestError(problems, where)
-    return Manifest.model_construct(
-        path=where,
-        sha256=raw.sha256,
-        format=raw.format,
-        jobs=jobs,
-        metadata_columns=checker.metadata_columns,
-        sheet=raw.sheet,
-    )
+    return where, named, base
+
+
+class _Reading:
+    """One reading of a manifest: every row checked, the clean rows' jobs kept (`keep`) in a `JobSpool`
+    until a row has a problem (the manifest is refused then: the spool is dropped, `spool` None).
+    `repeated`: see `JobChecker`."""
+
+    def __init__(
+        self,
+        where: FileRef,
+        format: ManifestFormat | None,
+        sheet: str | None,
+        base: FileRef,
+        roots: tuple[FileRef, ...],
+        keep: Callable[[Job], bool] | None,
+        repeated: Collection[int] = frozenset(),
+    ) -> None:
+        self.raw = raw = read_raw(where, format, sheet)
+        self.sheet = sheet
+        self.checker = checker = JobChecker(raw, base, roots, repeated)
+        self.shapes = shapes = ShapeChecker(checker, raw)
+        self.spool: JobSpool | None = None if checker.problems else JobSpool()
+        for row in raw.rows:
+            job = shapes.check(row)
+            if self.spool is None:
+                continue
+            if checker.problems or raw.problems:
+                self.spool.discard()
+                self.spool = None
+            elif job is not None and (keep is None or keep(job)):
+                self.spool.add(job)

@@ -6,6 +6,7 @@ These are the shapes the rest of imagebatch consumes; `imagebatch.manifest` re-e
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -273,7 +274,9 @@ class Manifest(BaseModel):
     sha256: str
     """sha256 (hex) of the manifest file's bytes."""
     format: ManifestFormat
-    jobs: list[Job]
+    jobs: Sequence[Job]
+    """The checked jobs, in manifest order: iterate them (as often as needed) and count them; a loaded
+    manifest's are kept on disk (`spool.Jobs`), one built here from a list holds that list."""
     metadata_columns: list[str] = []
     """Names of the metadata columns, in order of first appearance (for results tables)."""
     sheet: str | None = None

@@ -11,7 +11,6 @@ XLSX and Parquet readers are imported only for such a file, so that a CSV run ne
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .models import Location, ManifestError, ManifestFormat, Problem
+from .textfile import TextBlocks
 
 MAX_DEPTH = 32
 """How deep a JSON manifest (the whole document) or a JSON Lines line may nest lists and objects. A job
@@ -46,6 +46,7 @@ class RawManifest:
     """The file, or the object's URL."""
     format: ManifestFormat
     sha256: str
+    """The file's sha256 (hex); a CSV's or JSON Lines' is set once its rows have all been read."""
     rows: Iterable[RawRow]
     """The rows, in order. A CSV's are read as they are iterated, once (`_csv_rows`): its whole-file
     problems (a row of the wrong length) are raised at the end of the iteration, and a column with no name
@@ -64,7 +65,8 @@ class RawManifest:
     problems: list[Problem] = field(default_factory=list)
     """Problems found while reading that do not stop the other rows from being checked."""
     may_hold_nul: bool = True
-    """False when the text holds no NUL character (nor a JSON escape of one): rows need no NUL check."""
+    """False while the text read so far holds no NUL character (nor a JSON escape of one): the rows read so
+    far need no NUL check. Set before the rows of the text that holds one are given out."""
 
 
 def split_sheet(path: Path, format: str | None = None) -> tuple[Path, str | None]:
@@ -89,102 +91,56 @@ def split_sheet(path: Path, format: str | None = None) -> tuple[Path, str | None
 def read_text_manifest(path: Path | str, fmt: ManifestFormat) -> RawManifest:
     """Read a CSV, JSON or JSON Lines manifest `path` (a file, or an object's URL: `sources`) into raw rows;
     raise ManifestError when it cannot be read as a manifest (a workbook or Parquet file: `manifest.tables`;
-    the reader of each format: `formats.FORMATS`)."""
-    data = _read_object(path) if isinstance(path, str) else read_file(path)
-    digest = hashlib.sha256(data).hexdigest()
-    text = _decode(data, path)
-    if not text.strip():
-        raise ManifestError([Problem(None, None, None, "the manifest is empty")], path)
-    raw = RawManifest(path=path, format=fmt, sha256=digest, rows=[])
-    raw.may_hold_nul = "\x00" in text or (fmt != "csv" and "\\u0000" in text)
-    if fmt == "csv":
-        _read_csv(text, raw)
-    elif fmt == "json":
+    the reader of each format: `formats.FORMATS`).
+
+    A CSV's or JSON Lines' rows are read from the file as they are iterated (`textfile.TextBlocks`): what is
+    learnt on the way (a NUL character: `may_hold_nul`; the sha256, at the end) is set on the raw manifest
+    then. A JSON document is read whole: its parser needs it so."""
+    blocks = TextBlocks(path, escapes=fmt != "csv")
+    raw = RawManifest(path=path, format=fmt, sha256="", rows=[], may_hold_nul=False)
+    if fmt == "json":
+        text = "".join(_text(blocks, raw))
+        if not text.strip():
+            raise ManifestError([Problem(None, None, None, "the manifest is empty")], path)
         _read_json(text, raw)
+    elif fmt == "csv":
+        _read_csv(_lines(_text(blocks, raw)), raw)
     else:
-        _read_jsonl(text, raw)
+        raw.rows = _jsonl_rows(_text(blocks, raw), raw)
     return raw
 
 
-def _read_object(url: str) -> bytes:
-    """The manifest object's bytes; one problem naming it and the cause when it cannot be read."""
-    from . import sources
-
-    try:
-        got = sources.read_object(url, sources.MANIFEST_LIMIT)
-    except OSError as exc:  # a missing bucket, refused credentials, an unreachable store
-        raise ManifestError([Problem(None, None, None, exc.strerror or str(exc))], url) from None
-    if got is None:
-        raise ManifestError([Problem(None, None, None, f"manifest not found: {url}")], url)
-    data, size = got
-    if size >= sources.MANIFEST_LIMIT:
-        why = f"{url} is {size:,} bytes; a manifest must be under {sources.MANIFEST_LIMIT:,} bytes"
-        raise ManifestError([Problem(None, None, None, why)], url)
-    return data
-
-
-def read_file(path: Path, limit: int | None = None) -> bytes:
-    """The manifest file's bytes; ManifestError naming the cause when it cannot be read, or (`limit`) when
-    it is `limit` bytes or more (checked before it is read)."""
-    try:
-        if limit is not None and (size := path.stat().st_size) >= limit:
-            too_big = f"the file is {size:,} bytes; a manifest must be under {limit:,}"
-            raise ManifestError([Problem(None, None, None, too_big)], path)
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError([Problem(None, None, None, f"manifest not found: {path}")], path) from None
-    except IsADirectoryError:
-        raise ManifestError(
-            [Problem(None, None, None, f"{path} is a folder, not a manifest")], path
-        ) from None
-    except OSError as exc:
-        raise ManifestError(
-            [Problem(None, None, None, f"cannot read {path}: {exc.strerror}")], path
-        ) from None
-    except ValueError:  # a path holding a NUL character (a deployment's parameter, say)
-        nul = Problem(None, None, None, "the manifest's path holds a NUL character")
-        raise ManifestError([nul]) from None
-
-
-def _decode(data: bytes, path: Path | str) -> str:
-    # utf-8-sig: spreadsheet programs often write a byte-order mark; tolerate it, and nothing but UTF-8.
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise ManifestError(
-            [
-                Problem(
-                    line,
-                    None,
-                    None,
-                    f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x} cannot be decoded)",
-                    "save it as UTF-8 (in a spreadsheet program: 'CSV UTF-8')",
-                )
-            ],
-            path,
-        ) from None
+def _text(blocks: TextBlocks, raw: RawManifest) -> Iterator[str]:
+    """The blocks of text, each noted on `raw` before it is given out: a NUL character in it, and (after
+    the last) the file's sha256."""
+    for block in blocks:
+        if blocks.nul:
+            raw.may_hold_nul = True
+        yield block
+    assert blocks.sha256 is not None
+    raw.sha256 = blocks.sha256
 
 
 # --- CSV -------------------------------------------------------------------------------------------
 
 
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+"""A line with its ending, as `io.StringIO(text, newline="")` gives them (a line ends at `\r\n`, `\r` or
+`\n`). A block of text ends at a `\n`, so its lines are the file's."""
 
 
-def _lines(text: str) -> Iterator[str]:
-    """`text`'s lines with their endings, as `io.StringIO(text, newline="")` gives them (a line ends at
-    `\r\n`, `\r` or `\n`), one at a time: a StringIO holds a copy of the text at 4 bytes a character."""
-    return (match.group() for match in _LINE.finditer(text))
+def _lines(blocks: Iterable[str]) -> Iterator[str]:
+    """The lines of the text in `blocks`, with their endings (`_LINE`)."""
+    return (match.group() for block in blocks for match in _LINE.finditer(block))
 
 
-def _csv_records(text: str, path: Path | str) -> Iterator[tuple[int, list[str]]]:
+def _csv_records(lines: Iterator[str], path: Path | str) -> Iterator[tuple[int, list[str]]]:
     """Each non-blank record with the physical line it starts on, as the csv module reads them.
 
     pandas pads short rows silently and reports only the first long one, and it does not know physical
     line numbers once a quoted cell spans lines; the csv module, walked once, knows all of that.
     """
-    reader = csv.reader(_lines(text))
+    reader = csv.reader(lines)
     end = 0
     try:
         for record in reader:
@@ -198,10 +154,10 @@ def _csv_records(text: str, path: Path | str) -> Iterator[tuple[int, list[str]]]
         ) from None
 
 
-def _read_csv(text: str, raw: RawManifest) -> None:
+def _read_csv(lines: Iterator[str], raw: RawManifest) -> None:
     """The header read now; the rows as they are iterated (`RawManifest.rows`), unless the header is
     refused: then every record is read now, for every problem of the file at once."""
-    records = _csv_records(text, raw.path)
+    records = _csv_records(lines, raw.path)
     first = next(records, None)
     if first is None:
         raise ManifestError([Problem(None, None, None, "the manifest is empty")], raw.path)
@@ -441,22 +397,35 @@ def _read_json(text: str, raw: RawManifest) -> None:
             raw.problems.append(Problem(i, None, None, "a job must be an object", unit="job"))
 
 
-def _read_jsonl(text: str, raw: RawManifest) -> None:
-    rows: list[RawRow] = []
-    raw.rows = rows
-    # split on "\n" only: str.splitlines would also split inside strings holding U+2028 and friends.
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            job = parse_json(line)
-        except json.JSONDecodeError as exc:
-            raw.problems.append(_json_problem(exc, number))
-            continue
-        except TooDeepError as exc:
-            raw.problems.append(_depth_problem(exc, number))
-            continue
-        if isinstance(job, dict):
-            rows.append(RawRow(number, "line", job))
-        else:
-            raw.problems.append(Problem(number, None, None, "each line must be a JSON object (one job)"))
+def _jsonl_rows(blocks: Iterator[str], raw: RawManifest) -> Iterator[RawRow]:
+    """Each line's job as the lines are read; a line that is not a job is a problem in `raw.problems`."""
+    number, seen = 0, False
+    for block in blocks:
+        # split on "\n" only: str.splitlines would also split inside strings holding U+2028 and friends.
+        lines = block.split("\n")
+        if block.endswith("\n"):
+            lines.pop()
+        for line in lines:
+            number += 1
+            if not line.strip():
+                continue
+            seen = True
+            if (row := _jsonl_row(number, line, raw)) is not None:
+                yield row
+    if not seen:
+        raise ManifestError([Problem(None, None, None, "the manifest is empty")], raw.path)
+
+
+def _jsonl_row(number: int, line: str, raw: RawManifest) -> RawRow | None:
+    try:
+        job = parse_json(line)
+    except json.JSONDecodeError as exc:
+        raw.problems.append(_json_problem(exc, number))
+        return None
+    except TooDeepError as exc:
+        raw.problems.append(_depth_problem(exc, number))
+        return None
+    if isinstance(job, dict):
+        return RawRow(number, "line", job)
+    raw.problems.append(Problem(number, None, None, "each line must be a JSON object (one job)"))
+    return None

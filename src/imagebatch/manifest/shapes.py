@@ -39,13 +39,14 @@ class ShapeChecker:
         self.rows = 0
         """The rows checked so far."""
         # Only a table with both columns, no defaults and no NUL byte in it takes the short path: anything
-        # else is rare enough to be checked in full.
-        self._fast = checker.tabular and not raw.may_hold_nul and "id" in columns and "prompt" in columns
+        # else is rare enough to be checked in full. (A NUL byte may be found as the file is read.)
+        self._raw = raw
+        self._fast = checker.tabular and "id" in columns and "prompt" in columns
 
     def check(self, row: RawRow) -> Job | None:
         """The row's Job when it is clean, else None with its problems added to the checker's."""
         self.rows += 1
-        if not self._fast:
+        if not self._fast or self._raw.may_hold_nul:
             return self.checker.check(row)
         shape = self._shape_of(row.values)
         known = self._shapes.get(shape)

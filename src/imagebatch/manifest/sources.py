@@ -14,6 +14,7 @@ import errno
 import hashlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from imagebatch.gateway.constants import STORE_VARIABLE_PREFIXES
@@ -111,3 +112,14 @@ def read_object(url: str, limit: int) -> tuple[bytes, int] | None:
     configuration (an unknown region, a bad variable) is refused."""
     bucket, key = split(url)
     return location(bucket).get_bounded(key, limit)
+
+
+def read_stream(url: str) -> Iterator[bytes] | None:
+    """The bytes of the object at the normalised `url` as chunks, never whole; None if there is no such
+    object. `StoreError` as for `read_object` (a missing bucket among them)."""
+    bucket, key = split(url)
+    where = location(bucket)
+    chunks = where.get_stream(key)
+    if chunks is None:
+        where.get_bounded(key, 0)  # no such object, or no such bucket: this one raises for a bucket
+    return chunks

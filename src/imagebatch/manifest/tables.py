@@ -64,7 +64,8 @@ from typing import TYPE_CHECKING, Any
 from imagebatch.extras import needs_extra
 
 from .models import ManifestError, ManifestFormat, Problem
-from .read import RawManifest, read_file, table_rows
+from .read import RawManifest, table_rows
+from .textfile import read_file
 
 if TYPE_CHECKING:
     import pyarrow

@@ -193,7 +193,6 @@ def _unit_fates(
 
 def print_forecast(
     result: Forecast,
-    manifest: Manifest,
     out: TextIO,
     *,
     keys: bool = False,
@@ -217,11 +216,10 @@ def print_forecast(
     print(f"  {'total':<11}{total:>9,}{sum(sent.values()):>7,}", file=out)
     if result.redo is not None:
         print(f"  {describe(result.redo.info())}", file=out)
-    jobs = {job.id: job for job in manifest.jobs}
     for state in ("changed", "rejected"):
         named = [f for f in result.fates if f.state == state]
         if named:
-            rows = ", ".join(_row(f.request, jobs) for f in named[:NAMED])
+            rows = ", ".join(_row(f.request) for f in named[:NAMED])
             more = f" and {len(named) - NAMED:,} more (--keys lists them)" if len(named) > NAMED else ""
             print(f"  {state}: {rows}{more}", file=out)
     if prices is not None:
@@ -243,9 +241,9 @@ def print_forecast(
             )
 
 
-def _row(req: PlannedRequest, jobs: dict[str, Any]) -> str:
+def _row(req: PlannedRequest) -> str:
     """`line 7 (id=mug-blue)`, with the request and turn when the job has several."""
-    job = jobs[req.job_id]
+    job = req.job
     where = f"{job.location} (id={job.id})"
     if job.count > 1:
         where += f" request {req.request_index}"
