@@ -1,13 +1,15 @@
 """Benchmark: what one shard of a sharded run holds once it has read and planned its share (a script).
 
     uv run python bench/bench_shard_plan.py --rows 50000 200000 --shards 10 [--src /tmp/before/src]
+    uv run python bench/bench_shard_plan.py --rows 50000 500000 --src /tmp/before/src --src src --shard-only
 
 Writes `bench_manifest.make_folder`'s catalog manifest of each size, then in a child process of its own
 (with `--src` first on `PYTHONPATH`, to run other code) does what a shard's flow does before it sends:
 load the manifest (every row checked; with `run.shards.shard_keeps` where the code has it, only shard 0's
 jobs kept), plan it, group the requests into units and keep shard 0's (`shard_of`), and once more for the
-whole run (what one process or a sharded run's parent plans). Prints each one's peak RSS (`wait4`), CPU
-seconds and the units kept.
+whole run (what one process or a sharded run's parent plans; not with `--shard-only`). Prints each one's
+peak RSS (`wait4`), CPU seconds and the units kept. Several `--src` are run in turn for each size, in an
+order that alternates with `--repeat` (a loaded machine's drift then falls on all alike).
 """
 
 from __future__ import annotations
@@ -60,15 +62,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[50_000, 200_000])
     parser.add_argument("--shards", type=int, default=10)
-    parser.add_argument("--src", default=None, help="a source tree to run instead of the installed one")
+    parser.add_argument(
+        "--src", action="append", default=None, help="a source tree to run (repeat: alternated)"
+    )
+    parser.add_argument("--shard-only", action="store_true", help="only the shard, not the whole plan")
+    parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
+    trees: list[str | None] = args.src or [None]
+    kinds = [(0, f"shard 0 of {args.shards}")] + ([] if args.shard_only else [(-1, "whole plan")])
     for rows, manifest in manifests(args.rows):
-        for shard, what in ((0, f"shard 0 of {args.shards}"), (-1, "whole plan")):
-            rss, cpu, wall, out = once(args.src, manifest, args.shards, shard)
-            jobs, units = out.split()
-            print(f"{rows:>9,} rows  {what:<16} {rss:6.0f} MiB  {cpu:6.2f} CPU s  {wall:6.2f} s wall  "
-                  f"jobs held {int(jobs):>7,}  units {int(units):>7,}  load {os.getloadavg()[0]:.1f}",
-                  flush=True)  # fmt: skip
+        for i in range(args.repeat):
+            for src in trees if i % 2 == 0 else trees[::-1]:
+                for shard, what in kinds:
+                    rss, cpu, wall, out = once(src, manifest, args.shards, shard)
+                    jobs, units = out.split()
+                    print(f"{rows:>9,} rows  {src or 'installed':<24} {what:<16} {rss:6.0f} MiB  {cpu:6.2f} "
+                          f"CPU s  {wall:6.2f} s wall  jobs held {int(jobs):>7,}  units {int(units):>7,}  "
+                          f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
