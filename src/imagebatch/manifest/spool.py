@@ -13,10 +13,8 @@ never lost, only held.
 
 from __future__ import annotations
 
-import operator
 import os
 import pickle
-import sys
 import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -27,30 +25,19 @@ from .models import Job, checked_job
 CHUNK = 1024
 """Jobs a chunk: the file's unit of writing and reading, and the most jobs kept in memory without one."""
 
-_FIELDS = tuple(Job.model_fields)
-_values = operator.itemgetter(*_FIELDS)
-_SHARED = ("model", "route", "aspect_ratio", "image_size", "size")
-"""Text fields that repeat across rows: one string object each once read back (`sys.intern`)."""
-_SHARED_AT = tuple(_FIELDS.index(name) for name in _SHARED)
-
 Chunk = tuple[int, int] | list[Job]
 """A chunk in the file (its offset and length) or in memory (its jobs)."""
 
 
 def _encode(jobs: list[Job]) -> bytes:
-    return pickle.dumps([_values(job.__dict__) for job in jobs], protocol=pickle.HIGHEST_PROTOCOL)
+    """A chunk's jobs as one pickle of their fields' values (each a dict in Job's order of fields: a
+    dict's keys, the same strings in every job, are written once)."""
+    return pickle.dumps([job.__dict__ for job in jobs], protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _decode(data: bytes) -> list[Job]:
     """A chunk's jobs from its bytes (our own, written by `_encode`)."""
-    jobs = []
-    for values in pickle.loads(data):
-        fields = dict(zip(_FIELDS, values, strict=True))
-        for at in _SHARED_AT:
-            if (text := values[at]) is not None:
-                fields[_FIELDS[at]] = sys.intern(text)
-        jobs.append(checked_job(fields))
-    return jobs
+    return [checked_job(values) for values in pickle.loads(data)]
 
 
 class Jobs(Sequence[Job]):
@@ -155,10 +142,10 @@ class JobSpool:
         """The file could not be made or written: the rest stays in memory."""
 
     def add(self, job: Job) -> None:
+        if len(self._pending) == CHUNK:  # written once a job beyond it comes: one chunk needs no file
+            self._flush()
         self._pending.append(job)
         self._count += 1
-        if len(self._pending) == CHUNK:
-            self._flush()
 
     def extend(self, jobs: Iterable[Job]) -> None:
         for job in jobs:
