@@ -8,7 +8,8 @@ Writes `bench_manifest.make_folder`'s catalog manifest of each size, then in a c
 load the manifest (every row checked; with `run.shards.shard_keeps` where the code has it, only shard 0's
 jobs kept), plan it, group the requests into units and keep shard 0's (`shard_of`), and once more for the
 whole run (what one process or a sharded run's parent plans; not with `--shard-only`). Prints each one's
-peak RSS (`wait4`), CPU seconds and the units kept. Several `--src` are run in turn for each size, in an
+peak RSS (`wait4`), CPU seconds and the units kept; with `--load-only`, only the load (what the manifest
+side holds, the plan left out). Several `--src` are run in turn for each size, in an
 order that alternates with `--repeat` (a loaded machine's drift then falls on all alike).
 """
 
@@ -29,24 +30,26 @@ import sys
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.run import shards as sharding
 from imagebatch.work.context import group_units
-path, shards, shard = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, shards, shard, planned = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "plan"
 keep = None
 if shard >= 0 and hasattr(sharding, "shard_keeps"):
     keep = sharding.shard_keeps(shard, shards)
 manifest = load_manifest(path, keep=keep) if keep else load_manifest(path)
-units = group_units(plan(manifest))
+units = group_units(plan(manifest)) if planned else []
 if shard >= 0:
     units = [u for u in units if sharding.shard_of(u, shards) == shard]
 print(len(manifest.jobs), len(units))
 """
 
 
-def once(src: str | None, manifest: Path, shards: int, shard: int) -> tuple[float, float, float, str]:
+def once(
+    src: str | None, manifest: Path, shards: int, shard: int, planned: bool = True
+) -> tuple[float, float, float, str]:
     """Peak RSS MiB, CPU s and wall s of one child, and what it printed (jobs held, units kept)."""
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = str(Path(src).resolve())
-    cmd = [sys.executable, "-c", CHILD, str(manifest), str(shards), str(shard)]
+    cmd = [sys.executable, "-c", CHILD, str(manifest), str(shards), str(shard), "plan" if planned else "load"]
     start = time.perf_counter()
     child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
@@ -67,6 +70,9 @@ def main() -> None:
     )
     parser.add_argument("--shard-only", action="store_true", help="only the shard, not the whole plan")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--load-only", action="store_true", help="load the manifest (the shard's jobs kept), plan nothing"
+    )
     args = parser.parse_args()
     trees: list[str | None] = args.src or [None]
     kinds = [(0, f"shard 0 of {args.shards}")] + ([] if args.shard_only else [(-1, "whole plan")])
@@ -74,7 +80,7 @@ def main() -> None:
         for i in range(args.repeat):
             for src in trees if i % 2 == 0 else trees[::-1]:
                 for shard, what in kinds:
-                    rss, cpu, wall, out = once(src, manifest, args.shards, shard)
+                    rss, cpu, wall, out = once(src, manifest, args.shards, shard, not args.load_only)
                     jobs, units = out.split()
                     print(f"{rows:>9,} rows  {src or 'installed':<24} {what:<16} {rss:6.0f} MiB  {cpu:6.2f} "
                           f"CPU s  {wall:6.2f} s wall  jobs held {int(jobs):>7,}  units {int(units):>7,}  "

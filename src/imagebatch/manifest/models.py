@@ -256,6 +256,12 @@ def checked_job(values: dict[str, Any]) -> Job:
     for a 100,000-row plan). A test keeps the two equal.
     """
     assert values.keys() == _JOB_FIELDS, sorted(values.keys() ^ _JOB_FIELDS)
+    return job_of(values)
+
+
+def job_of(values: dict[str, Any]) -> Job:
+    """The Job whose fields' values are `values` (kept), as `checked_job` makes it, taken as they are: a
+    job's own `__dict__` read back (`spool`)."""
     job = _new_job(Job)
     _set(job, "__dict__", values)
     _set(job, "__pydantic_fields_set__", _JOB_FIELDS)

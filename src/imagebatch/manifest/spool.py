@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import overload
 
-from .models import Job, checked_job
+from .models import Job, job_of
 
 CHUNK = 1024
 """Jobs a chunk: the file's unit of writing and reading, and the most jobs kept in memory without one."""
@@ -37,7 +37,7 @@ def _encode(jobs: list[Job]) -> bytes:
 
 def _decode(data: bytes) -> list[Job]:
     """A chunk's jobs from its bytes (our own, written by `_encode`)."""
-    return [checked_job(values) for values in pickle.loads(data)]
+    return [job_of(values) for values in pickle.loads(data)]
 
 
 class Jobs(Sequence[Job]):
