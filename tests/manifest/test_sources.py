@@ -4,6 +4,7 @@ which objects were read."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections import Counter
 from collections.abc import Iterator
@@ -81,6 +82,7 @@ def test_a_manifest_in_a_bucket_validates_each_object_read_once_and_plans_a_loca
 
     manifest = load_manifest(url)
     assert manifest.path == url
+    assert manifest.sha256 == hashlib.sha256(text).hexdigest()  # computed as the object was spooled
     jobs = {job.id: job for job in manifest.jobs}
     assert jobs["a"].reference_images == [f"s3://{bucket}/cat/refs/a.png"]
     assert jobs["a"].mask == f"s3://{bucket}/cat/refs/mask.png"
