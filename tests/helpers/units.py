@@ -26,13 +26,13 @@ from imagebatch.gateway import GatewayClient
 from imagebatch.manifest import load_manifest, plan
 from imagebatch.storage import appendlog
 from imagebatch.work.context import (
-    RecordSpool,
     RunContext,
     RunState,
     Unit,
     group_units,
     stop_on_write_failure,
 )
+from imagebatch.work.spool import RecordSpool
 from imagebatch.work.store import OutputStore, RequestRecord, read_jsonl
 
 API_KEY = "secret-key"

@@ -42,16 +42,9 @@ from imagebatch.run.shards import (
     shard_parameters,
     shards_released,
 )
-from imagebatch.work.context import (
-    DiskReserve,
-    RecordSpool,
-    RunContext,
-    RunState,
-    Unit,
-    reserve_size,
-    stop_on_write_failure,
-)
+from imagebatch.work.context import RunContext, RunState, Unit, stop_on_write_failure
 from imagebatch.work.redo import redo_kinds
+from imagebatch.work.spool import DiskReserve, RecordSpool, reserve_size
 from imagebatch.work.store import KeyState, OutputLockedError, OutputStore
 from imagebatch.work.variants import with_variants
 

@@ -21,8 +21,9 @@ from imagebatch.manifest import plan
 from imagebatch.options import RunOptions
 from imagebatch.run.outputs import run_info, write_files
 from imagebatch.run.preflight import Preflight, key_source
-from imagebatch.work.context import RecordSpool, RunContext, RunState, group_units
+from imagebatch.work.context import RunContext, RunState, group_units
 from imagebatch.work.redo import redo_kinds
+from imagebatch.work.spool import RecordSpool
 from imagebatch.work.store import OutputLockedError, OutputStore, RequestRecord
 from imagebatch.work.unit import run_unit
 from imagebatch.work.variants import with_variants

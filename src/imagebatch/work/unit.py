@@ -9,9 +9,9 @@ request with its own key and results row).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from imagebatch.gateway.constants import Route
-from imagebatch.manifest import PlannedRequest
 from imagebatch.storage.layout import UNKNOWN_HINT
 from imagebatch.work import conversation, records
 from imagebatch.work.build import InputChangedError, build_request
@@ -30,36 +30,39 @@ def run_unit(ctx: RunContext, unit: Unit, out: list[RequestRecord] | None = None
     exception still has the records of the requests before it.
     """
     out = [] if out is None else out
-    if unit.is_chain:
-        return run_chain(ctx, unit, out)
+    return _path(unit)(ctx, unit, out)
+
+
+def _path(unit: Unit) -> Callable[[RunContext, Unit, list[RequestRecord]], list[RequestRecord]]:
+    """How `unit` is sent: the turns of a chain in order (`work.chain`), or one request."""
+    return run_chain if unit.is_chain else run_plain
+
+
+def run_plain(ctx: RunContext, unit: Unit, out: list[RequestRecord]) -> list[RequestRecord]:
+    """Send the one request of `unit` (a plain request, or a variant: not a turn of a chain being made)
+    if the run is to send it, and append its record to `out`. On the native route its conversation is
+    kept (`work.conversation`) for a later edit."""
     req = unit.requests[0]
     if ctx.decision(req.idempotency_key) != "send":
         out.append(records.carried(req, ctx.states.get(req.idempotency_key)))
-    elif ctx.state.halt.is_set():
+        return out
+    if ctx.state.halt.is_set():
         out.append(records.not_attempted(req, ctx.state.halt_reason or "the run was stopped"))
-    else:
-        out.append(send_one(ctx, req))
-    return out
-
-
-def send_one(ctx: RunContext, req: PlannedRequest) -> RequestRecord:
-    """Build and send one request that is not a turn of a chain being made (a plain request, or a variant);
-    on the native route its conversation is kept (`work.conversation`) for a later edit."""
-    chain = bool(req.job.turns)
-    if req.route is not Route.NATIVE:
-        try:
-            request = build_request(req)
-        except InputChangedError as exc:
-            return records.record(req, "failed", error=str(exc))
-        return send_and_record(ctx, req, request, chain)[0]
+        return out
+    chain, keep = bool(req.job.turns), None
     try:
-        before = conversation.earlier(ctx.store, req)
-        request = build_request(req, before.sent(ctx.store, req))
+        if req.route is Route.NATIVE:
+            before = conversation.earlier(ctx.store, req)
+            request = build_request(req, before.sent(ctx.store, req))
+            sent_turn = request.json["contents"][-1] if request.json else {}
+            keep = conversation.keeper(ctx.store, req, before, sent_turn)
+        else:
+            request = build_request(req)
     except (InputChangedError, conversation.HistoryError) as exc:
-        return records.record(req, "failed", error=str(exc))
-    sent_turn = request.json["contents"][-1] if request.json else {}
-    keep = conversation.keeper(ctx.store, req, before, sent_turn)
-    return send_and_record(ctx, req, request, chain, on_answer=keep)[0]
+        out.append(records.record(req, "failed", error=str(exc)))
+        return out
+    out.append(send_and_record(ctx, req, request, chain, on_answer=keep)[0])
+    return out
 
 
 def settle(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
@@ -68,7 +71,7 @@ def settle(ctx: RunContext, unit: Unit) -> list[RequestRecord]:
     the rest, one with an attempt started in this run is `unknown`, the others `not_attempted`."""
     out: list[RequestRecord] = []
     try:
-        run_unit(ctx, unit, out)
+        _path(unit)(ctx, unit, out)
     except Exception as exc:
         logger.exception("%s: internal error", unit.name)
         why = f"internal error: {type(exc).__name__}: {exc}"
