@@ -62,7 +62,7 @@ from PIL import Image
 from imagebatch.manifest import load_manifest, plan_job
 from imagebatch.report.review import ReviewServer
 from imagebatch.storage.csvcells import write_csv
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.work.store import RESULT_COLUMNS
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -175,7 +175,7 @@ def team(out: Path, tmp: Path, posts: int) -> tuple[list[float], float, float, l
     from selenium.webdriver.support.ui import WebDriverWait
 
     tokens = {name: secrets.token_urlsafe(24) for name in ("alice", "bob")}
-    server = ReviewServer(LocalFolder(out), "bench", host="127.0.0.2", reviewers=tokens)
+    server = ReviewServer(FolderBackend(out), "bench", host="127.0.0.2", reviewers=tokens)
     drivers = {name: browser(tmp / f"profile-{name}") for name in tokens}
     firsts: list[float] = []
     try:
@@ -289,7 +289,7 @@ def main() -> None:
         made = time.perf_counter() - t0
         t0 = time.perf_counter()
         grouped = {"group_by": args.group_by} if args.group_by else {}  # (so that it runs on older code too)
-        server = ReviewServer(LocalFolder(out), "bench", **grouped)
+        server = ReviewServer(FolderBackend(out), "bench", **grouped)
         started = time.perf_counter() - t0
         driver = browser(Path(tmp) / "profile")
         try:
@@ -321,7 +321,7 @@ def serve_once(out: Path) -> None:
     import urllib.request
 
     t0, cpu = time.perf_counter(), time.process_time()
-    server = ReviewServer(LocalFolder(out), "bench")
+    server = ReviewServer(FolderBackend(out), "bench")
     started, start_cpu = time.perf_counter() - t0, time.process_time() - cpu
     with server:
         t0 = time.perf_counter()
