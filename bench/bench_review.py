@@ -294,7 +294,8 @@ def main() -> None:
         driver = browser(Path(tmp) / "profile")
         try:
             with server:
-                page = server.page("x").length
+                answer = server.page("x")  # (bytes before the page was streamed)
+                page = answer.length if hasattr(answer, "length") else len(answer)
                 first = loads(driver, server.url, args.loads)
                 step = max(1, args.requests // 3 // args.searches)
                 skus = [f"SKU-{10000 + i}" for i in range(0, args.requests // 3, step)][: args.searches]
