@@ -2,6 +2,14 @@
 warm: a rebuild, thumbnails kept) and how long its first page takes to load in headless Chromium.
 
     uv run python bench/bench_report.py [--requests 10000]
+    /usr/bin/time -v uv run python bench/bench_report.py --rss DIR   # report.html's memory over DIR
+
+With `--rss`, report.html is built once over the folder `bench_review.py --keep DIR` made (a catalog
+manifest, run.json naming it, results.csv by the project's writer, a thumbnail per image already there:
+a rebuild, as a review's `rebuild` or `imagebatch report` runs it), the prompts from the manifest planned
+again; its pages, CPU seconds and peak RSS printed (quote `/usr/bin/time -v`'s "Maximum resident set
+size"). The same script runs against another checkout (`cd BEFORE && uv run python .../bench_report.py
+--rss DIR`).
 """
 
 from __future__ import annotations
@@ -40,10 +48,25 @@ def make_folder(root: Path, n: int) -> None:
     (root / "results.csv").write_text(header + "".join(lines))
 
 
+def build_once(out: Path) -> None:
+    """report.html built over `out`; its pages, wall and CPU seconds and peak RSS printed."""
+    import resource
+
+    t0 = time.perf_counter()
+    build_report(out)
+    wall = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    pages = len(list(out.glob("report*.html")))
+    print(f"pages {pages}; build {wall:.1f} s; peak RSS {peak:.0f} MiB; CPU {time.process_time():.1f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--rss", type=Path, help="build report.html once over this kept folder")
     args = parser.parse_args()
+    if args.rss:
+        return build_once(args.rss / "out")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "out"
         make_folder(root, args.requests)

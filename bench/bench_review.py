@@ -4,6 +4,14 @@ the page.
 
     uv run python bench/bench_review.py [--requests 10000] [--posts 500] [--loads 5] [--searches 20]
                                         [--group-by sku] [--team-posts 250]
+    uv run python bench/bench_review.py --requests 200000 --keep DIR   # the folder only, kept in DIR
+    /usr/bin/time -v uv run python bench/bench_review.py --rss DIR      # the server's memory over DIR
+
+With `--rss`, no browser: the server starts over the folder `--keep` made, its page is fetched over HTTP
+(read and dropped a megabyte at a time, as a browser receives it), one card looked up and one decision
+recorded, and the process's peak RSS and CPU time printed (quote `/usr/bin/time -v`'s "Maximum resident
+set size": it counts the interpreter's start as well). The same script runs against another checkout
+(`cd BEFORE && uv run python .../bench_review.py --rss DIR`): it uses only what both have.
 
 The folder is laid out as a run leaves it: a 10,000-row catalog manifest (its prompts shown on the
 cards), its plan's keys and its metadata columns (sku, product_name, colour) in results.csv, one 1024 px
@@ -44,21 +52,24 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
-from imagebatch.manifest import load_manifest, plan
+from imagebatch.manifest import load_manifest, plan_job
 from imagebatch.report.review import ReviewServer
 from imagebatch.storage.csvcells import write_csv
-from imagebatch.storage.location import LocalFolder
+from imagebatch.storage.folder import FolderBackend
 from imagebatch.work.store import RESULT_COLUMNS
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 COLOURS = ["cobalt blue", "sage green", "sand", "brushed brass", "burgundy", "slate grey", "ivory", "black"]
+LINKS = 60_000
+"""Requests whose images share one file (hard links)."""
 PRODUCTS = ["ceramic mug", "canvas tote bag", "desk lamp", "wool scarf", "water bottle", "linen cushion"]
 
 
@@ -76,21 +87,27 @@ def make_folder(root: Path, n: int) -> Path:
     image, thumb = io.BytesIO(), io.BytesIO()
     Image.new("RGB", (1024, 1024), (200, 120, 40)).save(image, "PNG")
     Image.new("RGB", (256, 256), (200, 120, 40)).save(thumb, "JPEG", quality=80)
-    (out / "base.png").write_bytes(image.getvalue())
-    (out / "base.jpg").write_bytes(thumb.getvalue())
-    rows = []
-    for req in plan(load_manifest(manifest)):  # (three colourways a product)
-        name = f"{req.job_id}-0-{req.idempotency_key[-12:]}.png"
-        (out / "images" / name).hardlink_to(out / "base.png")
-        (out / "thumbs" / f"{name}.jpg").hardlink_to(out / "base.jpg")
-        rows.append({
-            "job_id": req.job_id, "request_index": 0, "turn_index": 0, "status": "succeeded",
-            "paths": f"images/{name}", "images": 1, "width": 1024, "height": 1024, "mime_type": "image/png",
-            "model": req.model, "route": "native", "idempotency_key": req.idempotency_key, "attempts": 1,
-            "finish_reason": "STOP", "request_id": f"req_{req.job_id}", **req.job.metadata,
-        })  # fmt: skip
+
+    def rows() -> Iterator[dict[str, Any]]:  # a row at a time: 200,000 of them as a list is 0.5 GB
+        for i, job in enumerate(load_manifest(manifest).jobs):  # (three colourways a product)
+            png, jpg = out / f"base-{i // LINKS}.png", out / f"base-{i // LINKS}.jpg"
+            if i % LINKS == 0:  # a file takes at most 65,000 links (ext4): a copy every `LINKS`
+                png.write_bytes(image.getvalue())
+                jpg.write_bytes(thumb.getvalue())
+            for req in plan_job(job):
+                name = f"{req.job_id}-0-{req.idempotency_key[-12:]}.png"
+                (out / "images" / name).hardlink_to(png)
+                (out / "thumbs" / f"{name}.jpg").hardlink_to(jpg)
+                yield {
+                    "job_id": req.job_id, "request_index": 0, "turn_index": 0, "status": "succeeded",
+                    "paths": f"images/{name}", "images": 1, "width": 1024, "height": 1024,
+                    "mime_type": "image/png", "model": req.model, "route": "native",
+                    "idempotency_key": req.idempotency_key, "attempts": 1, "finish_reason": "STOP",
+                    "request_id": f"req_{req.job_id}", **req.job.metadata,
+                }  # fmt: skip
+
     with (out / "results.csv").open("w", newline="") as fh:
-        write_csv(fh, [*RESULT_COLUMNS, "sku", "product_name", "colour"], rows)
+        write_csv(fh, [*RESULT_COLUMNS, "sku", "product_name", "colour"], rows())
     sha = hashlib.sha256(manifest.read_bytes()).hexdigest()
     (out / "run.json").write_text(
         json.dumps({"manifest": str(manifest), "manifest_sha256": sha, "state": "finished"})
@@ -158,7 +175,7 @@ def team(out: Path, tmp: Path, posts: int) -> tuple[list[float], float, float, l
     from selenium.webdriver.support.ui import WebDriverWait
 
     tokens = {name: secrets.token_urlsafe(24) for name in ("alice", "bob")}
-    server = ReviewServer(LocalFolder(out), "bench", host="127.0.0.2", reviewers=tokens)
+    server = ReviewServer(FolderBackend(out), "bench", host="127.0.0.2", reviewers=tokens)
     drivers = {name: browser(tmp / f"profile-{name}") for name in tokens}
     firsts: list[float] = []
     try:
@@ -256,19 +273,29 @@ def main() -> None:
     parser.add_argument("--searches", type=int, default=20)
     parser.add_argument("--group-by", default=None, help="a column to group the cards by (e.g. sku)")
     parser.add_argument("--team-posts", type=int, default=250, help="each of two reviewers' decisions")
+    parser.add_argument("--keep", type=Path, help="make the folder in this directory, and stop")
+    parser.add_argument("--rss", type=Path, help="the server's peak RSS over this kept folder")
     args = parser.parse_args()
+    if args.keep:
+        args.keep.mkdir(parents=True)
+        t0 = time.perf_counter()
+        make_folder(args.keep, args.requests)
+        return print(f"{args.requests:,} requests in {args.keep / 'out'} ({time.perf_counter() - t0:.0f} s)")
+    if args.rss:
+        return serve_once(args.rss / "out")
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         out = make_folder(Path(tmp), args.requests)
         made = time.perf_counter() - t0
         t0 = time.perf_counter()
         grouped = {"group_by": args.group_by} if args.group_by else {}  # (so that it runs on older code too)
-        server = ReviewServer(LocalFolder(out), "bench", **grouped)
+        server = ReviewServer(FolderBackend(out), "bench", **grouped)
         started = time.perf_counter() - t0
         driver = browser(Path(tmp) / "profile")
         try:
             with server:
-                page = len(server.page("x"))
+                answer = server.page("x")  # (bytes before the page was streamed)
+                page = answer.length if hasattr(answer, "length") else len(answer)
                 first = loads(driver, server.url, args.loads)
                 step = max(1, args.requests // 3 // args.searches)
                 skus = [f"SKU-{10000 + i}" for i in range(0, args.requests // 3, step)][: args.searches]
@@ -286,6 +313,31 @@ def main() -> None:
             driver.quit()
         two = team(out, Path(tmp), args.team_posts) if args.team_posts else None
     report(args, made, started, page, first, decided, searched, times, two)
+
+
+def serve_once(out: Path) -> None:
+    """The review server over `out`: started, its page read over HTTP, a card looked up and a decision
+    recorded; its cards, page size, CPU seconds and peak RSS printed."""
+    import resource
+    import urllib.request
+
+    t0, cpu = time.perf_counter(), time.process_time()
+    server = ReviewServer(FolderBackend(out), "bench")
+    started, start_cpu = time.perf_counter() - t0, time.process_time() - cpu
+    with server:
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(server.url, timeout=600) as answer:
+            size = 0
+            while chunk := answer.read(1 << 20):
+                size += len(chunk)
+        served = time.perf_counter() - t0
+        key = next(iter(server.cards))
+        status, _ = server.decide({"key": key, "decision": "approved", "note": ""})
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cpu = time.process_time()
+    print(f"cards {len(server.cards):,}; start {started:.1f} s ({start_cpu:.1f} CPU s); "
+          f"page {size / 1e6:.1f} MB in {served:.1f} s; decision {int(status)}; peak RSS {peak:.0f} MiB; "
+          f"CPU {cpu:.1f} s")  # fmt: skip
 
 
 def report(

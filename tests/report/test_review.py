@@ -338,7 +338,9 @@ def test_nothing_outside_the_output_folder_is_served(server: ReviewServer, out: 
 
 def test_the_report_shows_the_decisions_read_only(browser: Any, out: Path) -> None:
     folder = FolderBackend(out)
-    keys = [card.key for card in load_cards(folder).cards]  # p000, p001 variant 2, p001 variant 1, p002
+    keys = [
+        card.key for card in load_cards(folder).cards.ordered()
+    ]  # p000, p001 variant 2, p001 variant 1, p002
     record_decision(folder, Decision(keys[0], 1, "rejected", "handle <missing>", "alice"))
     record_decision(folder, Decision(keys[1], 2, "approved", "", "bob"))
     record_decision(folder, Decision(keys[2], 1, "rejected", "too dark", "bob"))

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from imagebatch.report.review_data import DecisionCache, load_cards, safe_name
+from imagebatch.report.review_data import load_cards, safe_name
+from imagebatch.report.review_decisions import DecisionCache
 from imagebatch.storage.folder import FolderBackend
 from imagebatch.storage.kinds import open_location
 from imagebatch.storage.layout import REVIEW_FILE
@@ -81,7 +82,7 @@ def test_cards_are_the_rows_with_images_each_requests_variants_newest_first(tmp_
     ]
     (tmp_path / "results.csv").write_text(header + "\n".join(rows) + "\n")
     found = load_cards(FolderBackend(tmp_path))
-    cards = found.cards
+    cards = list(found.cards.ordered())
     assert [(c.key, c.variant, c.shown["nv"]) for c in cards] == [
         ("ib1-a3", 3, 3), ("ib1-a2", 2, 3), ("ib1-a1", 1, 3), ("ib1-c1", 1, 1),
     ]  # fmt: skip
@@ -113,9 +114,12 @@ def test_cards_show_the_manifests_columns_and_sit_together_by_group(tmp_path: Pa
     folder = FolderBackend(tmp_path)
     every = load_cards(folder)  # all the manifest's columns by default, results.csv's order
     assert every.columns == ["sku", "colour", "season"]
-    assert [c.shown["m"] for c in every.cards][:2] == [["SKU-1", "black", "ss27"], ["SKU-2", "white", "ss27"]]
+    assert [c.shown["m"] for c in every.cards.ordered()][:2] == [
+        ["SKU-1", "black", "ss27"],
+        ["SKU-2", "white", "ss27"],
+    ]
     grouped = load_cards(folder, show=["colour"], group_by="sku")  # groups in order of first appearance
-    assert [(c.key, c.shown["g"], c.shown["m"]) for c in grouped.cards] == [
+    assert [(c.key, c.shown["g"], c.shown["m"]) for c in grouped.cards.ordered()] == [
         ("ib1-a", "SKU-1", ["black"]), ("ib1-c", "SKU-1", ["white"]), ("ib1-b", "SKU-2", ["white"]),
         ("ib1-e", "SKU-2", ["black"]), ("ib1-d", "SKU-3", ["red"]),
     ]  # fmt: skip

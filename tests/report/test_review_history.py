@@ -23,14 +23,14 @@ def test_a_changed_rows_cards_carry_the_image_approved_for_its_earlier_prompt(tm
     folder = FolderBackend(out)
     earlier = approved_before(tmp_path, out, "p002", reviewer="maria")
     found = load_cards(folder, approved=read_decisions(folder))
-    with_history = {c.key: c.shown["h"] for c in found.cards if "h" in c.shown}
-    p002 = [c.key for c in found.cards if c.shown["t"] == "p002"]
+    with_history = {c.key: c.shown["h"] for c in found.cards.ordered() if "h" in c.shown}
+    p002 = [c.key for c in found.cards.ordered() if c.shown["t"] == "p002"]
     assert len(p002) == 2  # both variants of the new request show it
     assert with_history == {key: [earlier, 1, "maria"] for key in p002}
     (rel,) = found.earlier[earlier]
     assert rel.startswith("images/p002/0-") and (out / rel).is_file()
     # Without the decisions (report.html's reading) or with the approval taken back, nothing is shown
-    assert not any("h" in c.shown for c in load_cards(folder).cards)
+    assert not any("h" in c.shown for c in load_cards(folder).cards.ordered())
     record_decision(folder, Decision(earlier, 1, "rejected", "wrong colour", "bob"))
     assert load_cards(folder, approved=read_decisions(folder)).earlier == {}
 
@@ -39,18 +39,18 @@ def test_only_an_approved_earlier_key_of_a_row_is_shown_the_latest_one(tmp_path:
     out = review_folder(tmp_path, requests=4, redone=None)
     folder = FolderBackend(out)
     first = approved_before(tmp_path, out, "p001")
-    current = {c.shown["t"]: c.key for c in load_cards(folder).cards}
+    current = {c.shown["t"]: c.key for c in load_cards(folder).cards.ordered()}
     # An approval of a key results.csv still names is no history; nor is one the journal never named
     record_decision(folder, Decision(current["p003"], 1, "approved", "", "alice"))
     record_decision(folder, Decision("ib1-" + "0" * 64, 1, "approved", "", "alice"))
     found = load_cards(folder, approved=read_decisions(folder))
-    assert {c.shown["t"]: c.shown["h"][0] for c in found.cards if "h" in c.shown} == {"p001": first}
+    assert {c.shown["t"]: c.shown["h"][0] for c in found.cards.ordered() if "h" in c.shown} == {"p001": first}
     # The row changed twice: the later approval is the one shown
     (tmp_path / "catalog.csv").write_text((tmp_path / "earlier.csv").read_text())
     second = approved_before(tmp_path, out, "p001", reviewer="bob")
     assert second != first
     found = load_cards(folder, approved=read_decisions(folder))
-    assert [c.shown["h"] for c in found.cards if "h" in c.shown] == [[second, 1, "bob"]]
+    assert [c.shown["h"] for c in found.cards.ordered() if "h" in c.shown] == [[second, 1, "bob"]]
 
 
 def test_the_server_serves_the_earlier_image_and_nothing_else_by_an_old_key(tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ def test_a_buckets_changed_row_shows_its_earlier_approved_image_from_the_journal
         store.backend.sync()
     record_decision(bucket, Decision(earlier, 1, "approved", "", "maria"))
     found = load_cards(bucket, approved=read_decisions(bucket))
-    assert [c.shown["h"] for c in found.cards if "h" in c.shown] == [[earlier, 1, "maria"]]
+    assert [c.shown["h"] for c in found.cards.ordered() if "h" in c.shown] == [[earlier, 1, "maria"]]
     with ReviewServer(bucket, "alice") as server:
         (rel,) = server.earlier[earlier]
         assert request(server.url, path=f"/image/{earlier}/0") == (200, (out / rel).read_bytes())

@@ -15,7 +15,7 @@ from helpers.review import review_folder
 import imagebatch
 from imagebatch.delivery.export import export
 from imagebatch.report.review import ReviewServer
-from imagebatch.report.review_data import DecisionCache
+from imagebatch.report.review_decisions import DecisionCache
 from imagebatch.storage.folder import FolderBackend
 from imagebatch.storage.layout import REVIEW_FILE
 from imagebatch.work.decisions import (

@@ -252,7 +252,7 @@ def test_report_html_is_rebuilt_after_decisions(out: Path) -> None:
 
 def test_a_report_older_than_the_record_is_rebuilt_when_the_review_starts(out: Path) -> None:
     write_report(OutputStore(out))
-    key = load_cards(FolderBackend(out)).cards[0].key
+    key = next(iter(load_cards(FolderBackend(out)).cards))
     record_decision(
         FolderBackend(out), Decision(key, 1, "rejected", "too dark", "carol")
     )  # not in the report
@@ -286,7 +286,7 @@ def test_the_command_serves_the_team_says_no_token_and_leaves_the_report_true(
             url = line.split()[2]
             port = int(url.rstrip("/").rsplit(":", 1)[1])
             assert request(url)[0] == 401
-            key = load_cards(FolderBackend(out)).cards[0].key
+            key = next(iter(load_cards(FolderBackend(out)).cards))
             sent = {"Origin": f"http://{HOST}:{port}", "Content-Type": "application/json", **bearer("alice")}
             page = request(url, "GET", "/", None, bearer("alice"))[1].decode()
             sent[TOKEN_HEADER] = page.split('name="review-token" content="', 1)[1].split('"', 1)[0]

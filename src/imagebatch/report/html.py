@@ -11,8 +11,10 @@ from collections import Counter
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from imagebatch.report.details import Shown, manifest_details
+from imagebatch.report.rowindex import RowIndex
 from imagebatch.report.setstate import (
     DONE,
     REVIEW_STATES,
@@ -52,8 +54,8 @@ REASONS = {
 class Card:
     row: dict[str, str]
     prompt: str = ""
-    references: list[Path] = field(default_factory=list)
-    mask: Path | None = None
+    references: list[Path | str] = field(default_factory=list)
+    mask: Path | str | None = None
 
 
 def image_paths(row: Mapping[str, str]) -> list[str]:
@@ -85,35 +87,11 @@ def _thumb_html(out: Path, source: Path, name: str, label: str, link: str | None
     return f'<img class="ref" loading="lazy" src="{_esc(thumb)}" alt="{label}" title="{label}">'
 
 
-def manifest_details(run: RunSummary | None) -> dict[str, Any]:
-    """Prompts and files by idempotency key, from the manifest run.json names if it is unchanged."""
-    if run is None or not run.manifest:
-        return {}
-    from imagebatch.manifest import load_manifest, plan
-    from imagebatch.manifest.read import split_sheet
-    from imagebatch.manifest.sources import is_url
-
-    source = run.manifest
-    try:
-        roots = run.options.get("files_root")  # the folders the run was allowed to read
-        if is_url(source):  # a manifest in a bucket: loaded, and compared, from there
-            manifest = load_manifest(source, files_root=roots)
-            if manifest.sha256 != run.manifest_sha256:
-                return {}
-            return {r.idempotency_key: r for r in plan(manifest)}
-        path, sheet = split_sheet(Path(source))  # a workbook's: `catalog.xlsx#Sheet`
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != run.manifest_sha256:
-            return {}
-        return {r.idempotency_key: r for r in plan(load_manifest(path, files_root=roots, sheet=sheet))}
-    except Exception:  # a manifest that no longer loads only costs the report its prompts
-        return {}
-
-
 def _rows(out: Path) -> Generator[dict[str, str], None, None]:
     yield from read_csv(out / layout.RESULTS_CSV, layout.RESULTS_READ_COLUMNS)
 
 
-def _card(row: dict[str, str], details: Mapping[str, Any]) -> Card:
+def _card(row: dict[str, str], details: Mapping[str, PlannedRequest | Shown]) -> Card:
     card = Card(row)
     req = details.get(row["idempotency_key"])
     if req is not None:
@@ -256,64 +234,100 @@ def _page(title: str, summary: str, nav: str, cards: list[str], options: dict[st
 def build_report(
     out: Path,
     page_size: int = PAGE_SIZE,
-    details: Mapping[str, PlannedRequest] | None = None,
+    details: Mapping[str, PlannedRequest | Shown] | None = None,
     decisions: Mapping[str, Decision] | None = None,
 ) -> Path:
     """Write `report.html` (and further pages) into the output folder `out`; return the first page.
 
-    `details`: the planned requests by idempotency key (prompts, references), when the caller has them
-    (a run does); otherwise the manifest run.json names is loaded again, if it is unchanged. `decisions`:
-    the review's decisions in force by key (`work.decisions.decided`), shown read-only on each card; by
-    default the folder's own (`review.jsonl`; a bucket's report, built in a staging folder, is handed the
-    bucket's). results.csv
-    is read twice, for the summary and then a page at a time, so memory holds one page of cards, not the
-    run's (a 10,000-request run's report had held every row and a second copy of the plan)."""
+    `details`: what each card shows of its planned request (prompt, references) by idempotency key, when
+    the caller has it: any mapping, such as an on-disk index of the plan (`report.details.index_details`);
+    otherwise the manifest run.json names is loaded again, if it is unchanged, into such an index.
+    `decisions`: the review's decisions in force by key (`work.decisions.decided`), shown read-only on
+    each card; by default the folder's own (`review.jsonl`; a bucket's report, built in a staging folder,
+    is handed the bucket's). results.csv is read twice, for the summary (its rows indexed on disk,
+    `report.rowindex`, and counted a request at a time) and then a page at a time, so memory holds one
+    page of cards, not the run's."""
     out = Path(out)
     run_json = out / layout.RUN_JSON
     run = RunSummary.parse(raw, str(run_json)) if (raw := read_record(run_json)) else None
-    details = manifest_details(run) if details is None else details
+    shown = manifest_details(run) if details is None else details
     decisions = decided(FolderBackend(out)) if decisions is None else decisions
-    summary, options, total, replaced = _summary(out, run, decisions)
-    names = [layout.report_page(n) for n in range(1, max(1, math.ceil(total / page_size)) + 1)]
-    nav = (
-        "".join(f'<a href="{name}">page {i}</a>' for i, name in enumerate(names, 1)) if len(names) > 1 else ""
-    )
-    rows = _rows(out)
-    for number, name in enumerate(names, 1):
-        page = [_card(row, details) for row in itertools.islice(rows, page_size)]
-        title = f"imagebatch report: {out.name}" + (f" (page {number})" if len(names) > 1 else "")
-        cards = [
-            _card_html(out, c, decisions.get(key := c.row["idempotency_key"]), key in replaced) for c in page
-        ]
-        # Whole or not at all (a full disk cut a page mid-tag), and never through a link out of OUT.
-        write_atomic(confined(out, name), _page(title, summary, nav, cards, options).encode())
-    rows.close()
+    index = RowIndex()
+    try:
+        summary, options, total = _summary(out, run, decisions, index)
+        names = [layout.report_page(n) for n in range(1, max(1, math.ceil(total / page_size)) + 1)]
+        rows = _rows(out)
+        for number, name in enumerate(names, 1):
+            page = [_card(row, shown) for row in itertools.islice(rows, page_size)]
+            first = (number - 1) * page_size
+            _write_page(
+                out,
+                name,
+                number,
+                names,
+                summary,
+                options,
+                page,
+                decisions,
+                index.replaced(first, first + page_size - 1),
+            )
+        rows.close()
+    finally:
+        index.close()
     for stale in out.glob(layout.REPORT_PAGES):
         if stale.name not in names:
             stale.unlink()
     return out / names[0]
 
 
+def _write_page(
+    out: Path,
+    name: str,
+    number: int,
+    names: list[str],
+    summary: str,
+    options: dict[str, list[str]],
+    page: list[Card],
+    decisions: Mapping[str, Decision],
+    replaced: set[str],
+) -> None:
+    """Write page `number` (`name`, one of `names`) of the report, its `page` of cards."""
+    many = len(names) > 1
+    nav = "".join(f'<a href="{name}">page {i}</a>' for i, name in enumerate(names, 1)) if many else ""
+    title = f"imagebatch report: {out.name}" + (f" (page {number})" if many else "")
+    cards = [
+        _card_html(out, c, decisions.get(key := c.row["idempotency_key"]), key in replaced) for c in page
+    ]
+    # Whole or not at all (a full disk cut a page mid-tag), and never through a link out of OUT.
+    write_atomic(confined(out, name), _page(title, summary, nav, cards, options).encode())
+
+
+_KEPT = ("job_id", "request_index", "turn_index", "variant", "idempotency_key", "status", "paths")
+"""What the summary keeps of a row (in its `RowIndex`) to count its request's state."""
+
+
 def _summary(
-    out: Path, run: RunSummary | None, decisions: Mapping[str, Decision]
-) -> tuple[str, dict[str, list[str]], int, set[str]]:
-    """The report's summary (the set's state, the last run's counts beside it), its filters' options, the
-    number of results.csv's rows, and the keys of the images a newer variant replaced."""
+    out: Path, run: RunSummary | None, decisions: Mapping[str, Decision], index: RowIndex
+) -> tuple[str, dict[str, list[str]], int]:
+    """The report's summary (the set's state, the last run's counts beside it), its filters' options and
+    the number of results.csv's rows; `index` gets the rows, and marks those a newer variant replaced."""
     statuses: Counter[str] = Counter()
     by_model: Counter[str] = Counter()
     routes: set[str] = set()
     images = 0
-    reviewed: list[dict[str, str]] = []  # the reviewable rows' request, variant and key only
     for row in _rows(out):
         statuses[row["status"]] += 1
         by_model[row["model"]] += 1
         routes.add(row["route"])
         images += int(row.get("images") or 0) if row["status"] in DONE else 0
-        if reviewable(row):
-            reviewed.append({k: row.get(k, "") for k in ("job_id", "request_index", "turn_index", "variant",
-                                                         "idempotency_key")})  # fmt: skip
-    reviews, replaced = review_counts(reviewed, decisions)
-    requests = set_counts(_rows(out))
+        index.add(row, kept=True, stored={k: row.get(k, "") for k in _KEPT})
+    reviews: Counter[str] = Counter()
+    requests: Counter[str] = Counter()
+    for variants, _ in index.done().requests():  # a request at a time: its variants, never the set's
+        counted, replaced = review_counts([r for r in variants if reviewable(r)], decisions)
+        reviews += counted
+        requests += set_counts(variants)
+        index.mark_replaced(replaced)
     summary = (
         f"<p>the set: {requests.total()} requests · {images} images · "
         + " · ".join(f"{_esc(s)} {n}" for s, n in sorted(requests.items()))
@@ -324,4 +338,4 @@ def _summary(
     )
     options = {"status": sorted(statuses), "route": sorted(routes), "model": sorted(by_model)}
     options["review"] = [r for r in REVIEW_STATES if reviews[r]]
-    return summary, options, statuses.total(), replaced
+    return summary, options, statuses.total()

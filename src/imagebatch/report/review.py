@@ -56,6 +56,7 @@ page shows who. With `rebuild`, report.html is built again while decisions chang
 from __future__ import annotations
 
 import getpass
+import itertools
 import os
 import secrets
 import signal
@@ -67,18 +68,13 @@ from types import FrameType
 from typing import Any
 
 from imagebatch.gateway.constants import ENV_REVIEWER
+from imagebatch.report.cardstore import CardStore, ReviewCard
 from imagebatch.report.review_auth import LOOPBACK, TOKEN_HEADER, Gate, url_host
 from imagebatch.report.review_body import MAX_BODY, ascii_number, fields_refusal
-from imagebatch.report.review_data import (
-    DecisionCache,
-    ReviewCard,
-    ReviewError,
-    decision_json,
-    load_cards,
-    reference_thumbnail,
-)
-from imagebatch.report.review_http import LISTEN_BACKLOG, ReviewHTTPServer
-from imagebatch.report.review_page import inline_json, render_page
+from imagebatch.report.review_data import ReviewError, load_cards, reference_thumbnail
+from imagebatch.report.review_decisions import DecisionCache, decision_json
+from imagebatch.report.review_http import LISTEN_BACKLOG, Page, ReviewHTTPServer
+from imagebatch.report.review_page import page_parts
 from imagebatch.report.review_report import REPORT_INTERVAL, ReportKeeper
 from imagebatch.storage import layout
 from imagebatch.storage.backend import Backend
@@ -141,10 +137,10 @@ class ReviewServer:
         self.decisions = DecisionCache(location, interval=refresh_interval)
         self._cards_lock = threading.Lock()
         self._cards_seen: object = None
-        self.cards: dict[str, ReviewCard] = {}
+        self.cards: CardStore = CardStore().done()
+        """The cards by key, in the page's order, on disk (`report.cardstore`)."""
         self.earlier: dict[str, tuple[str, ...]] = {}
         """The images approved before a row's prompt changed, by key (`CardSet.earlier`): served too."""
-        self._cards_json = "[]"
         self.columns: list[str] = []
         self.aside = ""
         self._load_cards()
@@ -191,10 +187,9 @@ class ReviewServer:
             if seen is not None and seen == self._cards_seen:
                 return
             found = load_cards(self.location, self.show, self.group_by, self.decisions.approved())
-            self.cards = {card.key: card for card in found.cards}
+            self.cards = found.cards  # the store it replaces is removed once no page streams from it
             self.earlier = found.earlier
             self.columns = found.columns
-            self._cards_json = inline_json([card.shown for card in found.cards])
             without, refused = found.without, found.refused
             aside = (
                 [f"{counted(without, 'request')} without an image not shown (report.html)"] if without else []
@@ -204,15 +199,17 @@ class ReviewServer:
             self.aside = "; ".join(aside)
             self._cards_seen = seen
 
-    def page(self, nonce: str, who: str | None = None) -> bytes:
-        """The page for reviewer `who` (None: a server without reviewers, whose page names its own)."""
+    def page(self, nonce: str, who: str | None = None) -> Page:
+        """The page for reviewer `who` (None: a server without reviewers, whose page names its own), its
+        cards' data streamed from the store."""
         self._load_cards()
         version, changed, stars = self.decisions.changes(-1)
-        cards, shown = self.cards, self._cards_json
+        cards = self.cards
+        known = cards.having([*changed, *stars])
         data = {
-            "decisions": {k: decision_json(d) for k, (d, _) in changed.items() if k in cards},
-            "stars": {k: [r.stars, r.reviewer] for k, r in stars.items() if k in cards},
-            "views": {k: views for k, (_, mine) in changed.items() if k in cards and (views := _views(mine))},
+            "decisions": {k: decision_json(d) for k, (d, _) in changed.items() if k in known},
+            "stars": {k: [r.stars, r.reviewer] for k, r in stars.items() if k in known},
+            "views": {k: views for k, (_, mine) in changed.items() if k in known and (views := _views(mine))},
             "version": version,
             "reviewer": who or self.reviewer,
             "signedIn": who is not None,
@@ -220,7 +217,10 @@ class ReviewServer:
             "columns": self.columns,
             "group": self.group_by or "",
         }
-        return render_page(f"imagebatch review: {self.location.title}", self.token, nonce, shown, data)
+        head, tail = page_parts(f"imagebatch review: {self.location.title}", self.token, nonce, data)
+        return Page(
+            len(head) + cards.json_length + len(tail), itertools.chain([head], cards.json_chunks(), [tail])
+        )
 
     def changes(self, since: int, views: bool = True) -> dict[str, Any]:
         """`GET /api/changes?since=VERSION`: the version now and the decisions in force that changed after

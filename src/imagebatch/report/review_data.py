@@ -1,37 +1,35 @@
 """What the review page shows and records: its cards (results.csv's rows with images, newest variant first,
 with the manifest's columns), the image files it may serve (only those results.csv names and the image
 approved before a row's prompt changed, confined to the output location, and the thumbnails of the
-requests' reference images), and the decisions in force and ratings, kept current without reading the
-whole record again (`DecisionCache`).
+requests' reference images).
 
-Every read goes through the output location (`storage.location`), so a bucket is reviewed as a folder is.
+results.csv is read once, a row at a time, into an index on disk (`report.rowindex`), and the cards are
+made from it a request at a time into a store on disk (`report.cardstore`): the server holds neither the
+rows nor the cards. Every read goes through the output location (`storage.backend`), so a bucket is
+reviewed as a folder is.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from imagebatch.manifest.sources import is_url
-from imagebatch.report.html import (
-    image_paths,
-    manifest_details,
-    ref_thumb_name,
-    reviewable,
-    row_facts,
-)
+from imagebatch.report.cardstore import CardStore, ReviewCard
+from imagebatch.report.details import manifest_details
+from imagebatch.report.html import image_paths, ref_thumb_name, reviewable, row_facts
 from imagebatch.report.review_history import Earlier, Request, earlier_approved
+from imagebatch.report.rowindex import RowIndex
 from imagebatch.report.setstate import request_of, status_label, superseded, variant_number
 from imagebatch.storage import layout
 from imagebatch.storage.backend import Backend
+from imagebatch.storage.bounded import open_record
 from imagebatch.storage.csvcells import csv_value, read_csv
-from imagebatch.work.decisions import Decision, History, decision_line, parse_line, record_named
+from imagebatch.work.decisions import Decision
 from imagebatch.work.runsummary import read_summary
 from imagebatch.work.store import RESULT_COLUMNS
 from imagebatch.work.thumbnails import save_thumbnail
@@ -42,24 +40,6 @@ PROMPT_SHOWN = 400
 
 class ReviewError(ValueError):
     """The output location cannot be reviewed (no results.csv): a usage error."""
-
-
-@dataclass(frozen=True, slots=True)
-class ReviewCard:
-    """One image request to review: its key and variant, its images, and what the page shows of it."""
-
-    key: str
-    variant: int
-    images: tuple[str, ...]
-    """Its images' names in the output location (`images/<job>/<file>`), each checked by `safe_name`."""
-    shown: dict[str, Any]
-    """The page's data: `k` key, `v` variant, `nv` variants of its request, `t` title (`card_title`),
-    `p` prompt, `f` facts, `n` images, `m` the shown columns' values; where there are any, `r` reference
-    images, `s` a status other than made (`MADE`), `pk` the keys of the older variants it replaces (oldest
-    first), `x` 1 if a newer variant replaced it, `j` its job's id if the job has several requests; `g`
-    its group's value (when grouped)."""
-    references: tuple[str, ...] = ()
-    """Its request's reference images and mask, as the plan names them (a path, or an object's URL)."""
 
 
 def safe_name(rel: str) -> bool:
@@ -82,7 +62,8 @@ def safe_name(rel: str) -> bool:
 class CardSet:
     """The cards of a run, what was left out, and the manifest's columns they show."""
 
-    cards: list[ReviewCard]
+    cards: CardStore
+    """By key, in the page's order (`CardStore.ordered`)."""
     without: int
     """Requests with no image to review (report.html shows them)."""
     refused: int
@@ -131,44 +112,67 @@ def load_cards(
     (default: the manifest's metadata columns); with the `approved` decisions, a changed row's cards
     carry the image approved before (`review_history`). Raises `ReviewError` without results.csv, or for a
     column it does not have."""
-    raw = location.get(layout.RESULTS_CSV)
-    if raw is None:
-        raise ReviewError(
-            f"{location.url} has no {layout.RESULTS_CSV} (not an output folder of a finished run)"
-        )
-    text = raw.decode("utf-8", errors="replace")
-    rows = list(read_csv(io.StringIO(text, newline=""), layout.RESULTS_READ_COLUMNS))
-    header = [csv_value(c) for c in next(csv.reader(io.StringIO(text, newline="")), [])]
-    columns = _chosen(header, show, group_by)
-    where = f"{location.url}/{layout.RUN_JSON}"
-    details = manifest_details(read_summary(location.get(layout.RUN_JSON), where))
-    groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
-    without = refused = 0
-    for row in rows:
-        if not reviewable(row):
-            without += 1
-            continue
-        safe = sum(safe_name(rel) for rel in image_paths(row))
-        refused += len(image_paths(row)) - safe
-        if safe:
-            groups.setdefault(request_of(row), []).append(row)
-    requests = list(groups.values())
-    if group_by:  # a stable sort by each group's first appearance: one product's colourways together
-        first: dict[str, int] = {}
-        for variants in requests:
-            first.setdefault(variants[0].get(group_by, ""), len(first))
-        requests.sort(key=lambda variants: first[variants[0].get(group_by, "")])
-    per_job: dict[str, set[str]] = {}
-    for variants in requests:
-        per_job.setdefault(variants[0]["job_id"], set()).add(variants[0]["request_index"])
-    several = {job for job, indexes in per_job.items() if len(indexes) > 1}
-    keys = {row["idempotency_key"] for row in rows}
-    before = earlier_approved(location, keys, approved or {}, safe_name)
-    cards: list[ReviewCard] = []
-    for variants in requests:
-        cards.extend(_request_cards(variants, details, columns, group_by, several, before))
+    index = RowIndex()
+    try:
+        with location.local_copy() as copy:
+            copy.fetch([layout.RESULTS_CSV])
+            columns, without, refused = _index_rows(copy.folder / layout.RESULTS_CSV, index, show, group_by)
+            if columns is None:
+                raise ReviewError(
+                    f"{location.url} has no {layout.RESULTS_CSV} (not an output folder of a finished run)"
+                )
+        where = f"{location.url}/{layout.RUN_JSON}"
+        details = manifest_details(read_summary(location.get(layout.RUN_JSON), where))
+        before = earlier_approved(location, index.done(), approved or {}, safe_name)
+        cards = CardStore()
+        for variants, several in index.requests():
+            jobs = {variants[0]["job_id"]} if several else set()
+            for card in _request_cards(variants, details, columns, group_by, jobs, before):
+                cards.add(card)
+    finally:
+        index.close()
     earlier = {e.key: e.images for e in before.values()}
-    return CardSet(cards, without, refused, columns, group_by, earlier)
+    return CardSet(cards.done(), without, refused, columns, group_by, earlier)
+
+
+def _index_rows(
+    path: Path, index: RowIndex, show: Sequence[str] | None, group_by: str | None
+) -> tuple[list[str] | None, int, int]:
+    """Add results.csv's rows at `path` to `index` (a card's row kept), a row at a time; the columns to
+    show (None if there is no results.csv), the rows without an image and the image names refused."""
+    header = _header(path)
+    if header is None:
+        return None, 0, 0
+    columns = _chosen(header, show, group_by)
+    without = refused = 0
+    with _text(path) as text:
+        for row in read_csv(text, layout.RESULTS_READ_COLUMNS):
+            if not reviewable(row):
+                without += 1
+                index.add(row, kept=False)
+                continue
+            safe = sum(safe_name(rel) for rel in image_paths(row))
+            refused += len(image_paths(row)) - safe
+            index.add(row, kept=safe > 0, group=row.get(group_by, "") if group_by else "")
+    return columns, without, refused
+
+
+def _text(path: Path) -> IO[str]:
+    """results.csv as text (a byte that is not UTF-8 read as U+FFFD), through `storage.bounded`: a FIFO
+    or a device in its place is refused, never waited on."""
+    fh = open_record(path)
+    if fh is None:
+        raise ReviewError(f"{path}: no such file")
+    return io.TextIOWrapper(fh, encoding="utf-8", errors="replace", newline="")
+
+
+def _header(path: Path) -> list[str] | None:
+    """results.csv's columns; None if there is no results.csv."""
+    try:
+        with _text(path) as text:
+            return [csv_value(c) for c in next(csv.reader(text), [])]
+    except ReviewError:
+        return None
 
 
 def _request_cards(
@@ -232,163 +236,3 @@ def card_title(row: Mapping[str, str], several: set[str]) -> str:
 
 def _clipped(prompt: str) -> str:
     return prompt[:PROMPT_SHOWN] + ("…" if len(prompt) > PROMPT_SHOWN else "")
-
-
-def decision_json(decision: Decision) -> dict[str, str]:
-    """A decision as the page reads it (its key is the map's). Not `asdict`: at 10,000 decisions its deep
-    copies took a second of the page's making."""
-    return {
-        "decision": decision.decision,
-        "note": decision.note,
-        "reviewer": decision.reviewer,
-        "at": decision.at,
-    }
-
-
-class DecisionCache:
-    """The decisions in force in a location, by key, refreshed from the record at most once every
-    `interval` seconds, and only what is new: a folder's `review.jsonl` is read from where the last read
-    stopped (read whole again only if it shrank), a bucket's `review/` listed and only its new objects
-    fetched. Each key carries the version at which its decision last changed, so a page asks for what
-    changed since the version it has (`since`).
-
-    The record is replayed in its own order (`work.decisions.History`), as `read_decisions` replays it:
-    `record` appends a decision (durable before it returns) and then reads the record back, so a
-    decision another server appended meanwhile is applied first, as every later reader will."""
-
-    def __init__(
-        self, location: Backend, interval: float = 1.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.location = location
-        self.interval = interval
-        self.clock = clock
-        self.version = 0
-        self._lock = threading.Lock()
-        self._refreshing = threading.Lock()
-        self._undoing = threading.Lock()
-        self._replayed = History()
-        self._ignored: set[Decision] = set()  # undos read that took nothing back (another's came first)
-        self._changed: dict[str, int] = {}
-        self._checked = float("-inf")
-        self._tail = location.decision_tail()
-        self.refresh(force=True)
-
-    def record(self, decision: Decision) -> Decision:
-        """Append `decision` and read the record back; the decision in force on its image then. In a
-        bucket, the new object is put in force as the last one read instead of listing them all again
-        (a listing per decision took 0.7 s at 2,000 decisions); one another server made meanwhile that
-        sorts before it is then listed before an object already read, and the whole record replayed."""
-        stored, name = record_named(self.location, decision)
-        if self._tail.wrote(name, decision_line(stored)):
-            with self._lock:
-                self._apply([stored])
-        else:
-            self.refresh(force=True)
-        with self._lock:
-            return self._replayed.in_force.get(stored.key, stored)
-
-    def undo(self, reviewer: str, key: str = "", batch: str = "") -> tuple[dict[str, Decision], list[str]]:
-        """Take back `reviewer`'s decision on `key`, or each decision of their bulk approve `batch`, where
-        it is still the one in force (`History.refusal`). Returns the decisions in force then on the
-        images it touched, and why each one not taken back was not. One undo at a time per server."""
-        with self._undoing:
-            self.refresh(force=True)
-            with self._lock:
-                keys = self._replayed.batch_keys(batch, reviewer) if batch else [key]
-                refused = [why for k in keys if (why := self._replayed.refusal(k, reviewer, batch or None))]
-                lines = [
-                    self._replayed.undo(k, reviewer, batch)
-                    for k in keys
-                    if self._replayed.refusal(k, reviewer, batch or None) is None
-                ]
-            stored = [record_named(self.location, line)[0] for line in lines]
-            self.refresh(force=True)
-            with self._lock:
-                lost = [d for d in stored if d in self._ignored]  # another server's decision came first
-                refused += ["another reviewer decided it while you undid; their decision stands"] * len(lost)
-                return {k: d for k in keys if (d := self._replayed.in_force.get(k)) is not None}, refused
-
-    def undo_stack(self, reviewer: str) -> list[tuple[str, str]]:
-        """What `reviewer` can still undo (`History.undo_stack`), from the record as it is now."""
-        self.refresh(force=True)
-        with self._lock:
-            return self._replayed.undo_stack(reviewer)
-
-    def approved(self) -> dict[str, Decision]:
-        """The approvals in force now, by key."""
-        self.refresh()
-        with self._lock:
-            return {k: d for k, d in self._replayed.in_force.items() if d.decision == "approved"}
-
-    def since(self, version: int) -> tuple[int, dict[str, Decision]]:
-        """The current version and the decisions that changed after `version` (all for -1)."""
-        self.refresh()
-        with self._lock:
-            in_force = self._replayed.in_force
-            return self.version, {k: in_force[k] for k in self._since(version) if k in in_force}
-
-    def changes(
-        self, version: int
-    ) -> tuple[int, dict[str, tuple[Decision, list[Decision]]], dict[str, Decision]]:
-        """`since`, each decision in force with every reviewer's own standing on its image
-        (`History.opinions`), so that a page shows two reviewers who disagree; and the ratings that
-        changed (`History.stars`)."""
-        self.refresh()
-        with self._lock:
-            replayed = self._replayed
-            in_force, stars, keys = replayed.in_force, replayed.stars, self._since(version)
-            changed = {k: (in_force[k], replayed.opinions(k)) for k in keys if k in in_force}
-            return self.version, changed, {k: stars[k] for k in keys if k in stars}
-
-    def _since(self, version: int) -> list[str]:
-        """The keys changed after `version`: `_changed` is kept in the order of its versions (a changed
-        key moves to the end), so a poll reads only what changed, not every image (the caller holds the
-        lock)."""
-        keys: list[str] = []
-        for key in reversed(self._changed):
-            if self._changed[key] <= version:
-                break
-            keys.append(key)
-        return keys[::-1]
-
-    def refresh(self, force: bool = False) -> None:
-        """Read what was recorded since the last read (by this or another server), unless that was less
-        than `interval` seconds ago. One refresh at a time; a caller that finds one running goes on."""
-        if not force and self.clock() - self._checked < self.interval:
-            return
-        if not self._refreshing.acquire(blocking=force):
-            return
-        try:
-            self._checked = self.clock()
-            lines, whole = self._tail.read()
-            decisions = [d for where, raw in lines if (d := parse_line(raw, where)) is not None]
-            with self._lock:
-                self._apply(decisions, whole=whole)
-        finally:
-            self._refreshing.release()
-
-    def _apply(self, decisions: list[Decision], whole: bool = False) -> None:
-        """Replay `decisions`, in order, onto the record read so far (`whole`: as the whole record, read
-        again), and mark the images whose decision in force, or rating, changed (the caller holds the
-        lock)."""
-        before: dict[str, tuple[Decision | None, Decision | None]] = {}
-        if whole:
-            before.update((k, self._state(k)) for k in {*self._replayed.in_force, *self._replayed.stars})
-            self._replayed = History()
-        for decision in decisions:
-            if not whole and decision.key not in before:
-                before[decision.key] = self._state(decision.key)
-            if not self._replayed.apply(decision):
-                self._ignored.add(decision)
-        now = self._replayed
-        keys = {*before, *now.in_force, *now.stars} if whole else before
-        changed = [key for key in keys if self._state(key) != before.get(key, (None, None))]
-        if changed:
-            self.version += 1
-            for key in changed:
-                self._changed.pop(key, None)  # to the end: `_since` reads from the newest back
-                self._changed[key] = self.version
-
-    def _state(self, key: str) -> tuple[Decision | None, Decision | None]:
-        """What the page shows of `key`'s record: its decision in force and its rating."""
-        return self._replayed.in_force.get(key), self._replayed.stars.get(key)

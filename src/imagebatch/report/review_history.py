@@ -14,7 +14,7 @@ reads it to find a changed row: `delivery.exportplan.changed_since_approval`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 
 from imagebatch.storage.location import Location
@@ -43,7 +43,7 @@ class Earlier:
 
 def earlier_approved(
     location: Location,
-    current: Collection[str],
+    current: Container[str],
     approved: Mapping[str, Decision],
     servable: Callable[[str], bool],
 ) -> dict[Request, Earlier]:

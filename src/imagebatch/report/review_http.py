@@ -17,6 +17,8 @@ import json
 import secrets
 import socket
 import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -42,6 +44,15 @@ SIGNED_IN = (
 )
 """The sign-in link's answer: the cookie is set, and the page moves on to `/`, the token out of the address
 (a refresh rather than a 303: `report.review_auth` says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """An answer written as it is made: `length` bytes in all, from `chunks` (the review page, its cards'
+    data read from the store a batch at a time)."""
+
+    length: int
+    chunks: Iterable[bytes]
 
 
 class ReviewHTTPServer(ThreadingHTTPServer):
@@ -192,13 +203,13 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, body, "application/json", headers or {}, close)
 
     def _send(
-        self, status: HTTPStatus, body: bytes, kind: str, headers: dict[str, str], close: bool = False
+        self, status: HTTPStatus, body: bytes | Page, kind: str, headers: dict[str, str], close: bool = False
     ) -> None:
         if status in (HTTPStatus.FORBIDDEN, HTTPStatus.UNAUTHORIZED):
             self.server.review.refused += 1
         self.send_response(status)
         self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(body.length if isinstance(body, Page) else len(body)))
         for name, value in {
             "Cache-Control": "no-store",
             "X-Content-Type-Options": "nosniff",
@@ -212,7 +223,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
-        self.wfile.write(body)
+        for chunk in body.chunks if isinstance(body, Page) else [body]:
+            self.wfile.write(chunk)
 
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="imagebatch review"'}

@@ -1,10 +1,11 @@
 """The review page `imagebatch review` serves: one HTML document, its cards' data inline as JSON, its
 script allowed by a nonce (the Content-Security-Policy `report.review` sends allows nothing else).
 
-The page renders only the cards in and near the window (fixed-size cards, absolutely placed in a grid
-as tall as all of them): 10,000 requests are 10,000 small objects in memory and about 30 elements in the
-document, so the first cards show at once and scrolling stays smooth; thumbnails are fetched as their
-cards are made (`loading=lazy` as well).
+The server streams the cards' data from its store on disk (`report.cardstore`) between the page's two
+parts (`page_parts`). The page renders only the cards in and near the window (fixed-size cards,
+absolutely placed in a grid as tall as all of them): 10,000 requests are 10,000 small objects in memory
+and about 30 elements in the document, so the first cards show at once and scrolling stays smooth;
+thumbnails are fetched as their cards are made (`loading=lazy` as well).
 
 Keys (ignored while typing in a field): `j`/`k` (or the left and right arrows) next/previous card; `a`
 approve, `r` reject (each recorded at once, then the next card is selected); `n` the note of the selected
@@ -97,10 +98,16 @@ def inline_json(data: Any) -> str:
 
 
 def render_page(title: str, token: str, nonce: str, cards: str, data: dict[str, Any]) -> bytes:
-    """The page: `cards` (the cards' data, already `inline_json`: made once per results.csv) and `data`
-    (decisions, version, reviewer, aside) inline, `token` in a meta tag for the script to send with each
-    decision."""
-    inline = f'{{"cards":{cards},{inline_json(data)[1:]}' if data else f'{{"cards":{cards}}}'
+    """The page: `cards` (the cards' data, already `inline_json`) and `data` (decisions, version, reviewer,
+    aside) inline, `token` in a meta tag for the script to send with each decision."""
+    head, tail = page_parts(title, token, nonce, data)
+    return head + cards.encode() + tail
+
+
+def page_parts(title: str, token: str, nonce: str, data: dict[str, Any]) -> tuple[bytes, bytes]:
+    """The page (`render_page`) before its cards' data and after it, for a server that streams the cards
+    between the two."""
+    after = f",{inline_json(data)[1:]}" if data else "}"
     esc = html.escape
     options = "".join(f'<option value="{v}">{esc(label)}</option>' for v, label in FILTERS.items())
     return (
@@ -125,7 +132,9 @@ def render_page(title: str, token: str, nonce: str, cards: str, data: dict[str, 
         f'<span class="keys">{esc(VIEW_KEYS)}</span></div><div id="vpanes"></div></div>'
         '<div id="notebar" hidden><label>note for <b id="notefor"></b> <input id="note" '
         f'maxlength="{MAX_NOTE}" autocomplete="off"></label> Enter saves, Escape cancels</div>'
-        f'<script type="application/json" id="data">{inline}</script>'
+        '<script type="application/json" id="data">{"cards":'
+    ).encode(), (
+        f"{after}</script>"
         f'<script nonce="{esc(nonce)}">{SCRIPT}</script>'
         f'<script nonce="{esc(nonce)}">{LIVE}</script></body></html>'
     ).encode()
