@@ -51,14 +51,39 @@ def _api(api: str, method: str, path: str, body: dict[str, Any] | None = None) -
     return response.json()
 
 
+TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+def create_process_pool(api: str, pool: str) -> None:
+    """A process work pool named `pool` on the server at `api` (left as it is if it exists)."""
+    from prefect.workers.process import ProcessWorker
+
+    template = ProcessWorker.get_default_base_job_template()
+    httpx.post(f"{api}/work_pools/", json={"name": pool, "type": "process", "base_job_template": template})
+
+
+def wait_for_end(api: str, flow_run_id: str, poll: float = 0.5, timeout: float = 86400.0) -> dict[str, Any]:
+    """The flow run once it is in a terminal state (polled every `poll` s; TimeoutError after `timeout`).
+    A poll the server does not answer is tried again: Prefect's server on SQLite can stall for a minute
+    under load."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = _api(api, "GET", f"/flow_runs/{flow_run_id}")
+        except httpx.TransportError:
+            state = {"state_type": "(the server did not answer)"}
+        if state["state_type"] in TERMINAL:
+            return state
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"flow run {flow_run_id} still {state['state_type']} after {timeout} s")
+        time.sleep(poll)
+
+
 def one_variant(
     api: str, server_pid: int, emu: Emulator, manifest: Path, tmp: Path, shards: int, concurrency: int
 ) -> dict[str, Any]:
-    from prefect.workers.process import ProcessWorker
-
     pool = f"bench-pool-{shards}"
-    template = ProcessWorker.get_default_base_job_template()
-    httpx.post(f"{api}/work_pools/", json={"name": pool, "type": "process", "base_job_template": template})
+    create_process_pool(api, pool)
     out = tmp / f"out-{shards}"
     name = f"bench-{shards}"
     env = {"IMAGEBATCH_API_KEY": KEY, "PREFECT_HOME": str(tmp / f"worker-home-{shards}")}
@@ -82,10 +107,7 @@ def one_variant(
         server_before = tree_cpu(server_pid)
         t0 = time.monotonic()
         run = _api(api, "POST", f"/deployments/{deployment['id']}/create_flow_run", {})
-        while (state := _api(api, "GET", f"/flow_runs/{run['id']}"))["state_type"] not in (
-            "COMPLETED", "FAILED", "CRASHED", "CANCELLED"
-        ):  # fmt: skip
-            time.sleep(0.5)
+        state = wait_for_end(api, run["id"])
         wall = time.monotonic() - t0
         settle_s = settle(server_pid, server_idle)
         server_cpu = tree_cpu(server_pid) - server_before - server_idle * (wall + settle_s)

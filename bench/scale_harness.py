@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -357,21 +357,25 @@ def run_imagebatch(
     count_sent: bool = True,
     extra: Sequence[str] = (),
     launcher: Sequence[str] = CLI,
+    env_extra: Mapping[str, str] | None = None,
+    target: str | None = None,
 ) -> Measured:
     """`imagebatch run` as a whole process; with `server`, its CPU and database growth around the run.
 
     `extra`: more options of `imagebatch run` (`--no-report`, `--global-limit NAME`); `launcher`: the
     command that starts the CLI (default `python -m imagebatch.cli.main`; `start` also times `uv run
-    imagebatch` and `.venv/bin/imagebatch`)."""
+    imagebatch` and `.venv/bin/imagebatch`); `env_extra`: more of the run's environment (a store's
+    endpoint and credentials); `target`: the run's `--out` when it is not the folder `out` (an
+    `s3://` URL: `out` then only names the log, and run.json is the caller's to read)."""
     emu.reset()
-    env = base_env() | {"IMAGEBATCH_API_KEY": KEY, "PREFECT_HOME": str(client_home)}
+    env = base_env() | {"IMAGEBATCH_API_KEY": KEY, "PREFECT_HOME": str(client_home), **(env_extra or {})}
     if server is not None:
         env["PREFECT_API_URL"] = server.info.api_url
         idle = idle_rate(server.info.pid)
         s0, db0 = tree_cpu(server.info.pid), server.db_bytes()
         log_offset = server.info.log_path.stat().st_size
         t0 = time.monotonic()
-    cmd = [*launcher, "run", str(manifest), "--out", str(out), "--base-url", emu.url, *extra]
+    cmd = [*launcher, "run", str(manifest), "--out", target or str(out), "--base-url", emu.url, *extra]
     e0 = emu.cpu()
     m = run_measured(label, [*cmd, "--concurrency", str(concurrency)], env, out.with_suffix(".log"))
     m.emulator_cpu_s = emu.cpu() - e0
@@ -386,14 +390,18 @@ def run_imagebatch(
             new_log = fh.read().decode(errors="replace")
         m.log_errors = sum(bool(re.search(r"\bERROR\b|Traceback", line)) for line in new_log.splitlines())
     run_json = out / "run.json"
-    if run_json.exists():
-        info = json.loads(run_json.read_text())
-        if info.get("ended_at"):
-            started = datetime.fromisoformat(info["started_at"])
-            m.body_s = (datetime.fromisoformat(info["ended_at"]) - started).total_seconds()
-        m.counts = {k: v for k, v in (info.get("counts") or {}).items() if v}
-        m.ok = m.counts.get("succeeded", 0) + m.counts.get("skipped", 0)
+    if target is None and run_json.exists():
+        take_run_json(m, json.loads(run_json.read_text()))
     return m
+
+
+def take_run_json(m: Measured, info: dict[str, Any]) -> None:
+    """The flow body's seconds and the counts of a run's run.json, into `m`."""
+    if info.get("ended_at"):
+        started = datetime.fromisoformat(info["started_at"])
+        m.body_s = (datetime.fromisoformat(info["ended_at"]) - started).total_seconds()
+    m.counts = {k: v for k, v in (info.get("counts") or {}).items() if v}
+    m.ok = m.counts.get("succeeded", 0) + m.counts.get("skipped", 0)
 
 
 # --- tables ---------------------------------------------------------------------------------------------
