@@ -8,7 +8,9 @@ supersedes an outcome, an answer whose files are all there is done) are read in 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
+import marshal
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from imagebatch.work.request_record import RequestRecord, Status
-from imagebatch.work.stateindex import Request, StateFile, StateIndex, rewrite
+from imagebatch.work.stateindex import Request, StateFile, StateIndex
 
 
 @dataclass(slots=True)
@@ -90,7 +92,7 @@ def replay(
         if st.request is not None:
             newest[st.request] = max(newest.get(st.request, 1), st.variant)
         if len(held) > window:
-            file = file or StateFile(spool)
+            file = file or StateFile(spool, _encode, _decode)
             file.put(_oldest(held, max(1, window // 2)))
 
     def settle(st: KeyState) -> bool:
@@ -101,7 +103,7 @@ def replay(
             settle(st)
         return StateIndex(held, None, newest)
     file.put(_oldest(held, len(held)))
-    rewrite(file, settle)
+    file.rewrite(settle)
     return StateIndex(None, file, newest)
 
 
@@ -154,6 +156,30 @@ def _apply(st: KeyState, ev: dict[str, Any]) -> None:
             st.outcome, st.pending, st.unanswered, st.answered_ok, st.answered = (
                 record, False, False, False, None,
             )  # fmt: skip
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(RequestRecord))
+
+
+def _encode(st: KeyState) -> bytes:
+    """A state as bytes for the index's file (`marshal`: a third of a pickle's size, twice as fast; the
+    file is read back only by the process that wrote it, so the format need not outlive it)."""
+    return marshal.dumps((_fields(st.outcome), st.pending, st.unanswered, st.answered_ok,
+                          _fields(st.answered), st.attempts, st.variant, st.request))  # fmt: skip
+
+
+def _fields(record: RequestRecord | None) -> tuple[Any, ...] | None:
+    return None if record is None else tuple(getattr(record, name) for name in _FIELDS)
+
+
+def _decode(data: bytes) -> KeyState:
+    outcome, pending, unanswered, answered_ok, answered, attempts, variant, request = marshal.loads(data)
+    return KeyState(
+        None if outcome is None else _shared(RequestRecord(*outcome)),
+        pending, unanswered, answered_ok,
+        None if answered is None else _shared(RequestRecord(*answered)),
+        attempts, variant, request,
+    )  # fmt: skip
 
 
 def _shared(record: RequestRecord) -> RequestRecord:

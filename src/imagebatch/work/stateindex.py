@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import sqlite3
 import tempfile
 import threading
@@ -34,10 +33,13 @@ CACHE_KIB = 8192
 
 
 class StateFile(Generic[State]):
-    """The on-disk table of key states: one row per key, its state pickled (a private file: it is
-    only ever read back by the process that wrote it). Safe to share between threads (one lock)."""
+    """The on-disk table of key states: one row per key, its state as `encode` makes it bytes (a private
+    file: only the process that wrote it reads it back, `decode`). Safe to share between threads."""
 
-    def __init__(self, folder: Path | None) -> None:
+    def __init__(
+        self, folder: Path | None, encode: Callable[[State], bytes], decode: Callable[[bytes], State]
+    ) -> None:
+        self._encode, self._decode = encode, decode
         where = folder if folder is not None and folder.is_dir() else None
         fd, name = tempfile.mkstemp(prefix=".imagebatch-state-", suffix=".tmp", dir=where)
         os.close(fd)
@@ -52,7 +54,7 @@ class StateFile(Generic[State]):
 
     def put(self, states: Iterable[tuple[str, State]]) -> None:
         """Write (or overwrite) these keys' states in one transaction; a key keeps its place in the walk."""
-        rows = [(key, pickle.dumps(st, pickle.HIGHEST_PROTOCOL)) for key, st in states]
+        rows = [(key, self._encode(st)) for key, st in states]
         with self._lock:
             self._db.execute("BEGIN")
             self._db.executemany(
@@ -63,7 +65,7 @@ class StateFile(Generic[State]):
     def get(self, key: str) -> State | None:
         with self._lock:
             row = self._db.execute("SELECT state FROM states WHERE key = ?", (key,)).fetchone()
-        return None if row is None else pickle.loads(row[0])
+        return None if row is None else self._decode(row[0])
 
     def has(self, key: str) -> bool:
         with self._lock:
@@ -89,7 +91,18 @@ class StateFile(Generic[State]):
     def states(self) -> Iterator[tuple[str, State]]:
         for page in self.pages():
             for key, state in page:
-                yield key, pickle.loads(state)
+                yield key, self._decode(state)
+
+    def rewrite(self, change: Callable[[State], bool]) -> None:
+        """Walk every state, and write back those `change` changed (True), a page at a time."""
+        for page in self.pages():
+            changed = []
+            for key, blob in page:
+                st = self._decode(blob)
+                if change(st):
+                    changed.append((key, st))
+            if changed:
+                self.put(changed)
 
     def close(self) -> None:
         with self._lock, contextlib.suppress(sqlite3.Error):
@@ -171,15 +184,3 @@ class _Values(ValuesView[State]):
 
     def __iter__(self) -> Iterator[State]:
         return (st for _, st in self._mapping._walk())
-
-
-def rewrite(file: StateFile[State], change: Callable[[State], bool]) -> None:
-    """Walk every state in `file`, and write back those `change` changed (True), a page at a time."""
-    for page in file.pages():
-        changed = []
-        for key, blob in page:
-            st = pickle.loads(blob)
-            if change(st):
-                changed.append((key, st))
-        if changed:
-            file.put(changed)
