@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 import threading
 from dataclasses import asdict
 from pathlib import Path
@@ -152,3 +153,27 @@ def test_the_file_is_made_in_the_spool_folder_and_leaves_no_name(
     assert states.on_disk and len(states) == 20 and states[key(7)].status == "unknown"
     assert [p.parent for p in made] == [tmp_path / "out"]
     assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == before
+
+
+def test_a_folder_that_refuses_the_file_has_it_made_in_the_temporary_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replay_module, "WINDOW", 0)
+    store = OutputStore(tmp_path / "out")
+    store.backend.prepare()
+    store.journal("attempt_started", idempotency_key=key(1), attempt=1)
+    real_mkstemp = tempfile.mkstemp
+    asked: list[str | None] = []
+
+    def mkstemp(prefix: str, suffix: str, dir: str | Path | None = None) -> tuple[int, str]:
+        asked.append(None if dir is None else str(dir))
+        if dir is not None:
+            raise PermissionError(13, "Permission denied", str(dir))  # a location this user may only read
+        return real_mkstemp(prefix=prefix, suffix=suffix, dir=tmp_path / "temporary")
+
+    (tmp_path / "temporary").mkdir()
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    states = store.load_state()
+    assert states.on_disk and states[key(1)].status == "unknown"
+    assert asked == [str(tmp_path / "out"), None]
+    assert list((tmp_path / "temporary").iterdir()) == []

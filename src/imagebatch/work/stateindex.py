@@ -40,8 +40,7 @@ class StateFile(Generic[State]):
         self, folder: Path | None, encode: Callable[[State], bytes], decode: Callable[[bytes], State]
     ) -> None:
         self._encode, self._decode = encode, decode
-        where = folder if folder is not None and folder.is_dir() else None
-        fd, name = tempfile.mkstemp(prefix=".imagebatch-state-", suffix=".tmp", dir=where)
+        fd, name = _made(folder)
         os.close(fd)
         try:
             self._db = sqlite3.connect(name, check_same_thread=False, isolation_level=None)
@@ -107,6 +106,15 @@ class StateFile(Generic[State]):
     def close(self) -> None:
         with self._lock, contextlib.suppress(sqlite3.Error):
             self._db.close()
+
+
+def _made(folder: Path | None) -> tuple[int, str]:
+    """A new file in `folder`, or in the machine's temporary folder when `folder` is none, not a folder,
+    or refuses one (a location this user may only read)."""
+    with contextlib.suppress(OSError):
+        if folder is not None and folder.is_dir():
+            return tempfile.mkstemp(prefix=".imagebatch-state-", suffix=".tmp", dir=folder)
+    return tempfile.mkstemp(prefix="imagebatch-state-", suffix=".tmp")
 
 
 class StateIndex(Mapping[str, State]):
