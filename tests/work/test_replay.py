@@ -11,11 +11,16 @@ import pytest
 from helpers.records import KEY, OTHER, answered, finished, record, started
 
 from imagebatch.storage.appendlog import read_jsonl
+from imagebatch.work import replay as replay_module
 from imagebatch.work.store import OutputStore
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> OutputStore:
+@pytest.fixture(params=["memory", "disk"])
+def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OutputStore:
+    """An output folder; its state replayed in memory, or (`disk`) through the on-disk index alone (no
+    window: every event's key read from the file and written back), so every rule is seen both ways."""
+    if request.param == "disk":
+        monkeypatch.setattr(replay_module, "WINDOW", 0)
     s = OutputStore(tmp_path / "out")
     s.backend.prepare()
     return s

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -188,7 +188,7 @@ def _output(run: Run, store: OutputStore) -> Iterator[tuple[str, str]]:
         yield url, key
 
 
-def plan_variants(run: Run, store: OutputStore, states: dict[str, KeyState]) -> frozenset[str]:
+def plan_variants(run: Run, store: OutputStore, states: Mapping[str, KeyState]) -> frozenset[str]:
     """Add every variant of the plan's requests to `run.units` (and, for `--redo rejected`, the new ones),
     from the folder's state as this run found it (`work.variants`); return the keys the run must not
     send (variants, outside a redo)."""
@@ -209,7 +209,7 @@ def _send(
     units: list[Unit],
     url: str,
     key: str,
-    states: dict[str, KeyState],
+    states: Mapping[str, KeyState],
     held_keys: frozenset[str],
 ) -> tuple[RunContext, int]:
     """Send `units` (`run.dispatch.Dispatcher`) with the run's client, limit, pacing, caps and signal

@@ -28,7 +28,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +72,7 @@ def shard_name(shard: int, shards: int) -> str:
 
 
 def requests_to_send(
-    options: RunOptions, units: list[Unit], before: dict[str, KeyState], held: frozenset[str]
+    options: RunOptions, units: list[Unit], before: Mapping[str, KeyState], held: frozenset[str]
 ) -> list[int]:
     """Per shard, how many requests it has to send as the parent found the output (each shard decides
     the same from the same state: `work.context.decide`)."""
@@ -353,7 +353,7 @@ def shards_released(
 
 
 def records_after(
-    units: list[Unit], before: dict[str, KeyState], after: dict[str, KeyState], why_unsent: str
+    units: list[Unit], before: Mapping[str, KeyState], after: Mapping[str, KeyState], why_unsent: str
 ) -> dict[int, list[RequestRecord]]:
     """The parent's records, from the folder's state before the shards ran and after: a request that has
     succeeded only since is `succeeded`, one that had before `skipped`; the others carry their outcome,

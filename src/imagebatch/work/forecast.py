@@ -24,7 +24,7 @@ is only tested (`OutputStore.in_use`); if one is, the counts are a snapshot of w
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -136,7 +136,7 @@ def forecast(
 def _unit_fates(
     store: OutputStore,
     unit: Unit,
-    states: dict[str, KeyState],
+    states: Mapping[str, KeyState],
     last_key: dict[tuple[Any, Any, Any], str],
     rejected: set[str],
     retry_unknown: bool,

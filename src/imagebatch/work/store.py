@@ -26,6 +26,7 @@ from imagebatch.storage.location import OutputLockedError, atomic_file, json_obj
 from imagebatch.work.replay import KeyState, replay
 from imagebatch.work.request_record import RESULT_COLUMNS, STATUSES, RequestRecord, Status, file_stem
 from imagebatch.work.runsummary import RunSummary, read_summary
+from imagebatch.work.stateindex import StateIndex
 from imagebatch.work.thumbnails import keep_thumbnail
 
 if TYPE_CHECKING:
@@ -87,13 +88,14 @@ class OutputStore:
         each line skipped as bad (`storage.bounded`); without, a line over the bound is refused."""
         return self.backend.records(layout.USAGE_LEDGER, bad)
 
-    def load_state(self, seen: Callable[[dict[str, Any]], None] | None = None) -> dict[str, KeyState]:
-        """Replay the journal into the state of every idempotency key it names (`work.replay.replay`)."""
+    def load_state(self, seen: Callable[[dict[str, Any]], None] | None = None) -> StateIndex[KeyState]:
+        """Replay the journal into the state of every idempotency key it names (`work.replay.replay`): a
+        read-only mapping, on disk in the spool folder past a few thousand keys (`work.stateindex`)."""
 
         def files_exist(record: RequestRecord, settled: bool) -> bool:
             return self.backend.files_exist(list(record.paths), settled)
 
-        return replay(self.backend.records(layout.JOURNAL), files_exist, seen)
+        return replay(self.backend.records(layout.JOURNAL), files_exist, seen, self.backend.spool_folder)
 
     # -- files --
 

@@ -42,6 +42,7 @@ from imagebatch.work import conversation
 from imagebatch.work.context import Unit, decide
 from imagebatch.work.decisions import Decision, decided
 from imagebatch.work.redo import RedoKind
+from imagebatch.work.stateindex import StateIndex
 from imagebatch.work.store import KeyState, OutputStore
 
 NO_NOTE = "no note"
@@ -163,8 +164,11 @@ def _redo_chain(
     return held
 
 
-def _newest(states: Mapping[str, KeyState]) -> dict[tuple[str, int, int], int]:
-    """The newest variant the journal knows of each request (job, request, turn) it holds a variant of."""
+def _newest(states: Mapping[str, KeyState]) -> Mapping[tuple[str, int, int], int]:
+    """The newest variant the journal knows of each request (job, request, turn) it holds a variant of: the
+    replay's own count (`StateIndex.newest`, no walk of the states), or for a plain mapping its states'."""
+    if isinstance(states, StateIndex):
+        return states.newest
     newest: dict[tuple[str, int, int], int] = {}
     for st in states.values():
         if st.request is not None:
