@@ -15,7 +15,7 @@ import csv
 import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any
 
 from imagebatch.manifest.sources import is_url
@@ -46,13 +46,13 @@ def safe_name(rel: str) -> bool:
     """Whether an image name from results.csv may be served: relative, under `images/`, plain parts
     (no `..`, `.`, empty part, backslash or control character). A local file is also checked for where
     it really is (`Backend.image`: never a file that leads out)."""
-    path = PurePosixPath(rel)
+    # Split by hand: pathlib interns every part it parses (`sys.intern`), so a path object per row would
+    # keep every image folder's name for the life of the process.
+    parts = rel.split("/")
     return (
-        path.as_posix() == rel
-        and not path.is_absolute()
-        and len(path.parts) > 1
-        and path.parts[0] == layout.IMAGES_DIR
-        and not {"..", "."} & set(path.parts)
+        len(parts) > 1
+        and parts[0] == layout.IMAGES_DIR
+        and not {"", ".", ".."} & set(parts)
         and "\\" not in rel
         and all(ch >= " " and ch != "\x7f" for ch in rel)
     )
