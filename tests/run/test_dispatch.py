@@ -87,11 +87,11 @@ def test_shards_split_the_units_disjointly_and_alike_on_every_machine(tmp_path: 
     from imagebatch.run.shards import shard_of
     from imagebatch.work.context import group_units
 
-    units = group_units(plan(load_manifest(catalog(tmp_path / "m.csv", 300, "sku-"))))
+    units = list(group_units(plan(load_manifest(catalog(tmp_path / "m.csv", 300, "sku-")))))
     split = [[u.index for u in units if shard_of(u, 3) == i] for i in range(3)]
     assert sorted(i for part in split for i in part) == list(range(300))  # each unit in exactly one shard
     assert all(60 < len(part) < 140 for part in split)  # and about evenly
-    again = group_units(plan(load_manifest(tmp_path / "m.csv")))
+    again = list(group_units(plan(load_manifest(tmp_path / "m.csv"))))
     assert [[u.index for u in again if shard_of(u, 3) == i] for i in range(3)] == split
 
 

@@ -94,7 +94,7 @@ def start(manifest: str, out: str, options: RunOptions, role: ShardRole) -> Run:
         raise UsageError(f"shard {shard} of {shards}: a shard is 0 to shards - 1")
     limit = options.pacing.global_limit
     rate_limit = rate_limit_of(limit) if limit else None  # a missing limit is refused here
-    units = group_units(plan(checked.manifest))
+    units = list(group_units(plan(checked.manifest)))
     planned = sum(len(unit.requests) for unit in units)
     info = run_info(checked, planned, options, shard)
     return Run(checked, options, role, hooks, units, info, rate_limit)

@@ -58,7 +58,7 @@ def _settle(checked: Preflight, store: OutputStore, options: RunOptions) -> dict
     states = store.load_state()
     resend, report = options.resend, options.outcome.report
     units, held, redo = with_variants(
-        group_units(plan(checked.manifest)), states, store, redo=redo_kinds(resend.redo),
+        list(group_units(plan(checked.manifest))), states, store, redo=redo_kinds(resend.redo),
         edit=resend.edit, retry_unknown=resend.retry_unknown,
     )  # fmt: skip
     ctx = RunContext(None, store, states, RunState(RecordSpool()), retry_unknown=resend.retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
