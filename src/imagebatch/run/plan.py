@@ -65,7 +65,9 @@ class PlanDetails(Mapping[str, PlannedRequest]):
 
     def __init__(self, units: Iterable[Unit]) -> None:
         self._folder = tempfile.TemporaryDirectory(prefix="imagebatch-plan-")
-        self._db = sqlite3.connect(Path(self._folder.name) / "plan.sqlite", check_same_thread=False)
+        self.folder = Path(self._folder.name)
+        """Where the table is, while the block runs."""
+        self._db = sqlite3.connect(self.folder / "plan.sqlite", check_same_thread=False)
         self._lock = threading.Lock()
         self._db.execute("PRAGMA journal_mode = OFF")  # a scratch table: nothing to recover
         self._db.execute("PRAGMA synchronous = OFF")
