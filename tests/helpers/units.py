@@ -115,7 +115,7 @@ class Harness:
         """Write `rows` as a JSONL manifest and group its plan as the flow does."""
         path = self.tmp / "manifest.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return group_units(list(plan(load_manifest(path))))
+        return list(group_units(plan(load_manifest(path))))
 
     def unit(self, row: dict[str, Any]) -> Unit:
         (unit,) = self.units(row)
@@ -208,4 +208,4 @@ def planned_units(n: int) -> list[Unit]:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "m.csv"
         path.write_text("id,prompt\n" + "".join(f"s{i:03d},product {i}\n" for i in range(n)))
-        return group_units(plan(load_manifest(path)))
+        return list(group_units(plan(load_manifest(path))))

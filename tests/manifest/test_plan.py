@@ -145,7 +145,7 @@ def test_raising_count_keeps_existing_keys(project: Path) -> None:
 def test_chains_plan_every_turn_and_keep_earlier_keys(project: Path) -> None:
     chain = {"id": "c", "prompt": "x", "reference_images": ["images/a.png"], "count": 2, "turns": ["warmer"]}
     (project / "c.json").write_text(json.dumps([chain]))
-    requests = plan(load_manifest(project / "c.json"))
+    requests = list(plan(load_manifest(project / "c.json")))
     assert [(r.request_index, r.turn_index) for r in requests] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [r.prompt for r in requests] == ["x", "warmer", "x", "warmer"]
     assert requests[0].reference_images == [(project / "images" / "a.png").resolve()]
@@ -219,7 +219,7 @@ def test_variant_keys_add_the_variant_and_leave_first_samples_alone(project: Pat
     material = key_material(job, 0)
     assert "variant" not in material and key_material(job, 0, 0, 1) == material  # old folders keep their keys
     assert key_material(job, 0, 0, 2) == {**material, "variant": 2}
-    first = plan(load_manifest(project / "m.csv"))[0]
+    first = next(plan(load_manifest(project / "m.csv")))
     second, third = variant_of(first, 2), variant_of(first, 3)
     assert variant_of(first, 1) == first and variant_of(third, 2) == second  # from any variant, the same
     assert len({first.idempotency_key, second.idempotency_key, third.idempotency_key}) == 3
@@ -272,7 +272,7 @@ def mixed(project: Path) -> Path:
 
 
 def test_plan_routes_and_images(project: Path) -> None:
-    requests = plan(load_manifest(mixed(project)))
+    requests = list(plan(load_manifest(mixed(project))))
     by_job: dict[str, list[tuple[Route, int]]] = {}
     for r in requests:
         by_job.setdefault(r.job_id, []).append((r.route, r.images_at_most))

@@ -12,7 +12,7 @@ from typing import Any
 
 from helpers.runs import Rendezvous, catalog, peak_in_flight, read_jsonl, read_results, run_now
 
-from imagebatch.run.batches import Batch, batch_size, group_batches
+from imagebatch.run.batches import Batch, batch_size, cut_batches
 from imagebatch.run.dispatch import Window
 from imagebatch.work.context import Unit
 
@@ -34,9 +34,10 @@ def test_batch_size_is_one_for_small_runs_and_bounded_for_large_ones() -> None:
 
 def test_batches_cut_units_in_order_and_keep_every_unit_once() -> None:
     units = [Unit(i, None, []) for i in range(250)]  # type: ignore[arg-type]
-    batches = group_batches(units)
+    batches = list(cut_batches(iter(units), batch_size(len(units))))
     assert len(batches) == 84 and [len(b.units) for b in batches][-2:] == [3, 1]
     assert [u.index for b in batches for u in b.units] == list(range(250))
+    assert [b.index for b in batches] == list(range(84))
 
 
 def test_a_batch_yields_what_was_admitted_until_closed_and_gives_back_what_nobody_took() -> None:
@@ -87,11 +88,11 @@ def test_shards_split_the_units_disjointly_and_alike_on_every_machine(tmp_path: 
     from imagebatch.run.shards import shard_of
     from imagebatch.work.context import group_units
 
-    units = group_units(plan(load_manifest(catalog(tmp_path / "m.csv", 300, "sku-"))))
+    units = list(group_units(plan(load_manifest(catalog(tmp_path / "m.csv", 300, "sku-")))))
     split = [[u.index for u in units if shard_of(u, 3) == i] for i in range(3)]
     assert sorted(i for part in split for i in part) == list(range(300))  # each unit in exactly one shard
     assert all(60 < len(part) < 140 for part in split)  # and about evenly
-    again = group_units(plan(load_manifest(tmp_path / "m.csv")))
+    again = list(group_units(plan(load_manifest(tmp_path / "m.csv"))))
     assert [[u.index for u in again if shard_of(u, 3) == i] for i in range(3)] == split
 
 

@@ -52,7 +52,7 @@ def _chains_and_copies(path: Path) -> Path:
 
 def test_a_shard_reads_only_the_jobs_it_sends_and_plans_the_same_units(tmp_path: Path) -> None:
     path = _chains_and_copies(tmp_path / "m.json")
-    whole = group_units(plan(load_manifest(path)))
+    whole = list(group_units(plan(load_manifest(path))))
     sent: list[str] = []
     for shard in range(3):
         own = load_manifest(path, keep=shard_keeps(shard, 3))
@@ -67,7 +67,7 @@ def test_a_shard_reads_only_the_jobs_it_sends_and_plans_the_same_units(tmp_path:
 
 
 def test_every_sample_of_a_request_goes_to_its_first_samples_shard(tmp_path: Path) -> None:
-    units = group_units(plan(load_manifest(_chains_and_copies(tmp_path / "m.json"))))
+    units = list(group_units(plan(load_manifest(_chains_and_copies(tmp_path / "m.json")))))
     for unit in units:
         for turn in unit.requests:
             later = variant_of(turn, 2)

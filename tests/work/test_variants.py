@@ -24,7 +24,7 @@ def units(tmp_path: Path) -> list[Unit]:
     jobs = [
         {"id": job, "prompt": f"a mug, {job}", "model": "native-image-2"} for job in ("ni", "fa", "rj", "ok")
     ]
-    return group_units(plan(load_manifest(write_jsonl(tmp_path / "m.jsonl", jobs))))
+    return list(group_units(plan(load_manifest(write_jsonl(tmp_path / "m.jsonl", jobs)))))
 
 
 def first(units: list[Unit]) -> dict[str, PlannedRequest]:

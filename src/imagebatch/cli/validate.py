@@ -123,8 +123,6 @@ def _estimate(manifest: Manifest, prices: str, out: TextIO) -> int:
         print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print("\nmost it can cost (images at most x price):", file=out)
-    # estimate_lines reads the requests twice (the sums, then the models unpriced): a list, whatever
-    # `plan` returns.
     print("\n".join(estimate_lines(list(plan(manifest)), table)), file=out)
     return EXIT_OK
 

@@ -26,7 +26,6 @@ from pydantic.json_schema import SkipJsonSchema
 
 from imagebatch.errors import UsageError
 from imagebatch.flows.compat import EARLIER_RUN, EarlierShapeFlow, run_options_of
-from imagebatch.manifest import plan
 from imagebatch.options import MAX_CONCURRENCY, RunOptions, ShardRole
 from imagebatch.run.constants import FLOW_NAME
 from imagebatch.run.deployed import trusted
@@ -35,9 +34,9 @@ from imagebatch.run.hooks import RunHooks, current_hooks
 from imagebatch.run.limits import rate_limit_of
 from imagebatch.run.modes import Run, run_here, run_parent, run_shard
 from imagebatch.run.outputs import run_info
+from imagebatch.run.plan import RunPlan
 from imagebatch.run.preflight import preflight
 from imagebatch.run.shards import shard_keeps
-from imagebatch.work.context import group_units
 
 
 @functools.partial(
@@ -94,7 +93,5 @@ def start(manifest: str, out: str, options: RunOptions, role: ShardRole) -> Run:
         raise UsageError(f"shard {shard} of {shards}: a shard is 0 to shards - 1")
     limit = options.pacing.global_limit
     rate_limit = rate_limit_of(limit) if limit else None  # a missing limit is refused here
-    units = group_units(plan(checked.manifest))
-    planned = sum(len(unit.requests) for unit in units)
-    info = run_info(checked, planned, options, shard)
-    return Run(checked, options, role, hooks, units, info, rate_limit)
+    info = run_info(checked, 0, options, shard)  # its `requests` counted with the variants (run.modes)
+    return Run(checked, options, role, hooks, RunPlan(checked.manifest.jobs), info, rate_limit)

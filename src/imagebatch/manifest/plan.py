@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,10 +208,12 @@ def variant_of(req: PlannedRequest, variant: int, edit_of: EditOf | None = None)
     )  # fmt: skip
 
 
-def plan(manifest: Manifest | Iterable[Job]) -> list[PlannedRequest]:
-    """Every request of the manifest: jobs in manifest order, then copies, then turns."""
+def plan(manifest: Manifest | Iterable[Job]) -> Iterator[PlannedRequest]:
+    """Every request of the manifest, made as it is asked for (a job's requests consecutive): jobs in
+    manifest order, then copies, then turns."""
     jobs = manifest.jobs if isinstance(manifest, Manifest) else manifest
-    return [request for job in jobs for request in plan_job(job)]
+    for job in jobs:
+        yield from plan_job(job)
 
 
 @dataclass(frozen=True, slots=True)

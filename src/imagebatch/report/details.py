@@ -103,6 +103,12 @@ class PlanDetails(Mapping[str, Shown]):
         with self._lock:
             self._db.close()
 
+    def __enter__(self) -> PlanDetails:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
 
 def index_details(requests: Iterable[PlannedRequest]) -> PlanDetails:
     """An on-disk index of `requests` (a plan, read once), for `build_report(details=...)`."""

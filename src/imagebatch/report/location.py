@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from imagebatch.report.details import Shown
 from imagebatch.report.html import build_report, thumb_name
 from imagebatch.storage import layout
 from imagebatch.storage.backend import Backend, LocalCopy
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
 
 
-def write_report(store: OutputStore, details: Mapping[str, PlannedRequest] | None = None) -> str:
+def write_report(store: OutputStore, details: Mapping[str, PlannedRequest | Shown] | None = None) -> str:
     """Write report.html (and its thumbnails) into the store's location; where it is, as a message says it."""
     return report_in(store.backend, details)
 

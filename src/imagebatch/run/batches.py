@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 import math
 import queue
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, wait
 from typing import Any, Protocol
 
@@ -77,9 +77,17 @@ def batch_size(units: int) -> int:
     return max(1, min(1000, math.ceil(units / 100)))
 
 
-def group_batches(units: list[Unit]) -> list[Batch]:
-    size = batch_size(len(units))
-    return [Batch(i, units[start : start + size]) for i, start in enumerate(range(0, len(units), size))]
+def cut_batches(units: Iterable[Unit], size: int) -> Iterator[Batch]:
+    """`units` cut into consecutive batches of `size` (the last one shorter), each once it is whole."""
+    batch: list[Unit] = []
+    index = 0
+    for unit in units:
+        batch.append(unit)
+        if len(batch) == size:
+            yield Batch(index, batch)
+            batch, index = [], index + 1
+    if batch:
+        yield Batch(index, batch)
 
 
 class RequestPool(Protocol):

@@ -39,14 +39,14 @@ import itertools
 import queue
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 
 from prefect.futures import PrefectFuture
 
-from imagebatch.run.batches import Batch, generate, group_batches
+from imagebatch.run.batches import Batch, batch_size, cut_batches, generate
 from imagebatch.work.context import RunContext, Unit
 from imagebatch.work.store import RequestRecord
 from imagebatch.work.unit import run_unit, settle
@@ -238,11 +238,14 @@ class Dispatcher:
     """Runs every unit, admitted in manifest order, at most `window.size` (at most `concurrency`) at once;
     after a halt, the units not yet admitted are recorded without sending (see the module's picture).
 
-    The units to send are cut into consecutive batches (`run.batches.Batch`), one Prefect task run each.
-    This thread alone admits units: a unit takes one of the run's slots when the window has room, its batch's
-    task is started with its first unit and closed after its last, and the unit is sent on the run's
-    `RequestThreads`. So the window, the budgets, a halt and Ctrl-C act on single requests, while Prefect's
-    server records one task run per batch.
+    `units` is the run's plan, iterated, never held: a pass counts the units to send (the batches' size,
+    `run.batches.batch_size`), then the sending pass records each unit this run sends nothing for as it
+    comes, and cuts the units to send into consecutive batches (`run.batches.Batch`), one Prefect task run
+    each, as they come: the batch being admitted and the next one (started one batch ahead) are all it
+    holds. This thread alone admits units: a unit takes one of the run's slots when the window has room,
+    its batch's task is started with its first unit and closed after its last, and the unit is sent on the
+    run's `RequestThreads`. So the window, the budgets, a halt and Ctrl-C act on single requests, while
+    Prefect's server records one task run per batch.
 
     `budgets` cap this run (see `Budget`): at the first unit one would refuse, no more is admitted, what
     is in flight finishes, and the run stops there (the rest `not_attempted`, the reason naming the cap);
@@ -251,7 +254,8 @@ class Dispatcher:
     def __init__(
         self,
         ctx: RunContext,
-        units: list[Unit],
+        units: Iterable[Unit],
+        planned: int,
         concurrency: int,
         control: RunControl,
         on_progress: Callable[[ProgressSnapshot], None] | None = None,
@@ -260,15 +264,15 @@ class Dispatcher:
     ) -> None:
         self.ctx, self.units, self.concurrency, self.control = ctx, units, concurrency, control
         self.budgets = budgets
-        self.progress = Progress(sum(len(u.requests) for u in units), on_progress)
+        self.progress = Progress(planned, on_progress)
         self.window = Window(concurrency, adaptive)
         self.seen_429 = 0
         self.capped: str | None = None  # why no more units are admitted (the budget), once they would pass it
         self.finished: queue.Queue[Unit | Batch | None] = queue.Queue()
         """Finished units, ended task runs (their batch), and None for a wake-up by `RunControl.stop`."""
-        self.pending: Iterator[Unit] = iter(())
-        self.batches: list[Batch] = []
-        self.batch_of: dict[int, Batch] = {}
+        self.pending: Iterator[tuple[Batch, Unit]] = iter(())
+        self.next_batch: Batch | None = None
+        """The batch after the one being admitted (its task run is started one batch ahead)."""
         self.open_batches: dict[int, Batch] = {}
         self.started: list[PrefectFuture[None]] = []
         self.ended: set[int] = set()  # batches whose task run has ended
@@ -276,35 +280,45 @@ class Dispatcher:
 
     def run(self) -> int:
         """Send what is to be sent; return the number of Prefect task runs (batches) started."""
-        todo: list[Unit] = []
-        for unit in self.units:
-            if any(self.ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
-                todo.append(unit)
-            else:  # done, or left alone: recorded without a task or a request
-                self._record_here(unit)
-        self.batches = group_batches(todo)
-        self.batch_of = {unit.index: batch for batch in self.batches for unit in batch.units}
+        size = batch_size(sum(1 for unit in self.units if self._sends(unit)))
         self.control.attach(lambda: self.finished.put(None))
-        self.pending = iter(todo)
+        self.pending = self._batched(cut_batches(self._to_send(), size))
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="imagebatch-request") as pool:
             self.threads = RequestThreads(self.ctx, pool, self.finished)
             while True:
                 self._admit_while_room()
                 if self.progress.in_flight == 0:
-                    if self.capped is not None:
-                        self.ctx.state.stop(
-                            self.capped
-                        )  # only now: the rest are recorded not_attempted below
+                    if self.capped is not None:  # only now: the rest are recorded not_attempted below
+                        self.ctx.state.stop(self.capped)
                     break
                 self._take(self.finished.get())
             for batch in self.open_batches.values():
                 batch.close()
         wait_for_tasks(self.started)
-        for (
-            unit
-        ) in self.pending:  # only left after a halt: records without sending (run_unit sends nothing now)
+        for _batch, unit in self.pending:  # only left after a halt: recorded (run_unit sends nothing now)
             self._record_here(unit)
         return len(self.started)
+
+    def _sends(self, unit: Unit) -> bool:
+        return any(self.ctx.decision(r.idempotency_key) == "send" for r in unit.requests)
+
+    def _to_send(self) -> Iterator[Unit]:
+        """The units to send, in order; the others (done, or left alone) recorded as they come, without a
+        task or a request."""
+        for unit in self.units:
+            if self._sends(unit):
+                yield unit
+            else:
+                self._record_here(unit)
+
+    def _batched(self, batches: Iterator[Batch]) -> Iterator[tuple[Batch, Unit]]:
+        """Each unit to send with its batch, the next batch cut before the first unit of one is admitted."""
+        batch = next(batches, None)
+        while batch is not None:
+            self.next_batch = following = next(batches, None)
+            for unit in batch.units:
+                yield batch, unit
+            batch = following
 
     def _record_here(self, unit: Unit) -> None:
         """Record a unit this run sends nothing for, in this thread, without a task or a request."""
@@ -322,30 +336,29 @@ class Dispatcher:
             nxt = next(self.pending, None)
             if nxt is None:
                 break
-            self.capped = next((why for b in self.budgets if (why := b.reserve(nxt))), None)
+            self.capped = next((why for b in self.budgets if (why := b.reserve(nxt[1]))), None)
             if self.capped is not None:  # not a halt yet: what is already admitted fits, and is sent
                 self.pending = itertools.chain([nxt], self.pending)
                 break
-            self._admit(nxt)
+            self._admit(*nxt)
             progress.in_flight += 1
         if ctx.state.halt.is_set() or self.capped is not None:
             for batch in self.open_batches.values():
                 batch.close()
         progress.report()
 
-    def _admit(self, unit: Unit) -> None:
+    def _admit(self, batch: Batch, unit: Unit) -> None:
         """Give `unit` to its batch's task run (started now if need be), or send it from here if that task
         run has already ended."""
-        batch = self.batch_of[unit.index]
         if batch.index in self.ended:  # its task run failed in Prefect before its last unit
             self.threads.send(unit)
             return
         self._start_task(batch)
-        if batch.index + 1 < len(self.batches):
+        if self.next_batch is not None:
             # The next batch's task run starts now, one batch ahead: a task run takes tens of ms to
             # start (more on a busy server), and a unit admitted to a batch not yet running waited for
             # it with its slot idle (640 @ 1 s @ 32: a slot idle 24 ms p50, 131 ms p90 between requests).
-            self._start_task(self.batches[batch.index + 1])
+            self._start_task(self.next_batch)
         batch.admit(unit)
         if unit is batch.units[-1]:
             batch.close()
@@ -365,6 +378,7 @@ class Dispatcher:
             return
         if isinstance(finished, Batch):  # its task run ended: units it never took are sent from here
             self.ended.add(finished.index)
+            self.open_batches.pop(finished.index, None)
             for unit in finished.untaken():
                 self.threads.send(unit)
             return

@@ -11,6 +11,7 @@ return nothing (their records go to the run context), so Prefect keeps no per-ta
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from imagebatch.run.limits import SlotBroker
 from imagebatch.run.log_forwarding import forward_logs_to_prefect
 from imagebatch.run.outputs import write_records
 from imagebatch.run.pacing import Pacer
+from imagebatch.run.plan import RunPlan
 from imagebatch.run.preflight import Preflight, key_source, locked, out_text
 from imagebatch.run.service import service
 from imagebatch.run.shards import (
@@ -46,7 +48,7 @@ from imagebatch.work.context import RunContext, RunState, Unit, stop_on_write_fa
 from imagebatch.work.redo import redo_kinds
 from imagebatch.work.spool import DiskReserve, RecordSpool, reserve_size
 from imagebatch.work.store import KeyState, OutputLockedError, OutputStore
-from imagebatch.work.variants import with_variants
+from imagebatch.work.variants import Variants
 
 
 @dataclass
@@ -57,9 +59,9 @@ class Run:
     options: RunOptions
     role: ShardRole
     hooks: RunHooks
-    units: list[Unit]
-    """The plan's units; once the folder's state is read, with every variant of their requests
-    (`plan_variants`)."""
+    plan: RunPlan
+    """The plan's units, planned again on each pass; once the folder's state is read, with every variant
+    of their requests (`plan_variants`), and counted."""
     info: dict[str, Any]
     """What `run.json` says (`run.outputs.run_info`), completed as the run ends."""
     rate_limit: str | None
@@ -76,11 +78,11 @@ def run_here(run: Run) -> dict[str, Any]:
         if dead := store.settle_dead_run(datetime.now(UTC).isoformat()):  # the last run's, before this one's
             run.info["previous"] = dead.as_previous()
         store.write_run(run.info)  # a crash leaves a run.json that says the run never ended
-        ctx, tasks = _send(run, store, run.units, url, key, states, held_keys)
+        ctx, tasks = _send(run, store, url, key, states, held_keys)
         run.info["sent"] = len(ctx.state.started_keys)
         try:
             return write_records(
-                checked, store, run.units, ctx.state.results, run.info, ctx.state.halt_reason, tasks, report
+                checked, store, run.plan, ctx.state.results, run.info, ctx.state.halt_reason, tasks, report
             )
         finally:
             ctx.state.results.close()
@@ -92,19 +94,22 @@ def run_shard(run: Run) -> dict[str, Any]:
     info, shard, shards = run.info, run.role.shard, run.options.sharding.shards
     assert shard is not None
     store = OutputStore(run.checked.out, shard_name(shard, shards))
+    run.plan.keep = functools.partial(_in_shard, shard=shard, shards=shards)
     with _output(run, store) as (url, key):
         states = store.load_state()
-        held_keys = plan_variants(run, store, states)
-        units = [u for u in run.units if shard_of(u, shards) == shard]
-        info["requests"] = sum(len(unit.requests) for unit in units)
-        ctx, _tasks = _send(run, store, units, url, key, states, held_keys)
+        held_keys = plan_variants(run, store, states)  # its own units counted: its `requests`
+        ctx, _tasks = _send(run, store, url, key, states, held_keys)
         try:
-            counts = Counter(r.status for unit in units for r in ctx.state.results[unit.index])
+            counts = Counter(r.status for unit in run.plan for r in ctx.state.results[unit.index])
             ended = datetime.now(UTC).isoformat()
             info |= {"ended_at": ended, "stopped": ctx.state.halt_reason, "counts": counts}
             return info
         finally:
             ctx.state.results.close()
+
+
+def _in_shard(unit: Unit, *, shard: int, shards: int) -> bool:
+    return shard_of(unit, shards) == shard
 
 
 def run_parent(run: Run) -> dict[str, Any]:
@@ -128,7 +133,7 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
         before = store.load_state()
         held_keys = plan_variants(run, store, before)  # the shards plan the same from the same state
     source, out = checked.manifest.source, out_text(checked.out)
-    to_send = requests_to_send(options, run.units, before, held_keys)
+    to_send = requests_to_send(options, run.plan, before, held_keys)
     parameters = shard_parameters(source, out, options, to_send)
     if idle := [shard_name(i, shards) for i in range(shards) if i not in parameters]:
         get_run_logger().info("Shard(s) %s: nothing to send; not started", ", ".join(idle))
@@ -150,12 +155,18 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
             for r in runs
             if not ran_to_end(r["state"], r["message"])
         ]
-        results = records_after(run.units, before, after, "; ".join(failed) or "no shard sent it")
-        info["shard_runs"] = runs
-        # No task runs of its own to wait for at the end (the shards record theirs).
-        halt_reason = hooks.control.reason or "; ".join(failed) or None
-        report = options.outcome.report
-        return write_records(checked, store, run.units, results, info, halt_reason, 0, report)
+        why_unsent = "; ".join(failed) or "no shard sent it"
+        results = RecordSpool(store.backend.spool_folder)
+        try:
+            for index, records in records_after(run.plan, before, after, why_unsent):
+                results[index] = records
+            info["shard_runs"] = runs
+            # No task runs of its own to wait for at the end (the shards record theirs).
+            halt_reason = hooks.control.reason or "; ".join(failed) or None
+            report = options.outcome.report
+            return write_records(checked, store, run.plan, results, info, halt_reason, 0, report)
+        finally:
+            results.close()
 
 
 @contextlib.contextmanager
@@ -189,30 +200,29 @@ def _output(run: Run, store: OutputStore) -> Iterator[tuple[str, str]]:
 
 
 def plan_variants(run: Run, store: OutputStore, states: Mapping[str, KeyState]) -> frozenset[str]:
-    """Add every variant of the plan's requests to `run.units` (and, for `--redo rejected`, the new ones),
-    from the folder's state as this run found it (`work.variants`); return the keys the run must not
-    send (variants, outside a redo)."""
+    """Add every variant of the plan's requests to `run.plan` (and, for `--redo rejected`, the new ones),
+    from the folder's state as this run found it (`work.variants`), and count its requests; return the
+    keys the run must not send (variants, outside a redo)."""
     resend = run.options.resend
-    run.units, held_keys, redo = with_variants(
-        run.units, states, store, redo=redo_kinds(resend.redo), edit=resend.edit,
-        retry_unknown=resend.retry_unknown,
-    )  # fmt: skip
-    run.info["requests"] = sum(len(unit.requests) for unit in run.units)
-    if redo is not None:
-        run.info["redo"] = redo.info()
-    return held_keys
+    variants = Variants(
+        states, store, redo=redo_kinds(resend.redo), edit=resend.edit, retry_unknown=resend.retry_unknown
+    )
+    run.plan.count(variants)
+    run.info["requests"] = run.plan.requests
+    if variants.summary is not None:
+        run.info["redo"] = variants.summary.info()
+    return variants.held
 
 
 def _send(
     run: Run,
     store: OutputStore,
-    units: list[Unit],
     url: str,
     key: str,
     states: Mapping[str, KeyState],
     held_keys: frozenset[str],
 ) -> tuple[RunContext, int]:
-    """Send `units` (`run.dispatch.Dispatcher`) with the run's client, limit, pacing, caps and signal
+    """Send the run's units (`run.dispatch.Dispatcher`) with the run's client, limit, pacing, caps and signal
     handling; `states` is the folder's state as the run found it; return the run context (its records)
     and the number of Prefect task runs started."""
     options, hooks, pacing = run.options, run.hooks, run.options.pacing
@@ -231,7 +241,7 @@ def _send(
         held=held_keys,
     )  # fmt: skip
     # Room for the run's end on a full disk, given back once nothing more is sent or saved.
-    reserve = DiskReserve(store.backend.spool_folder, reserve_size(sum(len(u.requests) for u in units)))
+    reserve = DiskReserve(store.backend.spool_folder, reserve_size(run.plan.requests))
     with (
         client,
         slots or contextlib.nullcontext(),
@@ -240,8 +250,9 @@ def _send(
         progress = ProgressArtifact(hooks.on_progress)
         caps = budgets(options.budgets.max_images, options.budgets.max_spend, run.checked.prices)
         dispatcher = Dispatcher(
-            ctx, units, pacing.concurrency, hooks.control, progress, pacing.adaptive, caps
-        )
+            ctx, run.plan, run.plan.requests, pacing.concurrency, hooks.control, progress, pacing.adaptive,
+            caps,
+        )  # fmt: skip
         tasks = dispatcher.run()
         progress.close()
     reserve.release()

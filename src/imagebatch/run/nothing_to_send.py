@@ -17,16 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from imagebatch.manifest import plan
 from imagebatch.options import RunOptions
 from imagebatch.run.outputs import run_info, write_files
+from imagebatch.run.plan import RunPlan
 from imagebatch.run.preflight import Preflight, key_source
-from imagebatch.work.context import RunContext, RunState, group_units
+from imagebatch.work.context import RunContext, RunState
 from imagebatch.work.redo import redo_kinds
 from imagebatch.work.spool import RecordSpool
-from imagebatch.work.store import OutputLockedError, OutputStore, RequestRecord
+from imagebatch.work.store import OutputLockedError, OutputStore
 from imagebatch.work.unit import run_unit
-from imagebatch.work.variants import with_variants
+from imagebatch.work.variants import Variants
 
 NOT_STARTED = {"flow_run_id": None, "task_runs": 0, "started": False}
 """What run.json says of Prefect for a run settled here."""
@@ -58,22 +58,25 @@ def _has_journal(store: OutputStore) -> bool:
 def _settle(checked: Preflight, store: OutputStore, options: RunOptions) -> dict[str, Any] | None:
     states = store.load_state()
     resend, report = options.resend, options.outcome.report
-    units, held, redo = with_variants(
-        group_units(plan(checked.manifest)), states, store, redo=redo_kinds(resend.redo),
-        edit=resend.edit, retry_unknown=resend.retry_unknown,
-    )  # fmt: skip
+    variants = Variants(
+        states, store, redo=redo_kinds(resend.redo), edit=resend.edit, retry_unknown=resend.retry_unknown
+    )
+    plan = RunPlan(checked.manifest.jobs)
+    plan.count(variants)
     ctx = RunContext(None, store, states, RunState(RecordSpool()), retry_unknown=resend.retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
                      key_source=key_source(options.service.api_key_secret_block), thumbnails=report,
-                     held=held)  # fmt: skip
+                     held=variants.held)  # fmt: skip
+    results = RecordSpool(store.backend.spool_folder)
     try:
-        if any(ctx.decision(r.idempotency_key) == "send" for unit in units for r in unit.requests):
-            return None
-        results: dict[int, list[RequestRecord]] = {unit.index: run_unit(ctx, unit) for unit in units}
+        for unit in plan:  # recorded as they come, until the first request to send
+            if any(ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
+                return None
+            results[unit.index] = run_unit(ctx, unit)
+        info = run_info(checked, plan.requests, options)  # as the flow records them (flows.batch)
+        info["sent"] = 0
+        if variants.summary is not None:
+            info["redo"] = variants.summary.info()
+        return write_files(checked, store, plan, results, info, None, report, dict(NOT_STARTED))
     finally:
+        results.close()
         ctx.state.results.close()
-    planned = sum(len(unit.requests) for unit in units)
-    info = run_info(checked, planned, options)  # as the flow records them (flows.batch)
-    info["sent"] = 0
-    if redo is not None:
-        info["redo"] = redo.info()
-    return write_files(checked, store, units, results, info, None, report, dict(NOT_STARTED))

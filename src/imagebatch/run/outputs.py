@@ -18,7 +18,9 @@ from typing import Any
 
 import imagebatch
 from imagebatch.options import RunOptions
+from imagebatch.report.details import index_details
 from imagebatch.report.location import write_report
+from imagebatch.run.plan import RunPlan
 from imagebatch.run.preflight import Preflight, out_text
 from imagebatch.storage import layout
 from imagebatch.work.context import Unit
@@ -30,20 +32,21 @@ from imagebatch.work.usage import summarise_usage, usage_csv
 
 
 class RunRecords:
-    """The run's records in manifest order, read from `results` again on each iteration."""
+    """The run's records in manifest order, read from `results` again on each iteration: its `units` are
+    numbered 0 to `units` - 1 in that order (`run.plan.RunPlan`), each with its records there."""
 
-    def __init__(self, units: list[Unit], results: Mapping[int, list[RequestRecord]]) -> None:
+    def __init__(self, units: int, results: Mapping[int, list[RequestRecord]]) -> None:
         self.units, self.results = units, results
 
     def __iter__(self) -> Iterator[RequestRecord]:
-        for unit in self.units:
-            yield from self.results[unit.index]
+        for index in range(self.units):
+            yield from self.results[index]
 
 
 def write_records(
     checked: Preflight,
     store: OutputStore,
-    units: list[Unit],
+    plan: RunPlan,
     results: Mapping[int, list[RequestRecord]],
     info: dict[str, Any],
     halt_reason: str | None,
@@ -61,17 +64,17 @@ def write_records(
     prefect: dict[str, Any] = {"flow_run_id": str(flow_run.id) if flow_run.id else None, "task_runs": tasks}
     if guard.note:
         prefect["incomplete"] = guard.note
-    info = write_files(checked, store, units, results, info, halt_reason, report, prefect)
+    info = write_files(checked, store, plan, results, info, halt_reason, report, prefect)
     # Prefect's bookkeeping below: bounded, and skipped once its server is lost (run.api_guard).
     guard.records_written(info, store.write_run)
-    publish(info, RunRecords(units, results))
+    publish(info, RunRecords(plan.units, results))
     return info
 
 
 def write_files(
     checked: Preflight,
     store: OutputStore,
-    units: list[Unit],
+    plan: RunPlan,
     results: Mapping[int, list[RequestRecord]],
     info: dict[str, Any],
     halt_reason: str | None,
@@ -79,11 +82,11 @@ def write_files(
     prefect: dict[str, Any],
 ) -> dict[str, Any]:
     """Write the run's records into its output folder (`prefect`: what run.json says of Prefect's side of
-    the run); return the run summary."""
+    the run); return the run summary. The records are read back from `results` on each pass, and the
+    plan planned again where a pass needs its requests, never all at once."""
     price_table = checked.prices
-    records = RunRecords(units, results)  # read back from the spool on each pass, never all at once
-    by_job = {job.id: job for job in checked.manifest.jobs}
-    rows = ({**by_job[r.job_id].metadata, **r.to_row()} for r in records)
+    records = RunRecords(plan.units, results)
+    rows = ({**unit.job.metadata, **r.to_row()} for unit in plan for r in results[unit.index])
     unwritten: list[str] = []
     with contextlib.suppress(OSError):  # what a replay needs was synced as it was written; this is the rest
         store.backend.sync()
@@ -99,7 +102,7 @@ def write_files(
     counts, superseded = request_counts(records)  # an old no_image a redo replaced is not counted
     info["usage"] = [row.to_dict() for row in usage]
     if price_table is not None:
-        info["spend"] = spend(units, results, price_table)
+        info["spend"] = spend(plan, results, price_table)
     info["rate_limited"] = rate_limited(records)
     info |= {
         "ended_at": datetime.now(UTC).isoformat(),
@@ -115,8 +118,9 @@ def write_files(
         unwritten.append(f"{layout.RUN_JSON} not written: {storage_message(store.where, exc)}")
     try:
         if report:
-            plan = {req.idempotency_key: req for unit in units for req in unit.requests}  # not loaded again
-            info["report"] = write_report(store, plan)
+            requests = (req for unit in plan for req in unit.requests)
+            with index_details(requests) as details:  # on disk; the manifest is not loaded again
+                info["report"] = write_report(store, details)
     except Exception as exc:  # the report is a view of the records, never a reason to fail the run
         unwritten.append(f"{layout.REPORT_HTML} not written: {exc}")
     if unwritten:
@@ -125,16 +129,17 @@ def write_files(
 
 
 def spend(
-    units: list[Unit], results: Mapping[int, list[RequestRecord]], prices: PriceTable
+    units: Iterable[Unit], results: Mapping[int, list[RequestRecord]], prices: PriceTable
 ) -> dict[str, Any]:
     """This run's estimated spend: what succeeded cost, and what `unknown` requests may have cost."""
     spent = doubt = 0.0
+    unpriced: set[str] = set()
     for unit in units:
         for req, rec in zip(unit.requests, results[unit.index], strict=False):
             spent += prices.spent(req, rec)
             doubt += prices.most(req) if rec.status == "unknown" else 0.0
-    plan = [r for u in units for r in u.requests]
-    return {"spent": spent, "in_doubt": doubt, "currency": prices.currency, "unpriced": prices.unpriced(plan)}
+        unpriced.update(prices.unpriced(unit.requests))
+    return {"spent": spent, "in_doubt": doubt, "currency": prices.currency, "unpriced": sorted(unpriced)}
 
 
 def rate_limited(records: Iterable[RequestRecord]) -> int:

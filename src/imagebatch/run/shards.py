@@ -28,7 +28,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +72,7 @@ def shard_name(shard: int, shards: int) -> str:
 
 
 def requests_to_send(
-    options: RunOptions, units: list[Unit], before: Mapping[str, KeyState], held: frozenset[str]
+    options: RunOptions, units: Iterable[Unit], before: Mapping[str, KeyState], held: frozenset[str]
 ) -> list[int]:
     """Per shard, how many requests it has to send as the parent found the output (each shard decides
     the same from the same state: `work.context.decide`)."""
@@ -353,12 +353,11 @@ def shards_released(
 
 
 def records_after(
-    units: list[Unit], before: Mapping[str, KeyState], after: Mapping[str, KeyState], why_unsent: str
-) -> dict[int, list[RequestRecord]]:
-    """The parent's records, from the folder's state before the shards ran and after: a request that has
-    succeeded only since is `succeeded`, one that had before `skipped`; the others carry their outcome,
-    and one no shard reached is `not_attempted`."""
-    results: dict[int, list[RequestRecord]] = {}
+    units: Iterable[Unit], before: Mapping[str, KeyState], after: Mapping[str, KeyState], why_unsent: str
+) -> Iterator[tuple[int, list[RequestRecord]]]:
+    """The parent's records, unit by unit (its index and its records), from the folder's state before the
+    shards ran and after: a request that has succeeded only since is `succeeded`, one that had before
+    `skipped`; the others carry their outcome, and one no shard reached is `not_attempted`."""
     for unit in units:
         out = []
         for req in unit.requests:
@@ -371,5 +370,4 @@ def records_after(
             if now.status == "succeeded" and not (was is not None and was.status == "succeeded"):
                 record.status = "succeeded"
             out.append(record)
-        results[unit.index] = out
-    return results
+        yield unit.index, out

@@ -4,7 +4,7 @@ what earlier runs left, the halt flag, and each unit's records."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,15 +40,25 @@ class Unit:
         return bool(self.job.turns) and self.requests[0].variant == 1
 
 
-def group_units(requests: list[PlannedRequest]) -> list[Unit]:
-    """One unit per (job, request index, variant): a plain request, or a chain's turns in order."""
-    units: dict[tuple[str, int, int], Unit] = {}
+def group_units(requests: Iterable[PlannedRequest]) -> Iterator[Unit]:
+    """One unit per (job, request index, variant), as the requests come: a plain request, or a chain's
+    turns in order. A unit's requests are consecutive in a plan (`manifest.plan`), so only the unit being
+    filled is held."""
+    unit: Unit | None = None
+    index = 0
     for req in requests:
-        key = (req.job_id, req.request_index, req.variant)
-        if key not in units:
-            units[key] = Unit(len(units), req.job, [])
-        units[key].requests.append(req)
-    return list(units.values())
+        if unit is not None and (req.job_id, req.request_index, req.variant) != _unit_key(unit.requests[0]):
+            yield unit
+            unit, index = None, index + 1
+        if unit is None:
+            unit = Unit(index, req.job, [])
+        unit.requests.append(req)
+    if unit is not None:
+        yield unit
+
+
+def _unit_key(req: PlannedRequest) -> tuple[str, int, int]:
+    return req.job_id, req.request_index, req.variant
 
 
 @dataclass(eq=False)

@@ -119,7 +119,7 @@ def forecast(
         last_key[(ev.get("job_id"), ev.get("request_index"), ev.get("turn_index"))] = ev["idempotency_key"]
 
     states = store.load_state(note)
-    units = group_units(plan(manifest))
+    units = list(group_units(plan(manifest)))
     rejected = rejected_requests(units, states, store)
     held: frozenset[str] = frozenset()
     summary = None

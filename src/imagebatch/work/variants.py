@@ -31,7 +31,7 @@ Choices the issue leaves open:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,8 +102,62 @@ def describe(redo: Mapping[str, Any]) -> str:
     return line
 
 
+class Variants:
+    """Every variant of a plan's requests, added to its units as they come (one unit each, newest first,
+    before the request's own unit), the new ones a `redo` (the kinds a `--redo` run asks for; empty: not a
+    redo run) adds included, from the folder's state `states` as the run found it.
+
+    Each pass (`units`) makes the same units, and at its end leaves what it found: `held`, the keys the
+    run must not send (every variant, when not redoing; a failed variant a new one replaces, when redoing
+    `failed`), and `summary`, what a redo run is to send (None outside one). Costs nothing when the
+    journal knows no variant and the run redoes nothing."""
+
+    def __init__(
+        self,
+        states: Mapping[str, KeyState],
+        store: OutputStore,
+        *,
+        redo: Collection[str] = frozenset(),
+        edit: bool = False,
+        retry_unknown: bool = False,
+    ) -> None:
+        self.states, self.store, self.redo = states, store, redo
+        self.edit, self.retry_unknown = edit, retry_unknown
+        self.newest = _newest(states)
+        self.decisions = decided(store.backend) if redo else {}
+        self.held: frozenset[str] = frozenset()
+        self.summary: RedoSummary | None = None
+
+    def units(self, units: Iterable[Unit]) -> Iterator[Unit]:
+        """`units` with their variants, numbered in order from 0 (the same on every pass)."""
+        if not self.newest and not self.redo:
+            yield from units
+            return
+        held: set[str] = set()
+        summary = RedoSummary() if self.redo else None
+        index = 0
+        for unit in units:
+            for req in unit.requests:
+                top = self.newest.get((req.job_id, req.request_index, req.turn_index), 1)
+                chain = _existing(req, self.states, top)
+                if summary is None:
+                    held.update(v.idempotency_key for v in chain[1:])
+                else:
+                    held |= _redo_chain(
+                        chain, self.states, self.decisions, self.store, self.redo, self.edit,
+                        self.retry_unknown, summary,
+                    )  # fmt: skip
+                for variant in reversed(chain[1:]):
+                    yield Unit(index, req.job, [variant])
+                    index += 1
+            unit.index = index
+            index += 1
+            yield unit
+        self.held, self.summary = frozenset(held), summary
+
+
 def with_variants(
-    units: list[Unit],
+    units: Iterable[Unit],
     states: Mapping[str, KeyState],
     store: OutputStore,
     *,
@@ -111,31 +165,12 @@ def with_variants(
     edit: bool = False,
     retry_unknown: bool = False,
 ) -> tuple[list[Unit], frozenset[str], RedoSummary | None]:
-    """The run's units with every variant of their requests (one unit each, newest first, before the
-    request's own unit), the new ones a `redo` (the kinds a `--redo` run asks for; empty: not a redo run)
-    adds included; the keys the run must not send (`held`: every variant, when not redoing; a failed
-    variant a new one replaces, when redoing `failed`); and, when redoing, what it is to send.
-
-    Costs nothing when the journal knows no variant and the run redoes nothing."""
-    newest = _newest(states)
-    if not newest and not redo:
-        return units, frozenset(), None
-    decisions = decided(store.backend) if redo else {}
-    summary = RedoSummary() if redo else None
-    held: set[str] = set()
-    out: list[Unit] = []
-    for unit in units:
-        for req in unit.requests:
-            chain = _existing(req, states, newest.get((req.job_id, req.request_index, req.turn_index), 1))
-            if summary is None:
-                held.update(v.idempotency_key for v in chain[1:])
-            else:
-                held |= _redo_chain(chain, states, decisions, store, redo, edit, retry_unknown, summary)
-            out += [Unit(0, req.job, [v]) for v in reversed(chain[1:])]
-        out.append(unit)
-    for index, unit in enumerate(out):
-        unit.index = index
-    return out, frozenset(held), summary
+    """The run's units with every variant of their requests, all at once (`Variants`, for a caller that
+    looks at the whole plan: `validate --out`); the keys the run must not send; and, when redoing, what
+    it is to send."""
+    variants = Variants(states, store, redo=redo, edit=edit, retry_unknown=retry_unknown)
+    out = list(variants.units(units))
+    return out, variants.held, variants.summary
 
 
 def _redo_chain(
@@ -176,7 +211,7 @@ def _newest(states: Mapping[str, KeyState]) -> Mapping[tuple[str, int, int], int
     return newest
 
 
-def rejected_requests(units: list[Unit], states: Mapping[str, KeyState], store: OutputStore) -> set[str]:
+def rejected_requests(units: Iterable[Unit], states: Mapping[str, KeyState], store: OutputStore) -> set[str]:
     """The planned keys (first samples) of the requests whose newest variant the journal knows has
     `rejected` as its decision in force: those `--redo rejected` makes a new variant of (`validate --out`
     counts them by this same rule)."""
