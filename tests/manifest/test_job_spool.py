@@ -123,7 +123,7 @@ def test_a_loaded_manifest_keeps_its_jobs_on_disk_equal_to_those_of_a_list(
     assert manifest.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     # A manifest built from a list of the same jobs plans the same requests, keys included.
     listed = Manifest(path=path, sha256=manifest.sha256, format="csv", jobs=list(manifest.jobs))
-    assert plan(listed) == plan(manifest)
+    assert list(plan(listed)) == list(plan(manifest))
     # A shard keeps only its own, on disk as well.
     kept = load_manifest(path, keep=lambda j: j.id.endswith(("1", "5", "7")))
     assert ids(kept.jobs) == ["r-1", "r-5", "r-7"]

@@ -26,7 +26,7 @@ from imagebatch.work.store import RESULT_COLUMNS
 
 def test_the_plans_details_index_answers_as_the_plan(tmp_path: Path) -> None:
     manifest = catalog(tmp_path, 30, references=True, count=2)
-    planned = plan(load_manifest(manifest))
+    planned = list(plan(load_manifest(manifest)))
     details = index_details(iter(planned))
     assert len(details) == len(planned) and set(details) == {r.idempotency_key for r in planned}
     for req in planned:
