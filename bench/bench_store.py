@@ -33,15 +33,22 @@ BUCKET = "imagebatch-bench"
 SECRET = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_REGION": "us-east-1"}
 
 
-def start_moto(log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """`moto_server` on a free port, its request log (one line per request) into `log`."""
+def start_moto(log: Path, spill: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+    """`moto_server` on a free port, its request log (one line per request) into `log`.
+
+    `spill` starts it through `moto_on_disk.py`, which keeps every object's bytes in a file in a folder
+    beside `log` rather than in the server's memory: a run of 500,000 images fits on disk.
+    """
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    server = [str(Path(__file__).with_name("moto_on_disk.py"))] if spill else ["-m", "moto.server"]
+    cmd = [sys.executable, *server, "-H", "127.0.0.1", "-p", str(port)]
+    env = {**os.environ, "MOTO_ON_DISK_DIR": str(log.with_suffix(".objects"))}
+    Path(env["MOTO_ON_DISK_DIR"]).mkdir(exist_ok=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=env)
     url = f"http://127.0.0.1:{port}"
     import httpx
 
