@@ -120,12 +120,6 @@ class Forecast:
                 self.store, unit, self.states, self.last_key, self.rejected, self.retry_unknown, self.held
             )
 
-    def counts(self) -> Counter[State]:
-        return Counter(f.state for f in self.fates())
-
-    def sending(self) -> Iterator[PlannedRequest]:
-        return (f.request for f in self.fates() if f.sends)
-
 
 class LastKeys:
     """The key the journal last holds for each request (job, request, turn), as `forecast` reads the
