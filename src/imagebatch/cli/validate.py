@@ -123,7 +123,7 @@ def _estimate(manifest: Manifest, prices: str, out: TextIO) -> int:
         print(f"imagebatch validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print("\nmost it can cost (images at most x price):", file=out)
-    print("\n".join(estimate_lines(list(plan(manifest)), table)), file=out)
+    print("\n".join(estimate_lines(plan(manifest), table)), file=out)
     return EXIT_OK
 
 

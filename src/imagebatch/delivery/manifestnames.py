@@ -3,8 +3,9 @@ a manifest before anything is sent (and paid for), each problem naming the manif
 spreadsheet's sheet and row for a workbook) rather than a results.csv row that does not exist yet.
 
 The names are those a first export would make (variant 1 of each request, each of its images): the same
-values (`exportplan.name_values`) through the same checks (`naming.name_for`, `naming.clashes`). Two
-things a run alone knows are assumed: `{ext}` is `png` (the service's usual format; every name gets the
+values (`exportplan.name_values`) through the same checks (`naming.name_for`, and `naming.clashes`' rule
+found on disk by `nameclashes.NameClashes`, so that a manifest of any size is checked in bounded memory).
+Two things a run alone knows are assumed: `{ext}` is `png` (the service's usual format; every name gets the
 same one, so collisions are found all the same), and results.csv's columns that a run fills in
 (`status`, `width`, ...) cannot be named.
 """
@@ -12,7 +13,8 @@ same one, so collisions are found all the same), and results.csv's columns that 
 from __future__ import annotations
 
 from imagebatch.delivery.exportplan import name_values
-from imagebatch.delivery.naming import NameTemplate, TemplateError, clashes, name_for
+from imagebatch.delivery.nameclashes import NameClashes
+from imagebatch.delivery.naming import NameTemplate, TemplateError, name_for
 from imagebatch.manifest import Manifest, PlannedRequest, plan
 from imagebatch.manifest.models import location_text
 from imagebatch.work.store import RESULT_COLUMNS
@@ -48,29 +50,29 @@ def name_problems(manifest: Manifest, text: str, *, slugged: bool = False) -> tu
         why = "known only after a run" if later == unknown else "not a column of the manifest"
         shown = ", ".join(f"{{{f}}}" for f in unknown)
         return 0, [f"--name {text!r} names {shown}: {why} (it has {', '.join(columns)})"]
-    names: dict[str, str] = {}
     problems = []
     checked = 0
-    for req in plan(manifest):
-        job = req.job
-        row = {
-            "job_id": req.job_id,
-            "request_index": req.request_index,
-            "turn_index": req.turn_index,
-            "model": req.model,
-            "route": req.route.value,
-            "idempotency_key": req.idempotency_key,
-            **job.metadata,
-        }
-        for n in range(1, job.images_per_request + 1):
-            label = _label(manifest, req, n)
-            checked += 1
-            try:
-                names[label] = name_for(template, name_values(row, 1, n, ASSUMED_EXT), slugged=slugged)
-            except TemplateError as exc:
-                problems.append(f"{label}: {exc}")
-    for first, second, name in clashes(names):
-        problems.append(
-            f"{first} and {second}: both would be named {name!r} (or one is a folder of the other)"
-        )
+    with NameClashes() as names:
+        for req in plan(manifest):
+            job = req.job
+            row = {
+                "job_id": req.job_id,
+                "request_index": req.request_index,
+                "turn_index": req.turn_index,
+                "model": req.model,
+                "route": req.route.value,
+                "idempotency_key": req.idempotency_key,
+                **job.metadata,
+            }
+            for n in range(1, job.images_per_request + 1):
+                label = _label(manifest, req, n)
+                checked += 1
+                try:
+                    names.add(label, name_for(template, name_values(row, 1, n, ASSUMED_EXT), slugged=slugged))
+                except TemplateError as exc:
+                    problems.append(f"{label}: {exc}")
+        for first, second, name in names.found():
+            problems.append(
+                f"{first} and {second}: both would be named {name!r} (or one is a folder of the other)"
+            )
     return checked, problems

@@ -262,18 +262,21 @@ class PlanSummary:
 
 
 def summarise(requests: Iterable[PlannedRequest]) -> PlanSummary:
-    """Count jobs, requests and images at most, in total and by wire route and model."""
+    """Count jobs, requests and images at most, in total and by wire route and model. `requests` come as
+    `plan` makes them, a job's requests consecutive: a job is counted where its first request comes, and
+    nothing is kept per job."""
     groups: dict[tuple[Route, str], list[int]] = {}
-    job_group: dict[str, tuple[Route, str]] = {}
+    jobs = 0
+    last_job: str | None = None
     for request in requests:
-        group = (request.route, request.model)
-        counts = groups.setdefault(group, [0, 0, 0])
-        if request.job_id not in job_group:
-            job_group[request.job_id] = group
+        counts = groups.setdefault((request.route, request.model), [0, 0, 0])
+        if request.job_id != last_job:
+            last_job = request.job_id
+            jobs += 1
             counts[0] += 1
         counts[1] += 1
         counts[2] += request.images_at_most
-    return _summary(groups, len(job_group))
+    return _summary(groups, jobs)
 
 
 def summarise_jobs(jobs: Iterable[Job]) -> PlanSummary:

@@ -11,8 +11,9 @@ import json
 import os
 import secrets
 import tempfile
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -221,22 +222,48 @@ class BucketCopy:
     def fetch(self, names: Iterable[str], placeholders: Iterable[str] = ()) -> None:
         """Fetch `names` (`READ_THREADS` at a time; one not there is skipped), and leave each of
         `placeholders` an empty file dated 1970 (an image whose thumbnail is there: the report keeps the
-        thumbnail). A name that would climb out of the folder (`..`) is neither."""
-        inside = self.folder.resolve()
-        wanted, empty = (
-            [n for n in group if (inside / n).resolve().is_relative_to(inside)]
-            for group in (names, placeholders)
-        )
+        thumbnail). A name that would climb out of the folder (`..`) is neither.
+
+        Each object is streamed into its file (`ObjectLocation.get_stream`: a results.csv of 500,000 rows
+        is over 100 MB), and only a window of names is in flight: what a fetch holds is a few chunks,
+        whatever the objects' sizes and however many the names."""
         self.folder.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="imagebatch-stage") as ex:
-            for name, data in zip(wanted, ex.map(self.loc.get, wanted), strict=True):
-                if data is not None:
-                    (self.folder / name).parent.mkdir(parents=True, exist_ok=True)
-                    (self.folder / name).write_bytes(data)
-        for rel in empty:
+            window: deque[Future[None]] = deque()
+            for name in self._inside(names):
+                if len(window) >= 2 * READ_THREADS:
+                    window.popleft().result()
+                window.append(ex.submit(self._fetch_one, name))
+            while window:
+                window.popleft().result()
+        for rel in self._inside(placeholders):
             (self.folder / rel).parent.mkdir(parents=True, exist_ok=True)
             (self.folder / rel).touch()
             os.utime(self.folder / rel, (0, 0))
+
+    def _inside(self, names: Iterable[str]) -> Iterator[str]:
+        """`names` but those that would climb out of the folder."""
+        inside = self.folder.resolve()
+        return (n for n in names if (inside / n).resolve().is_relative_to(inside))
+
+    def _fetch_one(self, name: str) -> None:
+        """The object `name` into its file, chunk by chunk into a temporary file beside it, then renamed:
+        a fetch cut short leaves no half file under the name. Nothing when there is no such object."""
+        chunks = self.loc.get_stream(name)
+        if chunks is None:
+            return
+        target = self.folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, part = tempfile.mkstemp(prefix=".imagebatch-fetch-", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                for chunk in chunks:
+                    fh.write(chunk)
+            os.replace(part, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            raise
 
     def publish(self, names: Iterable[str]) -> None:
         """Upload the files `names` of the folder back into the bucket."""

@@ -14,7 +14,7 @@ journal knows it, the rule `--redo rejected` itself follows: `work.variants.reje
 for `--redo rejected`, which alone sends it again.
 
 With `redo` (`validate --out OUT --redo KINDS [--edit]`), the plan is the one a `--redo` run makes
-(`work.variants.with_variants`, the run's own function): every variant the journal knows, the new ones
+(`work.variants.Variants`, the run's own): every variant the journal knows, the new ones
 (`redo`) among them, how many are edits, and so what the redo can cost (`--prices`).
 
 Read only: no lock is taken, so a live run is never in the way (nor blocked). Whether one is sending now
@@ -23,18 +23,22 @@ is only tested (`OutputStore.in_use`); if one is, the counts are a snapshot of w
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from collections import Counter
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from imagebatch.manifest import Manifest, PlannedRequest, plan
 from imagebatch.work.chain import saved_turns
 from imagebatch.work.context import Unit, decide, group_units
-from imagebatch.work.prices import PriceTable, estimate_lines
+from imagebatch.work.prices import Estimate, PriceTable
+from imagebatch.work.stateindex import StateFile
 from imagebatch.work.store import KeyState, OutputStore
-from imagebatch.work.variants import RedoSummary, describe, rejected_requests, with_variants
+from imagebatch.work.variants import RedoSummary, Variants, describe, rejected_requests
 
 State = Literal[
     "new",
@@ -80,25 +84,77 @@ class Fate:
     """`changed`: the key the journal last holds for its job, request and turn."""
 
 
-@dataclass(frozen=True)
 class Forecast:
-    """What a run into `where` would do now."""
+    """What a run into `where` would do now: its fates (`fates`), planned anew on each walk, one request at a
+    time, so that what it holds is the folder's state (on disk past a few thousand keys,
+    `work.stateindex`) and never a fate per request."""
 
-    where: str
-    fates: list[Fate]
-    in_use: str | None
-    """Who is sending into the location now (the counts are then a snapshot), or None."""
-    recorded: bool
-    """Whether the location holds a journal (a run has started there)."""
-    retry_unknown: bool = False
-    redo: RedoSummary | None = None
-    """With `redo`: what the redo is to send (variants, edits, by kind)."""
+    def __init__(
+        self,
+        store: OutputStore,
+        units: Callable[[], Iterable[Unit]],
+        states: Mapping[str, KeyState],
+        last_key: LastKeys,
+        rejected: set[str],
+        in_use: str | None,
+        *,
+        retry_unknown: bool = False,
+        held: frozenset[str] = frozenset(),
+        redo: RedoSummary | None = None,
+    ) -> None:
+        self.store, self.units, self.states, self.last_key = store, units, states, last_key
+        self.rejected, self.held = rejected, held
+        self.where = store.where
+        self.in_use = in_use
+        """Who is sending into the location now (the counts are then a snapshot), or None."""
+        self.recorded = bool(states)
+        """Whether the location holds a journal (a run has started there)."""
+        self.retry_unknown = retry_unknown
+        self.redo = redo
+        """With `redo`: what the redo is to send (variants, edits, by kind)."""
 
-    def counts(self) -> Counter[State]:
-        return Counter(f.state for f in self.fates)
+    def fates(self) -> Iterator[Fate]:
+        """Every planned request's fate, in the plan's order."""
+        for unit in self.units():
+            yield from _unit_fates(
+                self.store, unit, self.states, self.last_key, self.rejected, self.retry_unknown, self.held
+            )
 
-    def sending(self) -> list[PlannedRequest]:
-        return [f.request for f in self.fates if f.sends]
+
+class LastKeys:
+    """The key the journal last holds for each request (job, request, turn), as `forecast` reads the
+    journal: the newest `BUFFER` in memory, the rest in a nameless SQLite file in the machine's temporary
+    folder (`work.stateindex.StateFile`; never in the output location, which a read-only command leaves
+    as it found it), so that a folder of any size is read in bounded memory."""
+
+    BUFFER = 10_000
+
+    def __init__(self) -> None:
+        self._recent: dict[str, str] = {}
+        self._file: StateFile[str] | None = None
+
+    def note(self, ev: dict[str, Any]) -> None:
+        """`OutputStore.load_state`'s `seen`: each event, in the journal's order (the last one wins)."""
+        self._recent[_request(ev.get("job_id"), ev.get("request_index"), ev.get("turn_index"))] = ev[
+            "idempotency_key"
+        ]
+        if len(self._recent) >= self.BUFFER:
+            if self._file is None:
+                self._file = StateFile(None, str.encode, bytes.decode)
+            self._file.put(self._recent.items())
+            self._recent = {}
+
+    def get(self, job_id: str, request_index: int, turn_index: int) -> str | None:
+        name = _request(job_id, request_index, turn_index)
+        found = self._recent.get(name)
+        if found is None and self._file is not None:
+            found = self._file.get(name)
+        return found
+
+
+def _request(job_id: Any, request_index: Any, turn_index: Any) -> str:
+    """A request's name as `LastKeys` keeps it: its three parts as JSON, so that no two are one name."""
+    return json.dumps([job_id, request_index, turn_index])
 
 
 def forecast(
@@ -110,34 +166,33 @@ def forecast(
     edit: bool = False,
 ) -> Forecast:
     """What `imagebatch run MANIFEST --out OUT [--retry-unknown] [--redo KINDS [--edit]]` would send now,
-    request by request."""
+    request by request. The journal is read here; the plan is made on each walk of the fates (with
+    `redo`, once here too: the keys a redo holds back are known only at the end of a pass, as a run's
+    own counting pass finds them, `run.plan.RunPlan`)."""
     store = OutputStore(out)
     in_use = store.backend.in_use()
-    last_key: dict[tuple[Any, Any, Any], str] = {}
-
-    def note(ev: dict[str, Any]) -> None:
-        last_key[(ev.get("job_id"), ev.get("request_index"), ev.get("turn_index"))] = ev["idempotency_key"]
-
-    states = store.load_state(note)
-    units = list(group_units(plan(manifest)))
-    rejected = rejected_requests(units, states, store)
-    held: frozenset[str] = frozenset()
-    summary = None
-    if redo:
-        units, held, summary = with_variants(
-            units, states, store, redo=redo, edit=edit, retry_unknown=retry_unknown
-        )
-    fates: list[Fate] = []
-    for unit in units:
-        fates += _unit_fates(store, unit, states, last_key, rejected, retry_unknown, held)
-    return Forecast(store.where, fates, in_use, bool(states), retry_unknown, summary)
+    last_key = LastKeys()
+    states = store.load_state(last_key.note)
+    rejected = rejected_requests(group_units(plan(manifest)), states, store)
+    if not redo:
+        return Forecast(
+            store, lambda: group_units(plan(manifest)), states, last_key, rejected, in_use,
+            retry_unknown=retry_unknown,
+        )  # fmt: skip
+    variants = Variants(states, store, redo=redo, edit=edit, retry_unknown=retry_unknown)
+    for _ in variants.units(group_units(plan(manifest))):
+        pass  # the counting pass: leaves `held` and `summary`
+    return Forecast(
+        store, lambda: variants.units(group_units(plan(manifest))), states, last_key, rejected, in_use,
+        retry_unknown=retry_unknown, held=variants.held, redo=variants.summary,
+    )  # fmt: skip
 
 
 def _unit_fates(
     store: OutputStore,
     unit: Unit,
     states: Mapping[str, KeyState],
-    last_key: dict[tuple[Any, Any, Any], str],
+    last_key: LastKeys,
     rejected: set[str],
     retry_unknown: bool,
     held: frozenset[str] = frozenset(),
@@ -180,7 +235,7 @@ def _unit_fates(
         if req.variant > 1:
             fates.append(Fate(req, "redo", True))
             continue
-        previous = last_key.get((req.job_id, req.request_index, req.turn_index))
+        previous = last_key.get(req.job_id, req.request_index, req.turn_index)
         if previous is not None and previous != key:
             fates.append(Fate(req, "changed", True, previous))
         else:
@@ -199,9 +254,58 @@ def print_forecast(
     prices: PriceTable | None = None,
 ) -> None:
     """The table of states (requests, how many are sent), the changed and rejected rows named, the most
-    the run can cost (`prices`), and with `keys` every request with its state."""
-    counts = result.counts()
-    sent = Counter(f.state for f in result.fates if f.sends)
+    the run can cost (`prices`), and with `keys` every request with its state. One walk of the fates
+    counts them all; the `keys` rows, printed last, wait in a temporary file meanwhile."""
+    with tempfile.TemporaryFile("w+", encoding="utf-8", prefix="imagebatch-keys-") as listing:
+        tally = _tally(result.fates(), listing if keys else None, Estimate(prices) if prices else None)
+        _print_table(result, tally, out)
+        if tally.estimate is not None:
+            print("\nmost this run can cost (images at most x price):", file=out)
+            for line in tally.estimate.lines():
+                print(line, file=out)
+        if keys:
+            print(file=out)
+            print(
+                "job_id\trequest_index\tturn_index\troute\tmodel\tidempotency_key\tstate\tsent\tprevious_key",
+                file=out,
+            )
+            listing.seek(0)
+            shutil.copyfileobj(listing, out)
+
+
+@dataclass
+class _Tally:
+    """What the report prints of the fates, counted in one walk: a count per state, of all and of those
+    sent, the first `NAMED` changed and rejected fates, and the estimate of what is sent."""
+
+    counts: Counter[State] = field(default_factory=Counter)
+    sent: Counter[State] = field(default_factory=Counter)
+    named: dict[State, list[Fate]] = field(default_factory=lambda: {"changed": [], "rejected": []})
+    estimate: Estimate | None = None
+
+
+def _tally(fates: Iterable[Fate], listing: TextIO | None, estimate: Estimate | None) -> _Tally:
+    tally = _Tally(estimate=estimate)
+    for f in fates:
+        tally.counts[f.state] += 1
+        if f.sends:
+            tally.sent[f.state] += 1
+            if estimate is not None:
+                estimate.add(f.request)
+        if (named := tally.named.get(f.state)) is not None and len(named) < NAMED:
+            named.append(f)
+        if listing is not None:
+            r = f.request
+            listing.write(
+                f"{r.job_id}\t{r.request_index}\t{r.turn_index}\t{r.route.value}\t{r.model}\t"
+                f"{r.idempotency_key}\t{f.state}\t{'yes' if f.sends else 'no'}\t{f.previous_key or ''}\n"
+            )
+    return tally
+
+
+def _print_table(result: Forecast, tally: _Tally, out: TextIO) -> None:
+    """The table of states, then the changed and rejected rows named."""
+    counts, sent = tally.counts, tally.sent
     print(file=out)
     print(f"a run into {result.where} would now (read only: nothing sent, nothing written):", file=out)
     if result.in_use:
@@ -216,29 +320,12 @@ def print_forecast(
     print(f"  {'total':<11}{total:>9,}{sum(sent.values()):>7,}", file=out)
     if result.redo is not None:
         print(f"  {describe(result.redo.info())}", file=out)
-    for state in ("changed", "rejected"):
-        named = [f for f in result.fates if f.state == state]
+    for state, named in tally.named.items():
         if named:
-            rows = ", ".join(_row(f.request) for f in named[:NAMED])
-            more = f" and {len(named) - NAMED:,} more (--keys lists them)" if len(named) > NAMED else ""
+            rows = ", ".join(_row(f.request) for f in named)
+            left = counts[state] - len(named)
+            more = f" and {left:,} more (--keys lists them)" if left else ""
             print(f"  {state}: {rows}{more}", file=out)
-    if prices is not None:
-        print("\nmost this run can cost (images at most x price):", file=out)
-        for line in estimate_lines(result.sending(), prices):
-            print(line, file=out)
-    if keys:
-        print(file=out)
-        print(
-            "job_id\trequest_index\tturn_index\troute\tmodel\tidempotency_key\tstate\tsent\tprevious_key",
-            file=out,
-        )
-        for f in result.fates:
-            r = f.request
-            print(
-                f"{r.job_id}\t{r.request_index}\t{r.turn_index}\t{r.route.value}\t{r.model}\t"
-                f"{r.idempotency_key}\t{f.state}\t{'yes' if f.sends else 'no'}\t{f.previous_key or ''}",
-                file=out,
-            )
 
 
 def _row(req: PlannedRequest) -> str:

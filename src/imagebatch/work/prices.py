@@ -102,18 +102,43 @@ def money(amount: float, currency: str = "") -> str:
 
 def estimate(requests: Iterable[PlannedRequest], prices: PriceTable) -> dict[str, float]:
     """The most a plan can cost, by model (images at most x price)."""
-    by: dict[str, float] = {}
-    for req in requests:
-        by[req.model] = by.get(req.model, 0.0) + prices.most(req)
-    return dict(sorted(by.items()))
+    return Estimate(prices).add_all(requests).by_model()
 
 
-def estimate_lines(requests: list[PlannedRequest], prices: PriceTable) -> list[str]:
+def estimate_lines(requests: Iterable[PlannedRequest], prices: PriceTable) -> list[str]:
     """`estimate` as `imagebatch validate --prices` prints it: a line per model, the total, and the models
-    the table does not price."""
-    by_model = estimate(requests, prices)
-    lines = [f"  {model:<24} {prices.money(amount)}" for model, amount in by_model.items()]
-    lines.append(f"  {'total':<24} {prices.money(sum(by_model.values()))}")
-    if unpriced := prices.unpriced(requests):
-        lines.append(f"  no price for {', '.join(unpriced)}: counted as 0")
-    return lines
+    the table does not price. `requests` is gone over once (the plan as a stream)."""
+    return Estimate(prices).add_all(requests).lines()
+
+
+class Estimate:
+    """The most a plan can cost, added up a request at a time (`add`), so that a caller going over the plan
+    for something else counts it on the way: what it keeps is a sum per model and the models the table
+    does not price, never the requests."""
+
+    def __init__(self, prices: PriceTable) -> None:
+        self.prices = prices
+        self._by: dict[str, float] = {}
+        self._unpriced: set[str] = set()
+
+    def add(self, req: PlannedRequest) -> None:
+        self._by[req.model] = self._by.get(req.model, 0.0) + self.prices.most(req)
+        if req.images_at_most and self.prices.price_of(req) is None:
+            self._unpriced.add(req.model)  # as `PriceTable.unpriced` finds them
+
+    def add_all(self, requests: Iterable[PlannedRequest]) -> Estimate:
+        for req in requests:
+            self.add(req)
+        return self
+
+    def by_model(self) -> dict[str, float]:
+        return dict(sorted(self._by.items()))
+
+    def lines(self) -> list[str]:
+        """A line per model, the total, and the models the table does not price."""
+        by_model = self.by_model()
+        lines = [f"  {model:<24} {self.prices.money(amount)}" for model, amount in by_model.items()]
+        lines.append(f"  {'total':<24} {self.prices.money(sum(by_model.values()))}")
+        if self._unpriced:
+            lines.append(f"  no price for {', '.join(sorted(self._unpriced))}: counted as 0")
+        return lines
