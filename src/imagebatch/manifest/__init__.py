@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .fields import KNOWN_FIELDS
 from .formats import FORMAT_NAMES, FORMATS, detect_format
-from .load import load_manifest
+from .load import ManifestSummary, load_manifest, summarise_manifest
 from .models import (
     ID_PATTERN,
     MANIFEST_ROUTES,
@@ -66,6 +66,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "ManifestFormat",
+    "ManifestSummary",
     "PlanCounts",
     "PlanSummary",
     "PlannedRequest",
@@ -85,5 +86,6 @@ __all__ = [
     "request_parameters",
     "summarise",
     "summarise_jobs",
+    "summarise_manifest",
     "variant_of",
 ]
