@@ -380,6 +380,7 @@ def test_duplicate_column_and_ragged_rows_reported_together(tmp_path: Path) -> N
         'id,prompt\na,"two\r\nlines"\n\nb,y',
         "id\n",
         "id,prompt\na,x\nb,y",
+        'id,prompt\r\na,x\rb,"y\r\nz\rw"\n\r\nc,w\r',
         'id,prompt\na,"two\nlines"\n\n\nb,y\n',
         # What str.splitlines would end a line at, in a cell and quoted: not line ends for the csv module.
         "id,prompt\na,x\x0by\x0cz\nb,p\x1cq\x1dr\x1es\n",

@@ -130,13 +130,14 @@ _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 `\n`). A block of text ends at a `\n`, so its lines are the file's."""
 
 
-_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
-"""What `str.splitlines` ends a line at besides `\n`: a block with none of them splits as `_LINE` splits."""
+_OTHER_BREAKS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+"""What `str.splitlines` ends a line at besides `\r\n`, `\r` and `\n` (which it ends lines at as `_LINE`
+does): a block with none of them splits as `_LINE` splits it."""
 
 
 def _lines(blocks: Iterable[str]) -> Iterator[str]:
-    """The lines of the text in `blocks`, with their endings (`_LINE`). A block that ends lines only at
-    `\n` (nearly every file: the others are found by one scan of it) is split by `str.splitlines`, and the
+    """The lines of the text in `blocks`, with their endings (`_LINE`). A block with none of the rarer line
+    breaks (nearly every file: one scan of the block finds them) is split by `str.splitlines`, and its
     lines reach the csv module without a Python step between them."""
     return itertools.chain.from_iterable(map(_block_lines, blocks))
 
