@@ -373,7 +373,20 @@ def test_duplicate_column_and_ragged_rows_reported_together(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
-    "text", ["id,prompt\r\na,x\r\n", "id,prompt\ra,x\rb,y", 'id,prompt\na,"two\r\nlines"\n\nb,y', "id\n"]
+    "text",
+    [
+        "id,prompt\r\na,x\r\n",
+        "id,prompt\ra,x\rb,y",
+        'id,prompt\na,"two\r\nlines"\n\nb,y',
+        "id\n",
+        "id,prompt\na,x\nb,y",
+        'id,prompt\r\na,x\rb,"y\r\nz\rw"\n\r\nc,w\r',
+        'id,prompt\na,"two\nlines"\n\n\nb,y\n',
+        # What str.splitlines would end a line at, in a cell and quoted: not line ends for the csv module.
+        "id,prompt\na,x\x0by\x0cz\nb,p\x1cq\x1dr\x1es\n",
+        'id,prompt\na,"x\x85y\u2028z"\nb,p\u2029q\n',
+        "id,prompt\na,x\x85\nb,y\u2028\n\u2029\n",
+    ],
 )
 @pytest.mark.parametrize("block", [3, 1 << 20])
 def test_csv_lines_split_as_the_csv_module_reads_a_file(

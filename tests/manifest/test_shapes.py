@@ -5,12 +5,14 @@ clean row and for rows with something wrong."""
 from __future__ import annotations
 
 import csv
+import random
 from pathlib import Path
 
 import pytest
 
 from imagebatch.manifest.check import JobChecker
 from imagebatch.manifest.load import read_raw
+from imagebatch.manifest.models import ID_PATTERN, SAFE_ID, id_fault, is_safe_id
 from imagebatch.manifest.shapes import ShapeChecker
 
 HEADER = ["id", "route", "model", "aspect_ratio", "size", "reference_images", "mask", "count", "max_tokens"]
@@ -94,3 +96,31 @@ def test_shapes_check_as_a_full_check_does(folder: Path, extra: list[str]) -> No
     # Only each shape's first clean row, the faulty rows and those with a carriage return (which a full
     # check normalises) are checked in full.
     assert calls <= len(SHAPES) + faulty_rows + with_cr
+
+
+def test_the_safe_id_pattern_is_the_id_rules() -> None:
+    """`SAFE_ID` (the shape path's one match) says what `is_safe_id` (`ID_PATTERN` and `id_fault`) says."""
+    edges = ["a", "A.", "con", "CON", "con.txt", "Con.tar.gz", "nul.", "com1", "COM10", "com0", "lpt9.x"]
+    edges += [
+        "lpt1x",
+        "xcon",
+        "a" * 128,
+        "a" * 129,
+        ".a",
+        "-a",
+        "a-",
+        "a.b.",
+        "a\n",
+        "a\r",
+        "CON\n",
+        "AUX.txt.",
+    ]
+    edges += ["\u212a", "\u017f", "x\u212a", "conx.txt", "COM\u00b9", "", " a", "a b"]
+    pieces = ["con", "CoN", "nul", "Aux", "prn", "com1", "LPT9", "com0", "lpt", "co", "n", ".", "txt", "-"]
+    pieces += ["_", "x", "7", "\r", "\n", "\u212a", " ", "a" * 60]
+    generator = random.Random(7)
+    drawn = ["".join(generator.choices(pieces, k=generator.randint(1, 4))) for _ in range(50_000)]
+    for job_id in edges + drawn:
+        assert (SAFE_ID.fullmatch(job_id) is not None) == is_safe_id(job_id), repr(job_id)
+    devices = [j for j in drawn if ID_PATTERN.fullmatch(j) and id_fault(j) and not j.endswith(".")]
+    assert len(devices) > 1000 and sum(is_safe_id(job_id) for job_id in drawn) > 10_000

@@ -27,6 +27,10 @@ from imagebatch.manifest.template import TemplateError
         ("{count} x {flag} x {none}", "3 x true x "),
         ("{colour}{colour}", "cobalt bluecobalt blue"),
         ("{brace}", "{x}"),  # values are not templates themselves
+        ("100% {colour} %s %(colour)s %%", "100% cobalt blue %s %(colour)s %%"),  # no % is a format's
+        ("{percent}{colour}", "50% %s %%cobalt blue"),
+        ("{{}}", "{}"),
+        ("{colour} x {count}", "cobalt blue x 3"),  # text and a number
     ],
 )
 def test_render_prompt(template: str, expected: str) -> None:
@@ -37,6 +41,7 @@ def test_render_prompt(template: str, expected: str) -> None:
         "flag": True,
         "none": None,
         "brace": "{x}",
+        "percent": "50% %s %%",
     }
     assert render_prompt(template, values) == expected
 
@@ -50,6 +55,16 @@ def test_render_prompt_reports_every_fault() -> None:
         "unmatched '}' in the prompt",
         "empty placeholder {} in the prompt",
     ]
+
+
+def test_render_prompt_names_a_missing_column_and_a_list_in_a_template_with_no_fault() -> None:
+    with pytest.raises(TemplateError) as info:
+        render_prompt("{colur} and {c}", {"c": "1", "colour": "red"})
+    missing = ("placeholder {colur} names no column of this row", "did you mean {colour}?")
+    assert info.value.issues == [missing]
+    with pytest.raises(TemplateError) as info:
+        render_prompt("{c} and {tags}", {"c": "1", "tags": ["a"]})
+    assert info.value.issues == [("placeholder {tags} names a list or object, not a value", None)]
 
 
 def test_template_uses_defaults_and_metadata(tmp_path: Path) -> None:

@@ -129,3 +129,25 @@ def test_validate_prints_the_summary_a_plan_would_give(tmp_path: Path) -> None:
     code, out = run(str(path))
     assert code == 0
     assert out.splitlines()[1:] == summarise(plan(load_manifest(path))).table().splitlines()
+
+
+def test_a_plain_validate_counts_what_loading_would_plan_and_refuses_as_it_does(folder: Path) -> None:
+    """Without --keys, --name, --out or --prices the command counts the plan as it checks the rows
+    (`summarise_manifest`); with --keys it loads the manifest: both say the same of it."""
+    path = folder / "m.csv"
+    routes = ["", "images"]
+    rows = [f"r{i},{routes[i % 2]},images/ref.png,{1 + i % 3},A {{colour}} mug,{i}" for i in range(60)]
+    path.write_text("id,route,reference_images,count,prompt,colour\n" + "\n".join(rows) + "\n")
+    code, counted = run(str(path))
+    keyed_code, keyed = run(str(path), "--keys")
+    assert code == keyed_code == 0
+    assert counted.splitlines() == keyed.splitlines()[: len(counted.splitlines())]
+    assert counted.splitlines()[-1].split() == ["total", "60", "120", "120"]
+
+    rows[7] = "r3,,images/ref.png,0,A {colur} mug,1"
+    path.write_text("id,route,reference_images,count,prompt,colour\n" + "\n".join(rows) + "\n")
+    code, counted = run(str(path))
+    keyed_code, keyed = run(str(path), "--keys")
+    assert code == keyed_code == 2
+    assert counted == keyed
+    assert counted.splitlines()[-1] == f"{path}: 3 problems; nothing was sent"

@@ -65,8 +65,8 @@ def validate_command(args: argparse.Namespace, *, out: TextIO | None = None) -> 
     """The manifest's problems or its plan on `out` (standard output by default: the command's report,
     meant to be read, piped or grepped); with --out, what a run into OUT would send now (`work.forecast`);
     with --prices, the most that (or the whole manifest) can cost. No request is sent, no key needed."""
-    from imagebatch.manifest import ManifestError, load_manifest
-    from imagebatch.manifest.validate import plan_lines, problem_lines
+    from imagebatch.manifest import ManifestError, load_manifest, summarise_manifest
+    from imagebatch.manifest.validate import plan_lines, problem_lines, summary_lines
 
     out = out if out is not None else sys.stdout
     if args.redo is not None and args.out is None:
@@ -74,11 +74,20 @@ def validate_command(args: argparse.Namespace, *, out: TextIO | None = None) -> 
             "imagebatch validate: --redo needs --out OUT, the output whose results it redoes", file=sys.stderr
         )
         return EXIT_USAGE
+    # Only --keys, --name, --out and --prices look at the jobs themselves: without them, the manifest is
+    # checked as a run checks it, and its plan counted row by row, with no job kept.
+    counted = not (args.keys or args.name is not None or args.out is not None or args.prices)
     try:
-        manifest = load_manifest(args.manifest, format=args.format, files_root=args.files_root)
+        if counted:
+            summary = summarise_manifest(args.manifest, format=args.format, files_root=args.files_root)
+        else:
+            manifest = load_manifest(args.manifest, format=args.format, files_root=args.files_root)
     except ManifestError as exc:
         print("\n".join(problem_lines(args.manifest, exc)), file=out)
         return code_of(exc)
+    if counted:
+        print("\n".join(summary_lines(args.manifest, summary)), file=out)
+        return EXIT_OK
     print("\n".join(plan_lines(args.manifest, manifest, keys=args.keys and args.out is None)), file=out)
     if args.name is not None and not _names_checked(manifest, args.name, slugged=args.slug, out=out):
         return EXIT_USAGE

@@ -3,7 +3,8 @@ spec and the files it names before anything is sent, and plan it into requests w
 
 The user's manual is docs/manifests.md; each field's type, default and rules are written once, in
 `reference.FIELDS` (rendered into docs/reference/manifest-fields.md). `load_manifest` checks everything
-and raises `ManifestError` listing every problem; `plan` expands a manifest into `PlannedRequest`s (their
+and raises `ManifestError` listing every problem (`summarise_manifest` checks it the same way and only
+counts its plan, keeping no job); `plan` expands a manifest into `PlannedRequest`s (their
 key recipe: docs/manifests.md, "Idempotency keys"); `validate` writes what `imagebatch validate` prints.
 The work is done in `formats` (the table of formats: suffixes, readers, extras), `read` and `tables`
 (formats to raw rows), `check` with `fields` and `inputs` (the checker), `template`, `files`, `models`,
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from .fields import KNOWN_FIELDS
 from .formats import FORMAT_NAMES, FORMATS, detect_format
-from .load import load_manifest
+from .load import ManifestSummary, load_manifest, summarise_manifest
 from .models import (
     ID_PATTERN,
     MANIFEST_ROUTES,
@@ -66,6 +67,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "ManifestFormat",
+    "ManifestSummary",
     "PlanCounts",
     "PlanSummary",
     "PlannedRequest",
@@ -85,5 +87,6 @@ __all__ = [
     "request_parameters",
     "summarise",
     "summarise_jobs",
+    "summarise_manifest",
     "variant_of",
 ]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import sources
 from .check import JobChecker
 from .formats import FORMATS, detect_format
 from .models import FileRef, Job, Manifest, ManifestError, ManifestFormat, Problem
+from .plan import JobTally, PlanSummary
 from .read import RawManifest, split_sheet
 from .shapes import ShapeChecker
 from .spool import JobSpool
@@ -103,33 +105,81 @@ def load_manifest(
     are checked (`textfile`), each job kept is written to a temporary file as it is made (`spool`), and
     each id is remembered by its hash (`ids`; a manifest where two rows' ids share one is read twice).
     """
-    where, named, base = _located(path, format)
-    roots = files_roots(files_root, where)
-    with _no_cycle_collection():
-        reading = _Reading(where, format, sheet if sheet is not None else named, base, roots, keep)
-        if reading.checker.repeated:  # an id taken twice (or two ids of one hash): named on a second look
-            if reading.spool is not None:
-                reading.spool.discard()
-            again = _Reading(where, format, reading.sheet, base, roots, keep, reading.checker.repeated)
-            if again.raw.sha256 != reading.raw.sha256:
-                why = "the manifest changed while it was read; check it again"
-                raise ManifestError([Problem(None, None, None, why)], where)
-            reading = again
+    reading = _checked(path, format, files_root, sheet, keep, counted=False)
     raw, checker = reading.raw, reading.checker
-    problems = raw.problems + checker.problems
-    if not reading.shapes.rows and not problems:
-        problems.append(Problem(None, None, None, "the manifest has no jobs"))
-    if problems:
-        raise ManifestError(problems, where)
     assert reading.spool is not None
     return Manifest.model_construct(
-        path=where,
+        path=reading.where,
         sha256=raw.sha256,
         format=raw.format,
         jobs=reading.spool.jobs(),
         metadata_columns=checker.metadata_columns,
         sheet=raw.sheet,
     )
+
+
+@dataclass(frozen=True)
+class ManifestSummary:
+    """A manifest checked in full and its plan counted (`summarise_manifest`): what a plain `imagebatch
+    validate` prints, with no job kept."""
+
+    path: FileRef
+    """The manifest file, absolute, or the object's URL."""
+    sha256: str
+    """sha256 (hex) of the manifest file's bytes."""
+    format: ManifestFormat
+    sheet: str | None
+    """XLSX: the sheet read."""
+    plan: PlanSummary
+    """What its plan would send: `summarise_jobs` of the jobs `load_manifest` would return."""
+
+
+def summarise_manifest(
+    path: FileRef,
+    *,
+    format: ManifestFormat | None = None,
+    files_root: Sequence[str | Path] | None = None,
+    sheet: str | None = None,
+) -> ManifestSummary:
+    """Read and check a manifest exactly as `load_manifest` does (every row, every problem raised in one
+    ManifestError), but count its plan as the rows are checked rather than keep its jobs: a row whose
+    shape was already checked is counted by its shape's job (`ShapeChecker`, `counted`), no job is made
+    only to be counted, written to disk and read back."""
+    reading = _checked(path, format, files_root, sheet, None, counted=True)
+    raw = reading.raw
+    assert reading.tally is not None
+    return ManifestSummary(reading.where, raw.sha256, raw.format, raw.sheet, reading.tally.summary())
+
+
+def _checked(
+    path: FileRef,
+    format: ManifestFormat | None,
+    files_root: Sequence[str | Path] | None,
+    sheet: str | None,
+    keep: Callable[[Job], bool] | None,
+    *,
+    counted: bool,
+) -> _Reading:
+    """The reading of a manifest with no problem (read twice when two rows' ids share a hash: `ids`);
+    ManifestError with every problem otherwise."""
+    where, named, base = _located(path, format)
+    roots = files_roots(files_root, where)
+    with _no_cycle_collection():
+        reading = _Reading(where, format, sheet if sheet is not None else named, base, roots, keep, counted)
+        if reading.checker.repeated:  # an id taken twice (or two ids of one hash): named on a second look
+            reading.drop()
+            repeated = reading.checker.repeated
+            again = _Reading(where, format, reading.sheet, base, roots, keep, counted, repeated)
+            if again.raw.sha256 != reading.raw.sha256:
+                why = "the manifest changed while it was read; check it again"
+                raise ManifestError([Problem(None, None, None, why)], where)
+            reading = again
+    problems = reading.raw.problems + reading.checker.problems
+    if not reading.shapes.rows and not problems:
+        problems.append(Problem(None, None, None, "the manifest has no jobs"))
+    if problems:
+        raise ManifestError(problems, where)
+    return reading
 
 
 def _located(path: FileRef, format: ManifestFormat | None) -> tuple[FileRef, str | None, FileRef]:
@@ -153,9 +203,9 @@ def _located(path: FileRef, format: ManifestFormat | None) -> tuple[FileRef, str
 
 
 class _Reading:
-    """One reading of a manifest: every row checked, the clean rows' jobs kept (`keep`) in a `JobSpool`
-    until a row has a problem (the manifest is refused then: the spool is dropped, `spool` None).
-    `repeated`: see `JobChecker`."""
+    """One reading of a manifest: every row checked, the clean rows' jobs kept (`keep`) in a `JobSpool`,
+    or counted in a `JobTally` (`counted`), until a row has a problem (the manifest is refused then: the
+    spool is dropped, `spool` and `tally` None). `repeated`: see `JobChecker`."""
 
     def __init__(
         self,
@@ -165,19 +215,37 @@ class _Reading:
         base: FileRef,
         roots: tuple[FileRef, ...],
         keep: Callable[[Job], bool] | None,
+        counted: bool,
         repeated: Collection[int] = frozenset(),
     ) -> None:
+        self.where = where
         self.raw = raw = read_raw(where, format, sheet)
         self.sheet = sheet
         self.checker = checker = JobChecker(raw, base, roots, repeated)
-        self.shapes = shapes = ShapeChecker(checker, raw)
-        self.spool: JobSpool | None = None if checker.problems else JobSpool()
+        self.shapes = shapes = ShapeChecker(checker, raw, counted=counted)
+        self.spool: JobSpool | None = None
+        self.tally: JobTally | None = None
+        add: Callable[[Job], None] | None
+        if checker.problems:
+            add = None
+        elif counted:
+            self.tally = JobTally()
+            add = self.tally.add
+        else:
+            self.spool = JobSpool()
+            add = self.spool.add
         for row in raw.rows:
             job = shapes.check(row)
-            if self.spool is None:
+            if add is None:
                 continue
             if checker.problems or raw.problems:
-                self.spool.discard()
-                self.spool = None
+                self.drop()
+                add = None
             elif job is not None and (keep is None or keep(job)):
-                self.spool.add(job)
+                add(job)
+
+    def drop(self) -> None:
+        """Forget the jobs kept or counted: the manifest is refused, or read again."""
+        if self.spool is not None:
+            self.spool.discard()
+        self.spool = self.tally = None

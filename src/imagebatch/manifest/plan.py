@@ -282,23 +282,40 @@ def summarise(requests: Iterable[PlannedRequest]) -> PlanSummary:
 def summarise_jobs(jobs: Iterable[Job]) -> PlanSummary:
     """`summarise(plan(jobs))` counted from the jobs, without making their requests and keys: what
     `imagebatch validate` prints (a 100,000-job manifest's keys cost more than checking it)."""
-    groups: dict[tuple[Route, str], list[int]] = {}
-    # A catalog's jobs come in a few kinds (route, model, references or not, max_images): each kind's
-    # wire route and images a request are worked out once.
-    kinds: dict[tuple[str, str, bool, int | None], tuple[list[int], int]] = {}
-    n = 0
+    tally = JobTally()
     for job in jobs:
+        tally.add(job)
+    return tally.summary()
+
+
+class JobTally:
+    """`summarise_jobs` one job at a time, as the jobs are checked (`add`), so that a caller that only
+    counts them (`load.summarise_manifest`) holds none; `summary` is what `summarise_jobs` returns."""
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[Route, str], list[int]] = {}
+        # A catalog's jobs come in a few kinds (route, model, references or not, max_images): each kind's
+        # wire route and images a request are worked out once.
+        self._kinds: dict[tuple[str, str, bool, int | None], tuple[list[int], int]] = {}
+        self.jobs = 0
+        """The jobs counted so far."""
+
+    def add(self, job: Job) -> None:
+        """Count `job`: one job of its wire route and model, its requests and the most images they bring."""
         kind = (job.route, job.model, bool(job.reference_images), job.max_images)
-        if (known := kinds.get(kind)) is None:
-            counts = groups.setdefault((job.wire_route, job.model), [0, 0, 0])
-            known = kinds[kind] = (counts, job.images_per_request)
+        if (known := self._kinds.get(kind)) is None:
+            counts = self._groups.setdefault((job.wire_route, job.model), [0, 0, 0])
+            known = self._kinds[kind] = (counts, job.images_per_request)
         counts, images = known
         requests = job.count * (len(job.turns) + 1)
         counts[0] += 1
         counts[1] += requests
         counts[2] += requests * images
-        n += 1
-    return _summary(groups, n)
+        self.jobs += 1
+
+    def summary(self) -> PlanSummary:
+        """The counts so far, in total and by wire route and model."""
+        return _summary(self._groups, self.jobs)
 
 
 def _summary(groups: dict[tuple[Route, str], list[int]], jobs: int) -> PlanSummary:

@@ -8,6 +8,11 @@ filled in and not empty) and gets the same route, model, parameters and files. A
 wrong, or whose shape has not yet given a clean row, is checked in full by `JobChecker`, so every
 problem and its message are the ones a full check gives, and a clean row's Job is equal to the one a
 full check makes (a test compares them on every row of mixed manifests).
+
+A caller that only counts what the rows ask for (`load.summarise_manifest`: route, model, count, files,
+parameters, all the shape's) checks them `counted`: a later row of a known shape is checked just as much,
+but gives its shape's Job, the one made for the shape's first clean row, rather than a Job of its own made
+only to be counted.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 from .check import JobChecker
 from .fields import KNOWN_FIELDS
-from .models import ID_PATTERN, Job, checked_job, id_fault, location_text
+from .models import SAFE_ID, Job, checked_job, location_text
 from .read import RawManifest, RawRow
 from .template import TemplateError, render_prompt
 
@@ -26,8 +31,9 @@ from .template import TemplateError, render_prompt
 class ShapeChecker:
     """Checks a table's rows through `checker`, each shape's fields once (see the module's docstring)."""
 
-    def __init__(self, checker: JobChecker, raw: RawManifest) -> None:
+    def __init__(self, checker: JobChecker, raw: RawManifest, *, counted: bool = False) -> None:
         self.checker = checker
+        self._counted = counted
         columns = raw.columns or []
         shape = [c for c in columns if c in KNOWN_FIELDS and c not in ("id", "prompt", "turns")]
         self._shape_of: Callable[[dict[str, Any]], Any] = (
@@ -35,7 +41,8 @@ class ShapeChecker:
         )
         metadata = set(checker.metadata_columns)
         self._metadata = [c for c in columns if c in metadata]
-        self._shapes: dict[Any, dict[str, Any]] = {}
+        self._shapes: dict[Any, Job] = {}
+        """Each shape's first clean row's Job: the fields its later rows share."""
         self.rows = 0
         """The rows checked so far."""
         # Only a table with both columns, no defaults and no NUL byte in it takes the short path: anything
@@ -54,14 +61,15 @@ class ShapeChecker:
             return job
         job = self.checker.check(row)
         if job is not None and known is None:
-            self._shapes[shape] = dict(job.__dict__)  # its own fields are replaced row by row
+            self._shapes[shape] = job
         return job
 
-    def _own(self, row: RawRow, known: dict[str, Any]) -> Job | None:
-        """The row's Job from its shape's fields and its own, or None when its own need a full check."""
+    def _own(self, row: RawRow, known: Job) -> Job | None:
+        """The row's Job from its shape's fields and its own (or, `counted`, the shape's Job), or None when
+        its own need a full check."""
         values = row.values
         job_id = values["id"].strip()
-        if "\r" in job_id or not ID_PATTERN.fullmatch(job_id) or id_fault(job_id) is not None:
+        if SAFE_ID.fullmatch(job_id) is None:  # nor a "\r": one the full check normalises, or reports
             return None
         template = values["prompt"]
         if "\r" in template:
@@ -75,7 +83,9 @@ class ShapeChecker:
         prompt = prompt.strip()
         if not prompt or not self.checker.claim_id(job_id, row.line):
             return None
-        fields = known.copy()  # in Job's order of fields, which the replaced ones keep
+        if self._counted:
+            return known
+        fields = known.__dict__.copy()  # in Job's order of fields, which the replaced ones keep
         fields["id"] = job_id
         fields["line"] = row.line
         fields["location"] = location_text(row.unit, row.line)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # --- templates ---------------------------------------------------------------------------------------
+
+_TEXT = frozenset({str})
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 
@@ -63,6 +66,23 @@ def _parse_template(template: str) -> tuple[tuple[int, str, str | None], ...]:
     return tuple(segments)
 
 
+@functools.lru_cache(maxsize=1024)
+def _format_of(template: str) -> tuple[str, Callable[[Mapping[str, Any]], Any], bool] | None:
+    """The template as a `%` format, a getter of its placeholders' values in order, and whether the
+    getter gives a lone value (one placeholder) rather than a tuple; None for a template with a fault.
+    Cached as `_parse_template` is: a catalog's rows share a template, and their values are text."""
+    parts: list[str] = []
+    names: list[str] = []
+    for kind, text, _ in _parse_template(template):
+        if kind == 2:
+            return None
+        parts.append(text.replace("%", "%%") if kind == 0 else "%s")
+        if kind == 1:
+            names.append(text)
+    getter = operator.itemgetter(*names) if names else (lambda values: ())
+    return "".join(parts), getter, len(names) == 1
+
+
 def render_prompt(template: str, values: Mapping[str, Any]) -> str:
     """Fill `{column}` placeholders from `values`; `{{` and `}}` are literal braces.
 
@@ -71,6 +91,18 @@ def render_prompt(template: str, values: Mapping[str, Any]) -> str:
     """
     if "{" not in template and "}" not in template:
         return template
+    if type(values) is dict and (compiled := _format_of(template)) is not None:
+        # Text values read as themselves: one format fills them in. Any other value (a number, a list) or
+        # a column that is not there takes the general path below, which reads or reports it.
+        form, getter, lone = compiled
+        try:
+            got = getter(values)
+        except KeyError:
+            pass
+        else:
+            got = (got,) if lone else got
+            if _TEXT.issuperset(map(type, got)):
+                return form % got
     issues: list[tuple[str, str | None]] = []
     parts: list[str] = []
     for kind, text, hint in _parse_template(template):

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from imagebatch.storage.location import shown_url
 
+from .load import ManifestSummary
 from .models import Manifest, ManifestError
 from .plan import plan, summarise_jobs
 
@@ -27,9 +28,8 @@ def plan_lines(source: str, manifest: Manifest, *, keys: bool = False) -> Iterat
     """The valid manifest's format and digest, its plan's summary table and, with `keys`, every planned
     request with its idempotency key (tab-separated: meant to be read, piped or grepped)."""
     summary = summarise_jobs(manifest.jobs)  # the keys are made only when they are listed
-    kind = manifest.format if manifest.sheet is None else f"{manifest.format}, sheet {manifest.sheet!r}"
-    yield f"{shown_url(source)}: valid ({kind}, sha256 {manifest.sha256[:16]}); nothing was sent"
-    yield summary.table()
+    counted = ManifestSummary(manifest.path, manifest.sha256, manifest.format, manifest.sheet, summary)
+    yield from summary_lines(source, counted)
     if keys:
         yield ""
         yield "job_id\trequest_index\tturn_index\troute\tmodel\tidempotency_key"
@@ -37,3 +37,11 @@ def plan_lines(source: str, manifest: Manifest, *, keys: bool = False) -> Iterat
             yield "\t".join(
                 (r.job_id, str(r.request_index), str(r.turn_index), r.route.value, r.model, r.idempotency_key)
             )
+
+
+def summary_lines(source: str, summary: ManifestSummary) -> Iterator[str]:
+    """The valid manifest's format and digest, then its plan's summary table: `plan_lines` without keys,
+    from a manifest checked and counted (`summarise_manifest`) rather than loaded."""
+    kind = summary.format if summary.sheet is None else f"{summary.format}, sheet {summary.sheet!r}"
+    yield f"{shown_url(source)}: valid ({kind}, sha256 {summary.sha256[:16]}); nothing was sent"
+    yield summary.plan.table()
