@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -85,6 +86,7 @@ def synthesize(manifest: Path, out: Path, png: Path) -> None:
     """A finished folder of `manifest` in `out` (journal.jsonl, usage.jsonl, and each image a hard link to
     `png`: the rerun only looks it up)."""
     (out / "images").mkdir(parents=True)
+    png = Path(shutil.copy(png, out / "images" / ".one.png"))  # its own: a file has at most 65,000 links
     with (out / "journal.jsonl").open("w") as journal, (out / "usage.jsonl").open("w") as usage:
         for path, lines in synthesized(manifest):
             for line in lines:
