@@ -8,21 +8,35 @@ store's requests during each rerun by kind (from the server's request log): what
 lists and reads no image however many there are.
 
     uv run python bench/bench_rerun.py [--rows 1000 10000] [--repeat 3] [--concurrency 64]
+
+`--synthesize --src OTHER/src` instead writes each finished output (a folder, and `s3://` as one compacted
+journal object) straight from the manifest's plan, the lines as a run journals them (`synthesized`: no
+first run, which takes most of an hour at 50,000 on a loaded machine), settles it once with each code,
+then reruns it `--repeat` times with this checkout's code and OTHER's in turn, each on its own copy, and
+prints each rerun's user + sys CPU seconds and peak RSS (`os.wait4`) with its wall:
+
+    uv run python bench/bench_rerun.py --synthesize --src /tmp/before/src --rows 10000 50000 --repeat 2
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_flow import KEY, start_emulator, write_manifest
-from bench_store import BUCKET, SECRET, run, start_moto, store_requests
+from bench_store import BUCKET, SECRET, run, s3_client, start_moto, store_requests
 
 
 def reruns(
@@ -37,12 +51,134 @@ def reruns(
     return done
 
 
+def synthesized(manifest: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Each planned request of `manifest` as a finished success: its image's name and its journal lines
+    (started, finished, answered, outcome; then its usage line, `"event": "usage"` as a bucket keeps it),
+    the fields as `work.store` writes them."""
+    from imagebatch.manifest import load_manifest, plan
+    from imagebatch.work.request_record import file_stem
+
+    for req in plan(load_manifest(manifest).jobs):
+        key, request_id = req.idempotency_key, "req_" + req.idempotency_key[4:36]
+        ids = {"idempotency_key": key, "job_id": req.job_id, "request_index": req.request_index,
+               "turn_index": req.turn_index, "variant": 1, "route": req.route, "model": req.model,
+               "attempt": 1, "started_at": "2026-11-29T09:07:39.636855+00:00"}  # fmt: skip
+        finished = {"duration_s": 1.3751, "outcome": "ok", "error_code": None, "request_id": request_id,
+                    "images": 1, "retry_in": None}  # fmt: skip
+        path = f"images/{file_stem(req, False)}.png"
+        record = {"job_id": req.job_id, "request_index": req.request_index, "turn_index": 0,
+                  "status": "succeeded", "model": req.model, "route": req.route, "idempotency_key": key,
+                  "paths": [path], "images": 1, "width": 1024, "height": 1024, "mime_type": "image/png",
+                  "attempts": 1, "finish_reason": "STOP", "error": None, "request_id": request_id,
+                  "http_status": None, "variant": 1}  # fmt: skip
+        usage = {
+            **ids,
+            **finished,
+            "http_status": 200,
+            "usage": {"promptTokenCount": 9, "candidatesTokenCount": 1128},
+        }
+        started, ended = {"event": "attempt_started", **ids}, {"event": "attempt_finished", **ids, **finished}
+        answered, outcome = {"event": "answered", **record}, {"event": "outcome", **record}
+        yield path, [started, ended, answered, outcome, {"event": "usage", **usage}]
+
+
+def synthesize(manifest: Path, out: Path, png: Path) -> None:
+    """A finished folder of `manifest` in `out` (journal.jsonl, usage.jsonl, and each image a hard link to
+    `png`: the rerun only looks it up)."""
+    (out / "images").mkdir(parents=True)
+    png = Path(shutil.copy(png, out / "images" / ".one.png"))  # its own: a file has at most 65,000 links
+    with (out / "journal.jsonl").open("w") as journal, (out / "usage.jsonl").open("w") as usage:
+        for path, lines in synthesized(manifest):
+            for line in lines:
+                if line["event"] == "usage":
+                    del line["event"]
+                    usage.write(json.dumps(line, separators=(",", ":")) + "\n")
+                else:
+                    journal.write(json.dumps(line, separators=(",", ":")) + "\n")
+            (out / path).parent.mkdir(exist_ok=True)
+            os.link(png, out / path)
+
+
+def synthesize_bucket(manifest: Path, store: str, prefix: str) -> None:
+    """A finished `s3://BUCKET/prefix`: its journal as one compacted object (as a run's end leaves it); its
+    images are not made (a bucket's rerun trusts a settled outcome and reads none: the request counts)."""
+    with tempfile.TemporaryFile() as fh:
+        for _, lines in synthesized(manifest):
+            fh.writelines(json.dumps(line, separators=(",", ":")).encode() + b"\n" for line in lines)
+        fh.seek(0)
+        s3_client(store).upload_fileobj(fh, BUCKET, f"{prefix}/journal/00000001-compact.jsonl")
+
+
+def measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, int]:
+    """(wall s, user + sys CPU s, peak RSS MiB, exit code) of a child process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+
+
+def alternated(args: argparse.Namespace, tmp: Path, store: str, env: dict[str, str]) -> None:
+    """The `--synthesize` table: each count, each location, this code and `--src`'s in turn."""
+    from bench_flow import write_manifest
+
+    codes = {"after": env, "before": {**env, "PYTHONPATH": args.src}}
+    png = tmp / "one.png"
+    from PIL import Image
+
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(png)
+    print("| finished rows | location | code | rerun | wall s | CPU s | peak RSS MiB | exit |")
+    print("|-|-|-|-|-|-|-|-|")
+    for rows in args.rows:
+        manifest = tmp / f"m{rows}.csv"
+        write_manifest(manifest, rows)
+        outs: dict[tuple[str, str], str] = {}
+        for code in codes:
+            folder = tmp / f"{code}{rows}"
+            synthesize(manifest, folder, png)
+            synthesize_bucket(manifest, store, f"{code}{rows}")
+            outs[("local folder", code)] = str(folder)
+            outs[("s3://", code)] = f"s3://{BUCKET}/{code}{rows}"
+        for place in ("local folder", "s3://"):
+            for i in range(args.repeat + 1):  # the first: the settle after the run (results.csv written)
+                for code, code_env in codes.items():
+                    base = [sys.executable, "-m", "imagebatch.cli.main", "run", str(manifest), "--no-report"]
+                    wall, cpu, rss, exit_code = measured([*base, "--out", outs[(place, code)]], code_env)
+                    what = "first settle" if i == 0 else f"rerun {i}"
+                    cells = [
+                        f"{rows:,}",
+                        place,
+                        code,
+                        what,
+                        f"{wall:.1f}",
+                        f"{cpu:.2f}",
+                        f"{rss:.0f}",
+                        exit_code,
+                    ]
+                    print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+        print(f"  load: {os.getloadavg()}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--synthesize", action="store_true", help="write each finished output, no first run")
+    parser.add_argument("--src", help="with --synthesize: the other code's src/ folder (the code before)")
     args = parser.parse_args()
+    if args.synthesize:
+        emulator, service = start_emulator(0.0)
+        with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+            moto, store = start_moto(Path(tmp) / "moto.log", spill=True)
+            env = {**os.environ, "IMAGEBATCH_BASE_URL": service, "IMAGEBATCH_API_KEY": KEY, **SECRET}
+            env |= {"AWS_ENDPOINT_URL": store, "AWS_ALLOW_HTTP": "true"}
+            try:
+                alternated(args, Path(tmp), store, env)
+            finally:
+                moto.terminate()
+                emulator.terminate()
+        return
     emulator, service = start_emulator(0.0)
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "moto.log"

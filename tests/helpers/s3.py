@@ -136,7 +136,9 @@ class FaultProxy:
         for k, v in answer.headers.items():
             if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding"):
                 h.send_header(k, v)
-        h.send_header("Content-Length", str(len(answer.content)))
+        # A HEAD's answer has no body: its Content-Length is the object's size, as the server said it.
+        length = answer.headers.get("content-length", "0") if h.command == "HEAD" else len(answer.content)
+        h.send_header("Content-Length", str(length))
         h.end_headers()
         if h.command != "HEAD":
             h.wfile.write(answer.content)

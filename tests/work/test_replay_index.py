@@ -149,10 +149,36 @@ def test_the_file_is_made_in_the_spool_folder_and_leaves_no_name(
         real_unlink(path)
 
     monkeypatch.setattr(os, "unlink", unlink)
-    states = store.load_state()
+    states = store.load_state(spool=store.backend.spool_folder)  # a run's: it holds the folder
     assert states.on_disk and len(states) == 20 and states[key(7)].status == "unknown"
     assert [p.parent for p in made] == [tmp_path / "out"]
     assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == before
+
+
+def test_a_reader_makes_the_file_in_the_temporary_folder_and_leaves_the_folder_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replay_module, "WINDOW", 0)
+    out = tmp_path / "out"
+    store = OutputStore(out)
+    store.backend.prepare()
+    for n in range(20):
+        store.journal("attempt_started", idempotency_key=key(n), attempt=1)
+    (tmp_path / "temporary").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temporary"))
+    made: list[Path] = []
+    real_unlink = os.unlink
+
+    def unlink(path: str) -> None:
+        made.append(Path(path))
+        real_unlink(path)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    before = {p: p.stat().st_mtime_ns for p in [out, *out.rglob("*")]}
+    states = OutputStore(out).load_state()  # export's, the report's, the review's, validate --out's
+    assert states.on_disk and len(states) == 20 and states[key(3)].status == "unknown"
+    assert [p.parent for p in made] == [tmp_path / "temporary"]
+    assert {p: p.stat().st_mtime_ns for p in [out, *out.rglob("*")]} == before
 
 
 def test_a_folder_that_refuses_the_file_has_it_made_in_the_temporary_folder(
@@ -173,7 +199,7 @@ def test_a_folder_that_refuses_the_file_has_it_made_in_the_temporary_folder(
 
     (tmp_path / "temporary").mkdir()
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
-    states = store.load_state()
+    states = store.load_state(spool=store.backend.spool_folder)
     assert states.on_disk and states[key(1)].status == "unknown"
     assert asked == [str(tmp_path / "out"), None]
     assert list((tmp_path / "temporary").iterdir()) == []

@@ -167,12 +167,9 @@ def changed_since_approval(
     if not gone:
         return set()
     requests: set[Request] = set()
-
-    def seen(ev: dict[str, Any]) -> None:
+    for ev in OutputStore(out).journal_events():  # read as it goes: no key's state is needed
         if ev.get("idempotency_key") in gone:
             requests.add((str(ev.get("job_id")), str(ev.get("request_index")), str(ev.get("turn_index"))))
-
-    OutputStore(out).load_state(seen)
     return requests
 
 

@@ -73,7 +73,7 @@ def run_here(run: Run) -> dict[str, Any]:
     checked, report = run.checked, run.options.outcome.report
     store = OutputStore(checked.out)
     with _output(run, store) as (url, key):
-        states = store.load_state()
+        states = store.load_state(spool=store.backend.spool_folder)
         held_keys = plan_variants(run, store, states)
         if dead := store.settle_dead_run(datetime.now(UTC).isoformat()):  # the last run's, before this one's
             run.info["previous"] = dead.as_previous()
@@ -96,7 +96,7 @@ def run_shard(run: Run) -> dict[str, Any]:
     store = OutputStore(run.checked.out, shard_name(shard, shards))
     run.plan.keep = functools.partial(_in_shard, shard=shard, shards=shards)
     with _output(run, store) as (url, key):
-        states = store.load_state()
+        states = store.load_state(spool=store.backend.spool_folder)
         held_keys = plan_variants(run, store, states)  # its own units counted: its `requests`
         ctx, _tasks = _send(run, store, url, key, states, held_keys)
         try:
@@ -130,7 +130,7 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
     checked, options, hooks, info = run.checked, run.options, run.hooks, run.info
     shards = options.sharding.shards
     with held(store):  # nothing else runs into the folder; the last sharded run's files are merged
-        before = store.load_state()
+        before = store.load_state(spool=store.backend.spool_folder)
         held_keys = plan_variants(run, store, before)  # the shards plan the same from the same state
     source, out = checked.manifest.source, out_text(checked.out)
     to_send = requests_to_send(options, run.plan, before, held_keys)
@@ -149,7 +149,7 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
     )
     with held(store):  # every shard has ended: merge their journals, then the records
         shards_released(store, shards, hooks.sleep)  # a killed shard's lease, until it expires
-        after = store.load_state()
+        after = store.load_state(spool=store.backend.spool_folder)
         failed = [
             f"shard {r['shard']}: {r['state']} ({r['message']})"
             for r in runs

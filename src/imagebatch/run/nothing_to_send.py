@@ -21,6 +21,7 @@ from imagebatch.options import RunOptions
 from imagebatch.run.outputs import run_info, write_files
 from imagebatch.run.plan import RunPlan
 from imagebatch.run.preflight import Preflight, key_source
+from imagebatch.run.settled import NOT_STARTED, PlanDigest, leave_seal, settle_from_seal
 from imagebatch.work.context import RunContext, RunState
 from imagebatch.work.redo import redo_kinds
 from imagebatch.work.spool import RecordSpool
@@ -28,8 +29,7 @@ from imagebatch.work.store import OutputLockedError, OutputStore
 from imagebatch.work.unit import run_unit
 from imagebatch.work.variants import Variants
 
-NOT_STARTED = {"flow_run_id": None, "task_runs": 0, "started": False}
-"""What run.json says of Prefect for a run settled here."""
+__all__ = ["NOT_STARTED", "settle_without_prefect"]
 
 
 def settle_without_prefect(checked: Preflight, options: RunOptions) -> dict[str, Any] | None:
@@ -45,7 +45,7 @@ def settle_without_prefect(checked: Preflight, options: RunOptions) -> dict[str,
         return None
     try:
         with store.backend.hold():
-            return _settle(checked, store, options)
+            return settle_from_seal(checked, options, store) or _settle(checked, store, options)
     except OutputLockedError:
         return None
 
@@ -56,27 +56,36 @@ def _has_journal(store: OutputStore) -> bool:
 
 
 def _settle(checked: Preflight, store: OutputStore, options: RunOptions) -> dict[str, Any] | None:
-    states = store.load_state()
+    states = store.load_state(spool=store.backend.spool_folder)
     resend, report = options.resend, options.outcome.report
     variants = Variants(
         states, store, redo=redo_kinds(resend.redo), edit=resend.edit, retry_unknown=resend.retry_unknown
     )
     plan = RunPlan(checked.manifest.jobs)
     plan.count(variants)
+    # A seal only where the plan is the manifest's alone (no variant), and no key waits on files to come.
+    sealed = resend.redo is None and not states.newest and not variants.held and variants.summary is None
     ctx = RunContext(None, store, states, RunState(RecordSpool()), retry_unknown=resend.retry_unknown,  # type: ignore[arg-type]  # no request is sent: no client
                      key_source=key_source(options.service.api_key_secret_block), thumbnails=report,
                      held=variants.held)  # fmt: skip
     results = RecordSpool(store.backend.spool_folder)
+    digest, paths = PlanDigest(checked.manifest.metadata_columns), []
     try:
         for unit in plan:  # recorded as they come, until the first request to send
             if any(ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
                 return None
-            results[unit.index] = run_unit(ctx, unit)
+            results[unit.index] = records = run_unit(ctx, unit)
+            digest.add(unit)
+            paths += [path for r in records for path in r.paths]
+            sealed = sealed and all(r.status != "unknown" for r in records)
         info = run_info(checked, plan.requests, options)  # as the flow records them (flows.batch)
         info["sent"] = 0
         if variants.summary is not None:
             info["redo"] = variants.summary.info()
-        return write_files(checked, store, plan, results, info, None, report, dict(NOT_STARTED))
+        info = write_files(checked, store, plan, results, info, None, report, dict(NOT_STARTED))
+        if sealed:
+            leave_seal(checked, options, store, digest.hexdigest(), paths, info)
+        return info
     finally:
         results.close()
         ctx.state.results.close()

@@ -104,11 +104,24 @@ def write_files(
     if price_table is not None:
         info["spend"] = spend(plan, results, price_table)
     info["rate_limited"] = rate_limited(records)
+    info |= {"counts": {s: counts.get(s, 0) for s in STATUSES}, "superseded": superseded}
+    return write_summary(store, plan, info, halt_reason, report, prefect, unwritten)
+
+
+def write_summary(
+    store: OutputStore,
+    plan: Iterable[Unit],
+    info: dict[str, Any],
+    halt_reason: str | None,
+    report: bool,
+    prefect: dict[str, Any],
+    unwritten: list[str],
+) -> dict[str, Any]:
+    """The run's end in run.json (`info`, its records' figures in it already) and, with `report`, the
+    report of `plan`'s requests; return the run summary, with `unwritten` (what could not be written)."""
     info |= {
         "ended_at": datetime.now(UTC).isoformat(),
         "state": "stopped" if halt_reason else "finished",
-        "counts": {s: counts.get(s, 0) for s in STATUSES},
-        "superseded": superseded,
         "stopped": halt_reason,
         "prefect": prefect,
     }

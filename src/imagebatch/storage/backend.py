@@ -133,6 +133,11 @@ class Backend(Location, Protocol):
         reader that reads it again only then; None when it cannot be told (read it again). A bucket's is
         always the same: a request per look is not worth it, so its readers read it once."""
 
+    def records_stamp(self) -> list[Any]:
+        """A token (JSON-able) that changes whenever the journal, the usage ledger or a file of
+        `layout.STAMPED` changes, is replaced or goes: a folder's files' sizes, times and inodes, a
+        bucket's objects' sizes and ETags from two listings. Cheap: no record is read."""
+
     def replacing(self, name: str) -> AbstractContextManager[BinaryIO]:
         """A binary file to write `name` into, row by row, never whole in memory: it replaces `name`
         whole when the block ends, or not at all if the block raises."""

@@ -171,6 +171,11 @@ class BucketBackend(BucketFiles):
     def stamp(self, name: str) -> object:
         return "bucket"
 
+    def records_stamp(self) -> list[Any]:
+        """Every journal object's (name, size, ETag) (the usage lines are in the journal), then those of
+        the objects of `layout.STAMPED`: a listing and a HEAD each, no object read."""
+        return [*self.list_meta(layout.JOURNAL_SEGMENTS), *(self.meta(name) for name in layout.STAMPED)]
+
     @contextlib.contextmanager
     def replacing(self, name: str) -> Iterator[BinaryIO]:
         """Row by row into a temporary file, then one multipart upload."""

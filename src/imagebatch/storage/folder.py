@@ -167,7 +167,9 @@ class FolderBackend(FolderFiles):
             (self.root / name).mkdir(parents=True, exist_ok=True)
 
     def files_exist(self, names: list[str], settled: bool) -> bool:
-        return all((self.root / p).is_file() for p in names)
+        """A stat each (by `os.path`: a `Path` made per name costs more than the stat)."""
+        root = os.fspath(self.root)
+        return all(os.path.isfile(os.path.join(root, p)) for p in names)
 
     def stamp(self, name: str) -> object:
         try:
@@ -175,6 +177,23 @@ class FolderBackend(FolderFiles):
         except OSError:
             return None
         return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+    def records_stamp(self) -> list[Any]:
+        """Each record file's (name, size, modification time in ns, inode), the shards' not yet merged
+        among them, or (name, None) for one that is not there: an append, an edit or a replacement
+        changes it."""
+        names = [layout.jsonl(layout.JOURNAL), layout.jsonl(layout.USAGE_LEDGER), *layout.STAMPED]
+        names += sorted(p.name for kind in (layout.JOURNAL, layout.USAGE_LEDGER)
+                        for p in self.root.glob(layout.shard_jsonl(kind)))  # fmt: skip
+        stamps: list[Any] = []
+        for name in names:
+            try:
+                st = (self.root / name).stat()
+            except OSError:
+                stamps.append([name, None])
+                continue
+            stamps.append([name, st.st_size, st.st_mtime_ns, st.st_ino])
+        return stamps
 
     def replacing(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
         return atomic_file(confined(self.root, name))

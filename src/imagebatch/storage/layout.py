@@ -50,6 +50,12 @@ REVIEW_FILE = "review.jsonl"
 REVIEW_PREFIX = "review/"
 """An object store's review decisions, one object each."""
 LOCK = ".imagebatch.lock"
+SETTLED = ".imagebatch-settled.json"
+"""What a rerun that sent nothing settled on, for the next such rerun to trust while none of it changed
+(`run.settled`)."""
+STAMPED = (RESULTS_CSV, USAGE_SUMMARY_CSV)
+"""The records besides the journal and the usage ledger a location's `records_stamp` covers: what a
+rerun that sends nothing writes and, while they are unchanged, need not write again."""
 """The folder's lock: held alone by a run, shared by the shards of a sharded run."""
 LEASE = ".imagebatch.lease"
 """An object store's lock, as a lease object (`storage.lease`): held by a run, or a sharded run's parent."""

@@ -225,6 +225,22 @@ class ObjectLocation:
         with self._failing("listing", ""):
             return sorted(str(m["path"]) for m in obstore.list_with_delimiter(self.store)["objects"])
 
+    def list_meta(self, prefix: str) -> builtins.list[builtins.list[Any]]:
+        """[name, size, ETag] of each object under the folder-like `prefix` (`journal/`), sorted by name:
+        one listing request (a page per 1,000 objects)."""
+        with self._failing("listing", prefix):
+            metas = [m for batch in obstore.list(self.store, prefix) for m in batch]
+        return sorted([str(m["path"]), int(m["size"]), m.get("e_tag")] for m in metas)
+
+    def meta(self, name: str) -> builtins.list[Any]:
+        """[name, size, ETag] of the object `name`, or [name, None] when there is none: one HEAD."""
+        with self._failing("reading", name):
+            try:
+                m = obstore.head(self.store, name)
+            except FileNotFoundError:
+                return [name, None]
+        return [name, int(m["size"]), m.get("e_tag")]
+
     def delete(self, name: str) -> None:
         with self._failing("deleting", name), contextlib.suppress(FileNotFoundError):
             obstore.delete(self.store, name)

@@ -88,14 +88,26 @@ class OutputStore:
         each line skipped as bad (`storage.bounded`); without, a line over the bound is refused."""
         return self.backend.records(layout.USAGE_LEDGER, bad)
 
-    def load_state(self, seen: Callable[[dict[str, Any]], None] | None = None) -> StateIndex[KeyState]:
+    def load_state(
+        self, seen: Callable[[dict[str, Any]], None] | None = None, *, spool: Path | None = None
+    ) -> StateIndex[KeyState]:
         """Replay the journal into the state of every idempotency key it names (`work.replay.replay`): a
-        read-only mapping, on disk in the spool folder past a few thousand keys (`work.stateindex`)."""
+        read-only mapping, on disk past a few thousand keys (`work.stateindex`), its file in `spool`.
+
+        `spool` is for a run, which holds the location and has its room (`backend.spool_folder`); None,
+        for a command that only reads the location (export, report, review, validate --out), puts the
+        file in the machine's temporary folder: such a command writes nothing into an output folder,
+        not even a name made and unlinked (which would change the folder's modification time)."""
 
         def files_exist(record: RequestRecord, settled: bool) -> bool:
             return self.backend.files_exist(list(record.paths), settled)
 
-        return replay(self.backend.records(layout.JOURNAL), files_exist, seen, self.backend.spool_folder)
+        return replay(self.backend.records(layout.JOURNAL), files_exist, seen, spool)
+
+    def journal_events(self) -> Iterator[dict[str, Any]]:
+        """The journal's lines in order, as they are read (no state kept): for a reader that needs only
+        some of them (export's look-up of the requests an earlier key was of)."""
+        return self.backend.records(layout.JOURNAL)
 
     # -- files --
 
