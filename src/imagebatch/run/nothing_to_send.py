@@ -21,7 +21,7 @@ from imagebatch.options import RunOptions
 from imagebatch.run.outputs import run_info, write_files
 from imagebatch.run.plan import RunPlan
 from imagebatch.run.preflight import Preflight, key_source
-from imagebatch.work.context import RunContext, RunState
+from imagebatch.work.context import RunContext, RunState, sends
 from imagebatch.work.redo import redo_kinds
 from imagebatch.work.spool import RecordSpool
 from imagebatch.work.store import OutputLockedError, OutputStore
@@ -69,7 +69,7 @@ def _settle(checked: Preflight, store: OutputStore, options: RunOptions) -> dict
     results = RecordSpool(store.backend.spool_folder)
     try:
         for unit in plan:  # recorded as they come, until the first request to send
-            if any(ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
+            if sends(unit, ctx.decision):
                 return None
             results[unit.index] = run_unit(ctx, unit)
         info = run_info(checked, plan.requests, options)  # as the flow records them (flows.batch)
