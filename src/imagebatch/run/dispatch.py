@@ -241,12 +241,11 @@ class Dispatcher:
     """Runs every unit, admitted in manifest order, at most `window.size` (at most `concurrency`) at once;
     after a halt, the units not yet admitted are recorded without sending (see the module's picture).
 
-    `units` is the run's plan, iterated, never held, once: `to_send` of them are to be sent (the plan's
-    count: `run.plan.RunPlan.to_send`), which sizes the batches (`run.batches.batch_size`); the pass
+    `units` is the run's plan, iterated once, never held: `to_send` of them are to be sent (the plan's
+    count, `run.plan.RunPlan.to_send`), which sizes the batches (`run.batches.batch_size`). The pass
     records each unit this run sends nothing for as it comes, and cuts the units to send into consecutive
-    batches (`run.batches.Batch`), one Prefect task run
-    each, as they come: the batch being admitted and the next one (started one batch ahead) are all it
-    holds. This thread alone admits units: a unit takes one of the run's slots when the window has room,
+    batches (`run.batches.Batch`), one Prefect task run each, as they come: the batch being admitted and
+    the next one (started one batch ahead) are all it holds. This thread alone admits units: a unit takes one of the run's slots when the window has room,
     its batch's task is started with its first unit and closed after its last, and the unit is sent on the
     run's `RequestThreads`. So the window, the budgets, a halt and Ctrl-C act on single requests, while
     Prefect's server records one task run per batch.

@@ -1,5 +1,8 @@
-"""How a unit's records are kept as its requests settle: as they come, or under a safety net that
-records the unit's outcome whatever happens (`settled`, what the run's request threads use).
+"""How a unit's records are kept as its requests settle: as they come, or under the safety net that
+records its outcome whatever happens.
+
+The run's request threads send under the safety net (`settled`); a caller that wants an error to go up
+(a test's crash, a rerun settled without Prefect) takes them as they come (`as_they_come`).
 
 A unit's path (`work.unit.run_plain`, `work.chain.run_chain`) sends inside the context manager it is given,
 which yields the list each request's record is appended to.
