@@ -245,10 +245,10 @@ class Dispatcher:
     count, `run.plan.RunPlan.to_send`), which sizes the batches (`run.batches.batch_size`). The pass
     records each unit this run sends nothing for as it comes, and cuts the units to send into consecutive
     batches (`run.batches.Batch`), one Prefect task run each, as they come: the batch being admitted and
-    the next one (started one batch ahead) are all it holds. This thread alone admits units: a unit takes one of the run's slots when the window has room,
-    its batch's task is started with its first unit and closed after its last, and the unit is sent on the
-    run's `RequestThreads`. So the window, the budgets, a halt and Ctrl-C act on single requests, while
-    Prefect's server records one task run per batch.
+    the next one (started one batch ahead) are all it holds. This thread alone admits units: a unit takes
+    one of the run's slots when the window has room, its batch's task is started with its first unit and
+    closed after its last, and the unit is sent on the run's `RequestThreads`. So the window, the budgets,
+    a halt and Ctrl-C act on single requests, while Prefect's server records one task run per batch.
 
     `budgets` cap this run (see `Budget`): at the first unit one would refuse, no more is admitted, what
     is in flight finishes, and the run stops there (the rest `not_attempted`, the reason naming the cap);
