@@ -23,7 +23,7 @@ import imagebatch
 from imagebatch.run.hooks import RunHooks, run_hooks
 
 PACKAGE = str(Path(imagebatch.__file__).parent)
-MOST_CALLS = 13
+MOST_CALLS = 8
 
 Chain = list[list[traceback.FrameSummary]]
 _inherited = threading.local()

@@ -5,6 +5,7 @@ manifests and a real folder."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from helpers.runs import write_jsonl
 
 from imagebatch.manifest import Job, PlannedRequest, load_manifest, plan, variant_of
 from imagebatch.run.plan import RunPlan
-from imagebatch.work.context import group_units
+from imagebatch.work.context import Decision, decide, group_units, sends
 from imagebatch.work.records import record
 from imagebatch.work.store import KeyState, OutputStore
 from imagebatch.work.variants import Variants
@@ -86,6 +87,30 @@ def test_a_plan_s_variants_come_before_their_request_numbered_in_order_and_held(
     assert (run_plan.units, run_plan.requests) == (6, 8)
     assert variants.held == {variant_of(a1, 2).idempotency_key, variant_of(a1, 3).idempotency_key}
     assert variants.summary is None  # not a redo run
+
+
+def test_the_counting_pass_counts_the_units_to_send_with_the_variants_it_holds_as_it_goes(
+    jobs: CountedJobs, tmp_path: Path
+) -> None:
+    """The units to send (the dispatcher's batches are sized by them) are counted in the pass that finds
+    the variants: a failed variant outside a redo is held as soon as its request is reached, before its
+    unit comes, so it is not counted; a#1 succeeded; a#0, b#0 and c#0 were never sent."""
+    a1 = next(r for r in plan(jobs) if (r.job_id, r.request_index) == ("a", 1))
+    states = {a1.idempotency_key: KeyState(outcome=record(a1, "succeeded"))}
+    for n in (2, 3):
+        v = variant_of(a1, n)
+        states[v.idempotency_key] = KeyState(outcome=record(v, "failed"), variant=n, request=("a", 1, 0))
+    variants = Variants(states, OutputStore(tmp_path / "out"))
+
+    def decision(key: str) -> Decision:
+        return decide(states.get(key), held=variants.holds(key))
+
+    run_plan, passes = RunPlan(jobs), jobs.passes
+    run_plan.count(variants, partial(sends, decision=decision))
+    assert (run_plan.units, run_plan.to_send, jobs.passes - passes) == (6, 3, 1)
+    assert [u.name for u in run_plan if sends(u, decision)] == ["a#0", "b#0", "c#0"]
+    assert not variants.holds(a1.idempotency_key)
+    assert all(variants.holds(variant_of(a1, n).idempotency_key) for n in (2, 3))
 
 
 def test_a_shard_s_plan_keeps_its_own_units_with_the_whole_plan_s_numbers(jobs: CountedJobs) -> None:

@@ -94,8 +94,9 @@ class RequestPool(Protocol):
     """The run's request threads, which the flow owns (`run.dispatch.RequestThreads`; the picture of the
     task's part and the flow's part of sending a unit is in `run/dispatch.py`).
 
-    `send` runs `settle(ctx, unit)` on one of them, in `context`, and tells the flow's dispatcher once the
-    unit has finished: it is the one call from a task back up into the flow."""
+    `send` sends the unit on one of them, in `context`, its records kept whatever happens
+    (`work.keeping.settled`), and tells the flow's dispatcher once the unit has finished: it is the one
+    call from a task back up into the flow."""
 
     def send(self, unit: Unit, context: contextvars.Context | None = None) -> Future[list[RequestRecord]]: ...
 

@@ -10,15 +10,15 @@ How a unit is sent: the flow's part (`Dispatcher`, here) and the task's part (`r
 
     flow thread: Dispatcher.run         task run: generate(batch, pool)       request threads: RequestThreads
     ---------------------------         -------------------------------       -------------------------------
-    _admit_while_room: window, budgets
-     _admit(unit)
-      _start_task(batch) --submit-->    for unit in batch:  (waits for each
+    for (batch, unit) in _admitted():
+      (window, budgets)
+      generate.submit(batch) --------->  for unit in batch:  (waits for each
       batch.admit(unit) ---queue--->      admitted unit; ends once closed)
-                                          pool.send(unit, task's context) --> settle(ctx, unit): send it,
-                                        wait for its units                      keeps its records
-    finished.get() <--------------------------------------------- unit done ---+
+                                          pool.send(unit, task's context) --> run_plain / run_chain: send
+                                        wait for its units                      it, its records `settled`
+     _admitted: finished.get() <--------------------------------- unit done ---+
       _take: window, budgets, progress
-    finished.get() <-- task run ended --+
+     _admitted: finished.get() <-- task run ended --+
       _take: units it never took (its task run failed in Prefect) -> RequestThreads.send, from here
 
 The dispatcher alone decides what is sent and when; the task only takes what was admitted to its batch and
@@ -47,9 +47,10 @@ from functools import partial
 from prefect.futures import PrefectFuture
 
 from imagebatch.run.batches import Batch, batch_size, cut_batches, generate
-from imagebatch.work.context import RunContext, Unit
+from imagebatch.work.context import RunContext, Unit, sends
+from imagebatch.work.keeping import settled
 from imagebatch.work.store import RequestRecord
-from imagebatch.work.unit import run_unit, settle
+from imagebatch.work.unit import run_unit, settle, unit_path
 
 
 @dataclass(frozen=True)
@@ -216,17 +217,19 @@ class Progress:
 class RequestThreads:
     """The run's request threads (`concurrency` of them, shared by every batch): `run.batches.RequestPool`.
 
-    `send` runs `settle(ctx, unit)` on one of them and puts the unit on the dispatcher's `finished` queue
-    once it is done; the task calls it for each unit it takes, the dispatcher for the units no task took."""
+    `send` runs the unit's path (`work.unit.unit_path`) on one of them, its records kept whatever happens
+    (`work.keeping.settled`), and puts the unit on the dispatcher's `finished` queue once it is done; the
+    task calls it for each unit it takes, the dispatcher for the units no task took."""
 
     def __init__(self, ctx: RunContext, pool: Executor, finished: queue.Queue[Unit | Batch | None]) -> None:
         self.ctx, self.pool, self.finished = ctx, pool, finished
 
     def send(self, unit: Unit, context: contextvars.Context | None = None) -> Future[list[RequestRecord]]:
+        path = unit_path(unit)
         if context is None:
-            future = self.pool.submit(settle, self.ctx, unit)
+            future = self.pool.submit(path, self.ctx, unit, settled)
         else:  # the task run's: the unit's log lines are the task's
-            future = self.pool.submit(context.run, settle, self.ctx, unit)
+            future = self.pool.submit(context.run, path, self.ctx, unit, settled)
         future.add_done_callback(partial(_put, self.finished, unit))
         return future
 
@@ -238,14 +241,14 @@ class Dispatcher:
     """Runs every unit, admitted in manifest order, at most `window.size` (at most `concurrency`) at once;
     after a halt, the units not yet admitted are recorded without sending (see the module's picture).
 
-    `units` is the run's plan, iterated, never held: a pass counts the units to send (the batches' size,
-    `run.batches.batch_size`), then the sending pass records each unit this run sends nothing for as it
-    comes, and cuts the units to send into consecutive batches (`run.batches.Batch`), one Prefect task run
-    each, as they come: the batch being admitted and the next one (started one batch ahead) are all it
-    holds. This thread alone admits units: a unit takes one of the run's slots when the window has room,
-    its batch's task is started with its first unit and closed after its last, and the unit is sent on the
-    run's `RequestThreads`. So the window, the budgets, a halt and Ctrl-C act on single requests, while
-    Prefect's server records one task run per batch.
+    `units` is the run's plan, iterated once, never held: `to_send` of them are to be sent (the plan's
+    count, `run.plan.RunPlan.to_send`), which sizes the batches (`run.batches.batch_size`). The pass
+    records each unit this run sends nothing for as it comes, and cuts the units to send into consecutive
+    batches (`run.batches.Batch`), one Prefect task run each, as they come: the batch being admitted and
+    the next one (started one batch ahead) are all it holds. This thread alone admits units: a unit takes
+    one of the run's slots when the window has room, its batch's task is started with its first unit and
+    closed after its last, and the unit is sent on the run's `RequestThreads`. So the window, the budgets,
+    a halt and Ctrl-C act on single requests, while Prefect's server records one task run per batch.
 
     `budgets` cap this run (see `Budget`): at the first unit one would refuse, no more is admitted, what
     is in flight finishes, and the run stops there (the rest `not_attempted`, the reason naming the cap);
@@ -256,6 +259,7 @@ class Dispatcher:
         ctx: RunContext,
         units: Iterable[Unit],
         planned: int,
+        to_send: int,
         concurrency: int,
         control: RunControl,
         on_progress: Callable[[ProgressSnapshot], None] | None = None,
@@ -263,6 +267,7 @@ class Dispatcher:
         budgets: Sequence[Budget] = (),
     ) -> None:
         self.ctx, self.units, self.concurrency, self.control = ctx, units, concurrency, control
+        self.to_send = to_send
         self.budgets = budgets
         self.progress = Progress(planned, on_progress)
         self.window = Window(concurrency, adaptive)
@@ -279,34 +284,82 @@ class Dispatcher:
         self.threads: RequestThreads  # set by `run`, while its threads exist
 
     def run(self) -> int:
-        """Send what is to be sent; return the number of Prefect task runs (batches) started."""
-        size = batch_size(sum(1 for unit in self.units if self._sends(unit)))
-        self.control.attach(lambda: self.finished.put(None))
+        """Send what is to be sent; return the number of Prefect task runs (batches) started. Each unit
+        `_admitted` lets through goes to its batch's task run, started with its first unit (and the next
+        batch's with it), or is sent from here if that task run has already ended."""
+        with self._sending():
+            for batch, unit in self._admitted():
+                if batch.index in self.ended:  # its task run failed in Prefect before its last unit
+                    self.threads.send(unit)
+                    continue
+                # The next batch's task run starts now, one batch ahead: a task run takes tens of ms to
+                # start (more on a busy server), and a unit admitted to a batch not yet running waited
+                # for it with its slot idle (640 @ 1 s @ 32: a slot idle 24 ms p50, 131 ms p90).
+                for starting in (batch, self.next_batch):
+                    if starting is None or starting.index < len(self.started):  # they start in order
+                        continue
+                    # No `tags(...)` here: a context manager around each submit serialises dispatch.
+                    future = generate.submit(starting, self.threads)
+                    future.add_done_callback(partial(_put, self.finished, starting))
+                    self.open_batches[starting.index] = starting
+                    self.started.append(future)
+                batch.admit(unit)
+                if unit is batch.units[-1]:
+                    batch.close()
+        return len(self.started)
+
+    @contextlib.contextmanager
+    def _sending(self) -> Iterator[None]:
+        """The run's request threads, and the units in batches, for `run`; once every admitted unit has
+        finished, the open batches closed, their task runs waited for, and the units left after a halt
+        recorded here (`run_unit` sends nothing now)."""
+        size = batch_size(self.to_send)
+        self.control.attach(partial(self.finished.put, None))
         self.pending = self._batched(cut_batches(self._to_send(), size))
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="imagebatch-request") as pool:
             self.threads = RequestThreads(self.ctx, pool, self.finished)
-            while True:
-                self._admit_while_room()
-                if self.progress.in_flight == 0:
-                    if self.capped is not None:  # only now: the rest are recorded not_attempted below
-                        self.ctx.state.stop(self.capped)
-                    break
-                self._take(self.finished.get())
+            yield
             for batch in self.open_batches.values():
                 batch.close()
         wait_for_tasks(self.started)
-        for _batch, unit in self.pending:  # only left after a halt: recorded (run_unit sends nothing now)
+        for _batch, unit in self.pending:
             self._record_here(unit)
-        return len(self.started)
 
-    def _sends(self, unit: Unit) -> bool:
-        return any(self.ctx.decision(r.idempotency_key) == "send" for r in unit.requests)
+    def _admitted(self) -> Iterator[tuple[Batch, Unit]]:
+        """The units to admit, each with its batch, as the window has room and nothing stops the run (a
+        halt, Ctrl-C, a budget); between them, what the `finished` queue gives (`_take`), until nothing is
+        in flight. Once the run stops, the open batches are closed: admitted units are sent, the rest are
+        recorded at the end (`_sending`)."""
+        ctx, progress, halt = self.ctx, self.progress, self.ctx.state.halt
+        while True:
+            if self.control.reason:
+                ctx.state.stop(self.control.reason)
+            progress.window, progress.rate_limited = self.window.size, ctx.state.rate_limited
+            while progress.in_flight < self.window.size and not halt.is_set() and self.capped is None:
+                nxt = next(self.pending, None)
+                if nxt is None:
+                    break
+                self.capped = next((why for b in self.budgets if (why := b.reserve(nxt[1]))), None)
+                if self.capped is not None:  # not a halt yet: what is already admitted fits, and is sent
+                    self.pending = itertools.chain([nxt], self.pending)
+                    break
+                progress.in_flight += 1
+                yield nxt
+            if halt.is_set() or self.capped is not None:
+                for batch in self.open_batches.values():
+                    batch.close()
+            progress.report()
+            if progress.in_flight == 0:
+                if self.capped is not None:  # only now: the rest are recorded not_attempted at the end
+                    ctx.state.stop(self.capped)
+                return
+            self._take(self.finished.get())
 
     def _to_send(self) -> Iterator[Unit]:
         """The units to send, in order; the others (done, or left alone) recorded as they come, without a
         task or a request."""
         for unit in self.units:
-            if self._sends(unit):
+            if sends(unit, self.ctx.decision):
                 yield unit
             else:
                 self._record_here(unit)
@@ -324,53 +377,6 @@ class Dispatcher:
         """Record a unit this run sends nothing for, in this thread, without a task or a request."""
         self.ctx.state.results[unit.index] = records = run_unit(self.ctx, unit)
         self.progress.finished(records)
-
-    def _admit_while_room(self) -> None:
-        """Admit units while the window has room and nothing stops the run; once it stops, close the open
-        batches (admitted units are sent, the rest are recorded at the end)."""
-        ctx, progress = self.ctx, self.progress
-        if self.control.reason:
-            ctx.state.stop(self.control.reason)
-        progress.window, progress.rate_limited = self.window.size, ctx.state.rate_limited
-        while progress.in_flight < self.window.size and not ctx.state.halt.is_set() and self.capped is None:
-            nxt = next(self.pending, None)
-            if nxt is None:
-                break
-            self.capped = next((why for b in self.budgets if (why := b.reserve(nxt[1]))), None)
-            if self.capped is not None:  # not a halt yet: what is already admitted fits, and is sent
-                self.pending = itertools.chain([nxt], self.pending)
-                break
-            self._admit(*nxt)
-            progress.in_flight += 1
-        if ctx.state.halt.is_set() or self.capped is not None:
-            for batch in self.open_batches.values():
-                batch.close()
-        progress.report()
-
-    def _admit(self, batch: Batch, unit: Unit) -> None:
-        """Give `unit` to its batch's task run (started now if need be), or send it from here if that task
-        run has already ended."""
-        if batch.index in self.ended:  # its task run failed in Prefect before its last unit
-            self.threads.send(unit)
-            return
-        self._start_task(batch)
-        if self.next_batch is not None:
-            # The next batch's task run starts now, one batch ahead: a task run takes tens of ms to
-            # start (more on a busy server), and a unit admitted to a batch not yet running waited for
-            # it with its slot idle (640 @ 1 s @ 32: a slot idle 24 ms p50, 131 ms p90 between requests).
-            self._start_task(self.next_batch)
-        batch.admit(unit)
-        if unit is batch.units[-1]:
-            batch.close()
-
-    def _start_task(self, batch: Batch) -> None:
-        if batch.index in self.open_batches or batch.index in self.ended:
-            return
-        # No `tags(...)` here: a context manager around each submit serialises dispatch (measured).
-        future = generate.submit(batch, self.threads)
-        future.add_done_callback(partial(_put, self.finished, batch))
-        self.open_batches[batch.index] = batch
-        self.started.append(future)
 
     def _take(self, finished: Unit | Batch | None) -> None:
         """Act on what the `finished` queue gave: a finished unit, an ended task run, or a wake-up."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,7 +43,15 @@ from imagebatch.run.shards import (
     shard_parameters,
     shards_released,
 )
-from imagebatch.work.context import RunContext, RunState, Unit, stop_on_write_failure
+from imagebatch.work.context import (
+    Decision,
+    RunContext,
+    RunState,
+    Unit,
+    decide,
+    sends,
+    stop_on_write_failure,
+)
 from imagebatch.work.redo import redo_kinds
 from imagebatch.work.spool import DiskReserve, RecordSpool, reserve_size
 from imagebatch.work.store import KeyState, OutputLockedError, OutputStore
@@ -78,7 +85,9 @@ def run_here(run: Run) -> dict[str, Any]:
         if dead := store.settle_dead_run(datetime.now(UTC).isoformat()):  # the last run's, before this one's
             run.info["previous"] = dead.as_previous()
         store.write_run(run.info)  # a crash leaves a run.json that says the run never ended
-        ctx, tasks = _send(run, store, url, key, states, held_keys)
+        with _dispatcher(run, store, url, key, states, held_keys) as dispatcher:
+            tasks = dispatcher.run()
+        ctx = dispatcher.ctx
         run.info["sent"] = len(ctx.state.started_keys)
         try:
             return write_records(
@@ -98,14 +107,14 @@ def run_shard(run: Run) -> dict[str, Any]:
     with _output(run, store) as (url, key):
         states = store.load_state(spool=store.backend.spool_folder)
         held_keys = plan_variants(run, store, states)  # its own units counted: its `requests`
-        ctx, _tasks = _send(run, store, url, key, states, held_keys)
-        try:
-            counts = Counter(r.status for unit in run.plan for r in ctx.state.results[unit.index])
-            ended = datetime.now(UTC).isoformat()
-            info |= {"ended_at": ended, "stopped": ctx.state.halt_reason, "counts": counts}
-            return info
-        finally:
-            ctx.state.results.close()
+        with _dispatcher(run, store, url, key, states, held_keys) as dispatcher:
+            dispatcher.run()
+        ctx = dispatcher.ctx
+        ctx.state.results.close()
+        # Every unit's records counted as the dispatcher settled them: no pass over the plan again.
+        ended = datetime.now(UTC).isoformat()
+        info |= {"ended_at": ended, "stopped": ctx.state.halt_reason, "counts": dispatcher.progress.counts}
+        return info
 
 
 def _in_shard(unit: Unit, *, shard: int, shards: int) -> bool:
@@ -201,30 +210,37 @@ def _output(run: Run, store: OutputStore) -> Iterator[tuple[str, str]]:
 
 def plan_variants(run: Run, store: OutputStore, states: Mapping[str, KeyState]) -> frozenset[str]:
     """Add every variant of the plan's requests to `run.plan` (and, for `--redo rejected`, the new ones),
-    from the folder's state as this run found it (`work.variants`), and count its requests; return the
-    keys the run must not send (variants, outside a redo)."""
+    from the folder's state as this run found it (`work.variants`), and count its requests and the units
+    to send (by the run's own rule, `work.context.decide`); return the keys the run must not send
+    (variants, outside a redo)."""
     resend = run.options.resend
     variants = Variants(
         states, store, redo=redo_kinds(resend.redo), edit=resend.edit, retry_unknown=resend.retry_unknown
     )
-    run.plan.count(variants)
+
+    def decision(key: str) -> Decision:
+        held = variants.holds(key)
+        return decide(states.get(key), force=resend.force, retry_unknown=resend.retry_unknown, held=held)
+
+    run.plan.count(variants, functools.partial(sends, decision=decision))
     run.info["requests"] = run.plan.requests
     if variants.summary is not None:
         run.info["redo"] = variants.summary.info()
     return variants.held
 
 
-def _send(
+@contextlib.contextmanager
+def _dispatcher(
     run: Run,
     store: OutputStore,
     url: str,
     key: str,
     states: Mapping[str, KeyState],
     held_keys: frozenset[str],
-) -> tuple[RunContext, int]:
-    """Send the run's units (`run.dispatch.Dispatcher`) with the run's client, limit, pacing, caps and signal
-    handling; `states` is the folder's state as the run found it; return the run context (its records)
-    and the number of Prefect task runs started."""
+) -> Iterator[Dispatcher]:
+    """The run's dispatcher (`run.dispatch.Dispatcher`: its `run` sends the run's units), with the run's
+    client, limit, pacing, caps and signal handling in place while the caller runs it; `states` is the
+    folder's state as the run found it. Its `ctx` holds the records once it has run."""
     options, hooks, pacing = run.options, run.hooks, run.options.pacing
     limit = pacing.global_limit
     slots = SlotBroker(limit, run.rate_limit) if limit else None
@@ -249,11 +265,9 @@ def _send(
     ):
         progress = ProgressArtifact(hooks.on_progress)
         caps = budgets(options.budgets.max_images, options.budgets.max_spend, run.checked.prices)
-        dispatcher = Dispatcher(
-            ctx, run.plan, run.plan.requests, pacing.concurrency, hooks.control, progress, pacing.adaptive,
-            caps,
+        yield Dispatcher(
+            ctx, run.plan, run.plan.requests, run.plan.to_send, pacing.concurrency, hooks.control, progress,
+            pacing.adaptive, caps,
         )  # fmt: skip
-        tasks = dispatcher.run()
         progress.close()
     reserve.release()
-    return ctx, tasks

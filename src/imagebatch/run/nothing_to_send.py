@@ -22,7 +22,7 @@ from imagebatch.run.outputs import run_info, write_files
 from imagebatch.run.plan import RunPlan
 from imagebatch.run.preflight import Preflight, key_source
 from imagebatch.run.settled import NOT_STARTED, PlanDigest, leave_seal, settle_from_seal
-from imagebatch.work.context import RunContext, RunState
+from imagebatch.work.context import RunContext, RunState, sends
 from imagebatch.work.redo import redo_kinds
 from imagebatch.work.spool import RecordSpool
 from imagebatch.work.store import OutputLockedError, OutputStore
@@ -72,7 +72,7 @@ def _settle(checked: Preflight, store: OutputStore, options: RunOptions) -> dict
     digest, paths = PlanDigest(checked.manifest.metadata_columns), []
     try:
         for unit in plan:  # recorded as they come, until the first request to send
-            if any(ctx.decision(r.idempotency_key) == "send" for r in unit.requests):
+            if sends(unit, ctx.decision):
                 return None
             results[unit.index] = records = run_unit(ctx, unit)
             digest.add(unit)

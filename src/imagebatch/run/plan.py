@@ -21,7 +21,8 @@ class RunPlan:
     """The run's units, planned from `jobs` (iterated once per pass, never indexed) on each iteration.
 
     `count` makes the counting pass the run needs before it sends (run.json's `requests`, progress, the
-    disk reserve, the budgets' shares), with the variants from then on."""
+    disk reserve, the budgets' shares, the size of the dispatcher's batches), with the variants from then
+    on."""
 
     def __init__(self, jobs: Iterable[Job], keep: Callable[[Unit], bool] | None = None) -> None:
         self.jobs = jobs
@@ -32,6 +33,8 @@ class RunPlan:
         """The units of the last counting pass (`count`)."""
         self.requests = 0
         """Their requests, each turn counted."""
+        self.to_send = 0
+        """Of those units, the ones the run sends a request of (as `count`'s `sends` found them)."""
 
     def __iter__(self) -> Iterator[Unit]:
         units = group_units(plan(self.jobs))
@@ -42,12 +45,14 @@ class RunPlan:
         keep = self.keep
         return (unit for unit in units if keep(unit))
 
-    def count(self, variants: Variants | None = None) -> None:
+    def count(self, variants: Variants | None = None, sends: Callable[[Unit], bool] | None = None) -> None:
         """Plan once with `variants` (which leaves its `held` keys and redo summary) and count the units
-        and requests; every later pass yields those units."""
+        and requests, and with `sends` (whether the run sends a request of a unit) the units to send;
+        every later pass yields those units."""
         self.variants = variants
-        units = requests = 0
+        units = requests = to_send = 0
         for unit in self:
             units += 1
             requests += len(unit.requests)
-        self.units, self.requests = units, requests
+            to_send += sends is not None and sends(unit)
+        self.units, self.requests, self.to_send = units, requests, to_send

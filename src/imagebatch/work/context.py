@@ -114,6 +114,12 @@ class RunContext:
                       held=key in self.held)  # fmt: skip
 
 
+def sends(unit: Unit, decision: Callable[[str], Decision]) -> bool:
+    """Whether a run sends any request of `unit`, by `decision` (`RunContext.decision`, or `decide` over the
+    folder's state before the run has a context)."""
+    return any(decision(r.idempotency_key) == "send" for r in unit.requests)
+
+
 def stop_on_write_failure(store: OutputStore, state: RunState) -> None:
     """A failed write to the output location stops the run: the next request's writes would fail too."""
     store.backend.watch.on_error = lambda exc: state.stop(storage_message(store.where, exc))

@@ -127,6 +127,7 @@ class Variants:
         self.decisions = decided(store.backend) if redo else {}
         self.held: frozenset[str] = frozenset()
         self.summary: RedoSummary | None = None
+        self._holding: set[str] = set()
 
     def units(self, units: Iterable[Unit]) -> Iterator[Unit]:
         """`units` with their variants, numbered in order from 0 (the same on every pass)."""
@@ -134,6 +135,7 @@ class Variants:
             yield from units
             return
         held: set[str] = set()
+        self._holding = held
         summary = RedoSummary() if self.redo else None
         index = 0
         for unit in units:
@@ -154,6 +156,11 @@ class Variants:
             index += 1
             yield unit
         self.held, self.summary = frozenset(held), summary
+
+    def holds(self, key: str) -> bool:
+        """Whether `key` is one the run must not send (`held`), as far as the pass under way has come: right
+        for every unit it has yielded, since a request's variants are weighed before its units come."""
+        return key in self._holding
 
 
 def with_variants(
