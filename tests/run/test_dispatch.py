@@ -5,7 +5,9 @@ adapts to 429s."""
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,45 @@ def test_a_large_run_records_one_task_run_per_batch_and_shares_its_slots(
     assert "sku-0000#0 .. sku-0002#0 (3)" in names
     # One limit for the whole run: more requests in flight than one batch holds, never more than asked.
     assert batch_size(rows) < peak_in_flight(service_env.requests()) <= concurrency
+
+
+def test_the_dispatcher_lets_go_of_each_batch_once_its_task_run_has_ended(
+    service_env: Any, tmp_path: Path, out: Path, monkeypatch: Any
+) -> None:
+    """A future keeps its done-callbacks, and so its batch and the batch's units: holding every task run's
+    future to the end held every unit of the run (a whole run's memory grew with its size). Each time a
+    batch is cut, the batches still alive must be the ones whose task run has not ended (or whose end is
+    queued), the one being admitted and the next one."""
+    from imagebatch.run import dispatch
+
+    live: weakref.WeakSet[Batch] = weakref.WeakSet()
+    dispatchers: list[dispatch.Dispatcher] = []
+    over: list[tuple[int, int]] = []
+    cut, run = dispatch.cut_batches, dispatch.Dispatcher.run
+
+    def tracked(units: Any, size: int) -> Any:
+        for batch in cut(units, size):
+            d = dispatchers[-1]
+            bound = len(d.running) + d.finished.qsize() + 3  # being admitted, the next, one put back
+            if len(live) > bound:
+                gc.collect()  # only what a cycle keeps is left to the collector
+                if len(live) > bound:
+                    over.append((len(live), bound))
+            live.add(batch)
+            yield batch
+
+    def running(self: dispatch.Dispatcher) -> int:
+        dispatchers.append(self)
+        return run(self)
+
+    monkeypatch.setattr(dispatch, "cut_batches", tracked)
+    monkeypatch.setattr(dispatch.Dispatcher, "run", running)
+    rows = 300  # batches of 3: 100 task runs
+    info = run_now(catalog(tmp_path / "m.csv", rows, "sku-"), out, concurrency=4, adaptive=False)
+
+    assert info["counts"]["succeeded"] == rows
+    assert info["prefect"]["task_runs"] == math.ceil(rows / batch_size(rows))
+    assert not over, f"batches kept alive past their task run (alive, bound): {over[:5]}"
 
 
 def test_a_small_run_keeps_one_task_run_per_request(service_env: Any, tmp_path: Path) -> None:
