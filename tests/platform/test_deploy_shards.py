@@ -425,3 +425,36 @@ def _written_once_into_the_bucket(
     assert "report.html" in objects and len([n for n in objects if n.startswith("thumbs/")]) == total
     sent = Counter(r["idempotency_key"] for r in requests)
     assert len(sent) == total and set(sent.values()) == {1}
+
+
+def test_a_shard_run_asked_for_twice_is_made_once(stacks: dict[str, Stack | None], tmp_path: Path) -> None:
+    """A shard's flow run is created under an idempotency key of the parent run and the shard: when the
+    client asks again after an answer it did not get (the SQLite server stalled), the server gives back
+    the same run. Before, the second ask made a second 'shard 0-of-2' run that nobody tracked, and the
+    worker started it once the sharded run had ended (it refused itself, but ran)."""
+    import time
+
+    from prefect import flow
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from imagebatch.run import shards
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    pool = "imagebatch-shard-once"
+    create_process_pool(stack.api, pool)  # no worker polls it: the runs made stay Scheduled
+    with EmulatorServer(EmulatorSettings(api_key=stack.emulator.api_key, seed=0)) as emulator:
+        deployment_id = _sharded_deploy(stack, tmp_path, pool, emulator, 3)
+
+    @flow(name="parent-asking-twice")
+    def parent() -> tuple[list[str], list[str]]:
+        ask = {0: {}, 1: {}}
+        first = shards._start(f"generate_from_manifest/{pool}", ask, 2, time.monotonic)
+        again = shards._start(f"generate_from_manifest/{pool}", ask, 2, time.monotonic)
+        return [str(s.run_id) for s in first], [str(s.run_id) for s in again]
+
+    with temporary_settings({PREFECT_API_URL: stack.api}):
+        first, again = parent()
+    assert first == again and len(set(first)) == 2
+    runs = stack.post("/flow_runs/filter", {"deployments": {"id": {"any_": [deployment_id]}}})
+    assert sorted(r["name"] for r in runs) == ["shard 0-of-2", "shard 1-of-2"]

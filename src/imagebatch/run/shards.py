@@ -183,9 +183,15 @@ def run_shards(
 def _start(
     deployment: str, parameters: dict[int, dict[str, Any]], shards: int, clock: Callable[[], float]
 ) -> list[_Shard]:
-    """The shard runs of `deployment`, created as sub-runs of this one (none started yet)."""
+    """The shard runs of `deployment`, created as sub-runs of this one (none started yet), each under an
+    idempotency key of this run and its shard: a creation Prefect's client asks again after an answer it
+    did not get (a server stalled under load) gives back the same run, never a second run of the shard
+    that nobody tracks and a worker would start once this run has ended."""
+    from prefect.context import FlowRunContext
     from prefect.deployments import run_deployment
 
+    context = FlowRunContext.get()
+    parent = context.flow_run.id if context is not None and context.flow_run is not None else None
     started = {
         i: run_deployment(
             deployment,
@@ -193,6 +199,7 @@ def _start(
             timeout=0,
             as_subflow=True,
             flow_run_name=f"shard {shard_name(i, shards)}",
+            idempotency_key=f"imagebatch-shard:{parent}:{i}" if parent else None,
         )
         for i, shard in parameters.items()
     }
