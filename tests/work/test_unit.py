@@ -71,6 +71,30 @@ def test_an_internal_error_after_the_attempt_started_is_unknown(
     assert h.service.count == 1
 
 
+def test_a_settled_unit_lets_go_of_its_started_keys_and_they_stay_counted(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run keeps which keys it started only for units in flight (a set of every key sent grew with
+    the run); how many it started (run.json's `sent`) counts them all, each key once."""
+    ctx = h.context()
+    cat, chain = h.unit(CAT), h.unit(CHAIN)
+    seen: list[bool] = []
+    release = ctx.state.started_keys.release
+
+    def released(keys: Any) -> None:
+        keys = list(keys)
+        seen.append(all(k in ctx.state.started_keys for k in keys))  # held until the unit settled
+        release(keys)
+
+    monkeypatch.setattr(ctx.state.started_keys, "release", released)
+    settle(ctx, cat)
+    settle(ctx, chain)
+    keys = [r.idempotency_key for u in (cat, chain) for r in u.requests]
+    assert seen == [True, True] and len(keys) > 2
+    assert len(ctx.state.started_keys) == len(set(keys))  # every turn of the chain counted, once
+    assert not any(k in ctx.state.started_keys for k in keys)  # none kept
+
+
 def test_an_internal_error_before_any_attempt_is_not_attempted(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:

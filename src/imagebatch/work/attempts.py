@@ -11,6 +11,7 @@ from imagebatch.work.store import OutputStore
 
 if TYPE_CHECKING:
     from imagebatch.manifest import PlannedRequest
+    from imagebatch.work.context import StartedKeys
 
 
 class NotJournaledError(OSError):
@@ -27,7 +28,7 @@ class AttemptJournal:
     (`earlier`: how many the journal already holds for this key), as results.csv counts them."""
 
     def __init__(
-        self, store: OutputStore, req: PlannedRequest, started_keys: set[str], earlier: int = 0
+        self, store: OutputStore, req: PlannedRequest, started_keys: StartedKeys, earlier: int = 0
     ) -> None:
         self.store = store
         self.started_keys = started_keys

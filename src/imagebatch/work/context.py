@@ -61,6 +61,36 @@ def _unit_key(req: PlannedRequest) -> tuple[str, int, int]:
     return req.job_id, req.request_index, req.variant
 
 
+class StartedKeys:
+    """The keys with an attempt started in this run: how many (run.json's `sent`), and which, for the units
+    not yet settled only. A settled unit's keys are let go (`release`): a set of every key a run sent grew
+    with the run, each key a small string kept among each request's short-lived allocations."""
+
+    def __init__(self) -> None:
+        self._keys: set[str] = set()
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def add(self, key: str) -> None:
+        """An attempt of `key` is starting (journaled): counted once, however many attempts it takes."""
+        with self._lock:
+            if key not in self._keys:
+                self._keys.add(key)
+                self._count += 1
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        """Keys started in this run, the released ones included."""
+        return self._count
+
+    def release(self, keys: Iterable[str]) -> None:
+        """Let go of a settled unit's keys (a key belongs to one unit: it is never started again)."""
+        with self._lock:
+            self._keys.difference_update(keys)
+
+
 @dataclass(eq=False)
 class RunState:
     """What a run's threads change as it sends: the halt, the keys attempted, the 429s seen, each unit's
@@ -72,8 +102,8 @@ class RunState:
     """Waits for this request's start under `--rpm` (`run.pacing.Pacer.wait`); None: no pacing."""
     halt: threading.Event = field(default_factory=threading.Event)
     halt_reason: str | None = None
-    started_keys: set[str] = field(default_factory=set)
-    """Keys with an attempt started in this run."""
+    started_keys: StartedKeys = field(default_factory=StartedKeys)
+    """Keys with an attempt started in this run (which ones, for units not yet settled)."""
     rate_limited: int = 0
     """HTTP 429 answers seen so far (every attempt): dispatch narrows its window on a new one."""
     _count_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -51,3 +51,4 @@ def settled(ctx: RunContext, unit: Unit) -> Iterator[list[RequestRecord]]:
             for req in unit.requests[len(out) :]
         ]
     ctx.state.results[unit.index] = out
+    ctx.state.started_keys.release(req.idempotency_key for req in unit.requests)
