@@ -82,3 +82,27 @@ def assert_fields(problems: list[Problem], expected: dict[str, str]) -> None:
     assert set(found) == set(expected), [str(p) for p in problems]
     for field, text in expected.items():
         assert text in found[field].message, str(found[field])
+
+
+def collide_and_count_readings(monkeypatch: Any, colliding_id: str) -> list[int]:
+    """Make `colliding_id`'s hash look already taken (a collision of two ids' hashes, too rare to meet by
+    chance) and count the manifest's readings: the returned list gets one item per reading."""
+    from imagebatch.manifest import textfile
+    from imagebatch.manifest.ids import IdHashes
+
+    add, real = IdHashes.add, textfile.TextBlocks.__iter__
+    reads: list[int] = []
+
+    def colliding(self: IdHashes, value: int) -> bool:
+        if value == (hash(colliding_id) or 1):
+            self.repeated.add(value)  # as if an earlier id had had this hash
+            return False
+        return add(self, value)
+
+    def counted(self: textfile.TextBlocks) -> Any:
+        reads.append(1)
+        return real(self)
+
+    monkeypatch.setattr(IdHashes, "add", colliding)
+    monkeypatch.setattr(textfile.TextBlocks, "__iter__", counted)
+    return reads

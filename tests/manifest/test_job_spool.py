@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.manifests import collide_and_count_readings
 
 from imagebatch.manifest import Job, Manifest, ManifestError, load_manifest, plan, spool, textfile
 from imagebatch.manifest.ids import IdHashes
@@ -152,23 +153,7 @@ def test_two_ids_of_one_hash_are_read_again_and_the_manifest_loads(
     """A collision of two different ids' hashes (too rare to meet by chance) costs a second reading."""
     path = tmp_path / "m.csv"
     path.write_text("id,prompt\n" + "".join(f"id-{i},a cat\n" for i in range(50)))
-    add = IdHashes.add
-    reads: list[int] = []
-
-    def colliding(self: IdHashes, value: int) -> bool:
-        if value == (hash("id-30") or 1):
-            self.repeated.add(value)  # as if an earlier id had had this hash
-            return False
-        return add(self, value)
-
-    monkeypatch.setattr(IdHashes, "add", colliding)
-    real = textfile.TextBlocks.__iter__
-
-    def counted(self: textfile.TextBlocks) -> Iterator[str]:
-        reads.append(1)
-        return real(self)
-
-    monkeypatch.setattr(textfile.TextBlocks, "__iter__", counted)
+    reads = collide_and_count_readings(monkeypatch, "id-30")
     manifest = load_manifest(path)
     assert ids(manifest.jobs) == [f"id-{i}" for i in range(50)]
     assert len(reads) == 2

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import openpyxl
 import pytest
+from helpers.manifests import collide_and_count_readings
 
 from imagebatch.manifest import (
     ManifestError,
@@ -18,10 +19,8 @@ from imagebatch.manifest import (
     plan,
     summarise,
     summarise_manifest,
-    textfile,
 )
 from imagebatch.manifest import shapes as shapes_module
-from imagebatch.manifest.ids import IdHashes
 
 HEADER = ["id", "route", "model", "aspect_ratio", "image_size", "size", "reference_images", "mask", "count"]
 HEADER += ["max_images", "max_tokens", "colour", "sku", "prompt"]
@@ -175,23 +174,7 @@ def test_a_summary_read_twice_for_two_ids_of_one_hash_counts_each_job_once(
 ) -> None:
     path = tmp_path / "m.csv"
     path.write_text("id,prompt,count\n" + "".join(f"id-{i},a cat,2\n" for i in range(50)))
-    add = IdHashes.add
-    reads: list[int] = []
-
-    def colliding(self: IdHashes, value: int) -> bool:
-        if value == (hash("id-30") or 1):
-            self.repeated.add(value)  # as if an earlier id had had this hash
-            return False
-        return add(self, value)
-
-    monkeypatch.setattr(IdHashes, "add", colliding)
-    real = textfile.TextBlocks.__iter__
-
-    def counted(self: textfile.TextBlocks) -> Iterator[str]:
-        reads.append(1)
-        return real(self)
-
-    monkeypatch.setattr(textfile.TextBlocks, "__iter__", counted)
+    reads = collide_and_count_readings(monkeypatch, "id-30")
     summary = summarise_manifest(path)
     assert len(reads) == 2
     assert (summary.plan.jobs, summary.plan.requests) == (50, 100)
