@@ -10,7 +10,7 @@ from typing import Any
 from imagebatch.storage import layout
 from imagebatch.storage.csvcells import read_csv
 from imagebatch.work.store import OutputStore, RequestRecord
-from imagebatch.work.usage import DURATION_VALUES, percentile, summarise_usage, usage_csv
+from imagebatch.work.usage import DURATION_VALUES, DistinctKeys, percentile, summarise_usage, usage_csv
 
 
 def attempt(key: str, route: str, model: str, outcome: str, **extra: Any) -> dict[str, Any]:
@@ -107,3 +107,41 @@ def test_few_distinct_durations_keep_exact_percentiles_and_repeated_keys_count_o
     durations = [(i % 7) * 0.25 for i in range(1000)]
     assert (row.latency_p50_s, row.latency_p95_s) == (percentile(durations, 0.5), percentile(durations, 0.95))
     assert (row.requests, row.attempts) == (50, 1000)
+
+
+def test_distinct_keys_past_the_buffer_are_counted_once_whichever_side_of_a_spill_they_came(
+    monkeypatch: Any,
+) -> None:
+    """Keys repeated across the set's spills into the SQLite file, and within each, count once."""
+    monkeypatch.setattr(DistinctKeys, "BUFFER", 7)
+    keys = DistinctKeys()
+    for i in range(100):
+        keys.add(f"k{i % 31}")  # 31 distinct keys over 14 spills, each key added 3 or 4 times
+    assert len(keys) == 31
+    keys.add("k0")
+    keys.add("new")
+    assert len(keys) == 32  # counted again after a count: the set spilled, the file kept
+    ledger = [attempt(f"k{i % 40}", "native", "m", "ok") for i in range(120)]
+    ledger += [attempt(f"k{i}", "images_generations", "c", "ok") for i in range(9)]
+    rows = {row.route: row for row in summarise_usage(ledger)}
+    assert (rows["native"].requests, rows["native"].attempts) == (40, 120)
+    assert (rows["images_generations"].requests, rows["images_generations"].attempts) == (9, 9)
+    assert "_keys" not in rows["native"].to_dict()
+
+
+def test_the_summary_of_a_large_ledger_holds_a_bounded_part_of_its_keys_in_memory(monkeypatch: Any) -> None:
+    """60,000 distinct keys, 12 buffers' worth: their digests in one set would hold about 4 MB; past the
+    buffer they go to disk, so what Python holds at any time stays near one buffer's worth."""
+    import tracemalloc
+
+    monkeypatch.setattr(DistinctKeys, "BUFFER", 5_000)
+    n = 60_000
+    ledger = ({"idempotency_key": f"ib1-{i:032x}", "route": "native", "model": "m"} for i in range(n))
+    tracemalloc.start()
+    try:
+        [row] = summarise_usage(ledger)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert row.requests == n
+    assert peak < 2 * 2**20, f"peak {peak / 2**20:.1f} MiB"

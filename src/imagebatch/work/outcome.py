@@ -25,15 +25,18 @@ def request_counts(records: Iterable[RequestRecord]) -> tuple[Counter[str], int]
     """The records' statuses, counted for the verdict, and how many were left out: a variant that is not
     done is left out when its request has a newer variant (`--redo no_image` made one: the request is what
     its newest variant is, so a nightly rerun after the redo is not failed by the old answer). Two passes
-    over `records` (a run's are read back from its spool)."""
+    over `records` (a run's are read back from its spool); only requests with a variant past the first are
+    remembered between them (a plain run's records hold none: its memory does not grow with its size)."""
     newest: dict[tuple[str, int, int], int] = {}
     for r in records:
-        request = (r.job_id, r.request_index, r.turn_index)
-        newest[request] = max(newest.get(request, 1), r.variant)
+        if r.variant > 1:
+            request = (r.job_id, r.request_index, r.turn_index)
+            newest[request] = max(newest.get(request, 1), r.variant)
     counts: Counter[str] = Counter()
     superseded = 0
     for r in records:
-        if r.status in NOT_DONE and r.variant < newest[(r.job_id, r.request_index, r.turn_index)]:
+        newer = newest.get((r.job_id, r.request_index, r.turn_index), 1) if newest else 1
+        if r.status in NOT_DONE and r.variant < newer:
             superseded += 1
         else:
             counts[r.status] += 1

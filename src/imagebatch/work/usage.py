@@ -14,11 +14,12 @@ import io
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from imagebatch.storage.csvcells import write_csv
 from imagebatch.work.request_record import RequestRecord
+from imagebatch.work.stateindex import StateFile
 
 INPUT_TOKENS = ("promptTokenCount", "prompt_tokens", "input_tokens")
 OUTPUT_TOKENS = ("candidatesTokenCount", "completion_tokens", "output_tokens")
@@ -30,6 +31,36 @@ COLUMNS = (
     "route", "model", "requests", "attempts", "images", "unknown",
     "input_tokens", "output_tokens", "total_tokens", "latency_p50_s", "latency_p95_s",
 )  # fmt: skip
+
+
+class DistinctKeys:
+    """How many distinct keys were added, in bounded memory: a 64-bit digest of each (`key_digest`) in a
+    set until `BUFFER` of them, then in a nameless SQLite file in the machine's temporary folder
+    (`work.stateindex.StateFile`), so that the ledger of a folder of any size is counted in the same memory
+    (a set of a million digests is about 60 MB)."""
+
+    BUFFER = 50_000
+
+    def __init__(self) -> None:
+        self._recent: set[int] = set()
+        self._file: StateFile[bytes] | None = None
+
+    def add(self, key: object) -> None:
+        self._recent.add(key_digest(key))
+        if len(self._recent) >= self.BUFFER:
+            self._spill()
+
+    def _spill(self) -> None:
+        if self._file is None:
+            self._file = StateFile(None, bytes, bytes)
+        self._file.put((str(digest), b"") for digest in self._recent)
+        self._recent = set()
+
+    def __len__(self) -> int:
+        if self._file is None:
+            return len(self._recent)
+        self._spill()
+        return self._file.count()
 
 
 @dataclass
@@ -51,8 +82,8 @@ class UsageRow:
     total_tokens: int | None = None
     latency_p50_s: float | None = None
     latency_p95_s: float | None = None
-    _keys: set[int] = field(default_factory=set, repr=False)
-    """A 64-bit digest of each key seen (`key_digest`): the one state that grows with the ledger."""
+    _keys: DistinctKeys = field(default_factory=lambda: DistinctKeys(), repr=False)
+    """The distinct keys seen: the one state that grows with the ledger, bounded in memory."""
     _durations: Counter[float] = field(default_factory=Counter, repr=False)
     """How many attempts took each duration (`add_duration`): bounded by `DURATION_VALUES`."""
 
@@ -71,7 +102,7 @@ class UsageRow:
     _decimals: int = field(default=4, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
 
 
 def _first(usage: dict[str, Any], names: tuple[str, ...]) -> int | None:
@@ -132,7 +163,7 @@ def summarise_usage(
         route, model = str(line.get("route")), str(line.get("model"))
         r = row(route, model)
         r.attempts += 1
-        r._keys.add(key_digest(line.get("idempotency_key")))
+        r._keys.add(line.get("idempotency_key"))
         if isinstance(line.get("duration_s"), int | float):
             r.add_duration(float(line["duration_s"]))
         if line.get("outcome") == "ok":
