@@ -298,8 +298,9 @@ MODES = {"local": run_local, "s3": run_s3, "shards": run_shards}
 
 @contextmanager
 def started(args: argparse.Namespace, tmp: Path) -> Iterator[Context]:
-    """The emulator (render cache warmed) and a running Prefect server (SQLite), with the process pool."""
-    with emulator(args, args.latency, tmp) as emu, prefect_server(tmp / "prefect", "sqlite") as server:
+    """The emulator (render cache warmed) and a running Prefect server (`--database`), with the process
+    pool."""
+    with emulator(args, args.latency, tmp) as emu, prefect_server(tmp / "prefect", args.database) as server:
         if "shards" in args.modes:
             create_process_pool(server.info.api_url, POOL)
         yield Context(tmp, emu, server)
@@ -337,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=2, help="`imagebatch worker` processes (shards)")
     parser.add_argument("--timeout", type=float, default=6 * 3600, help="seconds a sharded run may take")
     parser.add_argument("--tmp", help="where the bench's folder goes (default: the system's temp)")
+    database = "the Prefect server's database: a sharded run of 50,000+ can wedge SQLite (docs: PostgreSQL)"
+    parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite", help=database)
     parser.set_defaults(jpeg_rate=0.0, thought_image_rate=0.0)
     return parser
 
