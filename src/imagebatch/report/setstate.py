@@ -75,6 +75,22 @@ def review_counts(
     return Counter(review_state(decisions.get(key), key in replaced) for key in keys), replaced
 
 
+def review_states(rows: Iterable[Mapping[str, str]], decisions: Mapping[str, Decision]) -> Counter[str]:
+    """`review_counts`' count, in memory that does not grow with the rows: `rows` is walked twice (an
+    iterable made anew on each walk, as a run's records read back from its spool), and only the requests
+    with a variant past the first are remembered between the walks."""
+    newest: dict[tuple[str, str, str], int] = {}
+    for row in rows:
+        if (variant := variant_number(row)) > 1:
+            request = request_of(row)
+            newest[request] = max(newest.get(request, 1), variant)
+    counts: Counter[str] = Counter()
+    for row in rows:
+        replaced = bool(newest) and variant_number(row) < newest.get(request_of(row), 1)
+        counts[review_state(decisions.get(row["idempotency_key"]), replaced)] += 1
+    return counts
+
+
 def set_counts(rows: Iterable[Mapping[str, str]]) -> Counter[str]:
     """The set's requests by status, each request counted once (its best variant, above)."""
     best: dict[tuple[str, str, str], tuple[bool, int, str]] = {}

@@ -26,7 +26,7 @@ import contextlib
 import os
 import re
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -102,15 +102,26 @@ def review_line(out: str, records: Iterable[RequestRecord]) -> str:
     """`**Review:** 12 open (10 unreviewed, 2 rejected) · 40 approved · 3 redone`: the decisions in force
     in the output location `out` on the images of `records`, by the report's rule (`report.setstate`: a
     rejected image a newer variant replaced is redone, no longer open)."""
-    from imagebatch.report.html import reviewable
-    from imagebatch.report.setstate import review_counts
     from imagebatch.report.setstate import review_line as states_line
+    from imagebatch.report.setstate import review_states
     from imagebatch.storage.kinds import open_location
     from imagebatch.work.decisions import decided
 
-    rows = (row for row in (record.to_row() for record in records) if reviewable(row))
-    states, _ = review_counts(rows, decided(open_location(out)))
+    states = review_states(_ReviewableRows(records), decided(open_location(out)))
     return f"**Review:** {states_line(states)} (`imagebatch review {out}` opens them in a browser)."
+
+
+class _ReviewableRows:
+    """The rows of `records` with an image to judge, made anew on each walk (the records read back from
+    the run's spool each time, never all held)."""
+
+    def __init__(self, records: Iterable[RequestRecord]) -> None:
+        self.records = records
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        from imagebatch.report.html import reviewable
+
+        return (row for row in (record.to_row() for record in self.records) if reviewable(row))
 
 
 def report_markdown(
