@@ -179,7 +179,6 @@ def running_prefect_server(
     *,
     extra_env: Mapping[str, str] | None = None,
     stop_grace: float = 5.0,
-    ready_database: bool = True,
 ) -> Iterator[PrefectServer]:
     """Start `prefect server start` on a free loopback port with PREFECT_HOME=`home` (SQLite in `home`
     unless `database_url` names another database), wait for `/health`, yield it, stop its process group.
@@ -187,18 +186,9 @@ def running_prefect_server(
     The UI is off (faster to start; the API is all a test needs). `extra_env` adds Prefect settings, e.g.
     `{"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}`. Its stdout and stderr go to
     `home/server.log`.
-
-    `ready_database`: a SQLite server's empty home first gets the database imagebatch ships for its own
-    temporary server (`platform.prefect_template`: what this Prefect's migrations and block registration
-    build, checked by tests/platform/test_prefect_template.py), so the server starts at Alembic's head
-    instead of running every migration. It is the same server with the same records; only the start is
-    shorter: 12 against 18-21 CPU s and 14-20 against 29-34 s to healthy, alternated at load 8-9 on the
-    2-core test machine. Pass False for a home Prefect must build itself.
     """
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
-    if ready_database and database_url is None:
-        _seed_from_template(home, extra_env)
     for _ in range(3):  # a port another test process took between `free_port` and the bind: again
         process, api_url = _start_server(home, database_url, extra_env)
         try:
@@ -217,14 +207,6 @@ def running_prefect_server(
         yield PrefectServer(api_url=api_url, pid=process.pid, home=home, log_path=home / "server.log")
     finally:
         stop_process_group(process, stop_grace)
-
-
-def _seed_from_template(home: Path, extra_env: Mapping[str, str] | None) -> None:
-    """The shipped template copied into `home` when it holds no database yet and `extra_env` names no
-    other database (`seed_database` decides, as for `imagebatch run`'s temporary server)."""
-    from imagebatch.platform.prefect_template import seed_database
-
-    seed_database({"PREFECT_HOME": str(home), **(extra_env or {})})
 
 
 def _start_server(
