@@ -122,6 +122,26 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, _interrupted)
 
 
+def pytest_report_header() -> str | None:
+    """A line at the top of the run when Prefect has no bytecode and Python will write none
+    (PYTHONDONTWRITEBYTECODE=1, as on these machines, after a `uv sync` without `--compile-bytecode`):
+    then every Python process the tests start (servers, workers, flow runs, commands) compiles Prefect
+    again: importing the flow took 4.4 CPU s against 2.1 compiled, and a run of the whole suite starts
+    hundreds of such processes. CI compiles at install (.ci/run); a slow local run says why here."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("prefect")
+    if not sys.dont_write_bytecode or spec is None or spec.origin is None:
+        return None
+    if os.path.exists(importlib.util.cache_from_source(spec.origin)):
+        return None
+    return (
+        "Prefect's bytecode is not compiled and PYTHONDONTWRITEBYTECODE is set: every Python process the "
+        "tests start compiles it again (about 2 CPU s each); `uv sync --locked --compile-bytecode` once "
+        "makes the suite quicker"
+    )
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """After the fixtures' teardown (in every xdist worker too): the servers and workers the helpers

@@ -2,9 +2,10 @@
 `prefect server start` (SQLite in a temporary PREFECT_HOME and, where PostgreSQL is installed, PostgreSQL),
 an emulator with a key of its own and a `prefect worker start` process on a process work pool holding that
 key (the only way the key reaches the runs). A module imports the fixtures `stacks` and `stack` (one
-stack per database for the module, both started at once: `started_stacks`, `each_stack`) and
-`prefect_harness` (`no_session_harness`), which replaces the session's Prefect test harness: nothing there
-talks to Prefect except through the servers started here.
+stack per database for the module, started at once: `started_stacks`, `each_stack`; the module's
+`STACK_BACKENDS` may name fewer databases than both) and `prefect_harness` (`no_session_harness`), which
+replaces the session's Prefect test harness: nothing there talks to Prefect except through the servers
+started here.
 """
 
 from __future__ import annotations
@@ -124,19 +125,25 @@ def running_stack(backend: str, home: Path) -> Iterator[Stack | None]:
 
 
 @pytest.fixture(scope="module", name="stacks")
-def started_stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Stack | None]]:
-    """Both stacks, started at once (each takes 15-25 s, mostly the server's start and migrations)."""
+def started_stacks(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Stack | None]]:
+    """The module's stacks, started at once (each takes 15-25 s, mostly the server's start): one per
+    database in the module's `STACK_BACKENDS` (default: both). A module whose tests all run on SQLite
+    says `STACK_BACKENDS = ("sqlite",)`: a PostgreSQL server and its worker none of them use would start,
+    poll and stop for the whole module (on a 2-core machine their CPU is the other tests' time)."""
+    backends = tuple(getattr(request.module, "STACK_BACKENDS", BACKENDS))
     # The folders are made here, not in the threads: two first calls of `mktemp` at once race in pytest's
     # making of its base folder (with `--basetemp`, one removes what the other just made).
-    homes = {backend: tmp_path_factory.mktemp(f"prefect-{backend}") for backend in BACKENDS}
+    homes = {backend: tmp_path_factory.mktemp(f"prefect-{backend}") for backend in backends}
     with ExitStack() as cleanup:
 
         def enter(backend: str) -> tuple[AbstractContextManager[Stack | None], Stack | None]:
             manager = running_stack(backend, homes[backend])
             return manager, manager.__enter__()
 
-        with ThreadPoolExecutor(len(BACKENDS)) as pool:
-            futures = {backend: pool.submit(enter, backend) for backend in BACKENDS}
+        with ThreadPoolExecutor(len(backends)) as pool:
+            futures = {backend: pool.submit(enter, backend) for backend in backends}
         started: dict[str, Stack | None] = {}
         errors = []
         for backend, future in futures.items():

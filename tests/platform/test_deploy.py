@@ -1,6 +1,6 @@
 """`imagebatch deploy` against real Prefect components started here (`helpers.prefect_stack`: a server per
 database, an emulator, a process worker), running deployments against an emulator over HTTP; the sharded
-runs are in test_deploy_shards.py.
+runs are in test_deploy_shards.py and test_deploy_shards_slots.py.
 
 `imagebatch deploy` runs in this process under `temporary_settings` pointing at the stack's server; the
 server is read over its REST API.

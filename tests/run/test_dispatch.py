@@ -112,7 +112,9 @@ def test_the_dispatcher_lets_go_of_each_batch_once_its_task_run_has_ended(
 
     monkeypatch.setattr(dispatch, "cut_batches", tracked)
     monkeypatch.setattr(dispatch.Dispatcher, "run", running)
-    rows = 300  # batches of 3: 100 task runs
+    # Batches of 2 units (`batch_size`): 51 task runs. A run that keeps every batch is caught from about
+    # its ninth (alive 9 against a bound of 7), as it was with 300 rows in batches of 3.
+    rows = 101
     info = run_now(catalog(tmp_path / "m.csv", rows, "sku-"), out, concurrency=4, adaptive=False)
 
     assert info["counts"]["succeeded"] == rows

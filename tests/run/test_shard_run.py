@@ -1,5 +1,5 @@
 """One shard of a sharded run, run here on the session's emulator (the parent, its workers and the merge:
-tests/platform/test_deploy_shards.py): the counts it ends with are its own units' records."""
+tests/platform/test_deploy_shards*.py): the counts it ends with are its own units' records."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`run.shards`' plan of a sharded run, without Prefect: which shards have something to send, and the
-parameters of those alone (the runs themselves: tests/platform/test_deploy_shards.py)."""
+parameters of those alone (the runs themselves: tests/platform/test_deploy_shards*.py)."""
 
 from __future__ import annotations
 
