@@ -99,8 +99,9 @@ def test_a_rerun_settled_from_a_seal_of_30000_paths_holds_a_bounded_share_of_mem
         tracemalloc.stop()
     assert info is not None and info["counts"]["skipped"] == 30_000
     assert _written(out) == written  # settled from the seal: every path of it was looked up
-    # The seal's 30,000 paths held at once take about 4 MiB (their strings, their list, the seal's bytes).
-    assert peak < 1.5 * 2**20, f"the rerun settled from the seal peaked at {peak / 2**20:.1f} MiB"
+    # Flat: 1.8 MiB here with a seal of 5,000 paths or of 30,000. The 30,000 paths held at once would be
+    # about 4 MiB more (their strings, their list, the seal's bytes read whole).
+    assert peak < 3 * 2**20, f"the rerun settled from the seal peaked at {peak / 2**20:.1f} MiB"
 
 
 def _old_format(out: Path) -> None:
