@@ -54,10 +54,11 @@ def _finished(tmp_path: Path, rows: int) -> tuple[Path, Path]:
                       "paths": [path], "images": 1, "width": 1024, "height": 1024, "mime_type": "image/png",
                       "attempts": 1, "finish_reason": "STOP", "error": None, "request_id": "req_" + key[4:36],
                       "http_status": None, "variant": 1}  # fmt: skip
-            finished = {"duration_s": 1.0, "outcome": "ok", "error_code": None, "request_id": "req_" + key[4:36],
-                        "images": 1, "retry_in": None}  # fmt: skip
-            for line in ({"event": "attempt_started", **ids}, {"event": "attempt_finished", **ids, **finished},
-                         {"event": "answered", **record}, {"event": "outcome", **record}):  # fmt: skip
+            finished = {"duration_s": 1.0, "outcome": "ok", "error_code": None, "images": 1,
+                        "request_id": "req_" + key[4:36], "retry_in": None}  # fmt: skip
+            lines = [{"event": "attempt_started", **ids}, {"event": "attempt_finished", **ids, **finished},
+                     {"event": "answered", **record}, {"event": "outcome", **record}]  # fmt: skip
+            for line in lines:
                 journal.write(json.dumps(line) + "\n")
             (out / path).parent.mkdir(exist_ok=True)
             os.link(image, out / path)
@@ -133,7 +134,7 @@ def _count(change: int) -> Callable[[Path], None]:
 
 def _not_a_string(path: bytes) -> Callable[[Path], None]:
     def replaced(out: Path) -> None:
-        header, first, *rest = _seal(out)
+        header, _, *rest = _seal(out)
         (out / layout.SETTLED).write_bytes(b"".join([header, path + b"\n", *rest]))
 
     return replaced
