@@ -21,7 +21,7 @@ from imagebatch.options import RunOptions
 from imagebatch.run.outputs import run_info, write_files
 from imagebatch.run.plan import RunPlan
 from imagebatch.run.preflight import Preflight, key_source
-from imagebatch.run.settled import NOT_STARTED, PlanDigest, leave_seal, settle_from_seal
+from imagebatch.run.settled import NOT_STARTED, PathSpool, PlanDigest, leave_seal, settle_from_seal
 from imagebatch.work.context import RunContext, RunState, sends
 from imagebatch.work.redo import redo_kinds
 from imagebatch.work.spool import RecordSpool
@@ -69,15 +69,16 @@ def _settle(checked: Preflight, store: OutputStore, options: RunOptions) -> dict
                      key_source=key_source(options.service.api_key_secret_block), thumbnails=report,
                      held=variants.held)  # fmt: skip
     results = RecordSpool(store.backend.spool_folder)
-    digest, paths = PlanDigest(checked.manifest.metadata_columns), []
+    digest, paths = PlanDigest(checked.manifest.metadata_columns), PathSpool(store.backend.spool_folder)
     try:
         for unit in plan:  # recorded as they come, until the first request to send
             if sends(unit, ctx.decision):
                 return None
             results[unit.index] = records = run_unit(ctx, unit)
             digest.add(unit)
-            paths += [path for r in records for path in r.paths]
             sealed = sealed and all(r.status != "unknown" for r in records)
+            if sealed:  # the files the seal names, kept on disk: never a list of them
+                paths.add(path for r in records for path in r.paths)
         info = run_info(checked, plan.requests, options)  # as the flow records them (flows.batch)
         info["sent"] = 0
         if variants.summary is not None:
@@ -87,5 +88,6 @@ def _settle(checked: Preflight, store: OutputStore, options: RunOptions) -> dict
             leave_seal(checked, options, store, digest.hexdigest(), paths, info)
         return info
     finally:
+        paths.close()
         results.close()
         ctx.state.results.close()

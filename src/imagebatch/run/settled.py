@@ -17,8 +17,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Iterable
-from typing import Any
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import imagebatch
 from imagebatch.options import RunOptions
@@ -31,7 +34,11 @@ from imagebatch.work.store import OutputStore
 
 NOT_STARTED = {"flow_run_id": None, "task_runs": 0, "started": False}
 """What run.json says of Prefect for a run settled without it (`run.nothing_to_send`)."""
-SEAL_FORMAT = 1
+SEAL_FORMAT = 2
+"""The seal's layout: JSON Lines, a header (`settled_on`, `info`, the number of paths), then one JSON
+string a path. A seal of another format is not trusted (the rerun settles in full and leaves a new one)."""
+CHUNK = 1000
+"""How many of the seal's paths are looked up at once: memory holds that many, whatever the run's size."""
 CARRIED = ("requests", "usage", "spend", "rate_limited", "counts", "superseded")
 """What run.json says of the records, carried from the seal into a rerun settled from it."""
 
@@ -50,6 +57,55 @@ class PlanDigest:
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
+
+
+class PathSpool:
+    """The files a rerun being settled in full names, one JSON string a line in a nameless temporary file
+    (in `folder`, else the machine's temporary folder) as they come, for the seal: a 500,000-request
+    rerun's paths would be tens of megabytes in memory. A file that cannot be made or written only means
+    no seal (`broken`). `close` drops the file."""
+
+    def __init__(self, folder: Path) -> None:
+        self.count = 0
+        self.broken = False
+        self._fh: BinaryIO | None = None
+        try:
+            self._fh = _nameless(folder)
+        except OSError:
+            self.broken = True
+
+    def add(self, paths: Iterable[str]) -> None:
+        """Keep `paths`, after those kept so far."""
+        if self._fh is None or self.broken:
+            return
+        lines = [json.dumps(path).encode() + b"\n" for path in paths]
+        try:
+            self._fh.writelines(lines)
+        except OSError:
+            self.broken = True
+        self.count += len(lines)
+
+    def copy_to(self, out: BinaryIO) -> None:
+        """Write every path kept, in order, to `out`."""
+        if self._fh is None or self.broken:
+            raise OSError("the seal's paths were not all kept")
+        self._fh.flush()
+        self._fh.seek(0)
+        shutil.copyfileobj(self._fh, out)
+
+    def close(self) -> None:
+        """Drop the file (its paths with it)."""
+        if self._fh is not None:
+            self._fh.close()
+
+
+def _nameless(folder: Path) -> BinaryIO:
+    """A file with no name (gone when closed, or when the process dies) in `folder`, else in the
+    machine's temporary folder (a location this user may only read, or none on this disk)."""
+    with contextlib.suppress(OSError):
+        if folder.is_dir():
+            return tempfile.TemporaryFile(dir=folder, prefix=".imagebatch-seal-")
+    return tempfile.TemporaryFile(prefix="imagebatch-seal-")
 
 
 def settled_on(
@@ -75,58 +131,93 @@ def leave_seal(
     options: RunOptions,
     store: OutputStore,
     plan_digest: str,
-    paths: list[str],
+    paths: PathSpool,
     info: dict[str, Any],
 ) -> None:
     """Write the seal of a rerun just settled in full (its records written: a record not written leaves
-    none). Best effort: a seal not written only means the next rerun is settled in full."""
-    if info.get("unwritten"):
+    none), streamed: its header, then the paths from their spool. Best effort: a seal not written only
+    means the next rerun is settled in full."""
+    if info.get("unwritten") or paths.broken:
         return
-    seal = {
+    header = {
         "settled_on": settled_on(checked, options, store, plan_digest),
-        "paths": paths,
         "info": {name: info[name] for name in CARRIED if name in info},
+        "paths": paths.count,
     }
-    with contextlib.suppress(OSError):
-        store.backend.put(layout.SETTLED, json.dumps(seal, separators=(",", ":")).encode())
+    with contextlib.suppress(OSError), store.backend.replacing(layout.SETTLED) as out:
+        out.write(json.dumps(header, separators=(",", ":")).encode() + b"\n")
+        paths.copy_to(out)
 
 
 def settle_from_seal(checked: Preflight, options: RunOptions, store: OutputStore) -> dict[str, Any] | None:
     """The run's summary, run.json (and the report) written, if the seal still holds; else None (settle
-    in full). The cheap checks first (the records' stamp, the options), then one pass of the plan, then
-    the files. `--redo` and `--edit` never settle from it (they read review decisions)."""
+    in full). The cheap checks first (the seal's header: the records' stamp, the options), then one pass
+    of the plan, then the files, `CHUNK` paths at a time as the seal is read. `--redo` and `--edit` never
+    settle from it (they read review decisions)."""
     resend = options.resend
     if resend.redo is not None or resend.edit:
         return None
-    seal = _read_seal(store)
-    if seal is None:
+    header = _header(store)
+    if header is None:
         return None
-    expected = seal["settled_on"]
+    expected = header["settled_on"]
     if settled_on(checked, options, store, expected.get("plan", "")) != expected:
         return None
     plan = RunPlan(checked.manifest.jobs)
     digest = PlanDigest(checked.manifest.metadata_columns)
     for unit in plan:
         digest.add(unit)
-    if digest.hexdigest() != expected["plan"] or not store.backend.files_exist(seal["paths"], True):
+    if digest.hexdigest() != expected["plan"] or not _files_there(store, header):
         return None
-    info = run_info(checked, seal["info"]["requests"], options) | seal["info"]
+    info = run_info(checked, header["info"]["requests"], options) | header["info"]
     info["sent"] = 0
     return write_summary(store, plan, info, None, options.outcome.report, dict(NOT_STARTED), [])
 
 
-def _read_seal(store: OutputStore) -> dict[str, Any] | None:
-    """The seal, or None when there is none or it is not one this code wrote."""
+def _header(store: OutputStore) -> dict[str, Any] | None:
+    """The seal's header (its first line), or None when there is no seal or it is not one this code
+    wrote. Only that line is read."""
     try:
-        data = store.backend.get(layout.SETTLED)
-        seal = json.loads(data) if data is not None else None
+        with contextlib.closing(store.backend.read_lines(layout.SETTLED)) as lines:
+            first = next(lines, None)
+        header = json.loads(first) if first is not None else None
     except (OSError, ValueError):
         return None
-    if not isinstance(seal, dict) or not isinstance(seal.get("settled_on"), dict):
+    if not isinstance(header, dict) or not isinstance(header.get("settled_on"), dict):
         return None
-    paths, info = seal.get("paths"), seal.get("info")
-    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+    count, info = header.get("paths"), header.get("info")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         return None
     if not isinstance(info, dict) or not isinstance(info.get("requests"), int):
         return None
-    return seal
+    return header
+
+
+def _files_there(store: OutputStore, header: dict[str, Any]) -> bool:
+    """Whether the seal still begins with `header` and then names exactly as many paths as it says, each
+    a string and each file there: read again as a stream, looked up `CHUNK` at a time."""
+    try:
+        with contextlib.closing(store.backend.read_lines(layout.SETTLED)) as lines:
+            first = next(lines, None)
+            if first is None or json.loads(first) != header:
+                return False
+            return _all_there(store, lines, header["paths"])
+    except (OSError, ValueError):
+        return False
+
+
+def _all_there(store: OutputStore, lines: Iterator[bytes], count: int) -> bool:
+    """Whether `lines` are `count` JSON strings naming files that are all there (ValueError for a line
+    that is not JSON)."""
+    seen, chunk = 0, []
+    for line in lines:
+        path = json.loads(line)
+        seen += 1
+        if not isinstance(path, str) or seen > count:
+            return False
+        chunk.append(path)
+        if len(chunk) == CHUNK:
+            if not store.backend.files_exist(chunk, True):
+                return False
+            chunk = []
+    return seen == count and store.backend.files_exist(chunk, True)

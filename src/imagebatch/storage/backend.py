@@ -7,7 +7,7 @@ rename or a multipart upload) is a method here, so nothing above storage/ asks w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -141,6 +141,12 @@ class Backend(Location, Protocol):
     def replacing(self, name: str) -> AbstractContextManager[BinaryIO]:
         """A binary file to write `name` into, row by row, never whole in memory: it replaces `name`
         whole when the block ends, or not at all if the block raises."""
+
+    def read_lines(self, name: str) -> Generator[bytes, None, None]:
+        """The lines of the file `name` (without their newlines), read as a stream, never whole in memory
+        (a folder reads the file, a bucket streams the object); none if it is not there. A line over
+        `storage.bounded.MAX_RECORD_LINE_BYTES` is refused (`RecordError`); a folder's last line without
+        its newline (a write cut short) is left out. Close the iterator to stop reading early."""
 
     def put_derived(self, name: str, data: bytes) -> None:
         """Write a file made from others (a thumbnail), best effort: not synced, a failure ignored (its

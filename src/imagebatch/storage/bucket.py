@@ -12,7 +12,7 @@ import os
 import secrets
 import tempfile
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -24,7 +24,7 @@ from imagebatch.storage.bucketfiles import BucketFiles
 from imagebatch.storage.lease import LEASE_SECONDS, Lease, ParentLease, lease_holder, live_lease
 from imagebatch.storage.location import RUN
 from imagebatch.storage.objectstore import READ_THREADS, ObjectLocation
-from imagebatch.storage.segments import JOURNAL, SegmentJournal, next_run, read_journal
+from imagebatch.storage.segments import JOURNAL, SegmentJournal, next_run, read_journal, stream_lines
 
 USAGE_EVENT = "usage"
 """The `event` of a usage line among the journal's."""
@@ -183,6 +183,11 @@ class BucketBackend(BucketFiles):
             yield spool
             spool.seek(0)
             self.put_stream(name, spool)
+
+    def read_lines(self, name: str) -> Generator[bytes, None, None]:
+        if (chunks := self.get_stream(name)) is not None:
+            for _, raw in stream_lines(chunks, f"{self.url}/{name}"):
+                yield raw
 
     def put_derived(self, name: str, data: bytes) -> None:
         with contextlib.suppress(OSError):

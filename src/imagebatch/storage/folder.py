@@ -10,7 +10,7 @@ import fcntl
 import os
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -197,6 +197,10 @@ class FolderBackend(FolderFiles):
 
     def replacing(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
         return atomic_file(confined(self.root, name))
+
+    def read_lines(self, name: str) -> Generator[bytes, None, None]:
+        for _, raw in record_lines(self.root / name):
+            yield raw.rstrip(b"\n")
 
     def put_derived(self, name: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
