@@ -87,8 +87,8 @@ def _is_current_seal(out: Path, paths: int) -> bool:
     return settled["settled_on"]["format"] == SEAL_FORMAT and settled["paths"] == paths == len(lines)
 
 
-def test_a_rerun_settled_from_a_seal_of_30000_paths_holds_a_bounded_share_of_memory(tmp_path: Path) -> None:
-    manifest, out = _finished(tmp_path, 30_000)
+def test_a_rerun_settled_from_a_seal_of_15000_paths_holds_a_bounded_share_of_memory(tmp_path: Path) -> None:
+    manifest, out = _finished(tmp_path, 15_000)
     _settle(manifest, out)  # in full: leaves the seal
     checked, written = preflight(manifest, out, OPTIONS), _written(out)
     tracemalloc.start()
@@ -97,12 +97,12 @@ def test_a_rerun_settled_from_a_seal_of_30000_paths_holds_a_bounded_share_of_mem
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert info is not None and info["counts"]["skipped"] == 30_000
+    assert info is not None and info["counts"]["skipped"] == 15_000
     assert _written(out) == written  # settled from the seal: every path of it was looked up
-    # Flat: 1.8 MiB here with a seal of 5,000 paths or of 30,000. The 30,000 paths held at once would be
-    # about 4 MiB more (their strings, their list, the seal's bytes read whole).
+    # Flat: 1.8 MiB here with a seal of 5,000 paths or of 30,000. The 15,000 paths held at once would be
+    # about 2 MiB more (their strings, their list, the seal's bytes read whole).
     assert peak < 3 * 2**20, f"the rerun settled from the seal peaked at {peak / 2**20:.1f} MiB"
-    assert _is_current_seal(out, 30_000)
+    assert _is_current_seal(out, 15_000)
 
 
 def _old_format(out: Path) -> None:
