@@ -5,6 +5,7 @@ over the bound is refused from its size alone."""
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from pathlib import Path
@@ -124,3 +125,43 @@ def test_a_bucket_object_over_the_bound_is_refused_from_its_size(s3: Any) -> Non
     loc.record_limit = 1024
     with pytest.raises(RecordError, match=r"results\.csv is 2,048 bytes, over the 1,024"):
         loc.get("results.csv")
+
+
+def test_a_small_record_is_read_with_a_buffer_of_its_size_not_of_the_bound(tmp_path: Path) -> None:
+    """`read(limit + 1)` asks the allocator for the whole bound (2 GiB) on every read of run.json: virtual
+    memory, which a machine that does not overcommit refuses."""
+    import tracemalloc
+
+    path = tmp_path / "run.json"
+    path.write_bytes(b'{"state": "succeeded"}')
+    tracemalloc.start()
+    try:
+        assert read_record(path) == b'{"state": "succeeded"}'
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_a_record_that_grows_while_it_is_read_is_read_on_up_to_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "run.json"
+
+    class Growing(io.FileIO):
+        grown = False
+
+        def read(self, size: int = -1) -> bytes:  # the file grows after its size was taken, before it is read
+            if not Growing.grown:
+                Growing.grown = True
+                with open(path, "ab") as more:
+                    more.write(b"y" * 50)
+            return super().read(size)
+
+    monkeypatch.setattr(bounded, "open_record", lambda p: Growing(p, "rb"))
+    path.write_bytes(b"x" * 10)
+    assert read_record(path, limit=200) == b"x" * 10 + b"y" * 50  # read on past the size it had
+    Growing.grown = False
+    path.write_bytes(b"x" * 10)
+    with pytest.raises(RecordError):
+        read_record(path, limit=40)  # grown past the bound while read: refused, not cut

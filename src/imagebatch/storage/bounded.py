@@ -124,10 +124,17 @@ def read_record(path: Path, limit: int = MAX_RECORD_BYTES) -> bytes | None:
     if fh is None:
         return None
     with fh:
-        check_size(path, os.fstat(fh.fileno()).st_size, limit)
-        data = fh.read(limit + 1)  # a file that grew since: still no more than the bound
+        size = os.fstat(fh.fileno()).st_size
+        check_size(path, size, limit)
+        data = fh.read(size + 1)  # a buffer of the file's size: `read(limit + 1)` would ask for the bound
+        while size < len(data) <= limit and (more := fh.read(min(GROWN_READ, limit + 1 - len(data)))):
+            data += more  # a file that grew since: read on, still no more than the bound
     check_size(path, len(data), limit)
     return data
+
+
+GROWN_READ = 1 << 20
+"""What `read_record` reads at a time past the size the file had when it was opened."""
 
 
 def record_lines(path: Path, bad: BadLine | None = None) -> Iterator[tuple[int, bytes]]:
