@@ -70,9 +70,7 @@ def review_counts(
     """The reviewable `rows`' images by review state (`review_state`, `decisions` those in force), and the
     keys of those a newer variant replaced (`superseded`)."""
     kept = list(rows)
-    replaced = superseded(kept)
-    keys = (row["idempotency_key"] for row in kept)
-    return Counter(review_state(decisions.get(key), key in replaced) for key in keys), replaced
+    return review_states(kept, decisions), superseded(kept)
 
 
 def review_states(rows: Iterable[Mapping[str, str]], decisions: Mapping[str, Decision]) -> Counter[str]:
