@@ -82,13 +82,18 @@ def synthesized(manifest: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
         yield path, [started, ended, answered, outcome, {"event": "usage", **usage}]
 
 
+LINKS_PER_COPY = 60_000
+
+
 def synthesize(manifest: Path, out: Path, png: Path) -> None:
     """A finished folder of `manifest` in `out` (journal.jsonl, usage.jsonl, and each image a hard link to
     `png`: the rerun only looks it up)."""
     (out / "images").mkdir(parents=True)
-    png = Path(shutil.copy(png, out / "images" / ".one.png"))  # its own: a file has at most 65,000 links
+    source = png
     with (out / "journal.jsonl").open("w") as journal, (out / "usage.jsonl").open("w") as usage:
-        for path, lines in synthesized(manifest):
+        for n, (path, lines) in enumerate(synthesized(manifest)):
+            if n % LINKS_PER_COPY == 0:  # a file has at most 65,000 links (ext4): a fresh copy now and then
+                png = Path(shutil.copy(source, out / "images" / f".one-{n // LINKS_PER_COPY}.png"))
             for line in lines:
                 if line["event"] == "usage":
                     del line["event"]
