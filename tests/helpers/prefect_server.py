@@ -175,7 +175,7 @@ def _wait_healthy(api_url: str, process: subprocess.Popen[bytes], home: Path, ti
 def running_prefect_server(
     home: Path,
     database_url: str | None = None,
-    timeout: float = 120,
+    timeout: float = 300,
     *,
     extra_env: Mapping[str, str] | None = None,
     stop_grace: float = 5.0,
@@ -183,6 +183,8 @@ def running_prefect_server(
     """Start `prefect server start` on a free loopback port with PREFECT_HOME=`home` (SQLite in `home`
     unless `database_url` names another database), wait for `/health`, yield it, stop its process group.
 
+    `timeout` bounds the wait for `/health`, not a guess at the start's length: a start takes 6-8 s on an
+    idle 2-core machine and took over 120 s at load 25 (a test failed so), hence 300 by default.
     The UI is off (faster to start; the API is all a test needs). `extra_env` adds Prefect settings, e.g.
     `{"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}`. Its stdout and stderr go to
     `home/server.log`.
