@@ -3,8 +3,9 @@ count (`review_counts`), in memory that does not grow with the rows."""
 
 from __future__ import annotations
 
-import tracemalloc
 from collections.abc import Iterator
+
+from helpers.memory import traced_peak
 
 from imagebatch.report.setstate import review_counts, review_states
 from imagebatch.work.decisions import Decision
@@ -41,11 +42,6 @@ def test_a_runs_rows_are_counted_without_holding_them() -> None:
         def __iter__(self) -> Iterator[dict[str, str]]:
             return (row(f"job-{i:06d}", f"k{i}") for i in range(40_000))
 
-    tracemalloc.start()
-    try:
-        counts = review_states(Rows(), {"k7": Decision("k7", 1, "approved")})
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    counts, peak = traced_peak(lambda: review_states(Rows(), {"k7": Decision("k7", 1, "approved")}), 2**20)
     assert counts == {"unreviewed": 39_999, "approved": 1}
     assert peak < 1 * 2**20, f"peak {peak / 2**20:.1f} MiB"

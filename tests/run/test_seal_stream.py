@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.memory import traced_peak
 from helpers.runs import write_csv
 
 from imagebatch.manifest import load_manifest
@@ -91,12 +91,7 @@ def test_a_rerun_settled_from_a_seal_of_15000_paths_holds_a_bounded_share_of_mem
     manifest, out = _finished(tmp_path, 15_000)
     _settle(manifest, out)  # in full: leaves the seal
     checked, written = preflight(manifest, out, OPTIONS), _written(out)
-    tracemalloc.start()
-    try:
-        info = settle_without_prefect(checked, OPTIONS)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    info, peak = traced_peak(lambda: settle_without_prefect(checked, OPTIONS), 3 * 2**20)
     assert info is not None and info["counts"]["skipped"] == 15_000
     assert _written(out) == written  # settled from the seal: every path of it was looked up
     # Flat: 1.8 MiB here with a seal of 5,000 paths or of 30,000. The 15,000 paths held at once would be

@@ -3,8 +3,9 @@ one replaced left out, in memory that does not grow with a plain run's size."""
 
 from __future__ import annotations
 
-import tracemalloc
 from collections.abc import Iterator
+
+from helpers.memory import traced_peak
 
 from imagebatch.work.outcome import request_counts
 from imagebatch.work.request_record import RequestRecord
@@ -40,12 +41,7 @@ def test_the_counts_of_a_plain_runs_records_hold_nothing_per_request() -> None:
         for i in range(50_000):
             yield record("failed" if i % 10 == 0 else "succeeded", key=f"k{i}", job_id=f"job-{i:06d}")
 
-    tracemalloc.start()
-    try:
-        counts, superseded = request_counts(_Twice(records))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    (counts, superseded), peak = traced_peak(lambda: request_counts(_Twice(records)), 2**20)
     assert (counts, superseded) == ({"succeeded": 45_000, "failed": 5_000}, 0)
     assert peak < 1 * 2**20, f"peak {peak / 2**20:.1f} MiB"
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from helpers.memory import traced_peak
 
 from imagebatch.storage import layout
 from imagebatch.storage.csvcells import read_csv
@@ -132,16 +135,13 @@ def test_distinct_keys_past_the_buffer_are_counted_once_whichever_side_of_a_spil
 def test_the_summary_of_a_large_ledger_holds_a_bounded_part_of_its_keys_in_memory(monkeypatch: Any) -> None:
     """60,000 distinct keys, 12 buffers' worth: their digests in one set would hold about 4 MB; past the
     buffer they go to disk, so what Python holds at any time stays near one buffer's worth."""
-    import tracemalloc
-
     monkeypatch.setattr(DistinctKeys, "BUFFER", 5_000)
     n = 60_000
-    ledger = ({"idempotency_key": f"ib1-{i:032x}", "route": "native", "model": "m"} for i in range(n))
-    tracemalloc.start()
-    try:
-        [row] = summarise_usage(ledger)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+
+    def ledger() -> Iterator[dict[str, str]]:
+        return ({"idempotency_key": f"ib1-{i:032x}", "route": "native", "model": "m"} for i in range(n))
+
+    rows, peak = traced_peak(lambda: summarise_usage(ledger()), 2 * 2**20)
+    [row] = rows
     assert row.requests == n
     assert peak < 2 * 2**20, f"peak {peak / 2**20:.1f} MiB"
