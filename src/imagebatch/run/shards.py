@@ -163,7 +163,7 @@ def run_shards(
                     stopping = _stop_all(client, tracked, shards, why)
                 if all(s.state in TERMINAL_STATES and s.here is None for s in tracked):
                     break
-                _reap(client, tracked, shards)
+                _reap(client, tracked, shards, stopping)
                 if not stopping and not any(s.here for s in tracked):
                     waited = 0.0 if first else start_timeout
                     if _claim(client, tracked, clock, waited, shards) is not None:
@@ -214,14 +214,22 @@ def _end_ours(tracked: list[_Shard]) -> None:
 
 
 def _refresh(client: Any, tracked: list[_Shard], clock: Callable[[], float]) -> None:
+    """Each shard's state as the server has it, but for those whose end is known: a shard that has ended
+    is not asked about again (a stop waits on no answer for it)."""
     for shard in tracked:
-        run = client.read_flow_run(shard.run_id)
-        shard.state = run.state.type.value if run.state else None
-        shard.message = run.state.message if run.state else None
+        if shard.state in TERMINAL_STATES:
+            continue
+        _read(client, shard)
         if shard.state != "PENDING":
             shard.pending_since = None
         elif shard.pending_since is None:
             shard.pending_since = clock()
+
+
+def _read(client: Any, shard: _Shard) -> None:
+    run = client.read_flow_run(shard.run_id)
+    shard.state = run.state.type.value if run.state else None
+    shard.message = run.state.message if run.state else None
 
 
 def _claim(
@@ -289,25 +297,38 @@ def _stop_all(client: Any, tracked: list[_Shard], shards: int, why: str) -> bool
                 shard.here.send_signal(signal.SIGTERM)
         elif shard.state in ("SCHEDULED", "PENDING"):
             message = f"shard {name}: not started; the sharded run stopped ({why})"
-            client.set_flow_run_state(shard.run_id, Cancelled(message=message), force=True)
+            _end(client, shard, Cancelled(message=message))
         elif shard.state == "RUNNING":
             client.set_flow_run_state(shard.run_id, Cancelling(message=f"the sharded run stopped ({why})"))
     get_run_logger().warning("Stopping every shard of this run (%s); waiting for them to end", why)
     return True
 
 
-def _reap(client: Any, tracked: list[_Shard], shards: int) -> None:
-    """A shard process of ours that has exited: its run is final, or it died and is marked Crashed."""
-    from prefect.states import Crashed
+def _reap(client: Any, tracked: list[_Shard], shards: int, stopping: bool) -> None:
+    """A shard process of ours that has exited: its run is final (read again: it may have reported its end
+    after the last read), or it ended before its flow run began while the run was stopping (our SIGTERM
+    reached it while it started) and is Cancelled, or it died and is marked Crashed."""
+    from prefect.states import Cancelled, Crashed
 
     for shard in tracked:
         if shard.here is None or (code := shard.here.poll()) is None:
             continue
         shard.here = None
         if shard.state not in TERMINAL_STATES:
-            gone = f"shard {shard_name(shard.index, shards)}: its process exited ({code}) before it ended"
-            client.set_flow_run_state(shard.run_id, Crashed(message=gone), force=True)
-            shard.state, shard.message = "CRASHED", gone
+            _read(client, shard)
+        name = shard_name(shard.index, shards)
+        if shard.state in TERMINAL_STATES:
+            continue
+        if stopping and shard.state in ("SCHEDULED", "PENDING"):
+            _end(client, shard, Cancelled(message=f"shard {name}: not started; the sharded run stopped"))
+        else:
+            _end(client, shard, Crashed(message=f"shard {name}: its process exited ({code}) before it ended"))
+
+
+def _end(client: Any, shard: _Shard, state: Any) -> None:
+    """Set a shard's run to a final state of ours (forced: it is not running), and know it as ended."""
+    client.set_flow_run_state(shard.run_id, state, force=True)
+    shard.state, shard.message = state.type.value, state.message
 
 
 def _crash_dead(
@@ -337,7 +358,7 @@ def _crash_dead(
         elif clock() - shard.unheld_since > grace:
             gone = f"shard {name}: its process is gone (lock free for {grace:g} s)"
         if gone:
-            client.set_flow_run_state(shard.run_id, Crashed(message=gone), force=True)
+            _end(client, shard, Crashed(message=gone))
 
 
 def shards_released(
