@@ -7,6 +7,8 @@ tests/platform/test_worker_sharded_stop.py).
 - The parent's SIGTERM reaches a shard process that has not begun its flow run yet (still importing): the
   shard never started, so it is Cancelled as not started, not Crashed.
 - A shard whose end the parent knows is not asked about again: a stop waits on no server answer for it.
+- The shard process the parent started reported its end but does not exit (its last log lines wait on a
+  server that does not answer): the parent waits `EXIT_WAIT` seconds for it, then goes on and stops it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import pytest
 from prefect import flow
 
-from imagebatch.run.shards import _reap, _refresh, _Shard, _stop_all
+from imagebatch.run.shards import EXIT_WAIT, _end_ours, _reap, _refresh, _Shard, _stop_all
 
 pytestmark = pytest.mark.usefixtures("prefect")
 
@@ -130,3 +132,29 @@ def a_parent_stops(run_ids: list[str]) -> dict[str, int]:
         _refresh(client, tracked, lambda: 0.0)
         assert tracked[1].state == "CANCELLING"
         return {"before": before, "after": client.reads}
+
+
+def test_a_shard_process_that_lingers_after_its_end_is_waited_for_a_bounded_time_then_stopped() -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Pending, Running
+
+    now = [100.0]
+    lingering = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        with get_client(sync_client=True) as client:
+            run_id = _run_in(client, Pending(), Running())
+            shard = _Shard(0, run_id, 0.0, here=lingering)
+            _refresh(client, [shard], lambda: now[0])
+            assert shard.state == "RUNNING" and not shard.done(now[0])
+            client.set_flow_run_state(run_id, Cancelled(), force=True)  # its end, reported
+            _refresh(client, [shard], lambda: now[0])
+            assert shard.state == "CANCELLED" and not shard.done(now[0])  # its process gets time to exit
+            now[0] += EXIT_WAIT - 0.5
+            assert not shard.done(now[0])
+            now[0] += 0.5
+            assert shard.done(now[0])  # and no more
+        _end_ours([shard])
+        assert lingering.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        lingering.kill()
+        lingering.wait()

@@ -156,6 +156,8 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
         start_timeout=options.sharding.shard_start_timeout,
         stopped=lambda: hooks.control.reason,  # a stop of the parent stops every shard
     )
+    ends = ", ".join(f"{shard_name(r['shard'], shards)} {str(r['state']).lower()}" for r in runs)
+    get_run_logger().info("Every shard has ended (%s); writing the run's records", ends or "none started")
     with held(store):  # every shard has ended: merge their journals, then the records
         shards_released(store, shards, hooks.sleep)  # a killed shard's lease, until it expires
         after = store.load_state(spool=store.backend.spool_folder)

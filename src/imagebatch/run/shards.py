@@ -121,6 +121,21 @@ class _Shard:
     claimed_here: bool = False
     pending_since: float | None = None
     unheld_since: float | None = None
+    ended_at: float | None = None
+    """When the parent first read its run in a final state."""
+
+    def done(self, now: float) -> bool:
+        """Its run is final and its process, if ours, has exited or has had `EXIT_WAIT` seconds to."""
+        if self.state not in TERMINAL_STATES:
+            return False
+        return self.here is None or (self.ended_at is not None and now - self.ended_at >= EXIT_WAIT)
+
+
+EXIT_WAIT = 10.0
+"""Seconds a shard process of the parent's own may take to exit once its run is final (it holds no lock by
+then: its records are written). Past them the parent goes on and stops it (`_end_ours`): a process that
+reported its end to a server that no longer answers can wait a minute to send its last log lines, which
+would take a stopping parent past its own grace."""
 
 
 def run_shards(
@@ -161,7 +176,8 @@ def run_shards(
                 _refresh(client, tracked, clock)
                 if not stopping and (why := stopped()):
                     stopping = _stop_all(client, tracked, shards, why)
-                if all(s.state in TERMINAL_STATES and s.here is None for s in tracked):
+                if all(s.done(clock()) for s in tracked):
+                    _say_lingering(tracked, shards)
                     break
                 _reap(client, tracked, shards, stopping)
                 if not stopping and not any(s.here for s in tracked):
@@ -206,8 +222,20 @@ def _start(
     return [_Shard(i, run.id, clock()) for i, run in started.items()]  # type: ignore[union-attr]  # FlowRuns (sync context)
 
 
+def _say_lingering(tracked: list[_Shard], shards: int) -> None:
+    from prefect.logging import get_run_logger
+
+    for shard in tracked:
+        if shard.here is not None and shard.here.poll() is None:
+            get_run_logger().warning(
+                "shard %s: its run ended (%s) but its process had not exited %g s later; stopping it",
+                shard_name(shard.index, shards), str(shard.state).lower(), EXIT_WAIT,
+            )  # fmt: skip
+
+
 def _end_ours(tracked: list[_Shard]) -> None:
-    """The parent is leaving (an error): so does the shard process it started."""
+    """The parent is leaving (an error, or its shards' runs have ended): a shard process it started that is
+    still running is stopped (one still sending its last log lines `EXIT_WAIT` seconds after its end)."""
     for shard in tracked:
         if shard.here is not None and shard.here.poll() is None:
             shard.here.terminate()
@@ -220,6 +248,8 @@ def _refresh(client: Any, tracked: list[_Shard], clock: Callable[[], float]) -> 
         if shard.state in TERMINAL_STATES:
             continue
         _read(client, shard)
+        if shard.state in TERMINAL_STATES:
+            shard.ended_at = clock()
         if shard.state != "PENDING":
             shard.pending_since = None
         elif shard.pending_since is None:
