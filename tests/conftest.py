@@ -175,9 +175,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _starts_its_own(item: pytest.Item) -> bool:
     """Whether the item's module is `slow` as a whole (its `pytestmark`): the suite's longest files, from
     half a minute to several minutes each. pytest-xdist hands a worker the next file in collection order
-    (`--dist loadfile --no-loadscope-reorder`, pyproject.toml): with these first, the run ends on the
-    many short files, where one of them left last kept one worker busy for minutes after the other had
-    finished (a CI run: 133 s)."""
+    (`--dist loadfile`): with these first, the run ends on the many short files, where one of them left
+    last kept one worker busy for minutes after the other had finished (a CI run: 133 s)."""
     marks = getattr(getattr(item, "module", None), "pytestmark", [])
     return any(mark.name == "slow" for mark in (marks if isinstance(marks, list) else [marks]))
 
