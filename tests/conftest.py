@@ -160,25 +160,10 @@ or a real browser. Tests that start servers, workers or browsers of their own sa
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `slow` every test that uses a slow fixture, in this one place rather than on each test; then
-    order the files longest first, roughly: those that start servers, workers or browsers of their own
-    (`_starts_its_own`), then those with a slow test (the session's Prefect server, a browser), then the
-    rest, which take a second or less each."""
+    """Mark `slow` every test that uses a slow fixture, in this one place rather than on each test."""
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    some_slow = {item.path for item in items if item.get_closest_marker("slow")}
-    # Stable: each file stays whole and the files of a tier in their order.
-    items.sort(key=lambda item: 0 if _starts_its_own(item) else 1 if item.path in some_slow else 2)
-
-
-def _starts_its_own(item: pytest.Item) -> bool:
-    """Whether the item's module is `slow` as a whole (its `pytestmark`): the suite's longest files, from
-    half a minute to several minutes each. pytest-xdist hands a worker the next file in collection order
-    (`--dist loadfile`): with these first, the run ends on the many short files, where one of them left
-    last kept one worker busy for minutes after the other had finished (a CI run: 133 s)."""
-    marks = getattr(getattr(item, "module", None), "pytestmark", [])
-    return any(mark.name == "slow" for mark in (marks if isinstance(marks, list) else [marks]))
 
 
 # --- runs of the flow (tests/flows, tests/report) ---------------------------------------------------
