@@ -6,8 +6,8 @@ the local PostgreSQL cluster, and `prefect worker start` processes.
         with running_worker(server.api_url, "pool", env, tmp / "worker.log") as worker:
             ...
 
-    url = postgres_database_url("imagebatch_test")                     # None when PostgreSQL is absent
-    with running_prefect_server(tmp / "pg", database_url=url) as server: ...
+    with postgres_database("imagebatch_test") as url:                  # None when PostgreSQL is absent
+        with running_prefect_server(tmp / "pg", database_url=url) as server: ...  # dropped after
 
 Every process is started in its own session (so a Ctrl-C of the test run does not reach it first) and is
 stopped as a whole process group (SIGTERM, then SIGKILL) in a `finally`, and, whatever is left, when the
@@ -49,6 +49,7 @@ __all__ = [
     "base_environment",
     "free_port",
     "kill_machine",
+    "postgres_database",
     "postgres_database_url",
     "running_prefect_server",
     "running_worker",
@@ -335,6 +336,19 @@ def _psql(sql: str, database: str = "postgres") -> None:
     done = subprocess.run(cmd, input=sql, capture_output=True, text=True, timeout=60, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"psql failed ({done.returncode}): {done.stderr.strip()}")
+
+
+@contextmanager
+def postgres_database(dbname: str) -> Iterator[str | None]:
+    """`postgres_database_url(dbname)` for the block, the database dropped after it: a test run leaves no
+    database behind (each run's names differ, so that two checkouts' runs at once never share one)."""
+    url = postgres_database_url(dbname)
+    try:
+        yield url
+    finally:
+        if url is not None:
+            with contextlib.suppress(RuntimeError, OSError, subprocess.TimeoutExpired):
+                _psql(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE);")
 
 
 def postgres_database_url(dbname: str) -> str | None:

@@ -16,7 +16,7 @@ import shlex
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from helpers.prefect_server import (
     PrefectServer,
     api_call,
     create_process_pool,
-    postgres_database_url,
+    postgres_database,
     running_prefect_server,
     running_worker,
 )
@@ -106,10 +106,16 @@ class Stack:
 @contextmanager
 def running_stack(backend: str, home: Path) -> Iterator[Stack | None]:
     """Yields None for PostgreSQL where it is not installed."""
-    database_url = postgres_database_url(PG_DATABASE) if backend == "postgres" else None
-    if backend == "postgres" and database_url is None:
-        yield None
-        return
+    with postgres_database(PG_DATABASE) if backend == "postgres" else nullcontext() as database_url:
+        if backend == "postgres" and database_url is None:
+            yield None
+        else:
+            with _stack(backend, home, database_url) as stack:
+                yield stack
+
+
+@contextmanager
+def _stack(backend: str, home: Path, database_url: str | None) -> Iterator[Stack]:
     key = f"sk-deploy-test-{secrets.token_hex(12)}"
     settings = EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0)
     with (

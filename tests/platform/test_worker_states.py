@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from helpers.prefect_server import (
     base_environment,
     call,
     create_process_pool,
-    postgres_database_url,
+    postgres_database,
     running_prefect_server,
     start_worker,
     stop_process_group,
@@ -61,16 +62,15 @@ def prefect_harness() -> None:
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PrefectServer]:
-    url = None
-    if request.param == "postgres":
-        url = postgres_database_url("imagebatch_test_states")
-        if url is None:
+    postgres = request.param == "postgres"
+    with postgres_database(f"imagebatch_test_states_{os.getpid()}") if postgres else nullcontext() as url:
+        if postgres and url is None:
             pytest.skip("PostgreSQL is not installed here: tested on SQLite only")
-    with running_prefect_server(
-        tmp_path_factory.mktemp(f"states-{request.param}"), url, stop_grace=3
-    ) as running:
-        create_process_pool(running.api_url, POOL)
-        yield running
+        with running_prefect_server(
+            tmp_path_factory.mktemp(f"states-{request.param}"), url, stop_grace=3
+        ) as running:
+            create_process_pool(running.api_url, POOL)
+            yield running
 
 
 class Scene:
