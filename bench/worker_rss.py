@@ -75,10 +75,11 @@ class Sampler(threading.Thread):
         for pid in self.descendants():
             seen = self.seen.setdefault(pid, Seen())
             try:
-                if seen.flow_run is None:
-                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                    runs = [e.split(b"=", 1)[1] for e in environ if e.startswith(b"PREFECT__FLOW_RUN_ID=")]
-                    seen.flow_run = runs[0].decode() if runs else ""
+                # Read at every sample, the last one standing: between fork and exec a child shows its
+                # parent's environment (a worker's, without the variable, or the parent flow run's id).
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                runs = [e.split(b"=", 1)[1] for e in environ if e.startswith(b"PREFECT__FLOW_RUN_ID=")]
+                seen.flow_run = runs[0].decode() if runs else ""
                 status = Path(f"/proc/{pid}/status").read_text()
                 hwm = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")]
                 stat = Path(f"/proc/{pid}/stat").read_text()
