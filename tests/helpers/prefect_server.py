@@ -192,11 +192,8 @@ def running_prefect_server(
     `{"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}`. Its stdout and stderr go to
     `home/server.log`.
 
-    A SQLite server in an empty home starts on the database imagebatch ships for its own temporary server
-    (`imagebatch.platform.prefect_template.seed_database`, with the server's own environment: Prefect's
-    migrations and block registration for this Prefect version, the same records a first start makes):
-    about 6 of a start's 12 CPU seconds, over the suite's dozens of starts. A home with a database keeps
-    it (a server started again finds its records); a PostgreSQL one is built by Prefect as usual.
+    A SQLite server in an empty home starts on the database imagebatch ships for its temporary server
+    (`platform.prefect_template.seed_database`: what a first start builds, without 6 of its 12 CPU s).
     """
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Sharded deployments on real Prefect components (`helpers.prefect_stack`): where the shards run when
 workers have one slot (`--limit 1`): the parent runs a shard in its own slot on one worker, one shard per
 machine on two, and two machines that share nothing write into a bucket; and a shard's run is made once
-when its creation is asked twice. What a sharded run keeps across its shards: test_deploy_shards.py.
+when its creation is asked twice, and asked again when its creation's answer is lost. What a sharded run
+keeps across its shards: test_deploy_shards.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.lossy_proxy import LossyProxy
 from helpers.prefect_server import running_worker, submitted_by
 from helpers.prefect_stack import (  # the fixtures: stacks and prefect_harness (none here)
     Stack,
@@ -256,3 +258,50 @@ def test_a_shard_run_asked_for_twice_is_made_once(stacks: dict[str, Stack | None
     assert first == again and len(set(first)) == 2
     runs = stack.post("/flow_runs/filter", {"deployments": {"id": {"any_": [deployment_id]}}})
     assert sorted(r["name"] for r in runs) == ["shard 0-of-2", "shard 1-of-2"]
+
+
+def test_a_shard_runs_creation_whose_answer_is_lost_is_asked_again_and_made_once(
+    stacks: dict[str, Stack | None], tmp_path: Path
+) -> None:
+    """The server makes the first shard's run, twice asked, and each time its answer is lost (503 from a
+    proxy, as Prefect's SQLite server answers while its database is locked), and Prefect's client does not
+    retry (none left: it retries for about a minute first): the parent asks again 5 s and then 10 s later
+    (its sleep, recorded here, not slept), and gets the run made the first time; one run per shard.
+    Prefect's server also answers 503 of its own at times (without retries, SQLite's lock shows): the
+    parent asks again after those too."""
+    import time
+
+    from prefect import flow
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    from imagebatch.run import shards
+
+    stack = stacks["sqlite"]
+    assert stack is not None
+    pool = "imagebatch-shard-lost-answer"
+    create_process_pool(stack.api, pool)  # no worker polls it: the runs made stay Scheduled
+    with EmulatorServer(EmulatorSettings(api_key=stack.emulator.api_key, seed=0)) as emulator:
+        deployment_id = _sharded_deploy(stack, tmp_path, pool, emulator, 3)
+    waits: list[float] = []
+
+    @flow(name="parent-whose-answer-is-lost")
+    def parent() -> list[str]:
+        made = shards._start(
+            f"generate_from_manifest/{pool}", {0: {}, 1: {}}, 2, time.monotonic, waits.append
+        )
+        return [str(s.run_id) for s in made]
+
+    def creation(method: str, path: str) -> bool:
+        return method == "POST" and path.endswith("/create_flow_run")
+
+    with (
+        LossyProxy(stack.api, creation, lose=2) as proxy,
+        temporary_settings({PREFECT_API_URL: proxy.url, PREFECT_CLIENT_MAX_RETRIES: 0}),
+    ):
+        made = parent()
+    # Asked again after each lost answer, and after a 503 of the server's own (SQLite's busy snapshot).
+    assert len(proxy.lost) == 2 and waits[:2] == [5.0, 10.0]
+    assert len(waits) <= 2 + len(proxy.failed), (waits, proxy.failed)
+    runs = stack.post("/flow_runs/filter", {"deployments": {"id": {"any_": [deployment_id]}}})
+    assert sorted(r["name"] for r in runs) == ["shard 0-of-2", "shard 1-of-2"]
+    assert sorted(made) == sorted(r["id"] for r in runs)
