@@ -44,6 +44,13 @@ def _sharded_deploy(stack: Stack, tmp_path: Path, pool: str, emulator: EmulatorS
     return str(stack.deployment(pool)["id"])
 
 
+def _unpolled_sharded_deploy(stack: Stack, tmp_path: Path, pool: str) -> str:
+    """A sharded deployment on a new pool that no worker polls: the shard runs made stay Scheduled."""
+    create_process_pool(stack.api, pool)
+    with EmulatorServer(EmulatorSettings(api_key=stack.emulator.api_key, seed=0)) as emulator:
+        return _sharded_deploy(stack, tmp_path, pool, emulator, 3)
+
+
 @contextlib.contextmanager
 def _shard_children() -> Iterator[dict[int, bytes]]:
     """The environment (`/proc/PID/environ`) of every `imagebatch.run.shard_child` process seen while
@@ -242,9 +249,7 @@ def test_a_shard_run_asked_for_twice_is_made_once(stacks: dict[str, Stack | None
     stack = stacks["sqlite"]
     assert stack is not None
     pool = "imagebatch-shard-once"
-    create_process_pool(stack.api, pool)  # no worker polls it: the runs made stay Scheduled
-    with EmulatorServer(EmulatorSettings(api_key=stack.emulator.api_key, seed=0)) as emulator:
-        deployment_id = _sharded_deploy(stack, tmp_path, pool, emulator, 3)
+    deployment_id = _unpolled_sharded_deploy(stack, tmp_path, pool)
 
     @flow(name="parent-asking-twice")
     def parent() -> tuple[list[str], list[str]]:
@@ -279,9 +284,7 @@ def test_a_shard_runs_creation_whose_answer_is_lost_is_asked_again_and_made_once
     stack = stacks["sqlite"]
     assert stack is not None
     pool = "imagebatch-shard-lost-answer"
-    create_process_pool(stack.api, pool)  # no worker polls it: the runs made stay Scheduled
-    with EmulatorServer(EmulatorSettings(api_key=stack.emulator.api_key, seed=0)) as emulator:
-        deployment_id = _sharded_deploy(stack, tmp_path, pool, emulator, 3)
+    deployment_id = _unpolled_sharded_deploy(stack, tmp_path, pool)
     waits: list[float] = []
 
     @flow(name="parent-whose-answer-is-lost")
