@@ -69,6 +69,8 @@ class PrefectGuard:
         self._cond = threading.Condition()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._health = threading.local()
+        """The probing thread's client (`_probe_health`), closed as its watch ends."""
 
     @property
     def note(self) -> str | None:
@@ -193,17 +195,29 @@ class PrefectGuard:
 
     def _watch(self) -> None:
         misses = 0
-        while not self._closed.wait(self.every) and not self.lost.is_set():
-            misses = 0 if self.probe() else misses + 1
-            if misses >= MISSES:
-                self.lose(f"{STOPPED_ANSWERING} ({MISSES} health checks of {self.api_url} in a row)")
+        try:
+            while not self._closed.wait(self.every) and not self.lost.is_set():
+                misses = 0 if self.probe() else misses + 1
+                if misses >= MISSES:
+                    self.lose(f"{STOPPED_ANSWERING} ({MISSES} health checks of {self.api_url} in a row)")
+        finally:
+            client: httpx.Client | None = getattr(self._health, "client", None)
+            if client is not None:
+                client.close()
+                del self._health.client
 
     def _probe_health(self) -> bool:
-        """Whether the server answers at all (any HTTP status: an answer is an answer)."""
+        """Whether the server answers at all (any HTTP status: an answer is an answer). The probes share
+        one client, made on the probing thread: a client made for each probe (`httpx.get`) built a TLS
+        context every second, about 50 ms of CPU a probe, a twentieth of a core for as long as a run
+        lasts (bench/README.md, "The health probe")."""
         if not self.api_url:
             return True
+        client: httpx.Client | None = getattr(self._health, "client", None)
+        if client is None:
+            client = self._health.client = httpx.Client(timeout=PROBE_TIMEOUT)
         try:
-            httpx.get(f"{self.api_url.rstrip('/')}/health", timeout=PROBE_TIMEOUT)
+            client.get(f"{self.api_url.rstrip('/')}/health")
         except httpx.HTTPError:
             return False
         return True
