@@ -34,11 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.peer import DEFAULT_MODEL, request_body  # noqa: E402
-from tests.helpers.prefect_server import (  # noqa: E402
-    PrefectServer,
-    postgres_database_url,
-    running_prefect_server,
-)
+from tests.helpers.postgres import postgres_database_url  # noqa: E402
+from tests.helpers.prefect_server import PrefectServer, running_prefect_server  # noqa: E402
 
 KEY = "bench-scale-key-0123456789abcdef"
 CLI = [sys.executable, "-m", "imagebatch.cli.main"]

@@ -1,12 +1,12 @@
-"""Real Prefect components for tests and benchmarks: a `prefect server start` process (SQLite or PostgreSQL),
-the local PostgreSQL cluster, and `prefect worker start` processes.
+"""Real Prefect components for tests and benchmarks: a `prefect server start` process (SQLite, or PostgreSQL
+with a database from `helpers.postgres`), and `prefect worker start` processes.
 
     with running_prefect_server(tmp / "prefect") as server:          # SQLite in tmp/prefect
         env = {"IMAGEBATCH_API_KEY": key}                              # the worker's env reaches its runs
         with running_worker(server.api_url, "pool", env, tmp / "worker.log") as worker:
             ...
 
-    with postgres_database("imagebatch_test") as url:                  # None when PostgreSQL is absent
+    with postgres_database("imagebatch_test") as url:                  # helpers.postgres; None when absent
         with running_prefect_server(tmp / "pg", database_url=url) as server: ...  # dropped after
 
 Every process is started in its own session (so a Ctrl-C of the test run does not reach it first) and is
@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -45,14 +43,10 @@ import pytest
 from imagebatch.platform.prefect_template import seed_database
 
 __all__ = [
-    "PG_PASSWORD",
-    "PG_ROLE",
     "PrefectServer",
     "base_environment",
     "free_port",
     "kill_machine",
-    "postgres_database",
-    "postgres_database_url",
     "running_prefect_server",
     "running_worker",
     "start_worker",
@@ -60,10 +54,6 @@ __all__ = [
     "stop_started",
     "submitted_by",
 ]
-
-PG_ROLE = "imagebatch"
-PG_PASSWORD = "imagebatch-local-test"  # loopback only, a throwaway cluster's test role
-"""The password of the `imagebatch` role `postgres_database_url` creates (TCP on 127.0.0.1 asks for one)."""
 
 # Never passed on to a child unless the caller adds it explicitly.
 _WITHHELD = ("IMAGEBATCH_API_KEY",)
@@ -315,105 +305,6 @@ def running_worker(
         stop_process_group(process, stop_grace)
 
 
-# --- PostgreSQL ---------------------------------------------------------------------------------------
-
-
-def _cluster() -> tuple[str, str, int, str] | None:
-    """(version, name, port, status) of the first cluster `pg_lsclusters` lists, or None."""
-    if not (shutil.which("pg_lsclusters") and shutil.which("pg_ctlcluster")):
-        return None
-    out = subprocess.run(
-        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, timeout=30, check=False
-    ).stdout
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and fields[2].isdigit():
-            return fields[0], fields[1], int(fields[2]), fields[3]
-    return None
-
-
-def _psql(sql: str, database: str = "postgres") -> None:
-    """Run `sql` as the `postgres` superuser over the socket (PostgreSQL's tools refuse to run as root)."""
-    cmd = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", database]
-    if os.geteuid() == 0:
-        cmd = ["su", "postgres", "-c", " ".join(cmd)]
-    elif os.environ.get("USER") != "postgres":
-        cmd = ["sudo", "-n", "-u", "postgres", *cmd]
-    done = subprocess.run(cmd, input=sql, capture_output=True, text=True, timeout=60, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"psql failed ({done.returncode}): {done.stderr.strip()}")
-
-
-@contextmanager
-def postgres_database(dbname: str) -> Iterator[str | None]:
-    """`postgres_database_url(dbname)` for the block, the database dropped after it: a test run leaves no
-    database behind (each run's names differ, so that two checkouts' runs at once never share one)."""
-    url = postgres_database_url(dbname)
-    try:
-        yield url
-    finally:
-        if url is not None:
-            with contextlib.suppress(RuntimeError, OSError, subprocess.TimeoutExpired):
-                _psql(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE);")
-
-
-def postgres_database_url(dbname: str) -> str | None:
-    """A fresh, empty database `dbname` on the machine's PostgreSQL, for a Prefect server, as an asyncpg URL.
-
-    Starts the packaged cluster when it is down (`pg_ctlcluster --skip-systemctl-redirect VERSION NAME
-    start`), creates or updates the role `imagebatch` (password `PG_PASSWORD`), drops and recreates
-    `dbname` owned by it. Returns None when PostgreSQL is not installed (callers skip, saying so); raises
-    when it is installed but cannot be started or set up (a real failure, not a skip).
-    """
-    if not dbname.replace("_", "").isalnum():
-        raise ValueError(f"database name must be letters, digits and _: {dbname!r}")
-    with _postgres_setup_lock():
-        return _set_up_database(dbname)
-
-
-@contextmanager
-def _postgres_setup_lock() -> Iterator[None]:
-    """One test process at a time starts the cluster and creates the role (test runs may share a machine, and
-    two `pg_ctlcluster start` or two `CREATE ROLE` at once make the second fail)."""
-    with open(Path(tempfile.gettempdir()) / "imagebatch-tests-postgres.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _set_up_database(dbname: str) -> str | None:
-    cluster = _cluster()
-    if cluster is None:
-        return None
-    version, name, port, status = cluster
-    if status != "online":
-        done = subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, name, "start"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if done.returncode != 0 and (_cluster() or ("", "", 0, ""))[3] != "online":
-            raise RuntimeError(f"could not start PostgreSQL {version}/{name}: {done.stderr.strip()}")
-    _psql(
-        f"""
-        DO $$ BEGIN
-          IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{PG_ROLE}') THEN
-            CREATE ROLE {PG_ROLE} LOGIN PASSWORD '{PG_PASSWORD}';
-          ELSE
-            ALTER ROLE {PG_ROLE} LOGIN PASSWORD '{PG_PASSWORD}';
-          END IF;
-        END $$;
-        DROP DATABASE IF EXISTS {dbname} WITH (FORCE);
-        CREATE DATABASE {dbname} OWNER {PG_ROLE};
-        """
-    )
-    return f"postgresql+asyncpg://{PG_ROLE}:{PG_PASSWORD}@127.0.0.1:{port}/{dbname}"
-
-
 # --- Machines that die, and which worker ran what -----------------------------------------------------
 
 
@@ -461,7 +352,7 @@ def api_call(api_url: str, method: str, path: str, body: Any = None, *, repeatab
     timed_out = False
     while True:
         try:
-            response = httpx.request(method, f"{api_url}{path}", json=body, timeout=90)
+            response = _client().request(method, f"{api_url}{path}", json=body)
         except (httpx.ReadTimeout, httpx.PoolTimeout):
             if not repeatable or time.monotonic() > deadline:
                 raise
@@ -473,6 +364,20 @@ def api_call(api_url: str, method: str, path: str, body: Any = None, *, repeatab
             response.raise_for_status()
             return response.json()
         time.sleep(0.2)
+
+
+def _client() -> httpx.Client:
+    """This thread's client for `api_call` (a client made per call, `httpx.request`, built a TLS context
+    each time: ~50 ms of CPU a call, most of a `wait_for` loop's). No connection is kept: the servers here
+    come and go, and a port can be a new server's."""
+    client: httpx.Client | None = getattr(_CLIENTS, "client", None)
+    if client is None:
+        limits = httpx.Limits(max_keepalive_connections=0)
+        client = _CLIENTS.client = httpx.Client(timeout=90, limits=limits)
+    return client
+
+
+_CLIENTS = threading.local()
 
 
 def call(server: PrefectServer, method: str, path: str, body: Any = None) -> Any:
@@ -490,11 +395,14 @@ def create_process_pool(api_url: str, name: str) -> None:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 180, log: Path | None = None) -> Any:
-    """Poll `check` until it returns something truthy (bounded; the machine is shared and slow)."""
+    """Poll `check` until it returns something truthy (bounded; the machine is shared and slow), 0.1 s
+    apart at first, then up to 0.5 s: a check is often a call to a server, whose CPU the suite shares."""
     deadline = time.monotonic() + timeout
+    pause = 0.1
     while not (value := check()):
         if time.monotonic() > deadline:
             tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
             pytest.fail(f"{what}: not after {timeout} s\n{tail}")
-        time.sleep(0.1)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.5)
     return value

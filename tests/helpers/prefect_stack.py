@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
+from helpers.postgres import postgres_database
 from helpers.prefect_server import (
     PrefectServer,
     api_call,
     create_process_pool,
-    postgres_database,
     running_prefect_server,
     running_worker,
 )

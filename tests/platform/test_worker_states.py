@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 from helpers.emulator import run_emulator_settings
+from helpers.postgres import postgres_database
 from helpers.prefect_server import (
     PrefectServer,
     base_environment,
     call,
     create_process_pool,
-    postgres_database,
     running_prefect_server,
     start_worker,
     stop_process_group,
