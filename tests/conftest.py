@@ -16,6 +16,8 @@ Prefect's settings are the suite's own, whatever the machine's environment holds
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gzip
 import logging
 import os
 import shutil
@@ -49,7 +51,7 @@ _own_prefect_home()
 import pytest  # noqa: E402 - after the environment is the suite's own
 from helpers.emulator import emulator_settings  # noqa: E402
 
-import imagebatch  # noqa: E402, F401 - sets Prefect's environment defaults before Prefect is imported
+import imagebatch  # noqa: E402 - sets Prefect's environment defaults before Prefect is imported
 from imagebatch.emulator import EmulatorServer  # noqa: E402
 
 
@@ -120,6 +122,37 @@ def pytest_configure(config: pytest.Config) -> None:
     started are stopped; Python's default for SIGTERM ends the process at once and left them running."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupted)
+    if not hasattr(config, "workerinput"):  # the controller (or the one process of `-n 0`), once
+        _COMPILED.extend(_compile_the_sources())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The bytecode `pytest_configure` wrote, removed: the checkout is left as the run found it."""
+    for path in _COMPILED:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # only if empty: a cache Python or the user made stays
+    _COMPILED.clear()
+
+
+_COMPILED: list[Path] = []
+
+
+def _compile_the_sources() -> list[Path]:
+    """imagebatch's own bytecode, compiled once for the run when Python would write none
+    (PYTHONDONTWRITEBYTECODE=1, as on these machines; `uv sync --compile-bytecode` compiles the installed
+    packages, not the project's editable source): otherwise each of the hundreds of Python processes the
+    tests start (flow runs, workers, commands, shards) compiles the modules it imports again, about 0.3
+    CPU s each. Returns the files written, which `pytest_unconfigure` removes."""
+    import compileall
+
+    if not sys.dont_write_bytecode:
+        return []  # Python caches it itself
+    package = Path(imagebatch.__file__).parent
+    before = set(package.rglob("*.pyc"))
+    compileall.compile_dir(package, quiet=1)
+    return sorted(set(package.rglob("*.pyc")) - before)
 
 
 def pytest_report_header() -> str | None:
@@ -177,14 +210,30 @@ def prefect_harness() -> Iterator[str]:
     flow-run heartbeats, as `imagebatch run` has on its temporary server (`cli.terminal`): nothing reads
     them, and with them on each run's end waits up to a second for the heartbeat thread."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect.testing import utilities
 
-    with (
-        prefect_test_harness(server_startup_timeout=120),
-        temporary_settings({"flows.heartbeat_frequency": None}),
-    ):
+    with contextlib.ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as patch:  # only while the harness makes its folder
+            patch.setattr(utilities, "mkdtemp", _folder_with_the_template_database)
+            stack.enter_context(utilities.prefect_test_harness(server_startup_timeout=120))
+        stack.enter_context(temporary_settings({"flows.heartbeat_frequency": None}))
         yield str(PREFECT_API_URL.value())
         _prefect_console_writes_to(sys.__stderr__)  # its "Stopping" line: not to the last test's capture
+
+
+def _folder_with_the_template_database() -> str:
+    """The harness's temporary folder (Prefect's helper makes it with `mkdtemp`), holding the database
+    imagebatch ships for its temporary server (`platform.prefect_template`) under the name the harness
+    gives its SQLite file: its server then starts on a schema at Alembic's head instead of running every
+    migration (about 6 CPU s of each start). If Prefect renames the file, the copy is unused: the harness
+    builds its database as before."""
+    from imagebatch.platform.prefect_template import template_path
+
+    folder = tempfile.mkdtemp()
+    if template_path().is_file():
+        with gzip.open(template_path()) as template, open(Path(folder) / "prefect-test.db", "wb") as db:
+            shutil.copyfileobj(template, db)
+    return folder
 
 
 @pytest.fixture
