@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from helpers.health import health_server
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
 from imagebatch.run.api_guard import MISSES, NOTE, STOPPED_ANSWERING, PrefectGuard
@@ -86,45 +84,6 @@ def test_a_loss_after_run_json_was_written_is_written_there_too() -> None:
     assert guard.note == f"{NOTE}: a test; the output folder's records are complete"
 
 
-class Health(BaseHTTPRequestHandler):
-    """Prefect's `/health` as far as the probe cares: an answer, over HTTP/1.1 (connections kept alive)."""
-
-    protocol_version = "HTTP/1.1"
-    opened: list[int]  # one entry per connection
-    probes: threading.Semaphore  # one release per answer
-    ended: threading.Event  # a connection was closed by its client
-
-    def handle(self) -> None:
-        self.opened.append(1)
-        try:
-            super().handle()  # every request of this connection, until the client closes it
-        finally:
-            self.ended.set()
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "4")
-        self.end_headers()
-        self.wfile.write(b"true")
-        self.probes.release()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@contextmanager
-def health_server() -> Iterator[tuple[str, type[Health]]]:
-    state = {"opened": [], "probes": threading.Semaphore(0), "ended": threading.Event()}
-    handler = type("Handler", (Health,), state)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/api", handler
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_the_probes_of_a_run_share_one_connection_closed_when_the_watch_ends() -> None:
     """A client made for each probe (`httpx.get`) cost ~50 ms of CPU every second of every run (its TLS
     context): the probes share one client, so twenty of them come over one kept-alive connection, which
@@ -138,4 +97,4 @@ def test_the_probes_of_a_run_share_one_connection_closed_when_the_watch_ends() -
         finally:
             guard.close()
         assert handler.ended.wait(WAIT)  # the guard closed its connection
-        assert not guard.lost.is_set() and len(handler.opened) == 1, handler.opened
+        assert not guard.lost.is_set() and handler.connections == 1, handler.connections
