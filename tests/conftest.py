@@ -184,6 +184,49 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     stop_started()
 
 
+# --- the Prefect servers the platform tests share ------------------------------------------------------
+
+SHARED_SERVERS = "prefect_servers"
+
+
+@pytest.fixture(scope="session", name=SHARED_SERVERS)
+def shared_prefect_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """This test process's `prefect server start`s, one per database, each module's emptied for it
+    (`helpers.shared_servers`); stopped when the next test does not use them (below)."""
+    from helpers.shared_servers import PrefectServers
+
+    servers = PrefectServers(tmp_path_factory.mktemp("prefect-servers"))
+    request.config.stash[_SERVERS] = servers
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+_SERVERS = pytest.StashKey[Any]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last test of a file (its module's fixtures torn down), the shared servers it did not use
+    stopped, and all of them when the next file uses none (`PrefectServers.file_ended`)."""
+    try:
+        return (yield)
+    finally:
+        servers = item.config.stash.get(_SERVERS, None)
+        if servers is not None and (nextitem is None or _file(nextitem) != _file(item)):
+            users = item.config.stash.get(_SERVER_FILES, set())
+            servers.file_ended(next_file_uses_one=nextitem is not None and _file(nextitem) in users)
+
+
+_SERVER_FILES = pytest.StashKey[set[str]]()
+"""The test files some test of which uses the shared servers (`pytest_collection_modifyitems`)."""
+
+
+def _file(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
 # --- the slow tests ------------------------------------------------------------------------------------
 
 SLOW_FIXTURES = frozenset({"prefect_harness", "browser"})
@@ -192,17 +235,22 @@ or a real browser. Tests that start servers, workers or browsers of their own sa
 `pytest.mark.slow` (a module's `pytestmark`)."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `slow` every test that uses a slow fixture, in this one place rather than on each test; then
-    order the files slowest first (`_slow_first`)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `slow` every test that uses a slow fixture, in this one place rather than on each test; note
+    the files that use the shared Prefect servers; then order the files slowest first (`_slow_first`)."""
+    server_files = config.stash[_SERVER_FILES] = set()
     for item in items:
-        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        fixtures = getattr(item, "fixturenames", ())
+        if SLOW_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.slow)
-    _slow_first(items)
+        if SHARED_SERVERS in fixtures:
+            server_files.add(_file(item))
+    _slow_first(items, server_files)
 
 
-def _slow_first(items: list[pytest.Item]) -> None:
-    """Files whose every test is slow first, then those with some, then the rest; each file's tests
+def _slow_first(items: list[pytest.Item], server_files: set[str]) -> None:
+    """Files whose every test is slow first, then those with some, then the rest, and in each the files
+    that use the shared Prefect servers first (so that a server seldom starts twice); each file's tests
     together and in their order. pytest-xdist hands each worker the next file as it finishes one (`--dist
     loadfile` with `--no-loadscope-reorder`, pyproject.toml; its default order, most tests first, put the
     long files of few tests last): ending on short files, the two workers finish together. In a simulation
@@ -210,11 +258,11 @@ def _slow_first(items: list[pytest.Item]) -> None:
     the mean the old way (32 s in one run in ten), 2 s this way."""
     slow: dict[str, list[bool]] = {}
     for item in items:
-        slow.setdefault(item.nodeid.split("::")[0], []).append(item.get_closest_marker("slow") is not None)
+        slow.setdefault(_file(item), []).append(item.get_closest_marker("slow") is not None)
 
-    def group(item: pytest.Item) -> int:
-        marks = slow[item.nodeid.split("::")[0]]
-        return 0 if all(marks) else 1 if any(marks) else 2
+    def group(item: pytest.Item) -> tuple[int, bool]:
+        marks = slow[_file(item)]
+        return 0 if all(marks) else 1 if any(marks) else 2, _file(item) not in server_files
 
     items.sort(key=group)  # stable: a file's tests stay together, in order
 

@@ -12,17 +12,16 @@ import csv
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers.prefect_server import (
     PrefectServer,
     base_environment,
-    running_prefect_server,
     stop_process_group,
     wait_for,
 )
+from helpers.shared_servers import PrefectServers
 from helpers.walkthroughs import examples, imagebatch_argv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +37,8 @@ def no_session_harness() -> None:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[PrefectServer]:
-    with running_prefect_server(tmp_path / "prefect", stop_grace=3) as running:
-        yield running
+def server(prefect_servers: PrefectServers) -> PrefectServer:
+    return prefect_servers.sqlite()
 
 
 def as_process(argv: list[str]) -> list[str]:

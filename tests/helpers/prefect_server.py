@@ -346,7 +346,7 @@ def api_call(api_url: str, method: str, path: str, body: Any = None, *, repeatab
     3.8.8's server on SQLite can stall every request for up to 60 s while two workers poll (its writes wait
     on the database lock until SQLite's 60 s busy timeout; Prefect issue #23051; a 10 s bound failed a CI
     run), so each try waits 90 s, all of them 240 s. A 409 after a timed-out try of a repeatable call is
-    that try's success: it is returned as None."""
+    that try's success: it is returned as None, as is an answer with no body (a 204 to a DELETE)."""
     repeatable = repeatable or method == "GET" or path.endswith("/filter")  # a filter is a read
     deadline = time.monotonic() + 240
     timed_out = False
@@ -362,7 +362,7 @@ def api_call(api_url: str, method: str, path: str, body: Any = None, *, repeatab
             return None
         if response.status_code not in (502, 503) or time.monotonic() > deadline:
             response.raise_for_status()
-            return response.json()
+            return response.json() if response.content else None
         time.sleep(0.2)
 
 

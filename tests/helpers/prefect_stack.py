@@ -1,36 +1,33 @@
 """Real Prefect stacks for the deployment tests (tests/platform/test_deploy*.py): per database, a
-`prefect server start` (SQLite in a temporary PREFECT_HOME and, where PostgreSQL is installed, PostgreSQL),
-an emulator with a key of its own and a `prefect worker start` process on a process work pool holding that
-key (the only way the key reaches the runs). A module imports the fixtures `stacks` and `stack` (one
-stack per database for the module, started at once: `started_stacks`, `each_stack`; the module's
-`STACK_BACKENDS` may name fewer databases than both) and `prefect_harness` (`no_session_harness`), which
-replaces the session's Prefect test harness: nothing there talks to Prefect except through the servers
-started here.
+`prefect server start` (SQLite and, where PostgreSQL is installed, PostgreSQL: the test process's shared
+servers, `helpers.shared_servers`, emptied for the module), an emulator with a key of its own and a
+`prefect worker start` process on a process work pool holding that key (the only way the key reaches the
+runs). A module imports the fixtures `stacks` and `stack` (one stack per database for the module:
+`started_stacks`, `each_stack`; the module's `STACK_BACKENDS` may name fewer databases than both) and
+`prefect_harness` (`no_session_harness`), which replaces the session's Prefect test harness: nothing there
+talks to Prefect except through the servers named here.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 import shlex
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers.postgres import postgres_database
 from helpers.prefect_server import (
     PrefectServer,
     api_call,
-    create_process_pool,
-    running_prefect_server,
     running_worker,
 )
+from helpers.shared_servers import PrefectServers
 from imagebatch.cli.main import main
 from imagebatch.emulator import EmulatorServer, EmulatorSettings
 
@@ -42,7 +39,6 @@ YAML_POOL = "imagebatch"  # prefect.yaml's (no worker here)
 IDLE_POOL = "imagebatch-idle-pool"  # has none: scheduled runs of its deployments stay scheduled
 FLOW = "generate_from_manifest"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-PG_DATABASE = f"imagebatch_test_deploy_{os.getpid()}"  # one per test run: helpers run at once
 BACKENDS = ("sqlite", "postgres")
 # What Prefect 3.8.8's scheduler logs on SQLAlchemy 2.1 (pinned below 2.1 in pyproject.toml for it).
 SCHEDULER_BROKEN = "Can't evaluate bulk DML statement"
@@ -104,26 +100,11 @@ class Stack:
 
 
 @contextmanager
-def running_stack(backend: str, home: Path) -> Iterator[Stack | None]:
-    """Yields None for PostgreSQL where it is not installed."""
-    with postgres_database(PG_DATABASE) if backend == "postgres" else nullcontext() as database_url:
-        if backend == "postgres" and database_url is None:
-            yield None
-        else:
-            with _stack(backend, home, database_url) as stack:
-                yield stack
-
-
-@contextmanager
-def _stack(backend: str, home: Path, database_url: str | None) -> Iterator[Stack]:
+def _stack_on(server: PrefectServer, home: Path, backend: str, database_url: str | None) -> Iterator[Stack]:
+    """On `server`: an emulator with a key of its own, and a worker on `POOL` holding it."""
     key = f"sk-deploy-test-{secrets.token_hex(12)}"
     settings = EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0)
-    with (
-        EmulatorServer(settings) as emulator,
-        running_prefect_server(home / "server", database_url, stop_grace=3) as server,
-    ):
-        for pool in (POOL, IDLE_POOL, YAML_POOL):
-            create_process_pool(server.api_url, pool)
+    with EmulatorServer(settings) as emulator:
         worker_env = {"IMAGEBATCH_API_KEY": key, "PREFECT_HOME": str(home / "worker")}
         worker_log = home / "worker.log"
         with running_worker(server.api_url, POOL, worker_env, worker_log, stop_grace=3):
@@ -132,35 +113,28 @@ def _stack(backend: str, home: Path, database_url: str | None) -> Iterator[Stack
 
 @pytest.fixture(scope="module", name="stacks")
 def started_stacks(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, prefect_servers: PrefectServers
 ) -> Iterator[dict[str, Stack | None]]:
-    """The module's stacks, started at once (each takes 15-25 s, mostly the server's start): one per
-    database in the module's `STACK_BACKENDS` (default: both). A module whose tests all run on SQLite
-    says `STACK_BACKENDS = ("sqlite",)`: a PostgreSQL server and its worker none of them use would start,
-    poll and stop for the whole module (on a 2-core machine their CPU is the other tests' time)."""
+    """The module's stacks, one per database in the module's `STACK_BACKENDS` (default: both), on the
+    process's shared servers (`helpers.shared_servers`; None for PostgreSQL where it is not installed).
+    A module whose tests all run on SQLite says `STACK_BACKENDS = ("sqlite",)`: a worker none of them
+    use would poll for the whole module (on a 2-core machine its CPU is the other tests' time)."""
     backends = tuple(getattr(request.module, "STACK_BACKENDS", BACKENDS))
     # The folders are made here, not in the threads: two first calls of `mktemp` at once race in pytest's
     # making of its base folder (with `--basetemp`, one removes what the other just made).
-    homes = {backend: tmp_path_factory.mktemp(f"prefect-{backend}") for backend in backends}
-    with ExitStack() as cleanup:
-
-        def enter(backend: str) -> tuple[AbstractContextManager[Stack | None], Stack | None]:
-            manager = running_stack(backend, homes[backend])
-            return manager, manager.__enter__()
-
-        with ThreadPoolExecutor(len(backends)) as pool:
-            futures = {backend: pool.submit(enter, backend) for backend in backends}
-        started: dict[str, Stack | None] = {}
-        errors = []
-        for backend, future in futures.items():
-            try:
-                manager, started[backend] = future.result()
-                cleanup.push(manager.__exit__)
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
-        yield started
+    homes = {backend: tmp_path_factory.mktemp(f"stack-{backend}") for backend in backends}
+    with ThreadPoolExecutor(len(backends)) as threads:  # the first module's servers start at once
+        found = threads.map(
+            lambda backend: prefect_servers.fresh(backend, POOL, IDLE_POOL, YAML_POOL), backends
+        )
+        servers = dict(zip(backends, found, strict=True))
+    with ExitStack() as stacks:
+        yield {
+            backend: None if server is None else stacks.enter_context(
+                _stack_on(server, homes[backend], backend, prefect_servers.database_url(backend))
+            )
+            for backend, server in servers.items()
+        }  # fmt: skip
 
 
 @pytest.fixture(params=BACKENDS, name="stack")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +15,19 @@ import pytest
 from helpers.prefect_server import (
     PrefectServer,
     call,
-    create_process_pool,
     kill_machine,
-    running_prefect_server,
     running_worker,
     start_worker,
     stop_process_group,
     wait_for,
 )
+from helpers.shared_servers import PrefectServers
 
 from imagebatch.cli.main import main
 from imagebatch.emulator import EmulatorServer, EmulatorSettings
 from imagebatch.platform.automations import AUTOMATION_NAME, PENDING_NAME
 
-pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+pytestmark = pytest.mark.slow  # Prefect servers (helpers.shared_servers) and workers
 
 POOL = "dead-runs-pool"
 KEY = "sk-dead-runs-test-key"
@@ -42,10 +40,8 @@ def prefect_harness() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    with running_prefect_server(tmp_path_factory.mktemp("dead-runs"), stop_grace=3) as running:
-        create_process_pool(running.api_url, POOL)
-        yield running
+def server(prefect_servers: PrefectServers) -> PrefectServer:
+    return prefect_servers.sqlite(POOL)
 
 
 def deploy(server: PrefectServer, args: str) -> None:

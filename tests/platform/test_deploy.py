@@ -26,7 +26,6 @@ from helpers.prefect_stack import (  # the fixtures: stacks, stack, and prefect_
     CATALOG,
     CATALOG_REQUESTS,
     IDLE_POOL,
-    PG_DATABASE,
     POOL,
     REPO,
     SCHEDULER_BROKEN,
@@ -40,7 +39,7 @@ from helpers.prefect_stack import (  # the fixtures: stacks, stack, and prefect_
 from imagebatch.options import RunOptions
 from imagebatch.run.preflight import NO_SERVICE
 
-pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+pytestmark = pytest.mark.slow  # Prefect servers (helpers.shared_servers) and workers
 
 
 @dataclass
@@ -197,7 +196,7 @@ def test_the_key_is_nowhere_in_the_prefect_database(stack: Stack, worker_runs: d
         dump = b"".join(path.read_bytes() for path in files)
     else:
         dump = subprocess.run(
-            ["su", "postgres", "-c", f"pg_dump --data-only {PG_DATABASE}"],
+            ["su", "postgres", "-c", f"pg_dump --data-only {stack.database_url.rsplit('/', 1)[1]}"],
             capture_output=True,
             check=True,
             timeout=60,

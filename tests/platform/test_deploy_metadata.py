@@ -18,11 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.prefect_server import PrefectServer, call, create_process_pool, running_prefect_server
+from helpers.prefect_server import PrefectServer, call
+from helpers.shared_servers import PrefectServers
 
 from imagebatch.cli.main import main
 
-pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+pytestmark = pytest.mark.slow  # Prefect servers (helpers.shared_servers) and workers
 
 POOL = "metadata-pool"
 
@@ -33,11 +34,8 @@ def prefect_harness() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    with running_prefect_server(tmp_path_factory.mktemp("metadata"), stop_grace=3) as running:
-        for name in (POOL, "imagebatch"):  # ours, and prefect.yaml's
-            create_process_pool(running.api_url, name)
-        yield running
+def server(prefect_servers: PrefectServers) -> PrefectServer:
+    return prefect_servers.sqlite(POOL, "imagebatch")  # ours, and prefect.yaml's
 
 
 def deploy(server: PrefectServer, args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

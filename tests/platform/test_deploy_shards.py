@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from helpers.prefect_server import (
+    create_process_pool,
     kill_machine,
     running_worker,
     start_worker,
@@ -25,7 +26,6 @@ from helpers.prefect_stack import (  # the fixtures: stacks and prefect_harness 
     POOL,
     TERMINAL,
     Stack,
-    create_process_pool,
     no_session_harness,  # noqa: F401
     started_stacks,  # noqa: F401
 )
@@ -33,7 +33,7 @@ from helpers.prefect_stack import (  # the fixtures: stacks and prefect_harness 
 from imagebatch.cli.main import main
 from imagebatch.emulator import EmulatorServer, EmulatorSettings
 
-pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+pytestmark = pytest.mark.slow  # Prefect servers (helpers.shared_servers) and workers
 
 
 def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_once(

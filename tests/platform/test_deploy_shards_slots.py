@@ -17,17 +17,16 @@ from typing import Any
 
 import pytest
 from helpers.lossy_proxy import LossyProxy
-from helpers.prefect_server import running_worker, submitted_by
+from helpers.prefect_server import create_process_pool, running_worker, submitted_by
 from helpers.prefect_stack import (  # the fixtures: stacks and prefect_harness (none here)
     Stack,
-    create_process_pool,
     no_session_harness,  # noqa: F401
     started_stacks,  # noqa: F401
 )
 
 from imagebatch.emulator import EmulatorServer, EmulatorSettings
 
-pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+pytestmark = pytest.mark.slow  # Prefect servers (helpers.shared_servers) and workers
 
 STACK_BACKENDS = ("sqlite",)
 """Every test here runs on SQLite: the module's `stacks` start no PostgreSQL server."""

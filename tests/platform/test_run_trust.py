@@ -24,16 +24,15 @@ from helpers.prefect_server import (
     PrefectServer,
     base_environment,
     call,
-    create_process_pool,
-    running_prefect_server,
     stop_process_group,
     wait_for,
 )
+from helpers.shared_servers import PrefectServers
 
 from imagebatch.cli.main import main
 from imagebatch.emulator import EmulatorServer
 
-pytestmark = pytest.mark.slow  # its own Prefect server and worker
+pytestmark = pytest.mark.slow  # a Prefect server (helpers.shared_servers) and a worker
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO / "manifests" / "examples" / "catalog.csv"
@@ -103,7 +102,7 @@ class Scene:
 
 
 @pytest.fixture(scope="module")
-def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
+def scene(tmp_path_factory: pytest.TempPathFactory, prefect_servers: PrefectServers) -> Iterator[Scene]:
     """One server, one emulator, a catcher, the catalog deployed into ROOT/nightly, and `imagebatch worker`
     allowed ROOT and the emulator only."""
     home = tmp_path_factory.mktemp("trust")
@@ -111,11 +110,8 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     root.mkdir()
     catcher = ThreadingHTTPServer(("127.0.0.1", 0), Catcher)
     threading.Thread(target=catcher.serve_forever, daemon=True).start()
-    with (
-        EmulatorServer(run_emulator_settings(KEY)) as emulator,
-        running_prefect_server(home / "server", stop_grace=3) as server,
-    ):
-        create_process_pool(server.api_url, POOL)
+    server = prefect_servers.sqlite(POOL)
+    with EmulatorServer(run_emulator_settings(KEY)) as emulator:
         _deploy(server, f"{CATALOG} --out {root / 'nightly'} --name nightly --work-pool {POOL} "
                 f"--base-url {emulator.url}")  # fmt: skip
         env = {"IMAGEBATCH_API_KEY": KEY, "PREFECT_HOME": str(home / "worker-home"),

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,17 +24,16 @@ from helpers.prefect_server import (
     PrefectServer,
     base_environment,
     call,
-    create_process_pool,
-    running_prefect_server,
     stop_process_group,
     wait_for,
 )
 from helpers.runs import read_results
+from helpers.shared_servers import PrefectServers
 
 from imagebatch.cli.main import main
 from imagebatch.emulator import EmulatorServer, EmulatorSettings
 
-pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+pytestmark = pytest.mark.slow  # Prefect servers (helpers.shared_servers) and workers
 
 POOL = "sharded-stop-pool"
 KEY = "sk-sharded-stop-test-key"
@@ -49,10 +47,8 @@ def prefect_harness() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    with running_prefect_server(tmp_path_factory.mktemp("sharded-stop"), stop_grace=3) as running:
-        create_process_pool(running.api_url, POOL)
-        yield running
+def server(prefect_servers: PrefectServers) -> PrefectServer:
+    return prefect_servers.sqlite(POOL)
 
 
 def imagebatch_worker(server: PrefectServer, home: Path, log: Path) -> subprocess.Popen[bytes]:

@@ -17,30 +17,27 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.emulator import run_emulator_settings
-from helpers.postgres import postgres_database
 from helpers.prefect_server import (
     PrefectServer,
     base_environment,
     call,
-    create_process_pool,
-    running_prefect_server,
     start_worker,
     stop_process_group,
     wait_for,
 )
 from helpers.runs import read_results, write_csv
+from helpers.shared_servers import PrefectServers
 
 from imagebatch.cli.main import main
 from imagebatch.emulator import EmulatorServer
 from imagebatch.emulator.settings import FaultConfig, parse_script
 
-pytestmark = pytest.mark.slow  # its own Prefect servers and workers
+pytestmark = pytest.mark.slow  # Prefect servers (helpers.shared_servers) and workers
 
 FLOW = "generate_from_manifest"
 POOL = "states-pool"
@@ -59,18 +56,11 @@ def prefect_harness() -> None:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PrefectServer]:
-    postgres = request.param == "postgres"
-    with postgres_database(f"imagebatch_test_states_{os.getpid()}") if postgres else nullcontext() as url:
-        if postgres and url is None:
-            pytest.skip("PostgreSQL is not installed here: tested on SQLite only")
-        with running_prefect_server(
-            tmp_path_factory.mktemp(f"states-{request.param}"), url, stop_grace=3
-        ) as running:
-            create_process_pool(running.api_url, POOL)
-            yield running
+def server(request: pytest.FixtureRequest, prefect_servers: PrefectServers) -> PrefectServer:
+    running = prefect_servers.fresh(request.param, POOL)
+    if running is None:
+        pytest.skip("PostgreSQL is not installed here: tested on SQLite only")
+    return running
 
 
 class Scene:

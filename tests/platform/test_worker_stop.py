@@ -17,15 +17,14 @@ import pytest
 from helpers.prefect_server import (
     PrefectServer,
     base_environment,
-    create_process_pool,
-    running_prefect_server,
     stop_process_group,
     wait_for,
 )
+from helpers.shared_servers import PrefectServers
 
 from imagebatch.platform.worker import STOP_BOUND
 
-pytestmark = pytest.mark.slow  # its own Prefect server and workers
+pytestmark = pytest.mark.slow  # a Prefect server (helpers.shared_servers) and workers
 
 POOL = "stop-pool"
 GONE_WITHIN = STOP_BOUND + 30  # generous: the machine is shared
@@ -37,10 +36,8 @@ def prefect_harness() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    with running_prefect_server(tmp_path_factory.mktemp("worker-stop"), stop_grace=3) as running:
-        create_process_pool(running.api_url, POOL)
-        yield running
+def server(prefect_servers: PrefectServers) -> PrefectServer:
+    return prefect_servers.sqlite(POOL)
 
 
 def start_imagebatch_worker(server: PrefectServer, home: Path, log: Path) -> subprocess.Popen[bytes]:
