@@ -44,9 +44,11 @@ from imagebatch.platform.prefect_template import seed_database
 
 __all__ = [
     "PrefectServer",
+    "api_call",
     "base_environment",
     "free_port",
     "kill_machine",
+    "prefect_api",
     "running_prefect_server",
     "running_worker",
     "start_worker",
@@ -383,6 +385,30 @@ _CLIENTS = threading.local()
 def call(server: PrefectServer, method: str, path: str, body: Any = None) -> Any:
     """`api_call` on this server."""
     return api_call(server.api_url, method, path, body)
+
+
+@contextmanager
+def prefect_api(api_url: str, **settings: Any) -> Iterator[None]:
+    """This process's Prefect client talks to the server at `api_url` for the block (with more Prefect
+    settings by name, e.g. `PREFECT_CLIENT_MAX_RETRIES=0`), and sends its events there.
+
+    Prefect keeps one events worker per process whatever the API it was made for (its key is the events
+    client's type, not the URL): made inside such a block, it would send every later event of this test
+    process (the task-run states of the session harness's flow runs) to this server, stopped by then, and
+    each later run would wait its 30 s (`run.artifacts.settle_prefect_records`) for states the harness
+    never gets. So the events workers are drained on the way in and out: each block's events go to its
+    own server, and the next user makes a new worker for its own."""
+    import prefect.settings
+    from prefect.events.worker import EventsWorker
+
+    values = {prefect.settings.PREFECT_API_URL: api_url}
+    values |= {getattr(prefect.settings, name): value for name, value in settings.items()}
+    EventsWorker.drain_all(timeout=30, at_exit=False)
+    try:
+        with prefect.settings.temporary_settings(values):
+            yield
+    finally:
+        EventsWorker.drain_all(timeout=30, at_exit=False)
 
 
 def create_process_pool(api_url: str, name: str) -> None:

@@ -25,6 +25,7 @@ import pytest
 from helpers.prefect_server import (
     PrefectServer,
     api_call,
+    prefect_api,
     running_worker,
 )
 from helpers.shared_servers import PrefectServers
@@ -78,9 +79,7 @@ class Stack:
 
     def deploy(self, arguments: str) -> int:
         """`imagebatch deploy ARGUMENTS` (shell-quoted) in this process, against this stack's server."""
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings({PREFECT_API_URL: self.api}):
+        with prefect_api(self.api):
             return main(["deploy", *shlex.split(arguments)])
 
     def run(self, deployment_id: str) -> str:

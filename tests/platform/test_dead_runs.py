@@ -16,6 +16,7 @@ from helpers.prefect_server import (
     PrefectServer,
     call,
     kill_machine,
+    prefect_api,
     running_worker,
     start_worker,
     stop_process_group,
@@ -45,9 +46,7 @@ def server(prefect_servers: PrefectServers) -> PrefectServer:
 
 
 def deploy(server: PrefectServer, args: str) -> None:
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: server.api_url}):
+    with prefect_api(server.api_url):
         assert main(["deploy", *shlex.split(args)]) == 0
 
 

@@ -2,7 +2,7 @@
 database, an emulator, a process worker), running deployments against an emulator over HTTP; the sharded
 runs are in test_deploy_shards.py and test_deploy_shards_slots.py.
 
-`imagebatch deploy` runs in this process under `temporary_settings` pointing at the stack's server; the
+`imagebatch deploy` runs in this process under `helpers.prefect_server.prefect_api` (the stack's server); the
 server is read over its REST API.
 """
 
@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
+from helpers.prefect_server import prefect_api
 from helpers.prefect_stack import (  # the fixtures: stacks, stack, and prefect_harness (none here)
     CATALOG,
     CATALOG_REQUESTS,
@@ -294,7 +295,6 @@ def test_a_deployment_of_the_earlier_shape_keeps_working(
     through Prefect's API as the earlier `imagebatch deploy` made it) runs on today's worker, its flat
     options read as the model's fields."""
     from helpers.runs import read_results
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from imagebatch.platform.deploy import build_deployment
 
@@ -305,7 +305,7 @@ def test_a_deployment_of_the_earlier_shape_keeps_working(
         "manifest": str(CATALOG), "out": str(out), "concurrency": 2, "base_url": stack.emulator.url,
         "max_images": 3, "report": False, "api_key_secret_block": None, "shards": 1, "shard": None,
     }  # fmt: skip
-    with temporary_settings({PREFECT_API_URL: stack.api}):
+    with prefect_api(stack.api):
         deployment = build_deployment("earlier-shape", flat, None, POOL)
         deployment.enforce_parameter_schema = False  # the earlier flow's schema took these names
         deployment_id = deployment.apply(work_pool_name=POOL)
@@ -321,12 +321,11 @@ def test_a_deployment_run_without_an_address_fails_with_one_line(stack: Stack, t
     """Issue 20, item 6: a deployment made without `imagebatch deploy`'s check (here by Prefect's own API,
     as an old one would be) and a worker without IMAGEBATCH_BASE_URL: the run fails, saying so, and the
     embedded emulator is never started."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from imagebatch.platform.deploy import build_deployment
 
     parameters = {"manifest": str(CATALOG), "out": str(tmp_path / "out")}
-    with temporary_settings({PREFECT_API_URL: stack.api}):
+    with prefect_api(stack.api):
         deployment_id = build_deployment("no-address", parameters, None, POOL).apply(work_pool_name=POOL)
     run = stack.wait(stack.run(str(deployment_id)))
     assert run["state_type"] == "FAILED"

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.prefect_server import PrefectServer, call
+from helpers.prefect_server import PrefectServer, call, prefect_api
 from helpers.shared_servers import PrefectServers
 
 from imagebatch.cli.main import main
@@ -39,10 +39,8 @@ def server(prefect_servers: PrefectServers) -> PrefectServer:
 
 
 def deploy(server: PrefectServer, args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     capsys.readouterr()
-    with temporary_settings({PREFECT_API_URL: server.api_url}):
+    with prefect_api(server.api_url):
         code = main(["deploy", *shlex.split(args)])
     return code, capsys.readouterr().err
 
@@ -149,12 +147,11 @@ def test_notify_sends_a_failed_runs_name_state_and_counts_to_the_block(
     server: PrefectServer, manifest: str, capsys: pytest.CaptureFixture[str], webhook: str
 ) -> None:
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     hook = CustomWebhookNotificationBlock(
         name="team", url=webhook, json_data={"subject": "{{subject}}", "text": "{{body}}"}
     )
-    with temporary_settings({PREFECT_API_URL: server.api_url}):
+    with prefect_api(server.api_url):
         hook.save("ops", overwrite=True)
     code, err = deploy(server, f"{manifest} --name told --notify custom-webhook/ops", capsys)
     assert code == 0, err

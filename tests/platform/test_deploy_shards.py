@@ -15,6 +15,7 @@ import pytest
 from helpers.prefect_server import (
     create_process_pool,
     kill_machine,
+    prefect_api,
     running_worker,
     start_worker,
     stop_process_group,
@@ -48,7 +49,6 @@ def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_
     from collections import Counter
 
     from helpers.runs import peak_in_flight, read_results
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     key = stack.emulator.api_key
     manifest = tmp_path / "big.csv"
@@ -60,7 +60,7 @@ def test_a_sharded_run_on_two_workers_keeps_the_global_limit_and_sends_each_key_
         EmulatorServer(settings) as emulator,
         running_worker(stack.api, POOL, second, tmp_path / "worker-2.log", stop_grace=3),
     ):
-        with temporary_settings({PREFECT_API_URL: stack.api}):
+        with prefect_api(stack.api):
             assert main(["limits", "--name", "t-shards", "--concurrency", "4"]) == 0
         code = stack.deploy(
             f"{manifest} --out {out} --name sharded --work-pool {POOL} --shards 2 --concurrency 16 "
@@ -134,7 +134,6 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
     from collections import Counter
 
     from helpers.runs import read_results, run_flow
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from imagebatch.run.hooks import RunHooks, run_hooks
 
@@ -151,7 +150,7 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
 
     def parent() -> dict[str, Any]:
         hooks = RunHooks(shard_grace=8.0)
-        with temporary_settings({PREFECT_API_URL: stack.api}), run_hooks(hooks):
+        with prefect_api(stack.api), run_hooks(hooks):
             return run_flow(
                 manifest=str(manifest), out=str(out), concurrency=4, base_url=emulator.url, adaptive=False,
                 shards=2, shard_deployment=f"{FLOW}/killable-shards",

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from helpers.lossy_proxy import LossyProxy
-from helpers.prefect_server import create_process_pool, running_worker, submitted_by
+from helpers.prefect_server import create_process_pool, prefect_api, running_worker, submitted_by
 from helpers.prefect_stack import (  # the fixtures: stacks and prefect_harness (none here)
     Stack,
     no_session_harness,  # noqa: F401
@@ -241,7 +241,6 @@ def test_a_shard_run_asked_for_twice_is_made_once(stacks: dict[str, Stack | None
     import time
 
     from prefect import flow
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from imagebatch.run import shards
 
@@ -257,7 +256,7 @@ def test_a_shard_run_asked_for_twice_is_made_once(stacks: dict[str, Stack | None
         again = shards._start(f"generate_from_manifest/{pool}", ask, 2, time.monotonic)
         return [str(s.run_id) for s in first], [str(s.run_id) for s in again]
 
-    with temporary_settings({PREFECT_API_URL: stack.api}):
+    with prefect_api(stack.api):
         first, again = parent()
     assert first == again and len(set(first)) == 2
     runs = stack.post("/flow_runs/filter", {"deployments": {"id": {"any_": [deployment_id]}}})
@@ -276,7 +275,6 @@ def test_a_shard_runs_creation_whose_answer_is_lost_is_asked_again_and_made_once
     import time
 
     from prefect import flow
-    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
     from imagebatch.run import shards
 
@@ -298,7 +296,7 @@ def test_a_shard_runs_creation_whose_answer_is_lost_is_asked_again_and_made_once
 
     with (
         LossyProxy(stack.api, creation, lose=2) as proxy,
-        temporary_settings({PREFECT_API_URL: proxy.url, PREFECT_CLIENT_MAX_RETRIES: 0}),
+        prefect_api(proxy.url, PREFECT_CLIENT_MAX_RETRIES=0),
     ):
         made = parent()
     # Asked again after each lost answer, and after a 503 of the server's own (SQLite's busy snapshot).

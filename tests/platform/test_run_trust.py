@@ -24,6 +24,7 @@ from helpers.prefect_server import (
     PrefectServer,
     base_environment,
     call,
+    prefect_api,
     stop_process_group,
     wait_for,
 )
@@ -138,9 +139,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory, prefect_servers: PrefectServ
 def _deploy(server: PrefectServer, arguments: str) -> None:
     import shlex
 
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: server.api_url}):
+    with prefect_api(server.api_url):
         assert main(["deploy", *shlex.split(arguments)]) == 0
 
 

@@ -4,7 +4,7 @@ module finds it empty of everything the previous one made through the API."""
 from __future__ import annotations
 
 import pytest
-from helpers.prefect_server import api_call
+from helpers.prefect_server import api_call, prefect_api
 from helpers.shared_servers import MADE, PrefectServers
 
 pytestmark = pytest.mark.slow  # a Prefect server
@@ -12,7 +12,6 @@ pytestmark = pytest.mark.slow  # a Prefect server
 
 def _make_one_of_each(api: str) -> None:
     from prefect.blocks.system import Secret
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     flow = api_call(api, "POST", "/flows/", {"name": "shared-servers-flow"})
     deployment = api_call(
@@ -27,7 +26,7 @@ def _make_one_of_each(api: str) -> None:
     api_call(api, "POST", "/concurrency_limits/", {"tag": "t", "concurrency_limit": 1})
     api_call(api, "POST", "/variables/", {"name": "v", "value": "x"})
     api_call(api, "POST", "/artifacts/", {"key": "k", "type": "markdown", "data": "x"})
-    with temporary_settings({PREFECT_API_URL: api}):
+    with prefect_api(api):
         Secret(value="not-a-real-secret").save("made-secret")
 
 

@@ -24,6 +24,7 @@ from helpers.prefect_server import (
     PrefectServer,
     base_environment,
     call,
+    prefect_api,
     stop_process_group,
     wait_for,
 )
@@ -65,7 +66,6 @@ def imagebatch_worker(server: PrefectServer, home: Path, log: Path) -> subproces
 def test_sigterm_to_the_worker_stops_every_shard_and_records_the_run_stopped(
     server: PrefectServer, tmp_path: Path
 ) -> None:
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     manifest = tmp_path / "m.csv"
     manifest.write_text("id,prompt\n" + "".join(f"s{i:03d},item {i}\n" for i in range(ROWS)))
@@ -75,7 +75,7 @@ def test_sigterm_to_the_worker_stops_every_shard_and_records_the_run_stopped(
             f"{manifest} --out {out} --name split --work-pool {POOL} --shards 2 --concurrency 2 "
             f"--no-adaptive --base-url {emulator.url}"
         )
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
+        with prefect_api(server.api_url):
             assert main(["deploy", *shlex.split(args)]) == 0
         deployment = call(server, "GET", "/deployments/name/generate_from_manifest/split")
         worker = imagebatch_worker(server, tmp_path / "home", log)

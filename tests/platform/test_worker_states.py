@@ -26,6 +26,7 @@ from helpers.prefect_server import (
     PrefectServer,
     base_environment,
     call,
+    prefect_api,
     start_worker,
     stop_process_group,
     wait_for,
@@ -79,11 +80,9 @@ class Scene:
         self.worker: subprocess.Popen[bytes] | None = None
 
     def deploy(self, extra: str = "") -> None:
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
         args = f"{self.manifest} --out {self.out} --name {self.name} --work-pool {POOL} "
         args += f"--base-url {self.emulator.url} --concurrency 2 --no-adaptive {extra}"
-        with temporary_settings({PREFECT_API_URL: self.server.api_url}):
+        with prefect_api(self.server.api_url):
             assert main(["deploy", *shlex.split(args)]) == 0
 
     def start_worker(self, imagebatch: bool = False) -> subprocess.Popen[bytes]:
