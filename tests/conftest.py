@@ -191,8 +191,9 @@ SHARED_SERVERS = "prefect_servers"
 
 @pytest.fixture(scope="session", name=SHARED_SERVERS)
 def shared_prefect_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """This test process's `prefect server start`s, one per database, each module's emptied for it
-    (`helpers.shared_servers`); stopped when the next test does not use them (below)."""
+    """This test process's `prefect server start`s, one per database, emptied for each file that asks
+    (`helpers.shared_servers`); stopped at the end of a file that did not use them or before one that
+    uses none (below)."""
     from helpers.shared_servers import PrefectServers
 
     servers = PrefectServers(tmp_path_factory.mktemp("prefect-servers"))

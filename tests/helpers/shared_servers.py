@@ -13,8 +13,9 @@ pools, automations or blocks, as on a new server. What stays is what tests read 
 (events and logs, by flow run) and the flows' names.
 
 A server is stopped at the end of a test file that did not use it, or when the next file uses none
-(`file_ended`, called from tests/conftest.py's `pytest_runtest_teardown`): an idle server costs 1.4 CPU s a
-minute, PostgreSQL's 6.5. The test files go to the workers slowest first, the ones that use these servers
+(`file_ended`, called from tests/conftest.py's `pytest_runtest_teardown`): a server nobody uses still costs
+CPU (1.4 s a minute idle on SQLite; PostgreSQL's, kept through files that did not use it, cost 50 CPU s in
+8 minutes). The test files go to the workers slowest first, the ones that use these servers
 first among them, so a SQLite server seldom starts twice in a process.
 """
 
@@ -107,9 +108,8 @@ class PrefectServers:
         return server, url
 
     def file_ended(self, next_file_uses_one: bool) -> None:
-        """At the end of a test file (its fixtures torn down): the servers it did not ask for stopped (an
-        idle server costs 1.4-6.5 CPU s a minute, PostgreSQL's the most), and all of them when the next
-        file uses none."""
+        """At the end of a test file (its fixtures torn down): the servers it did not ask for stopped, and
+        all of them when the next file uses none."""
         for backend in list(self._running):
             if backend not in self._asked or not next_file_uses_one:
                 self._stop(backend)
