@@ -33,10 +33,14 @@ if TYPE_CHECKING:  # the flow modules import Prefect, which the command loads on
 
 
 def _quiet_prefect() -> None:
-    """Keep the terminal for the progress bar: Prefect's per-task chatter goes to its UI, not here."""
+    """Keep the terminal for the progress bar: Prefect's per-task chatter goes to its UI, not here.
+    Prefect sets its loggers' levels from its logging config when `prefect.main` is first imported, and
+    from settings it may have read already: the levels are set after that import, whichever came first."""
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    import prefect.main  # noqa: F401 - the run imports it next; its logging set-up must come first
+
     for name in ("prefect.task_runs", "prefect.flow_runs", "prefect", "httpx", "uvicorn"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
 def _silence_prefect() -> None:
