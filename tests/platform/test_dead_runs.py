@@ -22,6 +22,7 @@ from helpers.prefect_server import (
     stop_process_group,
     wait_for,
 )
+from helpers.runs import Gate
 from helpers.shared_servers import PrefectServers
 
 from imagebatch.cli.main import main
@@ -79,14 +80,16 @@ def test_a_run_killed_then_redeployed_is_crashed_within_the_window_and_the_next_
     manifest.write_text("id,prompt\n" + "".join(f"k{i:03d},item {i}\n" for i in range(20)))
     out = tmp_path / "out"
     env = {"IMAGEBATCH_API_KEY": KEY, "PREFECT_HOME": str(tmp_path / "w")}
-    with EmulatorServer(EmulatorSettings(api_key=KEY, seed=0, jpeg_rate=0.0, latency=1.0)) as emulator:
+    gate = Gate(4)  # four answered, the next held in flight until the kill: the run is mid-send then
+    settings = EmulatorSettings(api_key=KEY, seed=0, jpeg_rate=0.0, latency=1.0, sleep=gate)
+    with EmulatorServer(settings) as emulator:
         args = f"{manifest} --out {out} --name killed --work-pool {POOL} --base-url {emulator.url}"
         deploy(server, f"{args} --concurrency 2 --no-adaptive")
         watch = automations(server)
         assert {AUTOMATION_NAME, PENDING_NAME} <= set(watch)
         assert watch[AUTOMATION_NAME]["trigger"]["within"] == window
         deployment = call(server, "GET", "/deployments/name/generate_from_manifest/killed")
-        run_id, killed_at = _killed_mid_run(server, emulator, deployment["id"], env, tmp_path / "worker.log")
+        run_id, killed_at = _killed_mid_run(server, gate, deployment["id"], env, tmp_path / "worker.log")
         sent_before = Counter(r["idempotency_key"] for r in emulator.requests())
         deploy(server, f"{args} --concurrency 2 --no-adaptive")  # at once: well within the window
         after = automations(server)
@@ -116,18 +119,20 @@ def test_a_run_killed_then_redeployed_is_crashed_within_the_window_and_the_next_
 
 
 def _killed_mid_run(
-    server: PrefectServer, emulator: EmulatorServer, deployment_id: str, env: dict[str, str], log: Path
+    server: PrefectServer, gate: Gate, deployment_id: str, env: dict[str, str], log: Path
 ) -> tuple[str, float]:
-    """A worker starts a run of the deployment; once it has sent four requests, the worker and the run
-    are killed (`kill -9`, as a machine dies). Returns the run's id and when it was killed."""
+    """A worker starts a run of the deployment; once four requests are answered and the next is held in
+    flight (`gate`), the worker and the run are killed (`kill -9`, as a machine dies); the gate then opens.
+    Returns the run's id and when it was killed."""
     worker = start_worker(server.api_url, POOL, env, log)
     try:
         run_id = start_run(server, deployment_id)
         wait_for("the run's first heartbeat", lambda: heartbeats(server, run_id), 180)
-        wait_for("four requests sent", lambda: len(emulator.requests()) >= 4, 120)
+        assert gate.closed_on_someone.wait(timeout=120), "no request held after the first four"
         assert kill_machine(worker, {run_id}) == 1
         return run_id, time.monotonic()
     finally:
+        gate.release.set()
         stop_process_group(worker, grace=1)
 
 

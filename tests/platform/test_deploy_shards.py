@@ -6,9 +6,7 @@ run made once: test_deploy_shards_slots.py (a module of its own, so that two tes
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -139,7 +137,7 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
     finish first on a loaded machine, and its run ended Completed)."""
     from collections import Counter
 
-    from helpers.runs import read_results, run_flow
+    from helpers.runs import Gate, read_results, run_flow
 
     from imagebatch.run.hooks import RunHooks, run_hooks
 
@@ -162,14 +160,8 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
                 shards=2, shard_deployment=f"{FLOW}/killable-shards",
             )  # fmt: skip
 
-    released = threading.Event()  # every answer waits for the kill: the worker's shard is mid-send then
-
-    async def held(seconds: float) -> None:
-        await asyncio.sleep(seconds)
-        while not released.is_set():
-            await asyncio.sleep(0.02)
-
-    settings = EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2, sleep=held)
+    gate = Gate(0)  # every answer waits for the kill: the worker's shard is mid-send then
+    settings = EmulatorSettings(api_key=key, seed=0, jpeg_rate=0.0, latency=0.2, sleep=gate)
     with EmulatorServer(settings) as emulator:
         worker = start_worker(stack.api, pool, env, tmp_path / "w1.log")
         try:
@@ -184,10 +176,10 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
                 first = pool_thread.submit(parent)
                 on_worker = _sending_on_the_worker(stack, "killable-shards", out, tmp_path / "w1.log")
                 assert kill_machine(worker, on_worker) >= 1  # the worker's machine, not the parent's
-                released.set()
+                gate.release.set()
                 info = first.result(timeout=240)
         finally:
-            released.set()
+            gate.release.set()
             stop_process_group(worker, grace=1)
         by_run = {s["flow_run_id"]: (s["state"], s["here"]) for s in info["shard_runs"]}
         [lost] = on_worker
