@@ -141,9 +141,8 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
 
     from imagebatch.run.hooks import RunHooks, run_hooks
 
-    stack = stacks["sqlite"]
+    stack, pool = stacks["sqlite"], "imagebatch-kill-pool"
     assert stack is not None
-    pool = "imagebatch-kill-pool"
     create_process_pool(stack.api, pool)
     key = stack.emulator.api_key
     monkeypatch.setenv("IMAGEBATCH_API_KEY", key)  # the parent runs here, in this process
@@ -165,13 +164,8 @@ def test_a_shard_whose_machine_dies_leaves_unknown_and_unsent_and_a_rerun_finish
     with EmulatorServer(settings) as emulator:
         worker = start_worker(stack.api, pool, env, tmp_path / "w1.log")
         try:
-            assert (
-                stack.deploy(
-                    f"{manifest} --out {out} --name killable --work-pool {pool} --shards 2 "
-                    f"--base-url {emulator.url}"
-                )
-                == 0
-            )
+            args = f"{manifest} --out {out} --name killable --work-pool {pool} --shards 2"
+            assert stack.deploy(f"{args} --base-url {emulator.url}") == 0
             with ThreadPoolExecutor(1) as pool_thread:
                 first = pool_thread.submit(parent)
                 on_worker = _sending_on_the_worker(stack, "killable-shards", out, tmp_path / "w1.log")
