@@ -15,11 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "imagebatch"
 TABLE = "run/exit_codes.py"
 """The one module that defines exit numbers."""
-OWN_PROCESS = {"run/graceful_stop.py": {"exit_code_for"}, "platform/prefect_server.py": {"EXIT_OK"}}
+OWN_PROCESS = {
+    "run/graceful_stop.py": {"exit_code_for"},
+    "platform/prefect_server.py": {"EXIT_OK"},
+    "run/shard_child.py": set(),
+}
 """Below cli/, the processes that end themselves, not a command, and what they take from the table: the
 flow's own process leaves with 128 + the signal when a second signal abandons its requests
 (`abandon_run`), whoever started it (a worker, a script); the temporary Prefect server's process leaves
-as soon as the command that started it is gone."""
+as soon as the command that started it is gone; a shard's process that a sharded run's parent started
+leaves with its engine's code as soon as its run has ended, when Prefect's server was lost."""
 EXITS = {"exit", "_exit", "quit", "SystemExit"}
 """What ends a process with a code: `sys.exit`, `os._exit`, `exit`, `quit`, `SystemExit`."""
 

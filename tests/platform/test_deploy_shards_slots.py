@@ -242,7 +242,7 @@ def test_a_shard_run_asked_for_twice_is_made_once(stacks: dict[str, Stack | None
 
     from prefect import flow
 
-    from imagebatch.run import shards
+    from imagebatch.run.shard_creation import create_shard_runs
 
     stack = stacks["sqlite"]
     assert stack is not None
@@ -252,9 +252,9 @@ def test_a_shard_run_asked_for_twice_is_made_once(stacks: dict[str, Stack | None
     @flow(name="parent-asking-twice")
     def parent() -> tuple[list[str], list[str]]:
         ask = {0: {}, 1: {}}
-        first = shards._start(f"generate_from_manifest/{pool}", ask, 2, time.monotonic)
-        again = shards._start(f"generate_from_manifest/{pool}", ask, 2, time.monotonic)
-        return [str(s.run_id) for s in first], [str(s.run_id) for s in again]
+        first = create_shard_runs(f"generate_from_manifest/{pool}", ask, 2, time.monotonic)
+        again = create_shard_runs(f"generate_from_manifest/{pool}", ask, 2, time.monotonic)
+        return [str(r) for r in first.values()], [str(r) for r in again.values()]
 
     with prefect_api(stack.api):
         first, again = parent()
@@ -276,7 +276,7 @@ def test_a_shard_runs_creation_whose_answer_is_lost_is_asked_again_and_made_once
 
     from prefect import flow
 
-    from imagebatch.run import shards
+    from imagebatch.run.shard_creation import create_shard_runs
 
     stack = stacks["sqlite"]
     assert stack is not None
@@ -286,10 +286,10 @@ def test_a_shard_runs_creation_whose_answer_is_lost_is_asked_again_and_made_once
 
     @flow(name="parent-whose-answer-is-lost")
     def parent() -> list[str]:
-        made = shards._start(
+        made = create_shard_runs(
             f"generate_from_manifest/{pool}", {0: {}, 1: {}}, 2, time.monotonic, waits.append
         )
-        return [str(s.run_id) for s in made]
+        return [str(r) for r in made.values()]
 
     def creation(method: str, path: str) -> bool:
         return method == "POST" and path.endswith("/create_flow_run")

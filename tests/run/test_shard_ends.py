@@ -1,4 +1,4 @@
-"""How the parent of a sharded run learns that a shard has ended (`run.shards`), on the session's Prefect
+"""How the parent of a sharded run learns that a shard has ended (`run.shard_runs`), on the session's Prefect
 server: the races of a stop that a loaded machine makes likely (the whole stop on real workers:
 tests/platform/test_worker_sharded_stop.py).
 
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from prefect import flow
 
-from imagebatch.run.shards import EXIT_WAIT, _end_ours, _reap, _refresh, _Shard, _stop_all
+from imagebatch.run.shard_runs import EXIT_WAIT, _end_ours, _reap, _refresh, _Shard, _stop_all
 
 pytestmark = pytest.mark.usefixtures("prefect")
 

@@ -37,6 +37,17 @@ NOTE = "Prefect's record of this run (task runs, artifacts, logs, final state) i
 STOPPED_ANSWERING = "its server stopped answering"
 
 
+_LOST_HERE = threading.Event()
+"""Set once a guard in this process has lost Prefect's server (`lost_in_this_process`)."""
+
+
+def lost_in_this_process() -> bool:
+    """Whether a run in this process lost Prefect's server: Prefect's own exit handlers would then hold
+    the process's exit for minutes, its events worker trying each event it still holds (about 7 s an
+    event) against a server that is gone (`run.shard_child` exits without them)."""
+    return _LOST_HERE.is_set()
+
+
 class _Call:
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.context = contextvars.copy_context()  # the flow run's, so artifacts are attached to it
@@ -158,6 +169,7 @@ class PrefectGuard:
             return
         self.why = why
         self.lost.set()  # after `why`: `note` reads it
+        _LOST_HERE.set()
         with self._cond:
             for _key, call in self._queue:
                 call.done.set()

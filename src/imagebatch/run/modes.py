@@ -34,10 +34,10 @@ from imagebatch.run.pacing import Pacer
 from imagebatch.run.plan import RunPlan
 from imagebatch.run.preflight import Preflight, key_source, locked, out_text
 from imagebatch.run.service import service
+from imagebatch.run.shard_runs import UNKNOWN, run_shards
 from imagebatch.run.shards import (
     records_after,
     requests_to_send,
-    run_shards,
     shard_name,
     shard_of,
     shard_parameters,
@@ -128,7 +128,10 @@ def run_parent(run: Run) -> dict[str, Any]:
     if not deployment_name:
         raise UsageError(f"{shards} shards need the deployment their runs use (imagebatch deploy --shards)")
     store = OutputStore(run.checked.out)
-    with held(store, sharded=shards):  # a bucket's lease, for the whole run (the shards' too)
+    with (
+        prefect_guard.watching(),  # Prefect's server lost: the shards are watched without it
+        held(store, sharded=shards),  # a bucket's lease, for the whole run (the shards' too)
+    ):
         return _parent_records(run, store, deployment_name)
 
 
@@ -155,29 +158,33 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
         grace=hooks.shard_grace,
         start_timeout=options.sharding.shard_start_timeout,
         stopped=lambda: hooks.control.reason,  # a stop of the parent stops every shard
+        lost=prefect_guard.current().lost.is_set,
     )
     ends = ", ".join(f"{shard_name(r['shard'], shards)} {str(r['state']).lower()}" for r in runs)
     get_run_logger().info("Every shard has ended (%s); writing the run's records", ends or "none started")
     with held(store):  # every shard has ended: merge their journals, then the records
         shards_released(store, shards, hooks.sleep)  # a killed shard's lease, until it expires
         after = store.load_state(spool=store.backend.spool_folder)
-        failed = [
-            f"shard {r['shard']}: {r['state']} ({r['message']})"
-            for r in runs
-            if not ran_to_end(r["state"], r["message"])
-        ]
-        why_unsent = "; ".join(failed) or "no shard sent it"
+        failed = [r for r in runs if not ran_to_end(r["state"], r["message"])]
+        why_unsent = "; ".join(_said(r) for r in failed) or "no shard sent it"
+        # A shard whose end Prefect's server was lost before telling stopped the run only if its records
+        # say so (requests not done): the verdict reads those, not its state.
+        broke = [_said(r) for r in failed if r["state"] != UNKNOWN]
         results = RecordSpool(store.backend.spool_folder)
         try:
             for index, records in records_after(run.plan, before, after, why_unsent):
                 results[index] = records
             info["shard_runs"] = runs
             # No task runs of its own to wait for at the end (the shards record theirs).
-            halt_reason = hooks.control.reason or "; ".join(failed) or None
+            halt_reason = hooks.control.reason or "; ".join(broke) or None
             report = options.outcome.report
             return write_records(checked, store, run.plan, results, info, halt_reason, 0, report)
         finally:
             results.close()
+
+
+def _said(shard_run: dict[str, Any]) -> str:
+    return f"shard {shard_run['shard']}: {shard_run['state']} ({shard_run['message']})"
 
 
 @contextlib.contextmanager

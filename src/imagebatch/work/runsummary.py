@@ -127,7 +127,8 @@ class RunSummary(BaseModel):
         default=None, description="Its flow run and task runs, or that Prefect was not started or lost."
     )
     shard_runs: list[dict[str, Any]] | None = Field(
-        default=None, description="A sharded run's shards: number, flow run, state, message."
+        default=None,
+        description="A sharded run's shards: number, flow run, state (UNKNOWN: Prefect was lost), message.",
     )
     report: str | None = Field(default=None, description="The report's first page.")
     run_report: str | None = Field(default=None, description="This run's own copy of the report.")

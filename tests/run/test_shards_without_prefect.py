@@ -1,0 +1,121 @@
+"""How the parent of a sharded run knows its shards' ends once Prefect's server is lost
+(`run.shard_runs._Watch.turn_without_prefect`): from its own shard's process and the shards' locks in a
+real output folder (held here by this process, as a shard's process holds its own), on a clock of the
+test's. The whole of it against a real server killed mid-run: tests/platform/test_shards_lost_server.py.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+from prefect import flow
+
+from imagebatch.run.constants import SHARD_GRACE
+from imagebatch.run.shard_runs import EXIT_WAIT, UNKNOWN, _end_ours, _Shard, _Watch
+from imagebatch.work.store import OutputStore
+
+pytestmark = pytest.mark.usefixtures("prefect")  # a stop logs to the flow run's logger
+
+GRACE = 30.0
+
+
+class Scene:
+    """A parent's watch over two shards of an output folder, without Prefect, on a clock of the test's."""
+
+    def __init__(self, out: Path, tracked: list[_Shard], stop: str | None = None) -> None:
+        self.out, self.now, self.stop = out, 1000.0, stop
+        self.watch = _Watch(
+            None, tracked, OutputStore(out), 2, lambda: self.now, GRACE, 60.0, 300.0, lambda: self.stop
+        )  # fmt: skip
+        self.tracked = tracked
+
+    def hold(self, shard: int) -> AbstractContextManager[None]:
+        """Shard `shard`'s lock, held as its process holds it while it sends."""
+        return OutputStore(self.out, f"{shard}-of-2").backend.shard_hold()
+
+    def turn(self, after: float = 0.0) -> bool:
+        self.now += after
+        return self.watch.turn_without_prefect()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A process standing for a shard the parent started: it runs until stopped."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_our_shard_has_ended_when_its_process_exits(tmp_path: Path) -> None:
+    ours = _Shard(0, "run-0", 0.0, state="RUNNING", claimed_here=True)
+    ours.here = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    ours.here.wait(timeout=60)
+    here = Scene(tmp_path, [ours])
+    assert here.turn() and ours.here is None
+    assert ours.state == UNKNOWN and "its process exited (3)" in ours.message  # type: ignore[operator]
+
+
+def test_our_shard_whose_lock_was_freed_has_ended_after_the_exit_wait_even_if_its_process_lingers(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """Its records are written once its lock is free; Prefect's engine may hold its exit for minutes."""
+    ours = _Shard(0, "run-0", 0.0, state="RUNNING", here=sleeper, claimed_here=True)
+    here = Scene(tmp_path, [ours])
+    with here.hold(0):
+        assert not here.turn() and ours.seen_held
+    assert not here.turn(1.0)  # seen free: from now
+    assert not here.turn(EXIT_WAIT - 0.5) and ours.state == "RUNNING"
+    assert here.turn(0.5) and ours.state == UNKNOWN and "still exiting" in ours.message  # type: ignore[operator]
+    _end_ours(here.tracked)  # what the parent does as it leaves: stopped and reaped
+    assert sleeper.poll() == -signal.SIGTERM
+
+
+def test_our_shard_never_seen_holding_its_lock_is_waited_for_until_its_process_exits(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """Still starting when the server was lost, for all the parent knows: its lock is not yet taken."""
+    ours = _Shard(0, "run-0", 0.0, state="PENDING", here=sleeper, claimed_here=True)
+    here = Scene(tmp_path, [ours])
+    assert not here.turn()
+    assert not here.turn(10 * SHARD_GRACE) and ours.state == "PENDING"
+    sleeper.kill()
+    sleeper.wait()
+    assert here.turn() and ours.state == UNKNOWN
+
+
+def test_a_workers_shard_has_ended_once_its_lock_has_been_free_for_the_grace(tmp_path: Path) -> None:
+    theirs = _Shard(1, "run-1", 0.0, state="PENDING")
+    here = Scene(tmp_path, [theirs])
+    with here.hold(1):
+        assert not here.turn()
+        assert not here.turn(10 * GRACE) and theirs.seen_held  # it sends: as long as it takes
+    assert not here.turn(1.0)  # seen free: from now
+    assert not here.turn(GRACE - 0.5)
+    assert here.turn(1.0) and theirs.state == UNKNOWN
+    assert "its lock free for 30 s after Prefect's server was lost" in theirs.message  # type: ignore[operator]
+
+
+def test_a_stop_without_prefect_stops_our_shard_once_and_leaves_a_workers_shard_running(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """A worker's shard cannot be told to stop without the server; the parent waits for its own only."""
+    ours = _Shard(0, "run-0", 0.0, state="RUNNING", here=sleeper, claimed_here=True)
+    theirs = _Shard(1, "run-1", 0.0, state="RUNNING")
+    here = Scene(tmp_path, [ours, theirs], stop="interrupted (SIGTERM)")
+
+    @flow(name="a-stopping-parent")
+    def parent() -> None:
+        with here.hold(1):
+            here.turn()  # ours may have exited by the end of the turn already
+            assert sleeper.wait(timeout=60) == -signal.SIGTERM and ours.told_to_stop
+            assert theirs.state == UNKNOWN and "still running on its worker" in theirs.message  # type: ignore[operator]
+            assert here.turn() and ours.state == UNKNOWN  # its exit seen; no second signal sent
+
+    parent()
