@@ -6,8 +6,10 @@ of its own (killed here), a real worker, and the parent in this process."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,8 +44,9 @@ ROWS = 40
 def test_a_sharded_runs_parent_writes_the_records_when_prefect_dies_while_the_shards_send(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both shards hold four requests in flight (the emulator answers none until the server is killed):
-    one runs in the parent's child process, one on the worker. With Prefect's server gone, both go on
+    """Both shards hold four requests in flight (the emulator answers none until the server is killed
+    and the parent has looked at its shards without it): one runs in the parent's child process, one on
+    the worker. With Prefect's server gone, both go on
     (Prefect is their bookkeeping: `run.api_guard`) and send the rest; the parent reads its child's end
     from its exit and the worker's from its lock, free for the grace, and writes results.csv and run.json:
     every request succeeded, each key sent once, each shard's end `UNKNOWN` to Prefect, and the run's
@@ -71,17 +74,22 @@ def test_a_sharded_runs_parent_writes_the_records_when_prefect_dies_while_the_sh
                     return exc
 
         env = {"IMAGEBATCH_API_KEY": KEY, "PREFECT_HOME": str(tmp_path / "w")}
+        watching_without_prefect = Said("Prefect's server is lost")
         worker = start_worker(server.api_url, POOL, env, tmp_path / "worker.log")
         try:
             with ThreadPoolExecutor(1) as thread:
                 ended = thread.submit(parent)
                 _wait_until_both_hold_requests(gate, ended, tmp_path / "worker.log")
                 os.killpg(server.pid, signal.SIGKILL)  # the server's process group: the server dies at once
+                # Answered once the parent has looked at the shards without the server (it says so after
+                # its first look): both were holding their locks then, with requests in flight.
+                assert watching_without_prefect.wait(timeout=240), "the parent never lost the server"
                 gate.release.set()
                 outcome = ended.result(timeout=600)
         finally:
             gate.release.set()
             stop_process_group(worker, grace=3)
+            logging.getLogger("prefect.flow_runs").removeHandler(watching_without_prefect)
 
     # The flow returns its summary, or Prefect's engine fails to record the run's end on a server gone.
     assert isinstance(outcome, dict | httpx.TransportError), outcome
@@ -105,3 +113,19 @@ def _wait_until_both_hold_requests(gate: Gate, ended: Any, worker_log: Path) -> 
         return gate.calls >= 8
 
     wait_for("both shards holding four requests", holding, 240, log=worker_log)
+
+
+class Said(logging.Handler):
+    """Set once the flow run's logger says `text` (a record in this process: the parent runs here)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.event = text, threading.Event()
+        logging.getLogger("prefect.flow_runs").addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self.event.wait(timeout)

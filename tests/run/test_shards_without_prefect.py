@@ -12,17 +12,30 @@ import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from prefect import flow
 
 from imagebatch.run.constants import SHARD_GRACE
-from imagebatch.run.shard_runs import EXIT_WAIT, UNKNOWN, _end_ours, _Shard, _Watch
+from imagebatch.run.shard_runs import (
+    EXIT_WAIT,
+    PATIENCE,
+    UNKNOWN,
+    _end_ours,
+    _Failures,
+    _guarded,
+    _Shard,
+    _signal_ours,
+    _Watch,
+)
 from imagebatch.work.store import OutputStore
 
 pytestmark = pytest.mark.usefixtures("prefect")  # a stop logs to the flow run's logger
 
 GRACE = 30.0
+NEVER_STARTED = 300.0
 
 
 class Scene:
@@ -30,9 +43,8 @@ class Scene:
 
     def __init__(self, out: Path, tracked: list[_Shard], stop: str | None = None) -> None:
         self.out, self.now, self.stop = out, 1000.0, stop
-        self.watch = _Watch(
-            None, tracked, OutputStore(out), 2, lambda: self.now, GRACE, 60.0, 300.0, lambda: self.stop
-        )  # fmt: skip
+        store, clock, stop = OutputStore(out), (lambda: self.now), (lambda: self.stop)
+        self.watch = _Watch(None, tracked, store, 2, clock, GRACE, 60.0, NEVER_STARTED, stop)
         self.tracked = tracked
 
     def hold(self, shard: int) -> AbstractContextManager[None]:
@@ -97,9 +109,19 @@ def test_a_workers_shard_has_ended_once_its_lock_has_been_free_for_the_grace(tmp
         assert not here.turn()
         assert not here.turn(10 * GRACE) and theirs.seen_held  # it sends: as long as it takes
     assert not here.turn(1.0)  # seen free: from now
-    assert not here.turn(GRACE - 0.5)
+    assert not here.turn(GRACE)
     assert here.turn(1.0) and theirs.state == UNKNOWN
-    assert "its lock free for 30 s after Prefect's server was lost" in theirs.message  # type: ignore[operator]
+    assert "its lock free for 31 s after Prefect's server was lost" in theirs.message  # type: ignore[operator]
+
+
+def test_a_workers_shard_never_seen_running_is_given_the_start_timeout(tmp_path: Path) -> None:
+    """Claimed (Pending) when the server was lost and never seen holding its lock: a worker may still start
+    it if the server comes back, so its lock must stay free for `never_started`, not the grace."""
+    theirs = _Shard(1, "run-1", 0.0, state="PENDING")
+    here = Scene(tmp_path, [theirs])
+    assert not here.turn()
+    assert not here.turn(NEVER_STARTED) and theirs.state == "PENDING"
+    assert here.turn(1.0) and theirs.state == UNKNOWN
 
 
 def test_a_stop_without_prefect_stops_our_shard_once_and_leaves_a_workers_shard_running(
@@ -116,6 +138,102 @@ def test_a_stop_without_prefect_stops_our_shard_once_and_leaves_a_workers_shard_
             here.turn()  # ours may have exited by the end of the turn already
             assert sleeper.wait(timeout=60) == -signal.SIGTERM and ours.told_to_stop
             assert theirs.state == UNKNOWN and "still running on its worker" in theirs.message  # type: ignore[operator]
-            assert here.turn() and ours.state == UNKNOWN  # its exit seen; no second signal sent
+            assert here.turn() and ours.state == UNKNOWN  # its exit seen
 
     parent()
+
+
+def test_our_shard_told_to_stop_is_neither_signalled_again_nor_killed_as_the_parent_leaves(
+    tmp_path: Path,
+) -> None:
+    """A second SIGTERM would abandon its requests in flight (`run.graceful_stop`): the parent's stop sends
+    one, and the parent leaving on an error before the shard has ended sends none more, nor kills it."""
+    from helpers.prefect_server import wait_for
+
+    counts = tmp_path / "sigterms"
+    code = (
+        "import signal, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: open({str(counts)!r}, 'a').write('x'))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        ours = _Shard(0, "run-0", 0.0, state="RUNNING", here=child, claimed_here=True)
+        _signal_ours([ours])
+        wait_for("the shard's SIGTERM handled", counts.exists, 60)
+        _signal_ours([ours])
+        _end_ours([ours])
+        assert ours.told_to_stop and child.poll() is None and counts.read_text() == "x"
+    finally:
+        child.kill()
+        child.wait()
+        assert child.stdout is not None
+        child.stdout.close()
+
+
+class Unanswered:
+    """Prefect's client where the server answers every call with `status` (None: no answer at all)."""
+
+    def __init__(self, status: int | None) -> None:
+        self.status = status
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*_args: Any, **_kwargs: Any) -> Any:
+            request = httpx.Request("GET", "http://127.0.0.1:9/api/flow_runs/x")
+            if self.status is None:
+                raise httpx.ConnectError("connection refused", request=request)
+            response = httpx.Response(self.status, request=request)
+            raise httpx.HTTPStatusError(f"{self.status}", request=request, response=response)
+
+        return call
+
+
+@pytest.mark.parametrize("status", [None, 429, 500, 503])
+def test_turns_that_fail_are_asked_again_then_count_the_server_lost_after_the_patience(
+    tmp_path: Path, status: int | None
+) -> None:
+    """A server that answers its health check but fails every call about the shards (a bug, a bad row):
+    the parent asks again each turn, and after `PATIENCE` seconds of failures counts it as lost, so that
+    its records are written from the output rather than never."""
+    theirs = _Shard(1, "run-1", 0.0, state="RUNNING")
+    here = Scene(tmp_path, [theirs])
+    here.watch.client = Unanswered(status)
+    failed = _Failures(lambda: here.now)
+
+    @flow(name="a-parent-whose-server-fails")
+    def parent() -> list[str]:
+        steps = [_guarded(here.watch.turn, 2.0, lambda: False, failed)]
+        here.now += PATIENCE - 1.0
+        steps.append(_guarded(here.watch.turn, 2.0, lambda: False, failed))
+        here.now += 1.0
+        steps.append(_guarded(here.watch.turn, 2.0, lambda: False, failed))
+        return steps
+
+    assert parent() == ["wait", "wait", "lost"]
+
+
+def test_a_turn_refused_by_the_server_raises(tmp_path: Path) -> None:
+    """A 4xx is an answer (a bug of ours, or a run deleted): never asked again for ever."""
+    here = Scene(tmp_path, [_Shard(1, "run-1", 0.0, state="RUNNING")])
+    here.watch.client = Unanswered(404)
+    with pytest.raises(httpx.HTTPStatusError):
+        _guarded(here.watch.turn, 2.0, lambda: False, _Failures(lambda: here.now))
+
+
+def test_a_stop_reaches_our_shard_while_every_call_to_the_server_fails(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """The parent's stop signals its own shard before it asks the server anything: a server that does not
+    answer never keeps our shard sending."""
+    ours = _Shard(0, "run-0", 0.0, state="RUNNING", here=sleeper, claimed_here=True)
+    here = Scene(tmp_path, [ours], stop="interrupted (SIGTERM)")
+    here.watch.client = Unanswered(None)
+
+    @flow(name="a-stopping-parent-whose-server-fails")
+    def parent() -> str:
+        return _guarded(here.watch.turn, 2.0, lambda: False, _Failures(lambda: here.now))
+
+    assert parent() == "wait"
+    assert sleeper.wait(timeout=60) == -signal.SIGTERM and ours.told_to_stop

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from imagebatch.run.constants import SHARD_GRACE
+from imagebatch.run.constants import NEVER_STARTED, SHARD_GRACE
 from imagebatch.run.dispatch import ProgressSnapshot, RunControl
 from imagebatch.run.preflight import Preflight
 
@@ -34,7 +34,10 @@ class RunHooks:
     checked: Preflight | None = None
     """The command's own preflight of the same run, so the flow does not load the manifest again."""
     shard_grace: float = SHARD_GRACE
-    """How long a Running shard's lock may be free before its run counts as crashed (`run.shards`)."""
+    """How long a Running shard's lock may be free before its run counts as crashed (`run.shard_runs`)."""
+    shard_never_started: float = NEVER_STARTED
+    """How long a shard a worker claimed may take to start (`run.shard_runs`); once Prefect's server is
+    lost, how long the lock of a shard never seen running must stay free before it counts as ended."""
     signals: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     """The command's Ctrl-C/SIGTERM handling, installed again around dispatch (Prefect's flow engine
     installs its own SIGTERM handler, which crashes the run instead of stopping it)."""

@@ -156,6 +156,7 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
         store,
         sleep=hooks.sleep,
         grace=hooks.shard_grace,
+        never_started=hooks.shard_never_started,
         start_timeout=options.sharding.shard_start_timeout,
         stopped=lambda: hooks.control.reason,  # a stop of the parent stops every shard
         lost=prefect_guard.current().lost.is_set,

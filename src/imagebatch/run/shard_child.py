@@ -59,6 +59,8 @@ def main(argv: list[str]) -> None:
     try:
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
+        if isinstance(exc.code, str):  # what `sys.exit(message)` prints, then exit 1
+            print(exc.code, file=sys.stderr)
         _exit_now_if_lost(exc.code if isinstance(exc.code, int) else int(exc.code is not None))
         raise
     _exit_now_if_lost(0)

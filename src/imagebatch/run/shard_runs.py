@@ -63,6 +63,10 @@ reported its end to a server that no longer answers can wait a minute to send it
 would take a stopping parent past its own grace."""
 
 
+KILL_AFTER = 3.0
+"""Seconds a shard process of ours that the parent stops as it leaves (`_end_ours`) gets after its SIGTERM."""
+
+
 def run_shards(
     deployment: str,
     parameters: dict[int, dict[str, Any]],
@@ -101,14 +105,17 @@ def run_shards(
     tracked = [_Shard(i, run_id, clock()) for i, run_id in made.items()]
     with get_client(sync_client=True) as client:
         watch = _Watch(client, tracked, store, shards, clock, grace, start_timeout, never_started, stopped)
+        failed, step = _Failures(clock), "again"
         try:
-            while not lost() and (step := _guarded(watch.turn, poll, lost)) != "ended":
+            while not lost() and (step := _guarded(watch.turn, poll, lost, failed)) not in ("ended", "lost"):
                 if step == "wait":
                     sleep(poll)
-            if lost():
-                watch.say_lost()
-                while not watch.turn_without_prefect():
+            if step != "ended":
+                ended = watch.turn_without_prefect()
+                watch.say_lost()  # after the first look: what it says has begun
+                while not ended:
                     sleep(poll)
+                    ended = watch.turn_without_prefect()
         finally:
             _end_ours(tracked)
     return [
@@ -123,29 +130,47 @@ UNKNOWN = "UNKNOWN"
 free), but how is in its journal, not in a state the parent could read."""
 ENDED = (*TERMINAL_STATES, UNKNOWN)
 
-Step = Literal["ended", "again", "wait"]
+Step = Literal["ended", "again", "wait", "lost"]
+
+PATIENCE = 600.0
+"""Seconds of turns that all failed (Prefect's server answering with errors, or not at all, while its
+health check still answers) after which the parent counts the server as lost for its shards."""
 
 
-def _guarded(turn: Callable[[], Step], poll: float, lost: Callable[[], bool]) -> Step:
-    """`turn()`, or "wait" when Prefect's server answered one of its calls with a server error or not at
-    all (Prefect's client has asked again for about a minute): the next turn asks again. Once the server
-    counts as lost, whatever a call raised is that (Prefect's client, its retries cut short by
-    `PrefectGuard.lose`, can fail with errors of its own): the next turn goes on without it."""
+@dataclass
+class _Failures:
+    """The turns that failed in a row (`_guarded`): since when, on the parent's clock."""
+
+    clock: Callable[[], float]
+    since: float | None = None
+
+
+def _guarded(turn: Callable[[], Step], poll: float, lost: Callable[[], bool], failed: _Failures) -> Step:
+    """`turn()`; "wait" when Prefect's server answered one of its calls with a server error or 429, or not
+    at all (Prefect's client has asked again for about a minute): the next turn asks again; "lost" once
+    turns have failed so for `PATIENCE` seconds. Once the server counts as lost, whatever a call raised is
+    that (Prefect's client, its retries cut short by `PrefectGuard.lose`, fails with errors of its own).
+    Any other error raises."""
     import httpx
     from prefect.logging import get_run_logger
 
     try:
-        return turn()
+        step = turn()
     except Exception as exc:
         status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
-        answered = status is not None and status < 500
-        if lost() or (isinstance(exc, (httpx.HTTPStatusError, httpx.TransportError)) and not answered):
-            get_run_logger().warning(
-                "Prefect's server did not answer about the shards (%s); asking again in %g s",
-                status or type(exc).__name__, poll,
-            )  # fmt: skip
-            return "wait"
-        raise
+        unanswered = isinstance(exc, httpx.TransportError) or status == 429 or (status or 0) >= 500
+        if not (lost() or unanswered):
+            raise
+        failed.since = failed.clock() if failed.since is None else failed.since
+        if failed.clock() - failed.since >= PATIENCE:
+            return "lost"
+        get_run_logger().warning(
+            "Prefect's server did not answer about the shards (%s); asking again in %g s",
+            status or type(exc).__name__, poll,
+        )  # fmt: skip
+        return "wait"
+    failed.since = None
+    return step
 
 
 @dataclass
@@ -170,13 +195,13 @@ class _Watch:
         from prefect.logging import get_run_logger
 
         client, tracked, shards, clock = self.client, self.tracked, self.shards, self.clock
-        _refresh(client, tracked, clock)
-        if why := self.stopped():
-            if not self.stopping:
-                get_run_logger().warning(
-                    "Stopping every shard of this run (%s); waiting for them to end", why
-                )
+        if (why := self.stopped()) and not self.stopping:
+            get_run_logger().warning("Stopping every shard of this run (%s); waiting for them to end", why)
             self.stopping = True
+        if why:
+            _signal_ours(tracked)  # before any call: ours stops even while the server fails
+        _refresh(client, tracked, clock)
+        if why:
             _stop_all(client, tracked, shards, why)
         if all(s.done(clock()) for s in tracked):
             _say_lingering(tracked, shards)
@@ -208,7 +233,9 @@ class _Watch:
         now = self.clock()
         if not self.stopping and (why := self.stopped()):
             self.stopping = True
-            _signal_ours(self.tracked, why)
+            _say_stopping_without_prefect(why)
+        if self.stopping:
+            _signal_ours(self.tracked)
         for shard in self.tracked:
             if shard.state not in ENDED and (what := self._gone(shard, now)):
                 _ended_unknown(shard, f"shard {shard_name(shard.index, self.shards)}: {what}")
@@ -218,10 +245,10 @@ class _Watch:
         """How `shard` has ended, seen without Prefect's server, or None while it may still run. Ours has
         ended when its process exits, or once its lock, seen held, has been free for `EXIT_WAIT` (its
         records are written; Prefect's engine can take minutes to give up on a lost server before the
-        process exits: `_end_ours` stops it). A worker's, once its lock has been free for the grace: one
-        that had not started by then cannot start without the server (its worker reads the run from it),
-        and one that starts once the server is back finds the folder held while the records are written,
-        and otherwise sends into its own journal, which the next run reads."""
+        process exits: `_end_ours` stops it). A worker's, once its lock has been free for the grace when it
+        was seen Running or holding it, or else for `never_started`: a worker may still start it if the
+        server comes back. One that starts later finds the folder held alone while the records are
+        written, and otherwise sends into its own journal, which the next run reads."""
         if shard.here is not None and (code := shard.here.poll()) is not None:
             shard.here, shard.ended_at = None, now
             return f"its process exited ({code})"
@@ -238,7 +265,8 @@ class _Watch:
                 shard.ended_at = shard.unheld_since  # done at once: its process has had its EXIT_WAIT
                 return f"its lock free for {free:.0f} s, its process still exiting"
             return None
-        return f"its lock free for {free:.0f} s" if free > self.grace else None
+        wait = self.grace if shard.seen_held or shard.state == "RUNNING" else self.never_started
+        return f"its lock free for {free:.0f} s" if free > wait else None
 
 
 def _ended_unknown(shard: _Shard, what: str) -> None:
@@ -246,19 +274,23 @@ def _ended_unknown(shard: _Shard, what: str) -> None:
     shard.message = f"{what} after Prefect's server was lost; its journal says what it sent"
 
 
-def _signal_ours(tracked: list[_Shard], why: str) -> None:
-    """A stop without Prefect's server: our own shard's process gets one SIGTERM (its graceful stop)."""
+def _signal_ours(tracked: list[_Shard]) -> None:
+    """The parent is stopping: its own shard's process gets one SIGTERM (its graceful stop), never two."""
     import signal
-
-    from prefect.logging import get_run_logger
 
     for shard in tracked:
         if shard.here is not None and not shard.told_to_stop:
             with contextlib.suppress(ProcessLookupError):
                 shard.here.send_signal(signal.SIGTERM)
             shard.told_to_stop = True
+
+
+def _say_stopping_without_prefect(why: str) -> None:
+    from prefect.logging import get_run_logger
+
     get_run_logger().warning(
-        "Stopping this run (%s): Prefect's server is lost, so only the shard this run started is stopped",
+        "Stopping this run (%s): Prefect's server is lost, so only the shard this run started is stopped; "
+        "a worker's shard still writing keeps the output until it ends, and the next run writes the records",
         why,
     )
 
@@ -275,15 +307,17 @@ def _say_lingering(tracked: list[_Shard], shards: int) -> None:
 
 
 def _end_ours(tracked: list[_Shard]) -> None:
-    """The parent is leaving (an error, or its shards' runs have ended): a shard process it started that is
-    still running is stopped (one still sending its last log lines `EXIT_WAIT` seconds after its end), and
-    reaped: SIGTERM, then SIGKILL after `EXIT_WAIT` more."""
-    ours = [s.here for s in tracked if s.here is not None and s.here.poll() is None]
-    for process in ours:
-        process.terminate()
-    for process in ours:
+    """The parent is leaving: a shard process of its own still running is stopped. One whose run has ended
+    (still sending its last log lines `EXIT_WAIT` seconds after its end, or its lock freed once Prefect's
+    server was lost) gets a SIGTERM and, `KILL_AFTER` seconds later, a SIGKILL, and is reaped (its records
+    are written: Prefect's engine, told of the SIGTERM, may go on trying to report a crash to a server that
+    is gone). One still sending (the parent leaves on an error) gets its one graceful SIGTERM, unless the
+    parent's stop already sent it: a second would abandon its requests in flight."""
+    ended = [s.here for s in tracked if s.here is not None and s.here.poll() is None and s.state in ENDED]
+    _signal_ours(tracked)
+    for process in ended:
         try:
-            process.wait(EXIT_WAIT)
+            process.wait(KILL_AFTER)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -354,18 +388,14 @@ def _stop_all(client: Any, tracked: list[_Shard], shards: int, why: str) -> None
     rest on the next): the one running here gets one SIGTERM (its own graceful stop: what is in flight
     finishes and is recorded); one a worker runs is set Cancelling (its worker sends it the same SIGTERM);
     one not yet started is Cancelled, so that no worker runs it later."""
-    import signal
-
     from prefect.states import Cancelled, Cancelling
 
+    _signal_ours(tracked)
     for shard in tracked:
         name = shard_name(shard.index, shards)
-        if shard.told_to_stop:
+        if shard.told_to_stop or shard.here is not None:
             continue
-        if shard.here is not None:
-            with contextlib.suppress(ProcessLookupError):
-                shard.here.send_signal(signal.SIGTERM)
-        elif shard.state in ("SCHEDULED", "PENDING"):
+        if shard.state in ("SCHEDULED", "PENDING"):
             message = f"shard {name}: not started; the sharded run stopped ({why})"
             _end(client, shard, Cancelled(message=message))
         elif shard.state == "RUNNING":
@@ -384,16 +414,16 @@ def _reap(client: Any, tracked: list[_Shard], shards: int, stopping: bool) -> No
     for shard in tracked:
         if shard.here is None or (code := shard.here.poll()) is None:
             continue
-        shard.here = None
         if shard.state not in TERMINAL_STATES:
             _read(client, shard)
         name = shard_name(shard.index, shards)
         if shard.state in TERMINAL_STATES:
-            continue
-        if stopping and shard.state in ("SCHEDULED", "PENDING"):
+            pass
+        elif stopping and shard.state in ("SCHEDULED", "PENDING"):
             _end(client, shard, Cancelled(message=f"shard {name}: not started; the sharded run stopped"))
         else:
             _end(client, shard, Crashed(message=f"shard {name}: its process exited ({code}) before it ended"))
+        shard.here = None  # only now: a call above that failed leaves it to the next turn
 
 
 def _end(client: Any, shard: _Shard, state: Any) -> None:
@@ -422,7 +452,9 @@ def _crash_dead(
         gone = None
         if shard.pending_since is not None and clock() - shard.pending_since > never_started:
             gone = f"shard {name}: a worker claimed it but it had not started {never_started:g} s later"
-        if shard.state != "RUNNING" or store.backend.shard_held(name):
+        held = shard.state == "RUNNING" and store.backend.shard_held(name)
+        shard.seen_held = shard.seen_held or held
+        if shard.state != "RUNNING" or held:
             shard.unheld_since = None
         elif shard.unheld_since is None:
             shard.unheld_since = clock()

@@ -10,6 +10,7 @@ import fcntl
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -31,6 +32,11 @@ MERGE_BATCH_BYTES = 4 << 20
 """A shard's lines appended to the folder's file this many bytes at a time: a shard's file is never read
 whole."""
 _KEY_PREFIX = b'{"key":"'
+LOOKED_AT = 0.02
+"""Seconds between two tries of a lock another process may be looking at (`Folder._flock`)."""
+SHARD_LOCK_PATIENCE = 0.5
+"""Seconds a shard tries its own lock for before it is refused: its parent looks at the lock now and then
+(`shard_held`: taken and let go at once) while the shard starts."""
 
 
 class FolderBackend(FolderFiles):
@@ -54,13 +60,20 @@ class FolderBackend(FolderFiles):
     # -- the hold --
 
     @contextlib.contextmanager
-    def _flock(self, name: str, mode: int, what: str) -> Iterator[None]:
+    def _flock(self, name: str, mode: int, what: str, patience: float = 0.0) -> Iterator[None]:
+        """The lock `name`, taken at once or refused (`OutputLockedError`), but tried again for `patience`
+        seconds: a look at whether it is held (`shard_held`) takes it for a moment."""
         self.root.mkdir(parents=True, exist_ok=True)
         with (self.root / name).open("a") as fh:
-            try:
-                fcntl.flock(fh.fileno(), mode | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise OutputLockedError(f"{what} is using {self.root}") from None
+            deadline = time.monotonic() + patience
+            while True:
+                try:
+                    fcntl.flock(fh.fileno(), mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise OutputLockedError(f"{what} is using {self.root}") from None
+                    time.sleep(LOOKED_AT)
             try:
                 yield
             finally:
@@ -83,9 +96,10 @@ class FolderBackend(FolderFiles):
 
     @contextlib.contextmanager
     def shard_hold(self) -> Iterator[None]:
+        shard = str(self.shard)
         with (
             self._flock(layout.LOCK, fcntl.LOCK_SH, "a run that is not sharded"),
-            self._flock(layout.shard_lock(str(self.shard)), fcntl.LOCK_EX, f"shard {self.shard}"),
+            self._flock(layout.shard_lock(shard), fcntl.LOCK_EX, f"shard {shard}", SHARD_LOCK_PATIENCE),
         ):
             yield
 
