@@ -97,6 +97,28 @@ def test_a_sharded_runs_shards_write_their_own_segments_under_the_parents_lease_
         pass
 
 
+def test_a_shard_that_starts_once_its_parent_merges_is_refused_and_one_still_writing_is_waited_for(
+    s3: Any,
+) -> None:
+    """The parent shuts its shards out before it merges (`shut_out_shards`): a shard that a worker starts
+    only then (Prefect's server back after the parent wrote it off) is refused, and one that started
+    before still holds its own lease, which the parent sees (`shard_held`) before it merges."""
+    url = f"s3://{s3.bucket()}/shut"
+    parent = OutputStore(url)
+    with parent.backend.hold_sharded(2):
+        early = OutputStore(url, "0-of-2")
+        with early.backend.shard_hold():
+            parent.backend.shut_out_shards()
+            with pytest.raises(OutputLockedError, match=r"began to write its records into s3://.*nothing"):
+                with OutputStore(url, "1-of-2").backend.shard_hold():
+                    pass
+            assert parent.backend.shard_held("0-of-2")  # the parent waits for it (`shards_released`)
+            _sent(early, "e")  # its parent's lease is still live: it goes on writing until it ends
+            early.backend.sync()
+        with parent.backend.hold():
+            assert parent.load_state()["e"].status == "succeeded"
+
+
 def test_a_shard_is_refused_unless_its_sharded_run_holds_the_prefix(s3: Any) -> None:
     url = f"s3://{s3.bucket()}/alone"
     with pytest.raises(OutputLockedError, match="only while its sharded run holds it, and no run does"):

@@ -164,6 +164,7 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
     ends = ", ".join(f"{shard_name(r['shard'], shards)} {str(r['state']).lower()}" for r in runs)
     get_run_logger().info("Every shard has ended (%s); writing the run's records", ends or "none started")
     with held(store):  # every shard has ended: merge their journals, then the records
+        store.backend.shut_out_shards()  # none starts late beside the merge (a bucket's parent lease)
         shards_released(store, shards, hooks.sleep)  # a killed shard's lease, until it expires
         after = store.load_state(spool=store.backend.spool_folder)
         failed = [r for r in runs if not ran_to_end(r["state"], r["message"])]

@@ -84,6 +84,11 @@ class Backend(Location, Protocol):
     def shard_hold(self) -> AbstractContextManager[None]:
         """Hold the location as shard `shard`: shared with the other shards, alone for this shard."""
 
+    def shut_out_shards(self) -> None:
+        """A sharded run's parent is about to merge what its shards wrote: from now on no shard of it may
+        start (one started late, by a worker once Prefect's server was back, would write beside the
+        merge). Called while the parent holds the location alone (`hold`)."""
+
     def in_use(self) -> str | None:
         """Who is sending into the location now (a run, a shard of one), or None; holds nothing."""
 

@@ -85,6 +85,11 @@ class BucketBackend(BucketFiles):
             self.segments = self.lease = None
             lease.release()
 
+    def shut_out_shards(self) -> None:
+        """The parent's lease marked shut: a shard starting now is refused (`ParentLease`)."""
+        if self.lease is not None and self.lease.shards:
+            self.lease.shut_out()
+
     @contextlib.contextmanager
     def shard_hold(self) -> Iterator[None]:
         """This shard's own lease, under its parent's lease on the prefix (`storage.lease.ParentLease`);

@@ -103,6 +103,9 @@ class FolderBackend(FolderFiles):
         ):
             yield
 
+    def shut_out_shards(self) -> None:
+        """Nothing: the folder is held alone meanwhile, and a shard takes it shared (refused)."""
+
     def in_use(self) -> str | None:
         """Each lock tried shared and non-blocking, and let go at once (a run holds its lock alone, a shard
         its own); a lock file never made means no run ever held it, and none is made."""

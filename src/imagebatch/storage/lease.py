@@ -53,6 +53,8 @@ class Lease:
         self.loc, self.what, self.name = loc, what, name
         self.shards = shards
         """A sharded run's parent: its number of shards, which may write under this lease (`ParentLease`)."""
+        self.shut = False
+        """A sharded run's parent merging its shards' records: no shard may start any more (`shut_out`)."""
         self.clock = clock or time.time
         self.on_lost = on_lost
         self.owner = uuid.uuid4().hex
@@ -61,11 +63,14 @@ class Lease:
         self._etag: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._swapping = threading.Lock()
+        """One compare-and-swap of the lease at a time (the renewing thread's, `unmark`'s)."""
 
     def _body(self, expires_at: float) -> bytes:
         holder = f"{socket.gethostname()} pid {os.getpid()}"
         body = {"owner": self.owner, "holder": holder, "expires_at": expires_at}
-        return json.dumps(body | ({"shards": self.shards} if self.shards else {})).encode()
+        body |= {"shards": self.shards} if self.shards else {}
+        return json.dumps(body | ({"shut": True} if self.shut else {})).encode()
 
     def acquire(self) -> None:
         """Take the lease, or raise `OutputLockedError` naming the holder while its lease is live."""
@@ -85,8 +90,19 @@ class Lease:
                 raise OutputLockedError(f"{self.what} took {self.loc.url} at the same moment")
         self._etag, self.expires_at = etag, expires
 
+    def shut_out(self) -> None:
+        """A sharded run's parent lets no more shards start under this lease (`ParentLease` refuses them):
+        the lease written again at once, marked so."""
+        with self._swapping:
+            self.shut = True
+        self.renew()
+
     def renew(self) -> None:
         """Push the expiry on; `OutputLockedError` if another run has taken the lease over."""
+        with self._swapping:
+            self._renew()
+
+    def _renew(self) -> None:
         assert self._etag is not None
         expires = self.clock() + LEASE_SECONDS
         body = self._body(expires)
@@ -159,6 +175,11 @@ class ParentLease:
         if body is None:
             raise OutputLockedError(
                 f"shard {shard} writes into {loc.url} only while its sharded run holds it, and no run does"
+            )
+        if body.get("shut"):
+            raise OutputLockedError(
+                f"shard {shard} started after its sharded run ({body.get('holder', 'another machine')}) "
+                f"began to write its records into {loc.url}: it sends nothing (the next run sends its part)"
             )
         if body.get("shards") != shards:
             holder = body.get("holder", "another machine")
