@@ -74,22 +74,20 @@ def test_a_sharded_runs_parent_writes_the_records_when_prefect_dies_while_the_sh
                     return exc
 
         env = {"IMAGEBATCH_API_KEY": KEY, "PREFECT_HOME": str(tmp_path / "w")}
-        watching_without_prefect = Said("Prefect's server is lost")
         worker = start_worker(server.api_url, POOL, env, tmp_path / "worker.log")
         try:
-            with ThreadPoolExecutor(1) as thread:
+            with ThreadPoolExecutor(1) as thread, Said("Prefect's server is lost") as without_prefect:
                 ended = thread.submit(parent)
                 _wait_until_both_hold_requests(gate, ended, tmp_path / "worker.log")
                 os.killpg(server.pid, signal.SIGKILL)  # the server's process group: the server dies at once
                 # Answered once the parent has looked at the shards without the server (it says so after
                 # its first look): both were holding their locks then, with requests in flight.
-                assert watching_without_prefect.wait(timeout=240), "the parent never lost the server"
+                assert without_prefect.wait(timeout=240), "the parent never lost the server"
                 gate.release.set()
                 outcome = ended.result(timeout=600)
         finally:
             gate.release.set()
             stop_process_group(worker, grace=3)
-            logging.getLogger("prefect.flow_runs").removeHandler(watching_without_prefect)
 
     # The flow returns its summary, or Prefect's engine fails to record the run's end on a server gone.
     assert isinstance(outcome, dict | httpx.TransportError), outcome
@@ -116,12 +114,19 @@ def _wait_until_both_hold_requests(gate: Gate, ended: Any, worker_log: Path) -> 
 
 
 class Said(logging.Handler):
-    """Set once the flow run's logger says `text` (a record in this process: the parent runs here)."""
+    """Set once the flow run's logger says `text` while in its `with` (a record of this process: the
+    parent runs here)."""
 
     def __init__(self, text: str) -> None:
         super().__init__()
         self.text, self.event = text, threading.Event()
+
+    def __enter__(self) -> Said:
         logging.getLogger("prefect.flow_runs").addHandler(self)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        logging.getLogger("prefect.flow_runs").removeHandler(self)
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.text in record.getMessage():

@@ -26,6 +26,7 @@ from imagebatch.run.shard_runs import (
     _end_ours,
     _Failures,
     _guarded,
+    _reap,
     _Shard,
     _signal_ours,
     _Watch,
@@ -237,3 +238,14 @@ def test_a_stop_reaches_our_shard_while_every_call_to_the_server_fails(
 
     assert parent() == "wait"
     assert sleeper.wait(timeout=60) == -signal.SIGTERM and ours.told_to_stop
+
+
+def test_our_exited_shard_is_kept_for_the_next_turn_when_the_server_fails_to_say_how_it_ended() -> None:
+    """`_reap` reads the run of a shard process that exited; a call that fails leaves the process known,
+    so the next turn reads it again (forgotten, the shard looked like a worker's and waited the grace)."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait(timeout=60)
+    ours = _Shard(0, "run-0", 0.0, state="RUNNING", here=process, claimed_here=True)
+    with pytest.raises(httpx.ConnectError):
+        _reap(Unanswered(None), [ours], 2, stopping=False)
+    assert ours.here is process

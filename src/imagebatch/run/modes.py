@@ -160,6 +160,7 @@ def _parent_records(run: Run, store: OutputStore, deployment_name: str) -> dict[
         start_timeout=options.sharding.shard_start_timeout,
         stopped=lambda: hooks.control.reason,  # a stop of the parent stops every shard
         lost=prefect_guard.current().lost.is_set,
+        lose=prefect_guard.current().lose,
     )
     ends = ", ".join(f"{shard_name(r['shard'], shards)} {str(r['state']).lower()}" for r in runs)
     get_run_logger().info("Every shard has ended (%s); writing the run's records", ends or "none started")

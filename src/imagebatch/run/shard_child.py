@@ -37,7 +37,7 @@ def start(run_id: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
     secrets = {name: env.pop(name) for name in (ENV_API_KEY, *STORE_SECRETS) if name in env}
     command = [sys.executable, "-m", "imagebatch.run.shard_child", str(run_id)]
     # A session of its own: a signal to the parent's process group (a worker's, a cancellation's) stops
-    # the parent, which stops this child with one signal of its own (`run.shard_runs._stop_all`), never two.
+    # the parent, which stops this child with one signal of its own (`shard_runs._signal_ours`), never two.
     child = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, start_new_session=True)
     assert child.stdin is not None
     with contextlib.suppress(BrokenPipeError), child.stdin:  # a child that died at once is reaped as such
@@ -59,14 +59,12 @@ def main(argv: list[str]) -> None:
     try:
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
-        if isinstance(exc.code, str):  # what `sys.exit(message)` prints, then exit 1
-            print(exc.code, file=sys.stderr)
-        _exit_now_if_lost(exc.code if isinstance(exc.code, int) else int(exc.code is not None))
+        _exit_now_if_lost(exc.code if isinstance(exc.code, int) else int(exc.code is not None), exc.code)
         raise
     _exit_now_if_lost(0)
 
 
-def _exit_now_if_lost(code: int) -> None:
+def _exit_now_if_lost(code: int, said: object = None) -> None:
     """The run has ended and written its records; if Prefect's server was lost meanwhile, exit now rather
     than after Prefect's exit handlers have tried every event they hold against it (minutes: the parent
     waits for this process's exit to know the shard has ended; `run.api_guard.lost_in_this_process`)."""
@@ -75,6 +73,8 @@ def _exit_now_if_lost(code: int) -> None:
     from imagebatch.run.api_guard import lost_in_this_process
 
     if lost_in_this_process():
+        if isinstance(said, str):  # what `sys.exit(message)` would have printed
+            print(said, file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

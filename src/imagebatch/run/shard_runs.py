@@ -43,7 +43,7 @@ class _Shard:
     seen_held: bool = False
     """Its lock (an object store's lease) has been seen held: it has started sending."""
     told_to_stop: bool = False
-    """The parent's stop has reached it (`_stop_all`): it is never told twice."""
+    """The parent's stop has reached it (`_signal_ours`, `_stop_all`): it is never told twice."""
     pending_since: float | None = None
     unheld_since: float | None = None
     ended_at: float | None = None
@@ -80,6 +80,7 @@ def run_shards(
     never_started: float = NEVER_STARTED,
     stopped: Callable[[], str | None] = lambda: None,
     lost: Callable[[], bool] = lambda: False,
+    lose: Callable[[str], None] = lambda _why: None,
 ) -> list[dict[str, Any]]:
     """Start the shard runs of `deployment` (sub-runs of this one, a run per shard in `parameters`, from
     `shard_parameters`), run some here, wait until each ends. Returns, per shard started, its number, its
@@ -98,7 +99,8 @@ def run_shards(
     on without them: what they sent without an answer is `unknown`, what they never sent is sent by the
     next run. Once `stopped()` gives a reason (the parent's own stop), every shard stops (`_stop_all`).
     Once `lost()` (Prefect's server counts as lost: `run.api_guard`), the watch goes on without it
-    (`_Watch.turn_without_prefect`)."""
+    (`_Watch.turn_without_prefect`); `lose(why)` counts it lost when the calls about the shards have
+    failed for `PATIENCE` seconds while its health check answered."""
     from prefect.client.orchestration import get_client
 
     made = create_shard_runs(deployment, parameters, shards, clock, sleep, stopped)
@@ -110,6 +112,8 @@ def run_shards(
             while not lost() and (step := _guarded(watch.turn, poll, lost, failed)) not in ("ended", "lost"):
                 if step == "wait":
                     sleep(poll)
+            if step == "lost":
+                lose(f"its calls about the shards failed for {PATIENCE:g} s")
             if step != "ended":
                 ended = watch.turn_without_prefect()
                 watch.say_lost()  # after the first look: what it says has begun
@@ -312,7 +316,8 @@ def _end_ours(tracked: list[_Shard]) -> None:
     server was lost) gets a SIGTERM and, `KILL_AFTER` seconds later, a SIGKILL, and is reaped (its records
     are written: Prefect's engine, told of the SIGTERM, may go on trying to report a crash to a server that
     is gone). One still sending (the parent leaves on an error) gets its one graceful SIGTERM, unless the
-    parent's stop already sent it: a second would abandon its requests in flight."""
+    parent's stop already sent it (a second would abandon its requests in flight), and is left to finish
+    its stop: it is reaped when the parent's process ends."""
     ended = [s.here for s in tracked if s.here is not None and s.here.poll() is None and s.state in ENDED]
     _signal_ours(tracked)
     for process in ended:

@@ -64,7 +64,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._swapping = threading.Lock()
-        """One compare-and-swap of the lease at a time (the renewing thread's, `unmark`'s)."""
+        """One compare-and-swap of the lease at a time (the renewing thread's, `shut_out`'s)."""
 
     def _body(self, expires_at: float) -> bytes:
         holder = f"{socket.gethostname()} pid {os.getpid()}"
@@ -92,10 +92,12 @@ class Lease:
 
     def shut_out(self) -> None:
         """A sharded run's parent lets no more shards start under this lease (`ParentLease` refuses them):
-        the lease written again at once, marked so."""
+        the lease written again at once, marked so. A store that fails the write (after its retries) leaves
+        the mark to the next renewal, within `RENEW_SECONDS`: the records are written all the same."""
         with self._swapping:
             self.shut = True
-        self.renew()
+        with contextlib.suppress(OSError):
+            self.renew()
 
     def renew(self) -> None:
         """Push the expiry on; `OutputLockedError` if another run has taken the lease over."""
@@ -176,15 +178,15 @@ class ParentLease:
             raise OutputLockedError(
                 f"shard {shard} writes into {loc.url} only while its sharded run holds it, and no run does"
             )
+        if body.get("shards") != shards:
+            holder = body.get("holder", "another machine")
+            what = "a run that is not sharded" if not body.get("shards") else "another sharded run"
+            raise OutputLockedError(f"{what} ({holder}) is using {loc.url}")
         if body.get("shut"):
             raise OutputLockedError(
                 f"shard {shard} started after its sharded run ({body.get('holder', 'another machine')}) "
                 f"began to write its records into {loc.url}: it sends nothing (the next run sends its part)"
             )
-        if body.get("shards") != shards:
-            holder = body.get("holder", "another machine")
-            what = "a run that is not sharded" if not body.get("shards") else "another sharded run"
-            raise OutputLockedError(f"{what} ({holder}) is using {loc.url}")
         self.owner, self.expires_at = body.get("owner"), float(body["expires_at"])
 
     def check(self) -> None:
