@@ -249,3 +249,19 @@ def test_our_exited_shard_is_kept_for_the_next_turn_when_the_server_fails_to_say
     with pytest.raises(httpx.ConnectError):
         _reap(Unanswered(None), [ours], 2, stopping=False)
     assert ours.here is process
+
+
+@pytest.mark.parametrize(("status", "step"), [(None, "lost"), (503, "wait")])
+def test_once_the_health_checks_lost_the_server_a_refused_call_writes_it_off_and_a_stall_does_not(
+    tmp_path: Path, status: int | None, step: str
+) -> None:
+    """A server killed refuses connections: written off at once. One that stalls (SQLite's lock: its
+    health checks time out too, and the run's guard counts it lost) answers 503 or late: asked again."""
+    here = Scene(tmp_path, [_Shard(1, "run-1", 0.0, state="RUNNING")])
+    here.watch.client = Unanswered(status)
+
+    @flow(name="a-parent-whose-health-checks-failed")
+    def parent() -> str:
+        return _guarded(here.watch.turn, 2.0, lambda: True, _Failures(lambda: here.now))
+
+    assert parent() == step

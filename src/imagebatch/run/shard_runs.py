@@ -98,9 +98,9 @@ def run_shards(
     seconds (`SHARD_GRACE`; its machine died: the process held its shard lock while it sent). The run goes
     on without them: what they sent without an answer is `unknown`, what they never sent is sent by the
     next run. Once `stopped()` gives a reason (the parent's own stop), every shard stops (`_stop_all`).
-    Once `lost()` (Prefect's server counts as lost: `run.api_guard`), the watch goes on without it
-    (`_Watch.turn_without_prefect`); `lose(why)` counts it lost when the calls about the shards have
-    failed for `PATIENCE` seconds while its health check answered."""
+    Once Prefect's server is lost (`_guarded`: the run's health checks lost it, `lost()`, and a call is
+    refused; or every call has failed for `PATIENCE` seconds, when `lose(why)` tells the run's guard), the
+    watch goes on without it (`_Watch.turn_without_prefect`)."""
     from prefect.client.orchestration import get_client
 
     made = create_shard_runs(deployment, parameters, shards, clock, sleep, stopped)
@@ -109,10 +109,10 @@ def run_shards(
         watch = _Watch(client, tracked, store, shards, clock, grace, start_timeout, never_started, stopped)
         failed, step = _Failures(clock), "again"
         try:
-            while not lost() and (step := _guarded(watch.turn, poll, lost, failed)) not in ("ended", "lost"):
+            while (step := _guarded(watch.turn, poll, lost, failed)) not in ("ended", "lost"):
                 if step == "wait":
                     sleep(poll)
-            if step == "lost":
+            if step == "lost" and not lost():
                 lose(f"its calls about the shards failed for {PATIENCE:g} s")
             if step != "ended":
                 ended = watch.turn_without_prefect()
@@ -152,9 +152,11 @@ class _Failures:
 def _guarded(turn: Callable[[], Step], poll: float, lost: Callable[[], bool], failed: _Failures) -> Step:
     """`turn()`; "wait" when Prefect's server answered one of its calls with a server error or 429, or not
     at all (Prefect's client has asked again for about a minute): the next turn asks again; "lost" once
-    turns have failed so for `PATIENCE` seconds. Once the server counts as lost, whatever a call raised is
-    that (Prefect's client, its retries cut short by `PrefectGuard.lose`, fails with errors of its own).
-    Any other error raises."""
+    turns have failed so for `PATIENCE` seconds, or at once when the run's health checks have lost the
+    server (`lost()`) and a call is refused (its process is gone). A server that only stalls (SQLite's
+    lock: its health checks time out too) is asked again, never written off before `PATIENCE`. Once the
+    health checks have lost it, whatever a call raised counts as unanswered (Prefect's client, its retries
+    cut short by `PrefectGuard.lose`, fails with errors of its own). Any other error raises."""
     import httpx
     from prefect.logging import get_run_logger
 
@@ -165,6 +167,8 @@ def _guarded(turn: Callable[[], Step], poll: float, lost: Callable[[], bool], fa
         unanswered = isinstance(exc, httpx.TransportError) or status == 429 or (status or 0) >= 500
         if not (lost() or unanswered):
             raise
+        if lost() and isinstance(exc, httpx.ConnectError):
+            return "lost"
         failed.since = failed.clock() if failed.since is None else failed.since
         if failed.clock() - failed.since >= PATIENCE:
             return "lost"
