@@ -107,7 +107,7 @@ def run_shards(
     tracked = [_Shard(i, run_id, clock()) for i, run_id in made.items()]
     with get_client(sync_client=True) as client:
         watch = _Watch(client, tracked, store, shards, clock, grace, start_timeout, never_started, stopped)
-        failed, step = _Failures(clock), "again"
+        failed = _Failures(clock)
         try:
             while (step := _guarded(watch.turn, poll, lost, failed)) not in ("ended", "lost"):
                 if step == "wait":
@@ -137,8 +137,8 @@ ENDED = (*TERMINAL_STATES, UNKNOWN)
 Step = Literal["ended", "again", "wait", "lost"]
 
 PATIENCE = 600.0
-"""Seconds of turns that all failed (Prefect's server answering with errors, or not at all, while its
-health check still answers) after which the parent counts the server as lost for its shards."""
+"""Seconds of turns that all failed (Prefect's server answering with errors, or not at all, but never
+refusing a connection) after which the parent counts the server as lost for its shards."""
 
 
 @dataclass
